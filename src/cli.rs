@@ -1,0 +1,208 @@
+//! The command line: `run`, `check`, `schema` and `version`, their help text, and exit codes (0 ok,
+//! 1 a bad config or a failure at run time, 2 a usage error). It loads the config, installs logging and
+//! the runtime, and hands over to `agent`; it does not validate anything itself.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{self, Config, units::fmt_duration};
+use crate::schedule::{Offset, Schedule};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "colibri",
+    version,
+    about = "A resident agent for edge machines: scheduled chores and store-and-forward telemetry",
+    long_about = "A resident agent for edge machines: scheduled chores and store-and-forward telemetry.\n\n\
+        Everything colibri does is described in one YAML file. Start with `colibri check` to see what a\n\
+        file defines and whether it is valid, then `colibri run` to run it (under systemd in production).",
+    after_help = "Examples:\n  colibri check --config configs/quickstart.yaml\n  colibri run --config /etc/colibri/colibri.yaml\n  COLIBRI_CONFIG=/etc/colibri/colibri.yaml colibri run"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the agent in the foreground until SIGTERM or SIGINT (logs go to stderr)
+    #[command(
+        long_about = "Run the agent in the foreground: schedule the tasks in the config file until SIGTERM or SIGINT.\n\n\
+        On the first signal colibri stops starting new runs, gives running ones `shutdown_grace` to finish,\n\
+        kills what is left (whole process groups) and exits 0. A second signal exits at once."
+    )]
+    Run(ConfigArg),
+    /// Validate a config file: print a summary and exit 0, or list every problem and exit 1
+    Check(ConfigArg),
+    /// Print the JSON Schema of the config file, for editors and CI
+    Schema,
+    /// Print the version
+    Version,
+}
+
+#[derive(Debug, Args)]
+struct ConfigArg {
+    /// The YAML config file
+    #[arg(
+        short,
+        long,
+        env = "COLIBRI_CONFIG",
+        default_value = "/etc/colibri/colibri.yaml"
+    )]
+    config: PathBuf,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Version => {
+            println!("colibri {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Command::Schema => {
+            print!("{}", config::json_schema());
+            ExitCode::SUCCESS
+        }
+        Command::Check(args) => match config::load(&args.config) {
+            Ok(c) => {
+                print!("{}", summary(&c));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run(args) => {
+            let config = match config::load(&args.config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            crate::logging::init(config.log_level, config.log_format);
+            release_freed_memory();
+            // One thread: task runs are child processes and timers, so a single event loop keeps
+            // memory and idle wake-ups at their minimum.
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(crate::agent::run(config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+/// Hands the heap that parsing the config freed back to the kernel. glibc keeps freed memory for
+/// reuse; after a large file (10,000 tasks) that would stay resident for the life of the process.
+fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists; it takes and returns integers.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// At most this many tasks are listed by `check`; the rest are counted.
+const SUMMARY_ROWS: usize = 20;
+
+/// The one-screen summary `colibri check` prints.
+pub fn summary(c: &Config) -> String {
+    let mut out = String::new();
+    let now = chrono::Utc::now();
+    let _ = writeln!(out, "{}: ok", c.source.display());
+    let _ = writeln!(out, "  data_dir        {}", c.data_dir.display());
+    let _ = writeln!(out, "  workers         {}", c.workers);
+    let _ = writeln!(out, "  shutdown_grace  {}", fmt_duration(c.shutdown_grace));
+    let log = format!("{:?}, {:?}", c.log_level, c.log_format).to_lowercase();
+    let _ = writeln!(out, "  log             {log}");
+    let _ = writeln!(out, "  tasks           {}", c.tasks.len());
+    if c.tasks.is_empty() {
+        return out;
+    }
+    let rows: Vec<[String; 5]> = c
+        .tasks
+        .iter()
+        .take(SUMMARY_ROWS)
+        .map(|t| {
+            let next = match &t.schedule {
+                Schedule::Cron(cron) => cron.next_after(now).map_or_else(
+                    || "never".to_string(),
+                    |n| {
+                        n.with_timezone(&chrono::Local)
+                            .format("%Y-%m-%d %H:%M:%S %Z")
+                            .to_string()
+                    },
+                ),
+                Schedule::Every {
+                    offset: Offset::Fixed(d),
+                    ..
+                } if d.is_zero() => "at start".into(),
+                Schedule::Every {
+                    offset: Offset::Fixed(d),
+                    ..
+                } => format!("{} after start", fmt_duration(*d)),
+                Schedule::Every {
+                    period,
+                    offset: Offset::Random,
+                } => {
+                    format!("within {} of start", fmt_duration(*period))
+                }
+                Schedule::Reboot => "at start".into(),
+            };
+            [
+                t.name.clone(),
+                t.action.kind().to_string(),
+                t.schedule.to_string(),
+                fmt_duration(t.timeout),
+                next,
+            ]
+        })
+        .collect();
+    let headers = ["NAME", "TYPE", "SCHEDULE", "TIMEOUT", "NEXT RUN"];
+    let widths: Vec<usize> = (0..4)
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .max()
+                .unwrap_or(0)
+                .max(headers[i].len())
+        })
+        .collect();
+    let line = |cells: [&str; 5]| {
+        let mut l = String::from("   ");
+        for (i, cell) in cells.iter().enumerate() {
+            if i < 4 {
+                let _ = write!(l, " {cell:<w$} ", w = widths[i]);
+            } else {
+                let _ = write!(l, " {cell}");
+            }
+        }
+        l.trim_end().to_string()
+    };
+    let _ = writeln!(out, "{}", line(headers));
+    for r in &rows {
+        let _ = writeln!(out, "{}", line([&r[0], &r[1], &r[2], &r[3], &r[4]]));
+    }
+    if c.tasks.len() > SUMMARY_ROWS {
+        let _ = writeln!(out, "    ... and {} more", c.tasks.len() - SUMMARY_ROWS);
+    }
+    out
+}

@@ -1,0 +1,692 @@
+//! The config file: its YAML shape (serde structs that mirror it and reject unknown fields, and the
+//! JSON Schema generated from them), `${VAR}` expansion, and `compile`, which validates everything and
+//! turns the file into the runtime types the rest of colibri uses (`Config`, `task::TaskDef`, parsed
+//! schedules, `Duration`s, resolved paths). This is the only module that knows the file's shape;
+//! nothing downstream sees a serde struct. Called by the CLI (`run`, `check`, `schema`) and, later, by
+//! reload.
+//!
+//! Validation collects every problem before refusing, each with its path in the file, e.g.
+//! `tasks[3] "rotate": schedule "61 * * * *": minute 61 out of range 0-59`.
+
+pub mod env;
+pub mod units;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
+use crate::schedule::{self, Offset, Schedule, Zone};
+use crate::task::{Action, RetryPolicy, TaskDef, exec::Exec};
+use units::{Dur, de_u32, u32_schema};
+
+// ---------------------------------------------------------------------------------------------------
+// The file's shape. Field docs become the schema's descriptions, which editors show on hover.
+
+/// colibri's configuration file.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "colibri configuration")]
+pub struct FileSpec {
+    /// Directory for colibri's queues and state. Relative paths are read from the config file's directory.
+    #[serde(default = "default_data_dir")]
+    pub data_dir: String,
+    /// How many task runs may execute at once; runs that find every worker busy wait for one.
+    #[serde(default = "default_workers", deserialize_with = "de_u32")]
+    #[schemars(schema_with = "u32_schema")]
+    pub workers: u32,
+    /// On SIGTERM, how long running tasks may take to finish before they are killed. Every task's
+    /// timeout must be shorter.
+    #[serde(default = "default_grace")]
+    pub shutdown_grace: Dur,
+    /// Logging to stderr.
+    #[serde(default)]
+    pub log: LogSpec,
+    /// Scheduled chores.
+    #[serde(default)]
+    pub tasks: Vec<TaskSpec>,
+}
+
+fn default_data_dir() -> String {
+    "/var/lib/colibri".into()
+}
+fn default_workers() -> u32 {
+    8
+}
+fn default_grace() -> Dur {
+    Dur(Duration::from_secs(15))
+}
+
+/// Logging settings.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LogSpec {
+    /// The least severe level written.
+    #[serde(default)]
+    pub level: LogLevel,
+    /// `text` for people at a terminal, `json` (one object per line) for machines.
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// One scheduled task: the fields every task has, plus those of its `type`.
+// `compile_task` reads the two halves separately so each can reject unknown keys, which `flatten`
+// cannot; this struct exists for the schema.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct TaskSpec {
+    #[serde(flatten)]
+    pub common: TaskCommon,
+    #[serde(flatten)]
+    pub kind: TaskKind,
+}
+
+/// Fields shared by every task type. Keep [`COMMON_KEYS`] in step (a test checks).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskCommon {
+    /// Unique name: letters, digits, `-`, `_` and `.`. It appears in every log line of the task.
+    pub name: String,
+    /// A crontab expression: 5 fields (minute hour day-of-month month day-of-week), or 6 with seconds
+    /// first; names like MON-FRI; or a macro: @reboot (once at start), @hourly, @daily, @midnight,
+    /// @weekly, @monthly, @yearly, @annually. Exclusive with `every`.
+    #[serde(default)]
+    pub schedule: Option<String>,
+    /// A fixed interval such as 30s, measured on the monotonic clock. Exclusive with `schedule`.
+    #[serde(default)]
+    pub every: Option<Dur>,
+    /// With `every`: when the first run falls after start. A duration, or `random` for a uniform offset
+    /// within one period, so many tasks with one interval do not fire together. Default 0s.
+    #[serde(default)]
+    pub offset: Option<OffsetSpec>,
+    /// With `schedule`: the IANA time zone the expression is read in, e.g. Europe/Berlin. Default: the
+    /// machine's local zone.
+    #[serde(default)]
+    pub tz: Option<String>,
+    /// How long one attempt may run before its process group is terminated. Default 10s; must be
+    /// shorter than `shutdown_grace`.
+    #[serde(default)]
+    pub timeout: Option<Dur>,
+    /// Extra attempts after a failure (non-zero exit, timeout). Default 0.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[schemars(schema_with = "u32_schema")]
+    pub max_retry: Option<u32>,
+    /// First retry delay; attempt n waits `retry_base * 2^n * (0.5 + random)`, at most `retry_cap`.
+    /// Default 1s.
+    #[serde(default)]
+    pub retry_base: Option<Dur>,
+    /// Longest retry delay. Default 5m.
+    #[serde(default)]
+    pub retry_cap: Option<Dur>,
+}
+
+/// The keys of [`TaskCommon`]; everything else in a task belongs to its type.
+pub const COMMON_KEYS: [&str; 9] = [
+    "name",
+    "schedule",
+    "every",
+    "offset",
+    "tz",
+    "timeout",
+    "max_retry",
+    "retry_base",
+    "retry_cap",
+];
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_RETRY_BASE: Duration = Duration::from_secs(1);
+const DEFAULT_RETRY_CAP: Duration = Duration::from_secs(300);
+
+/// `offset:` is a duration or the word `random`.
+#[derive(Debug, Clone, Copy)]
+pub struct OffsetSpec(pub Offset);
+
+impl<'de> Deserialize<'de> for OffsetSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        match &v {
+            Value::String(s) if s.trim() == "random" => Ok(OffsetSpec(Offset::Random)),
+            Value::String(s) => units::parse_duration(s)
+                .map(|d| OffsetSpec(Offset::Fixed(d)))
+                .map_err(|e| serde::de::Error::custom(format!("{e}, or write random"))),
+            other => Err(serde::de::Error::custom(format!(
+                "expected a duration such as 10s or the word random, found {other}"
+            ))),
+        }
+    }
+}
+
+impl JsonSchema for OffsetSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Offset".into()
+    }
+    fn json_schema(g: &mut SchemaGenerator) -> Schema {
+        let dur = g.subschema_for::<Dur>();
+        json_schema!({ "anyOf": [ { "const": "random" }, dur ] })
+    }
+}
+
+/// The task types. A closed set: each variant is a handler in `task::`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TaskKind {
+    /// Run a program. No shell is involved unless the command names one (`["sh", "-c", "..."]`).
+    Exec(ExecSpec),
+}
+
+const TASK_TYPES: &str = "exec";
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecSpec {
+    /// The program and its arguments. A program named by an absolute path must exist and be
+    /// executable; a relative path with a `/` is read from the config file's directory; a bare name is
+    /// looked up in PATH when the task runs. colibri expands `${VAR}` here before any shell sees the
+    /// text: write `$${VAR}` for a shell variable in braces and `$$$$` for the shell's `$$`.
+    pub command: Vec<Scalar>,
+    /// Extra environment variables for the program (colibri's own environment is inherited).
+    #[serde(default)]
+    pub env: BTreeMap<String, Scalar>,
+    /// Working directory. Default: colibri's own. Relative paths are read from the config file's
+    /// directory.
+    #[serde(default)]
+    pub cwd: Option<String>,
+}
+
+/// A string that may be written as a YAML number or boolean (`command: [sleep, 5]`).
+#[derive(Debug, Clone)]
+pub struct Scalar(pub String);
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(Scalar(s)),
+            Value::Number(n) => Ok(Scalar(n.to_string())),
+            Value::Bool(b) => Ok(Scalar(b.to_string())),
+            other => Err(serde::de::Error::custom(format!(
+                "expected a string, number or boolean, found {other}"
+            ))),
+        }
+    }
+}
+
+impl JsonSchema for Scalar {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Scalar".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({ "type": ["string", "number", "boolean"] })
+    }
+}
+
+/// The JSON Schema of the file, as committed in `schemas/colibri.schema.json`.
+pub fn json_schema() -> String {
+    let schema = schemars::schema_for!(FileSpec);
+    let mut text = serde_json::to_string_pretty(&schema).expect("a schema is plain JSON");
+    text.push('\n');
+    text
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Runtime configuration: what the file means, checked.
+
+#[derive(Debug)]
+pub struct Config {
+    /// The file it came from.
+    pub source: PathBuf,
+    pub data_dir: PathBuf,
+    pub workers: usize,
+    pub shutdown_grace: Duration,
+    pub log_level: LogLevel,
+    pub log_format: LogFormat,
+    pub tasks: Vec<Arc<TaskDef>>,
+}
+
+/// One problem in the file: where, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: not valid YAML: {message}", path.display())]
+    Syntax { path: PathBuf, message: String },
+    #[error("{}: {} problem{}:\n{}", path.display(), problems.len(), if problems.len() == 1 { "" } else { "s" },
+        problems.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<Problem>,
+    },
+}
+
+/// Reads, expands and validates the file at `path` against the process environment.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    load_str(&text, path, &|name| std::env::var(name).ok())
+}
+
+/// Same as [`load`] for text already in memory; `path` names the file in messages and anchors relative
+/// paths; `lookup` stands in for the environment.
+pub fn load_str(
+    text: &str,
+    path: &Path,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    let mut root: Value = if text.trim().is_empty() {
+        Value::Object(Default::default())
+    } else {
+        // YAML 1.2 core booleans only: `name: off` or `env: {FEATURE: no}` stay the strings the user
+        // wrote instead of turning into false (the "Norway problem"); `0755` stays a string too.
+        let options = serde_saphyr::options! {
+            strict_booleans: true,
+            leading_zero_numbers_as_strings: true,
+        };
+        serde_saphyr::from_str_with_options(text, options).map_err(|e| ConfigError::Syntax {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?
+    };
+    if root.is_null() {
+        root = Value::Object(Default::default());
+    }
+    let mut expand_problems = Vec::new();
+    env::expand_tree(&mut root, &mut String::new(), lookup, &mut expand_problems);
+    let mut problems: Vec<Problem> = expand_problems
+        .into_iter()
+        .map(|(path, message)| Problem { path, message })
+        .collect();
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let config = compile(root, path, &base, &mut problems);
+    match config {
+        Some(c) if problems.is_empty() => Ok(c),
+        _ => Err(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            problems,
+        }),
+    }
+}
+
+fn de_at<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, (String, String)> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        (path, e.into_inner().to_string())
+    })
+}
+
+/// Validates the expanded tree and builds the runtime config. Returns `None` only when the file's top
+/// level is unusable; otherwise keeps going so every problem is reported.
+fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>) -> Option<Config> {
+    let Value::Object(mut map) = root else {
+        problems.push(Problem {
+            path: String::new(),
+            message: "the file must be a mapping of settings (data_dir, tasks, ...)".into(),
+        });
+        return None;
+    };
+    let tasks_value = map.remove("tasks");
+    // Each top-level key on its own first, so one bad setting neither hides another nor stops the
+    // tasks from being checked; bad keys are left out and their defaults stand in.
+    let mut good = serde_json::Map::new();
+    for (key, value) in map {
+        let single = Value::Object(std::iter::once((key.clone(), value.clone())).collect());
+        match de_at::<FileSpec>(single) {
+            Ok(_) => {
+                good.insert(key, value);
+            }
+            Err((path, message)) => problems.push(Problem { path, message }),
+        }
+    }
+    let spec: FileSpec = match de_at(Value::Object(good)) {
+        Ok(s) => s,
+        Err((path, message)) => {
+            problems.push(Problem { path, message });
+            return None;
+        }
+    };
+    let mut top = |path: &str, message: String| {
+        problems.push(Problem {
+            path: path.into(),
+            message,
+        })
+    };
+    if spec.data_dir.trim().is_empty() {
+        top("data_dir", "must not be empty".into());
+    }
+    if spec.workers == 0 {
+        top("workers", "must be at least 1".into());
+    }
+    let grace = spec.shutdown_grace.0;
+    if grace.is_zero() {
+        top("shutdown_grace", "must be positive".into());
+    }
+
+    let task_values = match tasks_value {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items,
+        Some(other) => {
+            top("tasks", format!("expected a list of tasks, found {other}"));
+            Vec::new()
+        }
+    };
+    let mut tasks = Vec::with_capacity(task_values.len());
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (i, value) in task_values.into_iter().enumerate() {
+        let name = value
+            .get("name")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let at = match &name {
+            Some(n) => format!("tasks[{i}] {n:?}"),
+            None => format!("tasks[{i}]"),
+        };
+        if let Some(n) = &name {
+            if let Some(first) = seen.get(n) {
+                problems.push(Problem {
+                    path: at.clone(),
+                    message: format!("duplicate name (first used by tasks[{first}])"),
+                });
+            } else {
+                seen.insert(n.clone(), i);
+            }
+        }
+        if let Some(task) = compile_task(value, &at, base, grace, problems) {
+            tasks.push(Arc::new(task));
+        }
+    }
+
+    Some(Config {
+        source: source.to_path_buf(),
+        data_dir: base.join(&spec.data_dir),
+        workers: spec.workers as usize,
+        shutdown_grace: grace,
+        log_level: spec.log.level,
+        log_format: spec.log.format,
+        tasks,
+    })
+}
+
+fn compile_task(
+    value: Value,
+    at: &str,
+    base: &Path,
+    grace: Duration,
+    problems: &mut Vec<Problem>,
+) -> Option<TaskDef> {
+    let mut err = |path: &str, message: String| {
+        let path = if path.is_empty() {
+            at.to_string()
+        } else {
+            format!("{at}: {path}")
+        };
+        problems.push(Problem { path, message })
+    };
+    let Value::Object(map) = value else {
+        err(
+            "",
+            format!("expected a mapping with name, type, schedule ..., found {value}"),
+        );
+        return None;
+    };
+    // Split the shared fields from the type's own, so each half can reject unknown keys.
+    let (common_map, kind_map): (serde_json::Map<_, _>, serde_json::Map<_, _>) = map
+        .into_iter()
+        .partition(|(k, _)| COMMON_KEYS.contains(&k.as_str()));
+    let kind_ok = match kind_map.get("type") {
+        None => {
+            err("", format!("missing field `type` (one of: {TASK_TYPES})"));
+            false
+        }
+        Some(Value::String(t)) if !TASK_TYPES.split(", ").any(|k| k == t) => {
+            err("type", format!("unknown type {t:?} (one of: {TASK_TYPES})"));
+            false
+        }
+        Some(_) => true,
+    };
+    let common: Option<TaskCommon> = de_at(Value::Object(common_map))
+        .map_err(|(p, m)| err(&p, m))
+        .ok();
+    let kind: Option<TaskKind> = if kind_ok {
+        de_at(Value::Object(kind_map))
+            .map_err(|(p, m)| err(&p, m))
+            .ok()
+    } else {
+        None
+    };
+    let common = common?;
+
+    let name_ok = !common.name.is_empty()
+        && common
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !name_ok {
+        err(
+            "name",
+            format!(
+                "{:?} must be non-empty and use only letters, digits, -, _ and .",
+                common.name
+            ),
+        );
+    }
+
+    let zone = match &common.tz {
+        None => Zone::Local,
+        Some(tz) => match tz.parse::<chrono_tz::Tz>() {
+            Ok(z) => Zone::Named(z),
+            Err(_) => {
+                err(
+                    "tz",
+                    format!(
+                        "unknown time zone {tz:?} (use an IANA name such as Europe/Berlin or UTC)"
+                    ),
+                );
+                Zone::Local
+            }
+        },
+    };
+    let schedule = match (&common.schedule, common.every) {
+        (Some(_), Some(_)) => {
+            err("", "has both schedule and every; use one".into());
+            None
+        }
+        (None, None) => {
+            err(
+                "",
+                "needs a schedule (crontab expression) or every (interval)".into(),
+            );
+            None
+        }
+        (Some(text), None) => {
+            if common.offset.is_some() {
+                err("offset", "only applies to every, not to schedule".into());
+            }
+            match schedule::parse_cron(text, zone) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    err("", format!("schedule {text:?}: {e}"));
+                    None
+                }
+            }
+        }
+        (None, Some(Dur(period))) => {
+            if common.tz.is_some() {
+                err(
+                    "tz",
+                    "only applies to schedule; an interval does not depend on the time zone".into(),
+                );
+            }
+            if period.is_zero() {
+                err("every", "must be positive".into());
+                None
+            } else {
+                let offset = common.offset.map_or(Offset::Fixed(Duration::ZERO), |o| o.0);
+                Some(Schedule::Every { period, offset })
+            }
+        }
+    };
+
+    let timeout = common.timeout.map_or(DEFAULT_TIMEOUT, |d| d.0);
+    if timeout.is_zero() {
+        err("timeout", "must be positive".into());
+    } else if timeout >= grace {
+        err(
+            "timeout",
+            format!(
+                "{}{} must be shorter than shutdown_grace ({}), so a stop can let the run finish",
+                units::fmt_duration(timeout),
+                if common.timeout.is_none() {
+                    " (the default)"
+                } else {
+                    ""
+                },
+                units::fmt_duration(grace)
+            ),
+        );
+    }
+    let retry = RetryPolicy {
+        max_retry: common.max_retry.unwrap_or(0),
+        base: common.retry_base.map_or(DEFAULT_RETRY_BASE, |d| d.0),
+        cap: common.retry_cap.map_or(DEFAULT_RETRY_CAP, |d| d.0),
+    };
+    if retry.base.is_zero() {
+        err("retry_base", "must be positive".into());
+    }
+    if retry.cap < retry.base {
+        err(
+            "retry_cap",
+            format!(
+                "{} is shorter than retry_base ({})",
+                units::fmt_duration(retry.cap),
+                units::fmt_duration(retry.base)
+            ),
+        );
+    }
+
+    let action = match kind? {
+        TaskKind::Exec(spec) => compile_exec(spec, base, &mut err).map(Action::Exec),
+    };
+    Some(TaskDef {
+        name: common.name,
+        schedule: schedule?,
+        timeout,
+        retry,
+        action: action?,
+    })
+}
+
+fn compile_exec(spec: ExecSpec, base: &Path, err: &mut dyn FnMut(&str, String)) -> Option<Exec> {
+    let mut argv: Vec<String> = spec.command.into_iter().map(|s| s.0).collect();
+    let mut ok = true;
+    match argv.first_mut() {
+        None => {
+            err(
+                "command",
+                "must name a program, e.g. [\"/usr/bin/env\", \"true\"]".into(),
+            );
+            ok = false;
+        }
+        Some(p) if p.is_empty() => {
+            err("command[0]", "the program name is empty".into());
+            ok = false;
+        }
+        Some(program) => {
+            let path = Path::new(program.as_str());
+            if path.is_relative() && program.contains('/') {
+                *program = base.join(path).to_string_lossy().into_owned();
+            }
+            let path = Path::new(program.as_str());
+            if path.is_absolute() {
+                match std::fs::metadata(path) {
+                    Err(e) => {
+                        err("command[0]", format!("{program}: {}", io_reason(&e)));
+                        ok = false;
+                    }
+                    Ok(m) if !m.is_file() => {
+                        err("command[0]", format!("{program} is not a regular file"));
+                        ok = false;
+                    }
+                    Ok(m) if m.permissions().mode() & 0o111 == 0 => {
+                        err("command[0]", format!("{program} is not executable"));
+                        ok = false;
+                    }
+                    Ok(_) => {}
+                }
+            }
+        }
+    }
+    let cwd = spec.cwd.map(|c| base.join(c));
+    if let Some(dir) = &cwd
+        && !dir.is_dir()
+    {
+        err("cwd", format!("{} is not a directory", dir.display()));
+        ok = false;
+    }
+    let mut env = Vec::with_capacity(spec.env.len());
+    for (k, v) in spec.env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.0.contains('\0') {
+            err(
+                &format!("env.{k}"),
+                "variable names must be non-empty without = or NUL".into(),
+            );
+            ok = false;
+        }
+        env.push((k, v.0));
+    }
+    ok.then_some(Exec { argv, env, cwd })
+}
+
+fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,327 @@
+use super::*;
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "WORKERS" => Some("3".into()),
+        "GRACE" => Some("20s".into()),
+        "SECRET" => Some("hunter2".into()),
+        _ => None,
+    }
+}
+
+fn load(text: &str) -> Result<Config, Vec<String>> {
+    match load_str(text, Path::new("/etc/colibri/test.yaml"), &env) {
+        Ok(c) => Ok(c),
+        Err(ConfigError::Invalid { problems, .. }) => {
+            Err(problems.iter().map(|p| p.to_string()).collect())
+        }
+        Err(e) => Err(vec![e.to_string()]),
+    }
+}
+
+fn problems(text: &str) -> Vec<String> {
+    load(text).expect_err("the config should be refused")
+}
+
+#[test]
+fn an_empty_file_is_a_valid_config_with_defaults() {
+    let c = load("").unwrap();
+    assert_eq!(c.data_dir, PathBuf::from("/var/lib/colibri"));
+    assert_eq!(c.workers, 8);
+    assert_eq!(c.shutdown_grace, Duration::from_secs(15));
+    assert_eq!(c.log_level, LogLevel::Info);
+    assert_eq!(c.log_format, LogFormat::Text);
+    assert!(c.tasks.is_empty());
+}
+
+#[test]
+fn a_full_config_compiles() {
+    let c = load(
+        r#"
+data_dir: state
+workers: 2
+shutdown_grace: 1m
+log: { level: debug, format: json }
+tasks:
+  - name: a
+    type: exec
+    schedule: "*/5 * * * *"
+    tz: Europe/Berlin
+    command: [/bin/sh, -c, "exit 0"]
+    env: { PORT: 8080, MODE: fast, ON: true }
+    cwd: /tmp
+    timeout: 30s
+    max_retry: 3
+    retry_base: 2s
+    retry_cap: 1m
+  - { name: b, type: exec, every: 30s, offset: random, command: [true] }
+  - { name: c.d_e-f, type: exec, schedule: "@reboot", command: ["sleep", 5] }
+"#,
+    )
+    .unwrap();
+    assert_eq!(c.data_dir, PathBuf::from("/etc/colibri/state"));
+    assert_eq!(c.workers, 2);
+    assert_eq!(c.shutdown_grace, Duration::from_secs(60));
+    assert_eq!(c.log_level, LogLevel::Debug);
+    assert_eq!(c.log_format, LogFormat::Json);
+    assert_eq!(c.tasks.len(), 3);
+    let a = &c.tasks[0];
+    assert_eq!(a.timeout, Duration::from_secs(30));
+    assert_eq!(
+        a.retry,
+        RetryPolicy {
+            max_retry: 3,
+            base: Duration::from_secs(2),
+            cap: Duration::from_secs(60)
+        }
+    );
+    match &a.schedule {
+        Schedule::Cron(cs) => assert_eq!(cs.zone, Zone::Named(chrono_tz::Europe::Berlin)),
+        other => panic!("{other:?}"),
+    }
+    let Action::Exec(e) = &a.action;
+    assert_eq!(e.argv, ["/bin/sh", "-c", "exit 0"]);
+    assert!(e.env.contains(&("PORT".into(), "8080".into())));
+    assert!(e.env.contains(&("ON".into(), "true".into())));
+    assert_eq!(e.cwd.as_deref(), Some(Path::new("/tmp")));
+    let b = &c.tasks[1];
+    assert!(matches!(
+        b.schedule,
+        Schedule::Every {
+            offset: Offset::Random,
+            ..
+        }
+    ));
+    assert_eq!(b.timeout, DEFAULT_TIMEOUT);
+    assert_eq!(b.retry.max_retry, 0);
+    let Action::Exec(e) = &c.tasks[2].action;
+    assert_eq!(e.argv, ["sleep", "5"]);
+    assert!(matches!(c.tasks[2].schedule, Schedule::Reboot));
+}
+
+#[test]
+fn environment_expansion_reaches_typed_fields() {
+    let c = load(
+        r#"
+workers: ${WORKERS}
+shutdown_grace: ${GRACE}
+log: { level: "${LEVEL:-warn}" }
+tasks:
+  - { name: t, type: exec, every: "${EVERY:-5s}", command: [/bin/echo, "${SECRET}"] }
+"#,
+    )
+    .unwrap();
+    assert_eq!(c.workers, 3);
+    assert_eq!(c.shutdown_grace, Duration::from_secs(20));
+    assert_eq!(c.log_level, LogLevel::Warn);
+    let Action::Exec(e) = &c.tasks[0].action;
+    assert_eq!(e.argv[1], "hunter2");
+    assert!(
+        matches!(c.tasks[0].schedule, Schedule::Every { period, .. } if period == Duration::from_secs(5))
+    );
+}
+
+#[test]
+fn unset_variables_are_reported_with_their_path() {
+    let p = problems(
+        "data_dir: ${NOPE}\ntasks: [{ name: t, type: exec, every: 1s, command: [/bin/echo, \"${ALSO_NOPE}\"] }]",
+    );
+    assert_eq!(p.len(), 2, "{p:#?}");
+    assert!(
+        p[0].starts_with("data_dir: environment variable NOPE is not set"),
+        "{p:#?}"
+    );
+    assert!(
+        p[1].starts_with("tasks[0].command[1]: environment variable ALSO_NOPE is not set"),
+        "{p:#?}"
+    );
+}
+
+#[test]
+fn yaml_1_1_booleans_stay_strings() {
+    let c = load("tasks: [{ name: off, type: exec, every: 1m, command: [/bin/echo, no, yes, 0755], env: { X: on } }]").unwrap();
+    assert_eq!(c.tasks[0].name, "off");
+    let Action::Exec(e) = &c.tasks[0].action;
+    assert_eq!(e.argv[1..], ["no", "yes", "0755"]);
+    assert_eq!(e.env, [("X".to_string(), "on".to_string())]);
+}
+
+#[test]
+fn duplicate_keys_are_refused() {
+    let p = problems("workers: 1\nworkers: 2\n");
+    assert!(p[0].contains("duplicate"), "{p:?}");
+}
+
+#[test]
+fn a_commented_out_variable_is_not_an_error() {
+    load("# data_dir: ${NOPE}\nworkers: 1\n").unwrap();
+}
+
+#[test]
+fn every_problem_is_collected() {
+    let p = problems(
+        r#"
+shutdown_grace: 11s
+tasks:
+  - { name: rotate, type: exec, schedule: "61 * * * *", command: [/bin/true] }
+  - { name: rotate, type: exec, every: 1m, command: [/bin/true] }
+  - { name: beam, type: teleport, every: 1m }
+  - { name: zero, type: exec, every: 1m, timeout: 0s, command: [/bin/true] }
+  - { name: long, type: exec, every: 1m, timeout: 11s, command: [/bin/true] }
+  - { name: gone, type: exec, every: 1m, command: [/nonexistent/bin/tool] }
+  - { name: typo, type: exec, scheduel: "* * * * *", command: [/bin/true] }
+  - { name: both, type: exec, every: 1m, schedule: "@daily", command: [/bin/true] }
+  - { name: zone, type: exec, schedule: "@daily", tz: Mars/Olympus, command: [/bin/true] }
+  - { name: "bad name", type: exec, every: 0s, command: [] }
+  - { name: retry, type: exec, every: 1m, retry_base: 10s, retry_cap: 1s, command: [/bin/true] }
+  - { name: dir, type: exec, every: 1m, cwd: /nonexistent/dir, command: [/bin/true] }
+  - { name: notexec, type: exec, every: 1m, command: [/etc/passwd] }
+  - { name: extra, type: exec, every: 1m, command: [/bin/true], shell: bash }
+  - { name: off, type: exec, schedule: "@daily", offset: 5s, command: [/bin/true] }
+  - { type: exec, every: 1m, command: [/bin/true] }
+  - just a string
+"#,
+    );
+    let expect = [
+        r#"tasks[0] "rotate": schedule "61 * * * *": minute 61 out of range 0-59"#,
+        r#"tasks[1] "rotate": duplicate name (first used by tasks[0])"#,
+        r#"tasks[2] "beam": type: unknown type "teleport" (one of: exec)"#,
+        r#"tasks[3] "zero": timeout: must be positive"#,
+        r#"tasks[4] "long": timeout: 11s must be shorter than shutdown_grace (11s)"#,
+        r#"tasks[5] "gone": command[0]: /nonexistent/bin/tool: no such file"#,
+        r#"tasks[6] "typo": unknown field `scheduel`"#,
+        r#"tasks[6] "typo": needs a schedule (crontab expression) or every (interval)"#,
+        r#"tasks[7] "both": has both schedule and every; use one"#,
+        r#"tasks[8] "zone": tz: unknown time zone "Mars/Olympus""#,
+        r#"tasks[9] "bad name": name: "bad name" must be non-empty"#,
+        r#"tasks[9] "bad name": every: must be positive"#,
+        r#"tasks[9] "bad name": command: must name a program"#,
+        r#"tasks[10] "retry": retry_cap: 1s is shorter than retry_base (10s)"#,
+        r#"tasks[11] "dir": cwd: /nonexistent/dir is not a directory"#,
+        r#"tasks[12] "notexec": command[0]: /etc/passwd is not executable"#,
+        r#"tasks[13] "extra": unknown field `shell`"#,
+        r#"tasks[14] "off": offset: only applies to every"#,
+        r#"tasks[15]: missing field `name`"#,
+        r#"tasks[16]: expected a mapping"#,
+    ];
+    for e in expect {
+        assert!(
+            p.iter().any(|l| l.starts_with(e)),
+            "missing {e:?} in\n{}",
+            p.join("\n")
+        );
+    }
+}
+
+#[test]
+fn top_level_problems() {
+    let p = problems("workers: 0\nshutdown_grace: 0s\ndata_dir: \"\"\n");
+    assert_eq!(
+        p,
+        [
+            "data_dir: must not be empty",
+            "workers: must be at least 1",
+            "shutdown_grace: must be positive"
+        ]
+    );
+    let p = problems("stream: {}\n");
+    assert!(p[0].contains("unknown field `stream`"), "{p:?}");
+    let p = problems("log: { level: loud }\n");
+    assert!(
+        p[0].starts_with("log.level: unknown variant `loud`"),
+        "{p:?}"
+    );
+    let p = problems("shutdown_grace: 15\n");
+    assert!(p[0].contains("has no unit"), "{p:?}");
+    let p = problems("tasks: {}\n");
+    assert!(p[0].starts_with("tasks: expected a list of tasks"), "{p:?}");
+    let p = problems("- 1\n- 2\n");
+    assert!(p[0].contains("must be a mapping"), "{p:?}");
+}
+
+#[test]
+fn a_bad_setting_does_not_hide_other_problems() {
+    let p = problems(
+        "worker: 3\nshutdown_grace: soon\ntasks: [{ name: t, type: exec, schedule: \"* 25 * * *\", command: [/bin/true] }]\n",
+    );
+    assert_eq!(p.len(), 3, "{p:#?}");
+    assert!(p.iter().any(|l| l.contains("duration \"soon\"")), "{p:#?}");
+    assert!(
+        p.iter().any(|l| l.contains("unknown field `worker`")),
+        "{p:#?}"
+    );
+    assert!(
+        p.iter().any(|l| l.contains("hour 25 out of range 0-23")),
+        "{p:#?}"
+    );
+}
+
+#[test]
+fn yaml_syntax_errors_name_the_file_and_place() {
+    match load_str("tasks: [\n  - {", Path::new("/x/bad.yaml"), &env) {
+        Err(e @ ConfigError::Syntax { .. }) => {
+            let m = e.to_string();
+            assert!(m.starts_with("/x/bad.yaml: not valid YAML"), "{m}");
+            assert!(m.contains("line"), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn relative_programs_resolve_against_the_config_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("job.sh");
+    std::fs::write(&script, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = dir.path().join("c.yaml");
+    let text = "tasks: [{ name: j, type: exec, every: 1m, command: [./job.sh] }]";
+    let c = load_str(text, &cfg, &env).unwrap();
+    let Action::Exec(e) = &c.tasks[0].action;
+    assert_eq!(Path::new(&e.argv[0]), script);
+}
+
+#[test]
+fn common_keys_match_the_struct() {
+    let schema = schemars::schema_for!(TaskCommon);
+    let props = schema
+        .get("properties")
+        .and_then(|p| p.as_object())
+        .unwrap();
+    let mut from_struct: Vec<&str> = props.keys().map(String::as_str).collect();
+    let mut listed = COMMON_KEYS.to_vec();
+    from_struct.sort_unstable();
+    listed.sort_unstable();
+    assert_eq!(from_struct, listed);
+}
+
+#[test]
+fn committed_schema_is_current() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/colibri.schema.json");
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    if std::env::var_os("COLIBRI_BLESS").is_some() {
+        std::fs::write(&path, json_schema()).unwrap();
+        return;
+    }
+    assert!(
+        committed == json_schema(),
+        "schemas/colibri.schema.json is stale: run `COLIBRI_BLESS=1 cargo test committed_schema_is_current` \
+         (or `colibri schema > schemas/colibri.schema.json`) and commit the result"
+    );
+}
+
+#[test]
+fn the_schema_describes_tasks_and_rejects_unknown_keys() {
+    let schema: Value = serde_json::from_str(&json_schema()).unwrap();
+    assert_eq!(schema["additionalProperties"], Value::Bool(false));
+    let text = schema.to_string();
+    for needle in [
+        "\"exec\"",
+        "\"every\"",
+        "\"schedule\"",
+        "\"command\"",
+        "\"shutdown_grace\"",
+    ] {
+        assert!(text.contains(needle), "schema lacks {needle}");
+    }
+}

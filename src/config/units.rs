@@ -1,0 +1,317 @@
+//! The grammar of durations (`500ms`, `30s`, `1h30m`, `7d`) and byte sizes (`512KiB`, `64MiB`, `2GB`) as
+//! they are written in the config file, and the serde/schema glue that lets config structs hold them as
+//! typed values. It does not know which fields use them or which ranges are allowed there: that is
+//! validation, in `config::compile`.
+
+use std::fmt;
+use std::time::Duration;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Deserializer};
+
+/// A duration as written in the file. Kept as a newtype so the schema can describe the string form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Dur(pub Duration);
+
+/// A byte size as written in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Size(pub u64);
+
+/// Parses `500ms`, `30s`, `5m`, `2h`, `7d` and sequences of them (`1h30m`). A bare number is refused:
+/// `timeout: 30` is ambiguous (seconds? milliseconds?) and a typo should not pass silently.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let s = text.trim();
+    if s.is_empty() {
+        return Err("empty duration (write e.g. 30s, 500ms, 5m, 2h, 7d)".into());
+    }
+    let mut total: u128 = 0;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(format!("duration {text:?}: expected a number at {rest:?}"));
+        }
+        let value: u128 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("duration {text:?}: number too large"))?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let nanos_per: u128 = match unit {
+            "ns" => 1,
+            "us" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60 * 1_000_000_000,
+            "h" => 3_600 * 1_000_000_000,
+            "d" => 86_400 * 1_000_000_000,
+            "" => {
+                return Err(format!(
+                    "duration {text:?}: missing unit after {value} (write e.g. {value}s or {value}ms)"
+                ));
+            }
+            other => {
+                return Err(format!(
+                    "duration {text:?}: unknown unit {other:?} (use ms, s, m, h or d)"
+                ));
+            }
+        };
+        total = value
+            .checked_mul(nanos_per)
+            .and_then(|n| total.checked_add(n))
+            .ok_or_else(|| format!("duration {text:?}: too large"))?;
+    }
+    let secs = u64::try_from(total / 1_000_000_000)
+        .map_err(|_| format!("duration {text:?}: too large"))?;
+    let nanos =
+        u32::try_from(total % 1_000_000_000).expect("remainder of a division by 1e9 fits u32");
+    Ok(Duration::new(secs, nanos))
+}
+
+/// Parses `4096`, `512B`, `512KiB`, `64MiB`, `2GiB`, `1TiB` and the decimal `KB`, `MB`, `GB`, `TB`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let s = text.trim();
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return Err(format!(
+            "size {text:?}: expected a number (write e.g. 512KiB, 64MiB, 2GiB)"
+        ));
+    }
+    let value: u64 = s[..digits]
+        .parse()
+        .map_err(|_| format!("size {text:?}: number too large"))?;
+    let mult: u64 = match s[digits..].trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        other => {
+            return Err(format!(
+                "size {text:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
+            ));
+        }
+    };
+    value
+        .checked_mul(mult)
+        .ok_or_else(|| format!("size {text:?}: too large"))
+}
+
+/// Formats a duration the way the file writes it, for summaries and error messages.
+pub fn fmt_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 && !d.is_zero() {
+        return format!("{}us", d.as_micros());
+    }
+    let units: [(u128, &str); 5] = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+        (1, "ms"),
+    ];
+    if ms == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    let mut rest = ms;
+    for (per, unit) in units {
+        if rest >= per {
+            out.push_str(&format!("{}{unit}", rest / per));
+            rest %= per;
+        }
+    }
+    out
+}
+
+impl fmt::Display for Dur {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&fmt_duration(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        match v {
+            serde_json::Value::String(s) => parse_duration(&s)
+                .map(Dur)
+                .map_err(serde::de::Error::custom),
+            serde_json::Value::Number(n) => Err(serde::de::Error::custom(format!(
+                "duration {n} has no unit (write e.g. {n}s or {n}ms)"
+            ))),
+            other => Err(serde::de::Error::custom(format!(
+                "expected a duration such as 30s, found {other}"
+            ))),
+        }
+    }
+}
+
+impl JsonSchema for Dur {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "description": "a duration: a number and a unit (ns, us, ms, s, m, h, d), e.g. 500ms, 30s, 1h30m, 7d; or ${VAR}",
+            "pattern": "^(([0-9]+(ns|us|ms|s|m|h|d))+|.*\\$\\{.*)$"
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        match v {
+            serde_json::Value::String(s) => {
+                parse_size(&s).map(Size).map_err(serde::de::Error::custom)
+            }
+            serde_json::Value::Number(n) => n.as_u64().map(Size).ok_or_else(|| {
+                serde::de::Error::custom(format!("size {n} is not a whole number of bytes"))
+            }),
+            other => Err(serde::de::Error::custom(format!(
+                "expected a size such as 64MiB, found {other}"
+            ))),
+        }
+    }
+}
+
+impl JsonSchema for Size {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Size".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "a size in bytes: a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 64MiB",
+            "anyOf": [
+                { "type": "integer", "minimum": 0 },
+                { "type": "string", "pattern": "^([0-9]+ ?(B|KiB|MiB|GiB|TiB|KB|kB|MB|GB|TB)?|.*\\$\\{.*)$" }
+            ]
+        })
+    }
+}
+
+/// Deserializes an unsigned integer that may also be written as a string, because `${VAR}` expansion
+/// turns `workers: ${WORKERS:-4}` into the string `"4"` before the typed structs see it.
+pub fn de_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    let n = match &v {
+        serde_json::Value::Number(n) => n.as_u64(),
+        serde_json::Value::String(s) => s.trim().parse::<u64>().ok(),
+        _ => None,
+    };
+    n.and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| serde::de::Error::custom(format!("expected a whole number, found {v}")))
+}
+
+/// Same as [`de_u32`] for optional fields.
+pub fn de_opt_u32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    de_u32(d).map(Some)
+}
+
+/// Schema of a field read by [`de_u32`]: an integer, or a string holding `${VAR}`.
+pub fn u32_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "anyOf": [
+            { "type": "integer", "minimum": 0, "maximum": u32::MAX },
+            { "type": "string", "pattern": "^([0-9]+|.*\\$\\{.*)$" }
+        ]
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_in_every_unit() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86400)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1s500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn bad_durations_say_why() {
+        assert!(parse_duration("30").unwrap_err().contains("missing unit"));
+        assert!(
+            parse_duration("30x")
+                .unwrap_err()
+                .contains("unknown unit \"x\"")
+        );
+        assert!(parse_duration("").unwrap_err().contains("empty"));
+        assert!(
+            parse_duration("s")
+                .unwrap_err()
+                .contains("expected a number")
+        );
+        assert!(
+            parse_duration("-5s")
+                .unwrap_err()
+                .contains("expected a number")
+        );
+        assert!(
+            parse_duration("99999999999999999999999d")
+                .unwrap_err()
+                .contains("too large")
+        );
+    }
+
+    #[test]
+    fn sizes_binary_and_decimal() {
+        assert_eq!(parse_size("512KiB"), Ok(512 * 1024));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("1TiB"), Ok(1 << 40));
+        assert_eq!(parse_size("10MB"), Ok(10_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("12B"), Ok(12));
+        assert!(parse_size("12XB").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("MiB").unwrap_err().contains("expected a number"));
+        assert!(
+            parse_size("99999999999TiB")
+                .unwrap_err()
+                .contains("too large")
+        );
+    }
+
+    #[test]
+    fn formats_round_trip() {
+        for s in ["500ms", "30s", "5m", "2h", "7d", "1h30m", "1d2h3m4s5ms"] {
+            assert_eq!(fmt_duration(parse_duration(s).unwrap()), s);
+        }
+        assert_eq!(fmt_duration(Duration::ZERO), "0s");
+    }
+
+    #[test]
+    fn numbers_accept_expanded_strings() {
+        #[derive(Deserialize)]
+        struct T {
+            #[serde(deserialize_with = "de_u32")]
+            n: u32,
+        }
+        let t: T = serde_json::from_str(r#"{"n":"12"}"#).unwrap();
+        assert_eq!(t.n, 12);
+        let t: T = serde_json::from_str(r#"{"n":7}"#).unwrap();
+        assert_eq!(t.n, 7);
+        assert!(serde_json::from_str::<T>(r#"{"n":"x"}"#).is_err());
+        assert!(serde_json::from_str::<T>(r#"{"n":-1}"#).is_err());
+    }
+
+    #[test]
+    fn bare_number_duration_is_refused_with_a_hint() {
+        let e = serde_json::from_str::<Dur>("30").unwrap_err().to_string();
+        assert!(e.contains("has no unit"), "{e}");
+    }
+}

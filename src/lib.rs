@@ -1,0 +1,12 @@
+//! colibri: a resident agent for edge machines. This crate is the whole agent; `main.rs` only calls
+//! [`cli::main`]. See ARCHITECTURE.md for the map of modules and the invariants between them.
+
+pub mod agent;
+pub mod backoff;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod logging;
+pub mod schedule;
+pub mod scheduler;
+pub mod task;

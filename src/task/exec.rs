@@ -1,0 +1,491 @@
+//! The `exec` handler: runs a program (no shell unless the command names one) in its own process group,
+//! keeps a bounded tail of its stdout and stderr, and enforces the timeout and shutdown by signalling the
+//! whole group (SIGTERM, then SIGKILL after [`KILL_GRACE`]) so no grandchild outlives its run. It also
+//! owns [`ProcessGroups`], the registry of live groups that a second stop signal kills at once. Called
+//! by `task::run`; it does not retry or log the run's outcome (that is `task::run`).
+
+use std::collections::{HashSet, VecDeque};
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Command;
+
+use super::{Attempt, Outcome, RunContext};
+
+/// How long a group has between SIGTERM and SIGKILL.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// Output kept per stream: the last lines only, each cut to a bounded length, so a chatty child
+/// cannot grow colibri's memory.
+const TAIL_LINES: usize = 10;
+const TAIL_LINE_BYTES: usize = 512;
+
+#[derive(Debug, Clone)]
+pub struct Exec {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<PathBuf>,
+}
+
+/// The process groups of every running attempt.
+#[derive(Debug, Default)]
+pub struct ProcessGroups {
+    live: Mutex<HashSet<i32>>,
+}
+
+impl ProcessGroups {
+    fn register(self: &Arc<Self>, pgid: i32) -> GroupGuard {
+        self.lock().insert(pgid);
+        GroupGuard {
+            groups: Arc::clone(self),
+            pgid,
+        }
+    }
+
+    /// Sends `signal` to every live group; returns how many were signalled.
+    pub fn signal_all(&self, signal: i32) -> usize {
+        self.lock()
+            .iter()
+            .filter(|pgid| signal_group(**pgid, signal))
+            .count()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<i32>> {
+        // A panic while holding this lock cannot leave the set inconsistent (single insert/remove).
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+struct GroupGuard {
+    groups: Arc<ProcessGroups>,
+    pgid: i32,
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.groups.lock().remove(&self.pgid);
+    }
+}
+
+/// Sends `signal` to process group `pgid`; true when at least one process received it.
+fn signal_group(pgid: i32, signal: i32) -> bool {
+    if pgid <= 1 {
+        return false; // never signal "every process" (-1) or our own group (0)
+    }
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours; a negative pid addresses
+    // the group. The guard above rules out the special values 0 and -1.
+    unsafe { libc::kill(-pgid, signal) == 0 }
+}
+
+impl Exec {
+    /// Runs one attempt.
+    pub async fn run(
+        &self,
+        task: &str,
+        due: DateTime<Utc>,
+        timeout: Duration,
+        ctx: &RunContext,
+    ) -> Attempt {
+        let mut cmd = Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("COLIBRI_TASK", task)
+            .env("COLIBRI_DUE_MS", due.timestamp_millis().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(dir) = &self.cwd {
+            cmd.current_dir(dir);
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                return Attempt {
+                    outcome: Outcome::Failed(format!("cannot start {}: {e}", self.argv[0])),
+                    exit: None,
+                    pid: None,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                };
+            }
+        };
+        let pid = child.id();
+        let pgid = pid.and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+        let _guard = ctx.groups.register(pgid);
+        let stdout = child.stdout.take().map(|s| tokio::spawn(read_tail(s)));
+        let stderr = child.stderr.take().map(|s| tokio::spawn(read_tail(s)));
+
+        enum End {
+            Exited(std::io::Result<ExitStatus>),
+            TimedOut,
+            Aborted,
+        }
+        let end = tokio::select! {
+            s = child.wait() => End::Exited(s),
+            _ = tokio::time::sleep(timeout) => End::TimedOut,
+            _ = ctx.abort.cancelled() => End::Aborted,
+        };
+        let (kind, status) = match end {
+            End::Exited(s) => (None, s),
+            End::TimedOut => (Some(Outcome::TimedOut), terminate(&mut child, pgid).await),
+            End::Aborted => (Some(Outcome::Cancelled), terminate(&mut child, pgid).await),
+        };
+        // The main process is gone; anything left in its group (a backgrounded grandchild) ends with
+        // the run, so it cannot hold our pipes open or linger unsupervised.
+        end_group(pgid, task).await;
+        let (stdout, stderr) = collect_tails(stdout, stderr, pgid).await;
+        let (outcome, exit) = match (kind, status) {
+            (Some(outcome), s) => (outcome, s.ok().map(describe_status)),
+            (None, Ok(s)) if s.success() => (Outcome::Ok, Some(describe_status(s))),
+            (None, Ok(s)) => {
+                let d = describe_status(s);
+                (Outcome::Failed(format!("exited with {d}")), Some(d))
+            }
+            (None, Err(e)) => (
+                Outcome::Failed(format!("cannot wait for the process: {e}")),
+                None,
+            ),
+        };
+        Attempt {
+            outcome,
+            exit,
+            pid,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+/// SIGTERM to the group, SIGKILL after [`KILL_GRACE`], then reap the main process.
+async fn terminate(child: &mut tokio::process::Child, pgid: i32) -> std::io::Result<ExitStatus> {
+    signal_group(pgid, libc::SIGTERM);
+    match tokio::time::timeout(KILL_GRACE, child.wait()).await {
+        Ok(s) => s,
+        Err(_) => {
+            signal_group(pgid, libc::SIGKILL);
+            child.wait().await
+        }
+    }
+}
+
+/// Ends whatever is left in the group after its leader exited: SIGTERM, then SIGKILL for anything
+/// still there after [`KILL_GRACE`] (a process may ignore SIGTERM).
+async fn end_group(pgid: i32, task: &str) {
+    if !signal_group(pgid, libc::SIGTERM) {
+        return; // the group is empty: the usual case
+    }
+    tracing::debug!(
+        task,
+        pgid,
+        "terminating processes left behind in the task's group"
+    );
+    let deadline = tokio::time::Instant::now() + KILL_GRACE;
+    // Signal 0 only asks whether any member is left. Bounded by the deadline.
+    while signal_group(pgid, 0) {
+        if tokio::time::Instant::now() >= deadline {
+            signal_group(pgid, libc::SIGKILL);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits for the output readers; if something in the group still holds a pipe after the grace, the
+/// group is killed and whatever was read is kept.
+async fn collect_tails(
+    stdout: Option<tokio::task::JoinHandle<String>>,
+    stderr: Option<tokio::task::JoinHandle<String>>,
+    pgid: i32,
+) -> (String, String) {
+    async fn join(h: Option<tokio::task::JoinHandle<String>>) -> String {
+        match h {
+            Some(h) => h.await.unwrap_or_default(),
+            None => String::new(),
+        }
+    }
+    let both = async { (join(stdout).await, join(stderr).await) };
+    tokio::pin!(both);
+    match tokio::time::timeout(KILL_GRACE, &mut both).await {
+        Ok(r) => r,
+        Err(_) => {
+            signal_group(pgid, libc::SIGKILL);
+            tokio::time::timeout(KILL_GRACE, both)
+                .await
+                .unwrap_or_default()
+        }
+    }
+}
+
+fn describe_status(s: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => format!("code {c}"),
+        (None, Some(sig)) => format!("signal {sig}"),
+        (None, None) => "unknown status".into(),
+    }
+}
+
+/// The last lines of a stream, bounded in count and length.
+#[derive(Debug, Default)]
+pub struct Tail {
+    lines: VecDeque<String>,
+    current: Vec<u8>,
+    /// The current line was longer than kept.
+    cut: bool,
+}
+
+impl Tail {
+    pub fn push(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let (chunk, newline) = match bytes.iter().position(|b| *b == b'\n') {
+                Some(i) => (&bytes[..i], true),
+                None => (bytes, false),
+            };
+            let room = TAIL_LINE_BYTES.saturating_sub(self.current.len());
+            self.current
+                .extend_from_slice(&chunk[..chunk.len().min(room)]);
+            self.cut |= chunk.len() > room;
+            bytes = &bytes[chunk.len() + usize::from(newline)..];
+            if newline {
+                self.end_line();
+            }
+        }
+    }
+
+    fn end_line(&mut self) {
+        let mut line = String::from_utf8_lossy(&self.current).into_owned();
+        if self.cut {
+            line.push('…');
+        }
+        self.current.clear();
+        self.cut = false;
+        if self.lines.len() == TAIL_LINES {
+            self.lines.pop_front();
+        }
+        self.lines.push_back(line);
+    }
+
+    pub fn finish(mut self) -> String {
+        if !self.current.is_empty() {
+            self.end_line();
+        }
+        Vec::from(self.lines).join("\n")
+    }
+}
+
+async fn read_tail(mut r: impl AsyncRead + Unpin) -> String {
+    let mut tail = Tail::default();
+    let mut buf = [0u8; 4096];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return tail.finish(),
+            Ok(n) => tail.push(&buf[..n]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_the_last_lines_only() {
+        let mut t = Tail::default();
+        for i in 0..100 {
+            t.push(format!("line {i}\n").as_bytes());
+        }
+        let out = t.finish();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), TAIL_LINES);
+        assert_eq!(lines[0], "line 90");
+        assert_eq!(lines[9], "line 99");
+    }
+
+    #[test]
+    fn tail_cuts_long_lines_and_keeps_partial_last_line() {
+        let mut t = Tail::default();
+        t.push(&vec![b'x'; 10 * TAIL_LINE_BYTES]);
+        t.push(b"\nshort\npartial");
+        let out = t.finish();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0].len(), TAIL_LINE_BYTES + '…'.len_utf8());
+        assert_eq!(lines[1], "short");
+        assert_eq!(lines[2], "partial");
+    }
+
+    #[test]
+    fn tail_handles_lines_split_across_reads() {
+        let mut t = Tail::default();
+        t.push(b"hel");
+        t.push(b"lo\nwor");
+        t.push(b"ld\n");
+        assert_eq!(t.finish(), "hello\nworld");
+    }
+
+    #[test]
+    fn never_signals_special_groups() {
+        assert!(!signal_group(0, 0));
+        assert!(!signal_group(1, 0));
+        assert!(!signal_group(-1, 0));
+    }
+
+    fn ctx() -> RunContext {
+        RunContext {
+            stopping: Default::default(),
+            abort: Default::default(),
+            groups: Default::default(),
+        }
+    }
+
+    fn sh(script: &str) -> Exec {
+        Exec {
+            argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            env: vec![("GREETING".into(), "hi".into())],
+            cwd: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn reports_exit_code_and_output() {
+        let a = sh("echo $GREETING $COLIBRI_TASK; echo oops >&2; exit 3")
+            .run("t1", Utc::now(), Duration::from_secs(5), &ctx())
+            .await;
+        assert_eq!(a.outcome, Outcome::Failed("exited with code 3".into()));
+        assert_eq!(a.stdout, "hi t1");
+        assert_eq!(a.stderr, "oops");
+        let a = sh("true")
+            .run("t", Utc::now(), Duration::from_secs(5), &ctx())
+            .await;
+        assert_eq!(a.outcome, Outcome::Ok);
+    }
+
+    #[tokio::test]
+    async fn missing_program_fails_cleanly() {
+        let e = Exec {
+            argv: vec!["/nonexistent/prog".into()],
+            env: vec![],
+            cwd: None,
+        };
+        let a = e.run("t", Utc::now(), Duration::from_secs(5), &ctx()).await;
+        match a.outcome {
+            Outcome::Failed(r) => assert!(r.contains("cannot start /nonexistent/prog"), "{r}"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_the_whole_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let pids = dir.path().join("pids");
+        let script = format!(
+            "sleep 300 & echo $! > {0}; echo $$ >> {0}; wait",
+            pids.display()
+        );
+        let c = ctx();
+        let a = sh(&script)
+            .run("t", Utc::now(), Duration::from_millis(500), &c)
+            .await;
+        assert_eq!(a.outcome, Outcome::TimedOut);
+        let text = std::fs::read_to_string(&pids).unwrap();
+        for pid in text.split_whitespace() {
+            let pid: i32 = pid.parse().unwrap();
+            assert!(
+                wait_dead(pid, Duration::from_secs(5)),
+                "pid {pid} survived the timeout"
+            );
+        }
+        assert!(c.groups.lock().is_empty(), "the group is deregistered");
+    }
+
+    #[tokio::test]
+    async fn abort_cancels_a_running_attempt() {
+        let c = ctx();
+        let abort = c.abort.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            abort.cancel();
+        });
+        let a = sh("sleep 30")
+            .run("t", Utc::now(), Duration::from_secs(60), &c)
+            .await;
+        assert_eq!(a.outcome, Outcome::Cancelled);
+    }
+
+    #[tokio::test]
+    async fn leftover_background_children_end_with_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let pids = dir.path().join("pids");
+        // The main process exits at once; its backgrounded child would otherwise live for 300 s
+        // and hold stdout open.
+        let script = format!("sleep 300 & echo $! > {}; exit 0", pids.display());
+        let a = sh(&script)
+            .run("t", Utc::now(), Duration::from_secs(10), &ctx())
+            .await;
+        assert_eq!(a.outcome, Outcome::Ok);
+        let pid: i32 = std::fs::read_to_string(&pids)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            wait_dead(pid, Duration::from_secs(5)),
+            "background child {pid} survived"
+        );
+    }
+
+    #[tokio::test]
+    async fn leftovers_that_ignore_sigterm_are_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let pids = dir.path().join("pids");
+        // Detached from our pipes and deaf to SIGTERM: only SIGKILL ends it.
+        let script = format!(
+            "(trap '' TERM; exec sleep 300) >/dev/null 2>&1 & echo $! > {}; exit 0",
+            pids.display()
+        );
+        let a = sh(&script)
+            .run("t", Utc::now(), Duration::from_secs(10), &ctx())
+            .await;
+        assert_eq!(a.outcome, Outcome::Ok);
+        let pid: i32 = std::fs::read_to_string(&pids)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            wait_dead(pid, Duration::from_secs(5)),
+            "SIGTERM-proof leftover {pid} survived"
+        );
+    }
+
+    /// Polls until `pid` is gone, up to `limit`; true when it is.
+    fn wait_dead(pid: i32, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        while process_alive(pid) {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
+    /// Alive means present and not a zombie (a zombie has ended; only its parent has not reaped it).
+    pub(crate) fn process_alive(pid: i32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => false,
+            Ok(stat) => {
+                let state = stat
+                    .rsplit(')')
+                    .next()
+                    .and_then(|s| s.split_whitespace().next());
+                !matches!(state, Some("Z") | Some("X"))
+            }
+        }
+    }
+}

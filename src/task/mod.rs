@@ -1,0 +1,180 @@
+//! Task runs: the runtime definition of a task (`TaskDef`, built by `config::compile`), the closed set
+//! of handlers (`Action`), and `run`, which executes one scheduled run with its timeout and retries and
+//! logs exactly one event for it. It does not decide when a task runs (that is the scheduler) and does
+//! not parse the file. Called by `scheduler`.
+
+pub mod exec;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+use crate::logging::output;
+use crate::schedule::Schedule;
+
+/// A task as the runtime sees it: everything checked and parsed.
+#[derive(Debug)]
+pub struct TaskDef {
+    pub name: String,
+    pub schedule: Schedule,
+    /// Per attempt.
+    pub timeout: Duration,
+    pub retry: RetryPolicy,
+    pub action: Action,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Extra attempts after the first failure.
+    pub max_retry: u32,
+    pub base: Duration,
+    pub cap: Duration,
+}
+
+/// What a task does. A closed set chosen by `type:` in the file.
+#[derive(Debug)]
+pub enum Action {
+    Exec(exec::Exec),
+}
+
+impl Action {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Action::Exec(_) => "exec",
+        }
+    }
+}
+
+/// Counters of one task, kept across its runs (and, later, exposed as metrics).
+#[derive(Debug, Default)]
+pub struct TaskStats {
+    pub ok: AtomicU64,
+    pub failed: AtomicU64,
+    pub cancelled: AtomicU64,
+    /// Due while the previous run was still going: skipped, never stacked.
+    pub skipped: AtomicU64,
+    /// Attempts after the first.
+    pub retries: AtomicU64,
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    /// Ran and failed: non-zero exit, killed by a signal, or could not start.
+    Failed(String),
+    TimedOut,
+    /// Stopped because colibri is shutting down.
+    Cancelled,
+}
+
+impl Outcome {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Failed(_) => "failed",
+            Outcome::TimedOut => "timeout",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What the handler reports about one attempt.
+#[derive(Debug)]
+pub struct Attempt {
+    pub outcome: Outcome,
+    /// Exit code or `signal N`, when the process ran.
+    pub exit: Option<String>,
+    pub pid: Option<u32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// What a run needs from its surroundings.
+#[derive(Clone)]
+pub struct RunContext {
+    /// Set when colibri starts to stop: no new attempt begins, retry waits end.
+    pub stopping: CancellationToken,
+    /// Set when the shutdown grace is over: running attempts are killed.
+    pub abort: CancellationToken,
+    /// Every live process group, so a second signal can kill them all at once.
+    pub groups: Arc<exec::ProcessGroups>,
+}
+
+/// Runs one scheduled occurrence of `def`: attempts with retries, then one log event. `due` is the
+/// scheduled wall time; the run is `late` by how long it waited for its timer and a free worker.
+pub async fn run(
+    def: &TaskDef,
+    stats: &TaskStats,
+    ctx: &RunContext,
+    due: DateTime<Utc>,
+    late: Duration,
+) {
+    let started = Instant::now();
+    let mut attempt_no: u32 = 0;
+    let last = loop {
+        let attempt = match &def.action {
+            Action::Exec(e) => e.run(&def.name, due, def.timeout, ctx).await,
+        };
+        let retryable = matches!(attempt.outcome, Outcome::Failed(_) | Outcome::TimedOut);
+        if !retryable || attempt_no >= def.retry.max_retry || ctx.stopping.is_cancelled() {
+            break attempt;
+        }
+        let wait = crate::backoff::jittered(attempt_no, def.retry.base, def.retry.cap);
+        tracing::warn!(
+            task = %def.name,
+            outcome = attempt.outcome.label(),
+            reason = failure_reason(&attempt),
+            attempt = attempt_no + 1,
+            retry_in_ms = wait.as_millis() as u64,
+            stderr = output(&attempt.stderr),
+            "task attempt failed, will retry"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = ctx.stopping.cancelled() => break Attempt { outcome: Outcome::Cancelled, ..attempt },
+        }
+        attempt_no += 1;
+        stats.retries.fetch_add(1, Ordering::Relaxed);
+    };
+    let duration_ms = started.elapsed().as_millis() as u64;
+    let late_ms = late.as_millis() as u64;
+    let attempts = attempt_no + 1;
+    let exit = last.exit.as_deref();
+    match &last.outcome {
+        Outcome::Ok => {
+            stats.ok.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                task = %def.name, outcome = "ok", duration_ms, late_ms, attempts, exit,
+                stdout = output(&last.stdout), stderr = output(&last.stderr), "task run finished"
+            );
+        }
+        Outcome::Cancelled => {
+            stats.cancelled.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                task = %def.name, outcome = "cancelled", duration_ms, late_ms, attempts, exit,
+                stdout = output(&last.stdout), stderr = output(&last.stderr), "task run cancelled by shutdown"
+            );
+        }
+        Outcome::Failed(_) | Outcome::TimedOut => {
+            stats.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(
+                task = %def.name, outcome = last.outcome.label(), reason = failure_reason(&last),
+                duration_ms, late_ms, attempts, exit, stdout = output(&last.stdout), stderr = output(&last.stderr),
+                "task run failed"
+            );
+        }
+    }
+}
+
+fn failure_reason(a: &Attempt) -> String {
+    match &a.outcome {
+        Outcome::Failed(r) => r.clone(),
+        Outcome::TimedOut => "timed out; process group terminated".into(),
+        Outcome::Ok => String::new(),
+        Outcome::Cancelled => "shutdown".into(),
+    }
+}
