@@ -417,14 +417,14 @@ mod tests {
         assert_eq!(a.outcome, Outcome::Cancelled);
     }
 
-    #[tokio::test]
-    async fn leftover_background_children_end_with_the_run() {
+    /// Runs a task whose main process starts `background` (which must write its pid to `$PIDS`) and
+    /// exits at once; asserts the run succeeds and the background process does not outlive it.
+    async fn assert_leftover_ends(background: &str) {
         let dir = tempfile::tempdir().unwrap();
         let pids = dir.path().join("pids");
-        // The main process exits at once; its backgrounded child would otherwise live for 300 s
-        // and hold stdout open.
-        let script = format!("sleep 300 & echo $! > {}; exit 0", pids.display());
-        let a = sh(&script)
+        let mut e = sh(&format!("{background}; exit 0"));
+        e.env.push(("PIDS".into(), pids.display().to_string()));
+        let a = e
             .run("t", Utc::now(), Duration::from_secs(10), &ctx())
             .await;
         assert_eq!(a.outcome, Outcome::Ok);
@@ -435,32 +435,23 @@ mod tests {
             .unwrap();
         assert!(
             wait_dead(pid, Duration::from_secs(5)),
-            "background child {pid} survived"
+            "leftover {pid} survived"
         );
     }
 
     #[tokio::test]
+    async fn leftover_background_children_end_with_the_run() {
+        // Would otherwise live for 300 s and hold stdout open.
+        assert_leftover_ends("sleep 300 & echo $! > \"$PIDS\"").await;
+    }
+
+    #[tokio::test]
     async fn leftovers_that_ignore_sigterm_are_killed() {
-        let dir = tempfile::tempdir().unwrap();
-        let pids = dir.path().join("pids");
         // Detached from our pipes and deaf to SIGTERM: only SIGKILL ends it.
-        let script = format!(
-            "(trap '' TERM; exec sleep 300) >/dev/null 2>&1 & echo $! > {}; exit 0",
-            pids.display()
-        );
-        let a = sh(&script)
-            .run("t", Utc::now(), Duration::from_secs(10), &ctx())
-            .await;
-        assert_eq!(a.outcome, Outcome::Ok);
-        let pid: i32 = std::fs::read_to_string(&pids)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        assert!(
-            wait_dead(pid, Duration::from_secs(5)),
-            "SIGTERM-proof leftover {pid} survived"
-        );
+        assert_leftover_ends(
+            "(trap '' TERM; exec sleep 300) >/dev/null 2>&1 & echo $! > \"$PIDS\"",
+        )
+        .await;
     }
 
     /// Polls until `pid` is gone, up to `limit`; true when it is.
