@@ -1,7 +1,8 @@
 //! `colibri run`: wires the parts together for one life of the process. It creates the data directory,
-//! starts the wall-clock watcher and the scheduler, and turns signals into the stop sequence: the first
-//! SIGTERM or SIGINT stops scheduling and gives running tasks `shutdown_grace`, then exits 0; a second
-//! signal kills every task's process group and exits at once. It owns no policy of its own.
+//! opens the store (when streams are configured) and starts its writer, starts the wall-clock watcher
+//! and the scheduler, and turns signals into the stop sequence: the first SIGTERM or SIGINT stops
+//! scheduling and gives running tasks `shutdown_grace`, then closes the store cleanly and exits 0; a
+//! second signal kills every task's process group and exits at once. It owns no policy of its own.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use tokio::sync::Notify;
 use crate::clock::{self, SystemClock};
 use crate::config::{Config, units::fmt_duration};
 use crate::scheduler::Scheduler;
+use crate::store::{self, OpenOptions, Store, StoreError, writer};
 use crate::task::RunContext;
 
 /// Exit status after a second stop signal cut the grace short.
@@ -20,6 +22,7 @@ pub const EXIT_FORCED: i32 = 1;
 pub async fn run(config: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
+    let store_handle = open_store(&config)?;
     let mut sigterm =
         signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
     let mut sigint =
@@ -65,6 +68,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ctx.stopping.cancel();
     tokio::select! {
         drained = &mut scheduler => {
+            if let Some(handle) = &store_handle {
+                handle.shutdown().await;
+            }
             tracing::info!(killed = drained.killed, "colibri stopped");
             Ok(())
         }
@@ -73,5 +79,67 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             tracing::error!(signal = second, killed_groups = n, "second signal: exiting now");
             std::process::exit(EXIT_FORCED);
         }
+    }
+}
+
+/// Opens the store and starts its writer thread; `None` when no stream is configured.
+fn open_store(config: &Config) -> anyhow::Result<Option<writer::StoreHandle>> {
+    if config.streams.is_empty() {
+        return Ok(None);
+    }
+    let started = std::time::Instant::now();
+    let (dir, storage, streams) = (
+        config.data_dir.clone(),
+        config.storage,
+        config.streams.clone(),
+    );
+    let opened = open_or_replace(&dir, storage, &streams, false)
+        .with_context(|| format!("cannot open the store in {}", dir.display()))?;
+    tracing::info!(
+        path = %opened.path().display(),
+        file_bytes = opened.file_bytes(),
+        queued_bytes = opened.stored_bytes(),
+        streams = streams.len(),
+        duration_ms = started.elapsed().as_millis() as u64,
+        "store opened"
+    );
+    // After a failure the file is verified page by page; a corrupted one is replaced.
+    let reopen = Box::new(move || open_or_replace(&dir, storage, &streams, true));
+    let handle = writer::spawn(opened, reopen, writer::WriterOptions::default())
+        .context("cannot start the store writer thread")?;
+    Ok(Some(handle))
+}
+
+/// Opens the store; a file redb reports as corrupted is moved aside (kept for inspection) and a fresh
+/// one created, so the agent comes back into service. Logged at ERROR: data in the old file is no
+/// longer served.
+fn open_or_replace(
+    dir: &std::path::Path,
+    storage: store::StorageConfig,
+    streams: &[store::StreamConfig],
+    verify: bool,
+) -> Result<Store, StoreError> {
+    let opts = OpenOptions {
+        verify,
+        ..OpenOptions::default()
+    };
+    match Store::open(dir, storage, streams, opts) {
+        Err(StoreError::Corrupted(reason)) => {
+            let path = dir.join(store::DB_FILE);
+            let aside = path.with_extension(format!("redb.corrupt-{}", store::now_ms()));
+            std::fs::rename(&path, &aside).map_err(|e| {
+                StoreError::Io(format!(
+                    "cannot move the corrupted store {} aside: {e}",
+                    path.display()
+                ))
+            })?;
+            tracing::error!(
+                reason,
+                moved_to = %aside.display(),
+                "the store is corrupted; it was moved aside and a new one created"
+            );
+            Store::open(dir, storage, streams, OpenOptions::default())
+        }
+        other => other,
     }
 }

@@ -9,4 +9,5 @@ pub mod config;
 pub mod logging;
 pub mod schedule;
 pub mod scheduler;
+pub mod store;
 pub mod task;

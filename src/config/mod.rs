@@ -23,8 +23,9 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use crate::schedule::{self, Offset, Schedule, Zone};
+use crate::store::{BatchConfig, StorageConfig, StreamConfig, WhenFull};
 use crate::task::{Action, RetryPolicy, TaskDef, exec::Exec};
-use units::{Dur, de_u32, u32_schema};
+use units::{Dur, Size, de_u32, u32_schema};
 
 // ---------------------------------------------------------------------------------------------------
 // The file's shape. Field docs become the schema's descriptions, which editors show on hover.
@@ -48,9 +49,91 @@ pub struct FileSpec {
     /// Logging to stderr.
     #[serde(default)]
     pub log: LogSpec,
+    /// The data directory's disk budget, shared by every stream.
+    #[serde(default)]
+    pub storage: StorageSpec,
+    /// Durable queues of transfer jobs, by name. What a stream accepts is on disk (fsync'd) before
+    /// anyone is told "stored".
+    #[serde(default)]
+    pub streams: BTreeMap<String, StreamSpec>,
     /// Scheduled chores.
     #[serde(default)]
     pub tasks: Vec<TaskSpec>,
+}
+
+/// Global storage limits.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSpec {
+    /// Most bytes of queued jobs (ready, retry and dead, all streams together). Default 2GiB.
+    #[serde(default)]
+    pub max_bytes: Option<Size>,
+    /// Free space on the data directory's filesystem that colibri never eats into; below it every
+    /// stream behaves as full. Default 256MiB.
+    #[serde(default)]
+    pub min_free: Option<Size>,
+}
+
+/// One stream: a bounded, durable FIFO of transfer jobs.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSpec {
+    /// The sink the stream is delivered to (sinks arrive in a later release; until then a stream has none).
+    #[serde(default)]
+    pub sink: Option<String>,
+    /// How records are cut into transfer jobs.
+    #[serde(default)]
+    pub batch: BatchSpec,
+    /// Most jobs queued (ready and retry). Default 100000.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[schemars(schema_with = "u32_schema")]
+    pub max_jobs: Option<u32>,
+    /// Most bytes queued (ready and retry). Default 256MiB.
+    #[serde(default)]
+    pub max_bytes: Option<Size>,
+    /// What a full stream does: `block` (producers wait, then get an error), `drop_oldest` (the oldest
+    /// ready jobs are deleted and counted), `drop_newest` (new records are refused and counted).
+    #[serde(default)]
+    pub when_full: WhenFullSpec,
+    /// Jobs older than this are deleted and counted as expired. Default: kept until delivered.
+    #[serde(default)]
+    pub ttl: Option<Dur>,
+    /// Dead letters: jobs that failed for good.
+    #[serde(default)]
+    pub dead_letter: DeadLetterSpec,
+}
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSpec {
+    /// Most records in one job. Default 1000.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[schemars(schema_with = "u32_schema")]
+    pub max_records: Option<u32>,
+    /// Most bytes of records in one job. Default 1MiB.
+    #[serde(default)]
+    pub max_bytes: Option<Size>,
+    /// How long a source may hold records back to fill a job. Default 1s.
+    #[serde(default)]
+    pub linger: Option<Dur>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenFullSpec {
+    #[default]
+    Block,
+    DropOldest,
+    DropNewest,
+}
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterSpec {
+    /// Most dead jobs kept; beyond it the oldest is deleted and counted. Default 10000.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[schemars(schema_with = "u32_schema")]
+    pub max_jobs: Option<u32>,
 }
 
 fn default_data_dir() -> String {
@@ -263,6 +346,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     pub log_level: LogLevel,
     pub log_format: LogFormat,
+    pub storage: StorageConfig,
+    pub streams: Vec<StreamConfig>,
     pub tasks: Vec<Arc<TaskDef>>,
 }
 
@@ -369,6 +454,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
         return None;
     };
     let tasks_value = map.remove("tasks");
+    let streams_value = map.remove("streams");
     // Each top-level key on its own first, so one bad setting neither hides another nor stops the
     // tasks from being checked; bad keys are left out and their defaults stand in.
     let mut good = serde_json::Map::new();
@@ -404,6 +490,34 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
     if grace.is_zero() {
         top("shutdown_grace", "must be positive".into());
     }
+
+    let storage = StorageConfig {
+        max_bytes: spec.storage.max_bytes.map_or(2 << 30, |s| s.0),
+        min_free: spec.storage.min_free.map_or(256 << 20, |s| s.0),
+    };
+    if storage.max_bytes == 0 {
+        top("storage.max_bytes", "must be positive".into());
+    }
+    let streams = match streams_value {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(entries)) => entries
+            .into_iter()
+            .filter_map(|(name, value)| compile_stream(name, value, problems))
+            .collect(),
+        Some(other) => {
+            problems.push(Problem {
+                path: "streams".into(),
+                message: format!("expected a mapping of stream names to settings, found {other}"),
+            });
+            Vec::new()
+        }
+    };
+    let mut top = |path: &str, message: String| {
+        problems.push(Problem {
+            path: path.into(),
+            message,
+        })
+    };
 
     let task_values = match tasks_value {
         None | Some(Value::Null) => Vec::new(),
@@ -446,7 +560,96 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
         shutdown_grace: grace,
         log_level: spec.log.level,
         log_format: spec.log.format,
+        storage,
+        streams,
         tasks,
+    })
+}
+
+/// Names of tasks and streams: they appear in logs, metric labels and table names.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+fn compile_stream(name: String, value: Value, problems: &mut Vec<Problem>) -> Option<StreamConfig> {
+    let at = format!("streams.{name}");
+    let mut err = |path: &str, message: String| {
+        let path = if path.is_empty() {
+            at.clone()
+        } else {
+            format!("{at}.{path}")
+        };
+        problems.push(Problem { path, message })
+    };
+    if !valid_name(&name) {
+        err(
+            "",
+            "a stream name must be 1-64 letters, digits, -, _ or .".into(),
+        );
+    }
+    let spec: StreamSpec = match de_at(value) {
+        Ok(s) => s,
+        Err((p, m)) => {
+            err(&p, m);
+            return None;
+        }
+    };
+    if let Some(sink) = &spec.sink {
+        // No sink types exist yet; every reference is to an undefined sink.
+        err(
+            "sink",
+            format!(
+                "sink {sink:?} is not defined (no sinks: remove `sink` until sinks are configured)"
+            ),
+        );
+    }
+    let batch = BatchConfig {
+        max_records: spec.batch.max_records.unwrap_or(1000),
+        max_bytes: spec.batch.max_bytes.map_or(1 << 20, |s| s.0),
+        linger: spec.batch.linger.map_or(Duration::from_secs(1), |d| d.0),
+    };
+    if batch.max_records == 0 {
+        err("batch.max_records", "must be at least 1".into());
+    }
+    if batch.max_bytes == 0 {
+        err("batch.max_bytes", "must be positive".into());
+    }
+    let max_jobs = spec.max_jobs.unwrap_or(100_000);
+    if max_jobs == 0 {
+        err("max_jobs", "must be at least 1".into());
+    }
+    let max_bytes = spec.max_bytes.map_or(256 << 20, |s| s.0);
+    if max_bytes < batch.max_bytes {
+        err(
+            "max_bytes",
+            format!(
+                "{max_bytes} bytes cannot hold one job of batch.max_bytes ({} bytes)",
+                batch.max_bytes
+            ),
+        );
+    }
+    if spec.ttl.is_some_and(|d| d.0.is_zero()) {
+        err(
+            "ttl",
+            "must be positive (leave it out to keep jobs until delivered)".into(),
+        );
+    }
+    Some(StreamConfig {
+        name,
+        batch,
+        max_jobs: u64::from(max_jobs),
+        max_bytes,
+        when_full: match spec.when_full {
+            WhenFullSpec::Block => WhenFull::Block,
+            WhenFullSpec::DropOldest => WhenFull::DropOldest,
+            WhenFullSpec::DropNewest => WhenFull::DropNewest,
+        },
+        ttl: spec.ttl.map(|d| d.0),
+        dead_max_jobs: u64::from(spec.dead_letter.max_jobs.unwrap_or(10_000)),
     })
 }
 
@@ -499,18 +702,10 @@ fn compile_task(
     };
     let common = common?;
 
-    let name_ok = !common.name.is_empty()
-        && common
-            .name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if !name_ok {
+    if !valid_name(&common.name) {
         err(
             "name",
-            format!(
-                "{:?} must be non-empty and use only letters, digits, -, _ and .",
-                common.name
-            ),
+            format!("{:?} must be 1-64 letters, digits, -, _ or .", common.name),
         );
     }
 

@@ -1,6 +1,9 @@
-//! The command line: `run`, `check`, `schema` and `version`, their help text, and exit codes (0 ok,
-//! 1 a bad config or a failure at run time, 2 a usage error). It loads the config, installs logging and
-//! the runtime, and hands over to `agent`; it does not validate anything itself.
+//! The command line: `run`, `check`, `queue ...`, `schema` and `version`, their help text, and exit
+//! codes (0 ok, 1 a bad config or a failure at run time, 2 a usage error). It loads the config,
+//! installs logging and the runtime, and hands over to `agent` (or to `queue` for the operator's
+//! commands); it does not validate anything itself.
+
+mod queue;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -37,6 +40,9 @@ enum Command {
     Run(ConfigArg),
     /// Validate a config file: print a summary and exit 0, or list every problem and exit 1
     Check(ConfigArg),
+    /// Inspect and repair the stream queues: stats, peek, push, dead-letter replay and purge
+    #[command(subcommand)]
+    Queue(queue::QueueCommand),
     /// Print the JSON Schema of the config file, for editors and CI
     Schema,
     /// Print the version
@@ -44,7 +50,7 @@ enum Command {
 }
 
 #[derive(Debug, Args)]
-struct ConfigArg {
+pub(crate) struct ConfigArg {
     /// The YAML config file
     #[arg(
         short,
@@ -52,7 +58,7 @@ struct ConfigArg {
         env = "COLIBRI_CONFIG",
         default_value = "/etc/colibri/colibri.yaml"
     )]
-    config: PathBuf,
+    pub(crate) config: PathBuf,
 }
 
 pub fn main() -> ExitCode {
@@ -66,6 +72,7 @@ pub fn main() -> ExitCode {
             print!("{}", config::json_schema());
             ExitCode::SUCCESS
         }
+        Command::Queue(cmd) => queue::main(cmd),
         Command::Check(args) => match config::load(&args.config) {
             Ok(c) => {
                 print!("{}", summary(&c));
@@ -85,6 +92,12 @@ pub fn main() -> ExitCode {
                 }
             };
             crate::logging::init(config.log_level, config.log_format);
+            // A panic (redb on a damaged page, or a bug) is logged like any other event, so JSON
+            // logs stay one object per line.
+            std::panic::set_hook(Box::new(|info| {
+                let backtrace = std::backtrace::Backtrace::capture();
+                tracing::error!(panic = %info, backtrace = %backtrace, "panic");
+            }));
             release_freed_memory();
             // One thread: task runs are child processes and timers, so a single event loop keeps
             // memory and idle wake-ups at their minimum.
@@ -133,6 +146,30 @@ pub fn summary(c: &Config) -> String {
     let _ = writeln!(out, "  shutdown_grace  {}", fmt_duration(c.shutdown_grace));
     let log = format!("{:?}, {:?}", c.log_level, c.log_format).to_lowercase();
     let _ = writeln!(out, "  log             {log}");
+    if !c.streams.is_empty() {
+        let _ = writeln!(
+            out,
+            "  storage         max {}, keep {} free",
+            queue::fmt_size(c.storage.max_bytes),
+            queue::fmt_size(c.storage.min_free)
+        );
+        let _ = writeln!(out, "  streams         {}", c.streams.len());
+        for s in &c.streams {
+            let ttl = s
+                .ttl
+                .map_or(String::new(), |t| format!(", ttl {}", fmt_duration(t)));
+            let _ = writeln!(
+                out,
+                "    {:<14} max {} jobs / {}, when full: {}{ttl}, jobs of <= {} records / {}",
+                s.name,
+                s.max_jobs,
+                queue::fmt_size(s.max_bytes),
+                s.when_full,
+                s.batch.max_records,
+                queue::fmt_size(s.batch.max_bytes),
+            );
+        }
+    }
     let _ = writeln!(out, "  tasks           {}", c.tasks.len());
     if c.tasks.is_empty() {
         return out;

@@ -1,0 +1,475 @@
+//! `colibri queue ...`: the operator's view of the stream queues. `stats` and `peek` open the store
+//! read-only, so they work beside a running agent; `push`, `dead replay` and `dead purge` need it
+//! stopped (the store has one writer). Long operations work in chunks with a progress line; `purge`
+//! asks for confirmation unless `--yes`. Everything goes through `store::Store`.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+use crate::config::{self, Config, units::fmt_duration};
+use crate::store::{self, OpenOptions, Store, StoreError};
+
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Per stream: jobs, records and bytes in ready, retry and dead; age of the oldest job; totals
+    Stats {
+        #[command(flatten)]
+        config: super::ConfigArg,
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the oldest jobs of a stream without taking them
+    Peek {
+        #[command(flatten)]
+        config: super::ConfigArg,
+        /// The stream
+        stream: String,
+        /// Show dead letters instead of queued jobs
+        #[arg(long)]
+        dead: bool,
+        /// How many jobs
+        #[arg(short = 'n', long, default_value_t = 10, conflicts_with = "all")]
+        count: usize,
+        /// Every job (large output for a large backlog)
+        #[arg(long)]
+        all: bool,
+        /// One JSON object per job, per line
+        #[arg(long)]
+        json: bool,
+    },
+    /// Append lines from stdin to a stream, one record per line; prints "acked N" after each durable
+    /// batch (the agent must be stopped)
+    Push {
+        #[command(flatten)]
+        config: super::ConfigArg,
+        /// The stream
+        stream: String,
+        /// Records per commit
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
+    },
+    /// Dead letters: replay them into the queue, or purge them
+    #[command(subcommand)]
+    Dead(DeadCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadCommand {
+    /// Move dead letters back to the queue with their attempts reset (the agent must be stopped)
+    Replay {
+        #[command(flatten)]
+        target: DeadTarget,
+        /// Only the job with this id
+        #[arg(long)]
+        id: Option<u64>,
+    },
+    /// Delete dead letters for good; counted as dropped (the agent must be stopped)
+    Purge {
+        #[command(flatten)]
+        target: DeadTarget,
+        /// Only those that failed longer ago than this, e.g. 7d
+        #[arg(long, value_parser = parse_dur)]
+        older_than: Option<std::time::Duration>,
+        /// Do not ask for confirmation
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct DeadTarget {
+    #[command(flatten)]
+    config: super::ConfigArg,
+    /// The stream
+    stream: String,
+}
+
+fn parse_dur(s: &str) -> Result<std::time::Duration, String> {
+    config::units::parse_duration(s)
+}
+
+/// Jobs per transaction for long operations, so progress can be shown and memory stays bounded.
+const CHUNK: usize = 1000;
+
+pub fn main(cmd: QueueCommand) -> ExitCode {
+    // redb can panic on a damaged page instead of returning an error: report it as what it is.
+    let result = std::panic::catch_unwind(|| run(cmd)).unwrap_or_else(|_| {
+        Err(anyhow::anyhow!(
+            "the store file is damaged (redb failed reading it); `colibri run` verifies it and moves a corrupted file aside"
+        ))
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(arg: &super::ConfigArg) -> anyhow::Result<Config> {
+    Ok(config::load(&arg.config)?)
+}
+
+fn open(c: &Config, read_only: bool) -> anyhow::Result<Store> {
+    if c.streams.is_empty() {
+        anyhow::bail!("{} defines no streams", c.source.display());
+    }
+    let opts = OpenOptions {
+        read_only,
+        ..OpenOptions::default()
+    };
+    let path = c.data_dir.join(store::DB_FILE);
+    if !path.exists() {
+        anyhow::bail!(
+            "no store at {} yet (colibri creates it when it first runs)",
+            path.display()
+        );
+    }
+    let opened = match Store::open(&c.data_dir, c.storage, &c.streams, opts) {
+        // A read-only open refuses a file that was not closed cleanly (a crash, a full disk) when
+        // no agent holds it. Open it writable once, which repairs it, then look again.
+        Err(StoreError::NeedsRepair { .. }) if read_only => {
+            drop(Store::open(
+                &c.data_dir,
+                c.storage,
+                &c.streams,
+                OpenOptions::default(),
+            )?);
+            Store::open(&c.data_dir, c.storage, &c.streams, opts)
+        }
+        other => other,
+    };
+    opened.map_err(|e| match e {
+        StoreError::Locked { .. } => anyhow::anyhow!(
+            "{e}; `stats` and `peek` work beside a running agent, `push` and `dead` need it stopped"
+        ),
+        other => anyhow::Error::from(other).context(format!("cannot open {}", path.display())),
+    })
+}
+
+fn known(s: &Store, stream: &str) -> anyhow::Result<()> {
+    if s.counters(stream).is_none() {
+        let names: Vec<String> = s.streams().map(|(c, _)| c.name.clone()).collect();
+        anyhow::bail!("unknown stream {stream:?} (streams: {})", names.join(", "));
+    }
+    Ok(())
+}
+
+fn run(cmd: QueueCommand) -> anyhow::Result<()> {
+    match cmd {
+        QueueCommand::Stats { config, json } => stats(&load(&config)?, json),
+        QueueCommand::Peek {
+            config,
+            stream,
+            dead,
+            count,
+            all,
+            json,
+        } => {
+            let c = load(&config)?;
+            let s = open(&c, true)?;
+            known(&s, &stream)?;
+            let n = if all { usize::MAX } else { count };
+            let mut out = std::io::stdout().lock();
+            for job in s.peek(&stream, dead, n)? {
+                if json {
+                    writeln!(out, "{}", serde_json::to_string(&job)?)?;
+                } else {
+                    print_job(&mut out, &job)?;
+                }
+            }
+            Ok(())
+        }
+        QueueCommand::Push {
+            config,
+            stream,
+            batch,
+        } => push(&load(&config)?, &stream, batch.max(1)),
+        QueueCommand::Dead(DeadCommand::Replay { target, id }) => {
+            let c = load(&target.config)?;
+            let mut s = open(&c, false)?;
+            known(&s, &target.stream)?;
+            let total = s.counters(&target.stream).map_or(0, |c| c.dead_jobs);
+            let (mut jobs, mut records) = (0u64, 0u64);
+            let mut progress = Progress::new("replayed", total);
+            loop {
+                let mut tx = s.transaction()?;
+                let (j, r) = tx.replay_dead(&target.stream, id, CHUNK)?;
+                tx.commit()?;
+                jobs += j;
+                records += r;
+                progress.show(jobs);
+                if j == 0 || id.is_some() {
+                    break;
+                }
+            }
+            progress.done();
+            println!(
+                "replayed {jobs} dead jobs ({records} records) of stream {:?} into its queue",
+                target.stream
+            );
+            Ok(())
+        }
+        QueueCommand::Dead(DeadCommand::Purge {
+            target,
+            older_than,
+            yes,
+        }) => {
+            let c = load(&target.config)?;
+            let mut s = open(&c, false)?;
+            known(&s, &target.stream)?;
+            let counters = s.counters(&target.stream).cloned().unwrap_or_default();
+            let what = match older_than {
+                Some(d) => format!(
+                    "dead jobs of stream {:?} that failed more than {} ago",
+                    target.stream,
+                    fmt_duration(d)
+                ),
+                None => format!(
+                    "all {} dead jobs ({} records) of stream {:?}",
+                    counters.dead_jobs, counters.dead_records, target.stream
+                ),
+            };
+            if !yes && !confirm(&format!("delete {what} for good?"))? {
+                println!("nothing purged");
+                return Ok(());
+            }
+            let before = older_than.map(|d| store::now_ms().saturating_sub(d.as_millis() as u64));
+            let (mut jobs, mut records) = (0u64, 0u64);
+            let mut progress = Progress::new("purged", counters.dead_jobs);
+            loop {
+                let mut tx = s.transaction()?;
+                let (j, r) = tx.purge_dead(&target.stream, before, CHUNK)?;
+                tx.commit()?;
+                jobs += j;
+                records += r;
+                progress.show(jobs);
+                if j < CHUNK as u64 {
+                    break;
+                }
+            }
+            progress.done();
+            println!(
+                "purged {jobs} dead jobs ({records} records) of stream {:?}",
+                target.stream
+            );
+            Ok(())
+        }
+    }
+}
+
+fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
+    let s = open(c, true)?;
+    let now = store::now_ms();
+    let mut rows = Vec::new();
+    for (cfg, n) in s.streams() {
+        let oldest = s.oldest_ms(&cfg.name)?;
+        rows.push(serde_json::json!({
+            "stream": cfg.name,
+            "ready": { "jobs": n.ready_jobs, "records": n.ready_records, "bytes": n.ready_bytes },
+            "retry": { "jobs": n.retry_jobs, "records": n.retry_records, "bytes": n.retry_bytes },
+            "dead": { "jobs": n.dead_jobs, "records": n.dead_records, "bytes": n.dead_bytes },
+            "oldest_age_ms": oldest.map(|o| now.saturating_sub(o)),
+            "counters": n,
+            "balanced": n.balanced(),
+        }));
+    }
+    let file_bytes = s.file_bytes();
+    let stored = s.stored_bytes();
+    let quarantined = s.quarantined()?;
+    drop(s);
+    // Read-only handles cannot see redb's free-page statistics, and a writable open here would
+    // compete with an agent starting at the same moment: report the upper bound instead.
+    let reclaimable = file_bytes.saturating_sub(stored);
+    if json {
+        let doc = serde_json::json!({
+            "file": c.data_dir.join(store::DB_FILE),
+            "file_bytes": file_bytes,
+            "stored_bytes": stored,
+            "reclaimable_bytes_at_most": reclaimable,
+            "quarantined_entries": quarantined,
+            "streams": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!(
+        "{}: {} on disk, {} in jobs, up to {} reclaimable by compaction, {quarantined} quarantined",
+        c.data_dir.join(store::DB_FILE).display(),
+        fmt_size(file_bytes),
+        fmt_size(stored),
+        fmt_size(reclaimable),
+    );
+    println!(
+        "{:<16} {:>22} {:>16} {:>16} {:>10} {:>12} {:>12} {:>10} {:>10}",
+        "STREAM",
+        "READY jobs/records",
+        "RETRY jobs",
+        "DEAD jobs",
+        "QUEUED",
+        "OLDEST",
+        "APPENDED",
+        "DELIVERED",
+        "DROPPED"
+    );
+    for r in &rows {
+        let n: store::Counters = serde_json::from_value(r["counters"].clone()).unwrap_or_default();
+        let age = r["oldest_age_ms"].as_u64().map_or("-".to_string(), |ms| {
+            fmt_duration(std::time::Duration::from_secs(ms / 1000))
+        });
+        println!(
+            "{:<16} {:>22} {:>16} {:>16} {:>10} {:>12} {:>12} {:>10} {:>10}",
+            r["stream"].as_str().unwrap_or(""),
+            format!("{}/{}", n.ready_jobs, n.ready_records),
+            n.retry_jobs,
+            n.dead_jobs,
+            fmt_size(n.ready_bytes + n.retry_bytes),
+            age,
+            n.appended_records,
+            n.delivered_records,
+            n.dropped_records(),
+        );
+    }
+    Ok(())
+}
+
+fn print_job(out: &mut impl Write, job: &store::Peeked) -> std::io::Result<()> {
+    let created = chrono::DateTime::from_timestamp_millis(job.created_ms as i64)
+        .map_or("?".into(), |t| {
+            t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        });
+    write!(
+        out,
+        "{} #{} created {created}, {} bytes",
+        job.table, job.id, job.bytes
+    )?;
+    if job.attempts > 0 {
+        write!(out, ", {} attempts", job.attempts)?;
+    }
+    if let Some(e) = &job.last_error {
+        write!(out, ", last error: {e}")?;
+    }
+    writeln!(out)?;
+    match &job.records {
+        Ok(records) => {
+            for r in records {
+                writeln!(out, "  {r}")?;
+            }
+        }
+        Err(e) => writeln!(out, "  (cannot be decoded: {e})")?,
+    }
+    Ok(())
+}
+
+fn push(c: &Config, stream: &str, batch: usize) -> anyhow::Result<()> {
+    let mut s = open(c, false)?;
+    known(&s, stream)?;
+    let stdin = std::io::stdin().lock();
+    let mut out = std::io::stdout().lock();
+    let mut pending: Vec<Vec<u8>> = Vec::with_capacity(batch);
+    let mut acked = 0u64;
+    let mut flush =
+        |s: &mut Store, pending: &mut Vec<Vec<u8>>, out: &mut dyn Write| -> anyhow::Result<()> {
+            if pending.is_empty() {
+                return Ok(());
+            }
+            let mut tx = s.transaction()?;
+            tx.append(stream, pending, None, store::now_ms())?;
+            tx.commit()?;
+            acked += pending.len() as u64;
+            pending.clear();
+            // Printed only after the commit is durable: a line here is a receipt.
+            writeln!(out, "acked {acked}")?;
+            out.flush()?;
+            Ok(())
+        };
+    for line in stdin.split(b'\n') {
+        let mut line = line?;
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        if line.is_empty() {
+            continue;
+        }
+        pending.push(line);
+        if pending.len() >= batch {
+            flush(&mut s, &mut pending, &mut out)?;
+        }
+    }
+    flush(&mut s, &mut pending, &mut out)?;
+    Ok(())
+}
+
+fn confirm(question: &str) -> anyhow::Result<bool> {
+    if !std::io::stdin().is_terminal() {
+        anyhow::bail!("refusing to {question} without --yes (stdin is not a terminal)");
+    }
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+}
+
+/// A one-line progress report on stderr, redrawn in place on a terminal.
+struct Progress {
+    verb: &'static str,
+    total: u64,
+    tty: bool,
+    shown: bool,
+}
+
+impl Progress {
+    fn new(verb: &'static str, total: u64) -> Self {
+        Progress {
+            verb,
+            total,
+            tty: std::io::stderr().is_terminal(),
+            shown: false,
+        }
+    }
+
+    fn show(&mut self, done: u64) {
+        if self.tty && self.total > CHUNK as u64 {
+            let pct = (done * 100)
+                .checked_div(self.total)
+                .map_or(100, |p| p.min(100));
+            let width = 30;
+            let filled = (pct as usize * width) / 100;
+            eprint!(
+                "\r{} [{}{}] {done}/{} jobs",
+                self.verb,
+                "#".repeat(filled),
+                " ".repeat(width - filled),
+                self.total
+            );
+            self.shown = true;
+        }
+    }
+
+    fn done(&self) {
+        if self.shown {
+            eprintln!();
+        }
+    }
+}
+
+/// Formats bytes as the file writes sizes (`12.3MiB`).
+pub fn fmt_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    match i {
+        0 => format!("{bytes}B"),
+        _ if v.fract() == 0.0 => format!("{v:.0}{}", UNITS[i]),
+        _ => format!("{v:.1}{}", UNITS[i]),
+    }
+}

@@ -1,0 +1,645 @@
+//! Group commit: one thread owns the [`Store`] and every write transaction. Producers and delivery
+//! workers send requests through a [`StoreHandle`]; the thread takes everything that is waiting,
+//! applies it in one transaction, commits once (one fsync for many producers), and only then replies.
+//! A reply is therefore a durability receipt: an `Ok` from `append` means the records are on disk.
+//!
+//! Appends to a full `block` stream are parked (in order) until room appears or their deadline
+//! passes. A failed commit fails every request in it (nothing is acknowledged) and the store is
+//! reopened with backoff, since redb refuses work after an I/O error. When the store has been idle
+//! for a while with nothing queued, the file is compacted so a drained backlog gives its disk back.
+//! Called by `agent` (and benchmarks); it does not decide what to deliver or when.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::{
+    AppendError, Appended, Counters, Failed, Failure, Job, Lease, Store, StoreError, StreamConfig,
+    now_ms,
+};
+
+/// Requests taken into one transaction at most.
+const MAX_BATCH: usize = 4096;
+/// How often TTLs are enforced.
+const EXPIRE_EVERY: Duration = Duration::from_secs(30);
+/// Quiet time before an idle, drained store is compacted.
+const COMPACT_AFTER_IDLE: Duration = Duration::from_secs(10);
+/// Compaction is worth it when the file is this much larger than what it stores.
+const COMPACT_SLACK: u64 = 8 << 20;
+
+type Reply<T> = oneshot::Sender<T>;
+
+enum Request {
+    Append {
+        stream: String,
+        records: Vec<Vec<u8>>,
+        checkpoint: Option<(String, Vec<u8>)>,
+        deadline: Option<Instant>,
+        reply: Reply<Result<Appended, AppendError>>,
+    },
+    Take {
+        stream: String,
+        max_jobs: usize,
+        reply: Reply<Result<Vec<Job>, StoreError>>,
+    },
+    Ack {
+        lease: Lease,
+        reply: Reply<Result<(), StoreError>>,
+    },
+    Fail {
+        lease: Lease,
+        failure: Failure,
+        reply: Reply<Result<Failed, StoreError>>,
+    },
+    Release {
+        lease: Lease,
+    },
+    Snapshot {
+        reply: Reply<Snapshot>,
+    },
+    Shutdown {
+        reply: Reply<()>,
+    },
+}
+
+/// Counters of every stream and of the writer itself, at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub streams: Vec<(StreamConfig, Counters)>,
+    pub stored_bytes: u64,
+    pub file_bytes: u64,
+    pub commits: u64,
+}
+
+/// Writer statistics, readable without a round trip.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    /// Commits that reached the disk (each one fsync).
+    pub commits: AtomicU64,
+    /// Requests applied in those commits.
+    pub requests: AtomicU64,
+    pub failed_commits: AtomicU64,
+}
+
+#[derive(Clone)]
+pub struct StoreHandle {
+    tx: mpsc::Sender<Request>,
+    stats: Arc<WriterStats>,
+}
+
+fn gone() -> StoreError {
+    StoreError::Io("the store writer has stopped".into())
+}
+
+/// Tuning that does not belong in the config file.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriterOptions {
+    /// Extra time to wait for more requests before committing. Zero (the default) already batches
+    /// whatever arrived during the previous fsync; see BENCHMARKS.md.
+    pub window: Duration,
+}
+
+/// Starts the writer thread. `reopen` builds a fresh store after an I/O error or a damaged page.
+pub fn spawn(
+    store: Store,
+    reopen: Box<dyn FnMut() -> Result<Store, StoreError> + Send>,
+    opts: WriterOptions,
+) -> std::io::Result<StoreHandle> {
+    let (tx, rx) = mpsc::channel();
+    let stats = Arc::new(WriterStats::default());
+    let thread_stats = Arc::clone(&stats);
+    std::thread::Builder::new()
+        .name("colibri-store".into())
+        .spawn(move || Writer::new(store, reopen, opts, thread_stats).run(rx))?;
+    Ok(StoreHandle { tx, stats })
+}
+
+impl StoreHandle {
+    /// Appends records and returns once they are durable. Under `when_full: block`, waits for room
+    /// up to `wait` (None: fail at once when full).
+    pub async fn append(
+        &self,
+        stream: &str,
+        records: Vec<Vec<u8>>,
+        checkpoint: Option<(String, Vec<u8>)>,
+        wait: Option<Duration>,
+    ) -> Result<Appended, AppendError> {
+        let (reply, rx) = oneshot::channel();
+        let req = Request::Append {
+            stream: stream.to_string(),
+            records,
+            checkpoint,
+            deadline: wait.map(|w| Instant::now() + w),
+            reply,
+        };
+        self.tx.send(req).map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    pub async fn take(&self, stream: &str, max_jobs: usize) -> Result<Vec<Job>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::Take {
+                stream: stream.to_string(),
+                max_jobs,
+                reply,
+            })
+            .map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    pub async fn ack(&self, lease: Lease) -> Result<(), StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::Ack { lease, reply })
+            .map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    pub async fn fail(&self, lease: Lease, failure: Failure) -> Result<Failed, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::Fail {
+                lease,
+                failure,
+                reply,
+            })
+            .map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    pub fn release(&self, lease: Lease) {
+        let _ = self.tx.send(Request::Release { lease });
+    }
+
+    pub async fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::Snapshot { reply })
+            .map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())
+    }
+
+    /// Finishes what is queued, closes the database cleanly (so the next start needs no repair)
+    /// and stops the thread.
+    pub async fn shutdown(&self) {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Request::Shutdown { reply }).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    pub fn stats(&self) -> &WriterStats {
+        &self.stats
+    }
+}
+
+struct Parked {
+    stream: String,
+    records: Vec<Vec<u8>>,
+    checkpoint: Option<(String, Vec<u8>)>,
+    deadline: Instant,
+    reply: Reply<Result<Appended, AppendError>>,
+}
+
+/// A reply to send once the transaction's fate is known.
+enum Pending {
+    Append(
+        Reply<Result<Appended, AppendError>>,
+        Result<Appended, AppendError>,
+    ),
+    Take(
+        Reply<Result<Vec<Job>, StoreError>>,
+        Result<Vec<Job>, StoreError>,
+    ),
+    Ack(Reply<Result<(), StoreError>>, Result<(), StoreError>),
+    Fail(
+        Reply<Result<Failed, StoreError>>,
+        Result<Failed, StoreError>,
+    ),
+}
+
+impl Pending {
+    /// Sends the result, or, when the commit failed, an error in its place.
+    fn send(self, commit: &Result<(), StoreError>) {
+        let failed =
+            |e: &StoreError| StoreError::Io(format!("commit failed, nothing acknowledged: {e}"));
+        match (self, commit) {
+            (Pending::Append(r, v), Ok(())) => drop(r.send(v)),
+            (Pending::Append(r, _), Err(e)) => drop(r.send(Err(AppendError::Store(failed(e))))),
+            (Pending::Take(r, v), Ok(())) => drop(r.send(v)),
+            (Pending::Take(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
+            (Pending::Ack(r, v), Ok(())) => drop(r.send(v)),
+            (Pending::Ack(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
+            (Pending::Fail(r, v), Ok(())) => drop(r.send(v)),
+            (Pending::Fail(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
+        }
+    }
+}
+
+struct Writer {
+    store: Option<Store>,
+    reopen: Box<dyn FnMut() -> Result<Store, StoreError> + Send>,
+    opts: WriterOptions,
+    stats: Arc<WriterStats>,
+    parked: VecDeque<Parked>,
+    last_expire: Instant,
+    last_request: Instant,
+    /// Compaction already ran since the last write.
+    compacted: bool,
+    reopen_backoff: Duration,
+}
+
+impl Writer {
+    fn new(
+        store: Store,
+        reopen: Box<dyn FnMut() -> Result<Store, StoreError> + Send>,
+        opts: WriterOptions,
+        stats: Arc<WriterStats>,
+    ) -> Self {
+        Writer {
+            store: Some(store),
+            reopen,
+            opts,
+            stats,
+            parked: VecDeque::new(),
+            last_expire: Instant::now(),
+            last_request: Instant::now(),
+            compacted: false,
+            reopen_backoff: Duration::from_millis(100),
+        }
+    }
+
+    fn run(mut self, rx: mpsc::Receiver<Request>) {
+        loop {
+            let timeout = self.next_timeout();
+            let first = match rx.recv_timeout(timeout) {
+                Ok(r) => Some(r),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            let mut batch: Vec<Request> = first.into_iter().collect();
+            if !batch.is_empty() && !self.opts.window.is_zero() {
+                std::thread::sleep(self.opts.window);
+            }
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            if !batch.is_empty() {
+                self.last_request = Instant::now();
+            }
+            // redb can panic on a damaged page instead of returning an error. Contain it: the
+            // requests in flight fail (their reply channels close), the store is dropped and
+            // reopened (the agent's reopen verifies the file and replaces a corrupted one).
+            let applied =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.apply(batch)));
+            let applied = match applied {
+                Ok(a) => a,
+                Err(_) => {
+                    tracing::error!(
+                        "the store failed reading a damaged page; reopening it with verification"
+                    );
+                    self.store = None;
+                    None
+                }
+            };
+            if let Some(done) = applied {
+                // Shutdown: parked producers get a clear error, the database closes cleanly.
+                for p in self.parked.drain(..) {
+                    let _ = p.reply.send(Err(AppendError::Store(StoreError::Io(
+                        "colibri is shutting down".into(),
+                    ))));
+                }
+                drop(self.store.take());
+                let _ = done.send(());
+                return;
+            }
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.housekeeping()))
+                .is_err()
+            {
+                tracing::error!(
+                    "store housekeeping failed reading a damaged page; reopening it with verification"
+                );
+                self.store = None;
+            }
+        }
+    }
+
+    /// Whether any stream has a TTL and something queued it could apply to.
+    fn needs_expiry(&self) -> bool {
+        self.store.as_ref().is_some_and(|s| {
+            s.streams()
+                .any(|(cfg, c)| cfg.ttl.is_some() && c.ready_jobs + c.retry_jobs > 0)
+        })
+    }
+
+    /// How long the thread may sleep. With nothing queued, nothing parked and compaction done, it
+    /// sleeps until a request arrives: an idle store does not wake.
+    fn next_timeout(&self) -> Duration {
+        let now = Instant::now();
+        let mut t = Duration::from_secs(24 * 3600);
+        if self.needs_expiry() {
+            t = t.min(EXPIRE_EVERY.saturating_sub(now - self.last_expire));
+        }
+        if let Some(d) = self.parked.iter().map(|p| p.deadline).min() {
+            t = t.min(d.saturating_duration_since(now));
+        }
+        if !self.compacted {
+            t = t.min(COMPACT_AFTER_IDLE.saturating_sub(now - self.last_request));
+        }
+        if self.store.is_none() {
+            t = t.min(self.reopen_backoff);
+        }
+        // Parked appends are retried at least this often, so room made elsewhere is noticed.
+        if !self.parked.is_empty() {
+            t = t.min(Duration::from_millis(50));
+        }
+        t.max(Duration::from_millis(1))
+    }
+
+    /// Applies a batch in one transaction. Returns the shutdown reply when asked to stop.
+    fn apply(&mut self, batch: Vec<Request>) -> Option<Reply<()>> {
+        let mut shutdown = None;
+        let mut work = Vec::with_capacity(batch.len());
+        for req in batch {
+            match req {
+                Request::Release { lease } => {
+                    if let Some(s) = self.store.as_mut() {
+                        s.release(&lease);
+                    }
+                }
+                Request::Snapshot { reply } => {
+                    let snap = self.snapshot();
+                    let _ = reply.send(snap);
+                }
+                Request::Shutdown { reply } => shutdown = Some(reply),
+                other => work.push(other),
+            }
+        }
+        if work.is_empty() && self.parked.is_empty() {
+            return shutdown;
+        }
+        if self.store.is_none() && !self.try_reopen() {
+            for req in work {
+                fail_unavailable(req);
+            }
+            return shutdown;
+        }
+        let store = self.store.as_mut().expect("reopened above");
+        let parked = std::mem::take(&mut self.parked);
+        let (still_parked, result) = run_tx(store, parked, work, &self.stats);
+        self.parked = still_parked;
+        match result {
+            TxResult::Committed => self.compacted = false,
+            TxResult::Nothing => {}
+            TxResult::StoreLost => self.store = None,
+        }
+        shutdown
+    }
+
+    fn try_reopen(&mut self) -> bool {
+        match (self.reopen)() {
+            Ok(s) => {
+                tracing::info!("store reopened after an i/o error");
+                self.store = Some(s);
+                self.reopen_backoff = Duration::from_millis(100);
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, retry_in_ms = self.reopen_backoff.as_millis() as u64, "cannot reopen the store");
+                std::thread::sleep(self.reopen_backoff.min(Duration::from_secs(1)));
+                self.reopen_backoff = (self.reopen_backoff * 2).min(Duration::from_secs(30));
+                false
+            }
+        }
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        match &self.store {
+            Some(s) => Snapshot {
+                streams: s.streams().map(|(c, n)| (c.clone(), n.clone())).collect(),
+                stored_bytes: s.stored_bytes(),
+                file_bytes: s.file_bytes(),
+                commits: self.stats.commits.load(Ordering::Relaxed),
+            },
+            None => Snapshot::default(),
+        }
+    }
+
+    fn housekeeping(&mut self) {
+        if self.store.is_none() {
+            self.try_reopen();
+            return;
+        }
+        if self.last_expire.elapsed() >= EXPIRE_EVERY && self.needs_expiry() {
+            self.last_expire = Instant::now();
+            let store = self.store.as_mut().expect("checked above");
+            let expired = store.transaction().and_then(|mut tx| {
+                let n = tx.expire(now_ms())?;
+                // Nothing expired: no commit, no fsync.
+                if n == 0 { tx.abort() } else { tx.commit() }.map(|()| n)
+            });
+            if let Err(e) = expired {
+                tracing::error!(error = %e, "ttl expiry failed; reopening the database");
+                self.store = None;
+                return;
+            }
+        }
+        let store = self.store.as_mut().expect("checked above");
+        let idle = self.last_request.elapsed() >= COMPACT_AFTER_IDLE;
+        let drained = store
+            .streams()
+            .all(|(cfg, c)| c.ready_jobs + c.retry_jobs == 0 && store.in_flight(&cfg.name) == 0);
+        if idle && drained && !self.compacted && self.parked.is_empty() {
+            self.compacted = true;
+            if store.file_bytes() > store.stored_bytes() + COMPACT_SLACK {
+                let started = Instant::now();
+                match store.compact() {
+                    Ok(freed) => tracing::info!(
+                        freed_bytes = freed,
+                        file_bytes = store.file_bytes(),
+                        duration_ms = started.elapsed().as_millis() as u64,
+                        "backlog drained: store compacted"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "store compaction failed; will try after the next drain")
+                    }
+                }
+            }
+        }
+    }
+}
+
+enum TxResult {
+    Committed,
+    /// Nothing needed committing.
+    Nothing,
+    /// The transaction could not begin or commit: the store must be reopened.
+    StoreLost,
+}
+
+/// Applies parked appends and a batch of requests in one transaction, commits, and replies.
+fn run_tx(
+    store: &mut Store,
+    parked: VecDeque<Parked>,
+    mut work: Vec<Request>,
+    stats: &WriterStats,
+) -> (VecDeque<Parked>, TxResult) {
+    let now = now_ms();
+    let tx = match store.transaction() {
+        Ok(tx) => Some(tx),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot begin a store transaction; reopening the database");
+            for req in work.drain(..) {
+                fail_with(req, &e);
+            }
+            None
+        }
+    };
+    let Some(mut tx) = tx else {
+        return (parked, TxResult::StoreLost);
+    };
+    let mut pending = Vec::with_capacity(work.len() + parked.len());
+    let mut requests = 0u64;
+    // Parked appends go first, in arrival order; a stream with parked appends keeps new ones
+    // behind them so producers are served fairly.
+    let mut still_parked = VecDeque::new();
+    let wall = Instant::now();
+    for p in parked {
+        if still_parked.iter().any(|q: &Parked| q.stream == p.stream) {
+            still_parked.push_back(p);
+            continue;
+        }
+        let cp = p
+            .checkpoint
+            .as_ref()
+            .map(|(s, c)| (s.as_str(), c.as_slice()));
+        match tx.append(&p.stream, &p.records, cp, now) {
+            Err(AppendError::Full { stream, reason }) => {
+                if wall >= p.deadline {
+                    pending.push(Pending::Append(
+                        p.reply,
+                        Err(AppendError::Full { stream, reason }),
+                    ));
+                } else {
+                    still_parked.push_back(p);
+                }
+            }
+            result => {
+                requests += 1;
+                pending.push(Pending::Append(p.reply, result));
+            }
+        }
+    }
+    for req in work.drain(..) {
+        requests += 1;
+        match req {
+            Request::Append {
+                stream,
+                records,
+                checkpoint,
+                deadline,
+                reply,
+            } => {
+                if still_parked.iter().any(|q| q.stream == stream)
+                    && let Some(deadline) = deadline
+                {
+                    still_parked.push_back(Parked {
+                        stream,
+                        records,
+                        checkpoint,
+                        deadline,
+                        reply,
+                    });
+                    continue;
+                }
+                let cp = checkpoint.as_ref().map(|(s, c)| (s.as_str(), c.as_slice()));
+                match tx.append(&stream, &records, cp, now) {
+                    Err(AppendError::Full { stream, reason })
+                        if deadline.is_some_and(|d| d > wall) =>
+                    {
+                        still_parked.push_back(Parked {
+                            stream,
+                            records,
+                            checkpoint,
+                            deadline: deadline.expect("checked by the guard"),
+                            reply,
+                        });
+                        let _ = reason;
+                    }
+                    result => pending.push(Pending::Append(reply, result)),
+                }
+            }
+            Request::Take {
+                stream,
+                max_jobs,
+                reply,
+            } => {
+                let r = tx.take(&stream, max_jobs, now);
+                pending.push(Pending::Take(reply, r));
+            }
+            Request::Ack { lease, reply } => {
+                let r = tx.ack(&lease);
+                pending.push(Pending::Ack(reply, r));
+            }
+            Request::Fail {
+                lease,
+                failure,
+                reply,
+            } => {
+                let r = tx.fail(&lease, &failure, now);
+                pending.push(Pending::Fail(reply, r));
+            }
+            Request::Release { .. } | Request::Snapshot { .. } | Request::Shutdown { .. } => {
+                unreachable!("handled before the transaction")
+            }
+        }
+    }
+    if pending.is_empty() {
+        // Only parked appends that still do not fit: nothing to commit.
+        drop(tx);
+        return (still_parked, TxResult::Nothing);
+    }
+    let commit = tx.commit();
+    let result = match &commit {
+        Ok(()) => {
+            stats.commits.fetch_add(1, Ordering::Relaxed);
+            stats.requests.fetch_add(requests, Ordering::Relaxed);
+            TxResult::Committed
+        }
+        Err(e) => {
+            stats.failed_commits.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, requests, "store commit failed: nothing in it was acknowledged; reopening the database");
+            TxResult::StoreLost
+        }
+    };
+    for p in pending {
+        p.send(&commit);
+    }
+    (still_parked, result)
+}
+
+fn fail_with(req: Request, e: &StoreError) {
+    let err = || StoreError::Io(e.to_string());
+    match req {
+        Request::Append { reply, .. } => drop(reply.send(Err(AppendError::Store(err())))),
+        Request::Take { reply, .. } => drop(reply.send(Err(err()))),
+        Request::Ack { reply, .. } => drop(reply.send(Err(err()))),
+        Request::Fail { reply, .. } => drop(reply.send(Err(err()))),
+        Request::Release { .. } | Request::Snapshot { .. } | Request::Shutdown { .. } => {}
+    }
+}
+
+fn fail_unavailable(req: Request) {
+    fail_with(
+        req,
+        &StoreError::Io("the store is unavailable after an i/o error; retrying".into()),
+    );
+}
