@@ -44,6 +44,11 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// `BENCH_WINDOW_US`: the writer's extra batching window (default 0, the agent's setting).
+fn window() -> Duration {
+    Duration::from_micros(env_u64("BENCH_WINDOW_US", 0))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--writer-child") {
@@ -63,6 +68,7 @@ fn main() {
         cores()
     );
     println!("binary: {}", bin());
+    println!("writer batching window: {} us", window().as_micros());
     println!();
 
     fsync_probe(Path::new(&base));
@@ -84,6 +90,9 @@ fn main() {
         );
     }
     println!();
+    if std::env::var_os("BENCH_ONLY_APPENDS").is_some() {
+        return;
+    }
 
     let big = tempfile::Builder::new()
         .prefix("colibri-bench-big-")
@@ -254,8 +263,8 @@ fn appends(base: &Path, producers: usize, secs: u64, quick_repair: bool) -> f64 
         };
         Store::open(&d, storage, &streams, opts)
     });
-    let handle =
-        writer::spawn(store, reopen, writer::WriterOptions::default()).expect("spawn the writer");
+    let handle = writer::spawn(store, reopen, writer::WriterOptions { window: window() })
+        .expect("spawn the writer");
     // A multi-thread runtime with a worker per core; each producer is a task.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cores())

@@ -123,7 +123,24 @@ fn open_or_replace(
         verify,
         ..OpenOptions::default()
     };
-    match Store::open(dir, storage, streams, opts) {
+    let first = Store::open(dir, storage, streams, opts);
+    // A plain open trusts redb's recorded allocator state; a verifying one checks every page and
+    // rebuilds it, and may well succeed. Only a file that fails that too is given up on.
+    let opened = match first {
+        Err(StoreError::Corrupted(reason)) if !verify => {
+            tracing::warn!(
+                reason,
+                "the store looks damaged; opening it again with full verification"
+            );
+            let opts = OpenOptions {
+                verify: true,
+                ..OpenOptions::default()
+            };
+            Store::open(dir, storage, streams, opts)
+        }
+        other => other,
+    };
+    match opened {
         Err(StoreError::Corrupted(reason)) => {
             let path = dir.join(store::DB_FILE);
             let aside = path.with_extension(format!("redb.corrupt-{}", store::now_ms()));

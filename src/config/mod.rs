@@ -623,12 +623,13 @@ fn compile_stream(name: String, value: Value, problems: &mut Vec<Problem>) -> Op
         err("max_jobs", "must be at least 1".into());
     }
     let max_bytes = spec.max_bytes.map_or(256 << 20, |s| s.0);
-    if max_bytes < batch.max_bytes {
+    // A full job is its records plus a header and 4 bytes per record.
+    let job_max = batch.max_bytes + 64 + 4 * u64::from(batch.max_records);
+    if max_bytes < job_max {
         err(
             "max_bytes",
             format!(
-                "{max_bytes} bytes cannot hold one job of batch.max_bytes ({} bytes)",
-                batch.max_bytes
+                "{max_bytes} bytes cannot hold one full job of batch.max_bytes ({job_max} bytes with its framing)"
             ),
         );
     }

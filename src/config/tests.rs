@@ -412,7 +412,7 @@ streams:
         "streams.b.batch.max_bytes: must be positive",
         "streams.c.max_jobs: must be at least 1",
         "streams.c.ttl: must be positive",
-        "streams.d.max_bytes: 1024 bytes cannot hold one job of batch.max_bytes (1048576 bytes)",
+        "streams.d.max_bytes: 1024 bytes cannot hold one full job of batch.max_bytes (1052640 bytes with its framing)",
         "streams.e.when_full: unknown variant `explode`",
         "streams.f.flavour: unknown field `flavour`",
         "streams.g: invalid type: integer",

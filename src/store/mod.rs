@@ -28,6 +28,12 @@ use serde::Serialize;
 
 use format::Meta;
 
+/// Jobs one `expire` call deletes per table at most, so a sweep after a long outage is a series of
+/// bounded transactions rather than one that holds every victim in memory.
+pub const EXPIRE_CHUNK: usize = 10_000;
+/// Undecodable values one `take` moves to quarantine at most (each costs a scan of its table).
+const QUARANTINE_PER_TAKE: usize = 16;
+
 /// The file in `data_dir`.
 pub const DB_FILE: &str = "colibri.redb";
 /// The version of the table layout; refuse to open a newer one.
@@ -278,6 +284,45 @@ impl Counters {
                 + self.quarantined_records
                 + self.dead_records
                 + self.pending_records()
+    }
+
+    fn table_mut(&mut self, table: Table) -> (&mut u64, &mut u64, &mut u64) {
+        match table {
+            Table::Ready => (
+                &mut self.ready_jobs,
+                &mut self.ready_records,
+                &mut self.ready_bytes,
+            ),
+            Table::Retry => (
+                &mut self.retry_jobs,
+                &mut self.retry_records,
+                &mut self.retry_bytes,
+            ),
+            Table::Dead => (
+                &mut self.dead_jobs,
+                &mut self.dead_records,
+                &mut self.dead_bytes,
+            ),
+        }
+    }
+
+    /// Counts one job out of `table`; returns the records counted out. Clamped, so a header that
+    /// claims more than the table holds cannot underflow the counters.
+    fn remove_job(&mut self, table: Table, records: u64, bytes: u64) -> u64 {
+        let (j, r, b) = self.table_mut(table);
+        let records = records.min(*r);
+        *j = j.saturating_sub(1);
+        *r -= records;
+        *b = b.saturating_sub(bytes);
+        records
+    }
+
+    /// Counts one job into `table`.
+    fn add_job(&mut self, table: Table, records: u64, bytes: u64) {
+        let (j, r, b) = self.table_mut(table);
+        *j += 1;
+        *r += records;
+        *b += bytes;
     }
 
     fn queued_bytes(&self) -> u64 {
@@ -618,6 +663,23 @@ impl Store {
         }
     }
 
+    /// Every job handed out and not yet settled, as (stream, id).
+    pub fn in_flight_leases(&self) -> Vec<(String, u64)> {
+        self.streams
+            .iter()
+            .flat_map(|(name, st)| st.in_flight.iter().map(move |id| (name.clone(), *id)))
+            .collect()
+    }
+
+    /// Marks jobs as handed out (leases that outlived a previous `Store` of the same file).
+    pub fn restore_in_flight(&mut self, leases: Vec<(String, u64)>) {
+        for (stream, id) in leases {
+            if let Some(st) = self.streams.get_mut(&stream) {
+                st.in_flight.insert(id);
+            }
+        }
+    }
+
     pub fn in_flight(&self, stream: &str) -> usize {
         self.streams.get(stream).map_or(0, |s| s.in_flight.len())
     }
@@ -857,22 +919,24 @@ impl<'s> Tx<'s> {
 
     /// Checks the bounds for adding `jobs`/`bytes` to `stream`.
     fn full(&mut self, stream: &str, jobs: u64, bytes: u64) -> Option<FullReason> {
-        let st = &self.store.streams[stream];
-        if st.c.ready_jobs + st.c.retry_jobs + jobs > st.cfg.max_jobs {
-            return Some(FullReason::Jobs);
-        }
-        if st.c.queued_bytes() + bytes > st.cfg.max_bytes {
-            return Some(FullReason::Bytes);
-        }
-        if self.store.stored_bytes() + bytes > self.store.storage.max_bytes {
-            return Some(FullReason::Budget);
-        }
+        // The disk first: when it is what is exhausted, that is what a producer must be told
+        // (and no amount of dropping old jobs helps).
         let path = self.store.path.clone();
         let free = *self
             .free_disk
             .get_or_insert_with(|| free_disk_bytes(&path).unwrap_or(u64::MAX));
         if free.saturating_sub(bytes) < self.store.storage.min_free {
             return Some(FullReason::MinFree);
+        }
+        if self.store.stored_bytes() + bytes > self.store.storage.max_bytes {
+            return Some(FullReason::Budget);
+        }
+        let st = &self.store.streams[stream];
+        if st.c.ready_jobs + st.c.retry_jobs + jobs > st.cfg.max_jobs {
+            return Some(FullReason::Jobs);
+        }
+        if st.c.queued_bytes() + bytes > st.cfg.max_bytes {
+            return Some(FullReason::Bytes);
         }
         None
     }
@@ -991,6 +1055,15 @@ impl<'s> Tx<'s> {
         jobs: u64,
         bytes: u64,
     ) -> Result<u64, StoreError> {
+        // Deleting jobs frees no filesystem space (redb keeps the pages), so it cannot help with
+        // min_free: do not throw old data away for that.
+        let path = self.store.path.clone();
+        let free = *self
+            .free_disk
+            .get_or_insert_with(|| free_disk_bytes(&path).unwrap_or(u64::MAX));
+        if free.saturating_sub(bytes) < self.store.storage.min_free {
+            return Ok(0);
+        }
         let stored_elsewhere =
             self.store.stored_bytes() - self.store.streams[stream].c.stored_bytes();
         let budget = self.store.storage.max_bytes;
@@ -1034,10 +1107,7 @@ impl<'s> Tx<'s> {
         let mut dropped = 0u64;
         for (id, recs, len) in victims {
             ready.remove(id).map_err(io)?;
-            let recs = recs.min(st.c.ready_records);
-            st.c.ready_jobs -= 1;
-            st.c.ready_records -= recs;
-            st.c.ready_bytes -= len.min(st.c.ready_bytes);
+            let recs = st.c.remove_job(Table::Ready, recs, len);
             st.c.dropped_oldest_records += recs;
             dropped += recs;
         }
@@ -1068,7 +1138,7 @@ impl<'s> Tx<'s> {
         {
             let retry = txn.open_table(st.retry_def()).map_err(io)?;
             for e in retry.range(..=(now_ms, u64::MAX)).map_err(io)? {
-                if out.len() >= max_jobs {
+                if out.len() >= max_jobs || bad.len() >= QUARANTINE_PER_TAKE {
                     break;
                 }
                 let (k, v) = e.map_err(io)?;
@@ -1085,7 +1155,7 @@ impl<'s> Tx<'s> {
         if out.len() < max_jobs {
             let ready = txn.open_table(st.ready_def()).map_err(io)?;
             for e in ready.iter().map_err(io)? {
-                if out.len() >= max_jobs {
+                if out.len() >= max_jobs || bad.len() >= QUARANTINE_PER_TAKE {
                     break;
                 }
                 let (k, v) = e.map_err(io)?;
@@ -1153,26 +1223,23 @@ impl<'s> Tx<'s> {
             Table::Retry => recount(&txn.open_table(st.retry_def()).map_err(io)?)?,
             Table::Dead => recount(&txn.open_table(st.dead_def()).map_err(io)?)?,
         };
-        let c = &mut st.c;
-        let (c_jobs, c_records, c_bytes) = match table {
-            Table::Ready => (&mut c.ready_jobs, &mut c.ready_records, &mut c.ready_bytes),
-            Table::Retry => (&mut c.retry_jobs, &mut c.retry_records, &mut c.retry_bytes),
-            Table::Dead => (&mut c.dead_jobs, &mut c.dead_records, &mut c.dead_bytes),
-        };
+        let (c_jobs, c_records, c_bytes) = st.c.table_mut(table);
         let recs = c_records.saturating_sub(records);
-        if records > *c_records {
-            tracing::error!(
-                stream,
-                table = table.name(),
-                counted = *c_records,
-                found = records,
-                "counters were below the table's contents; corrected"
-            );
-            c.appended_records += records - *c_records;
-        }
+        // Never expected; if the counters were short, the identity is kept by counting the excess
+        // as appended.
+        let excess = records.saturating_sub(*c_records);
         *c_jobs = jobs;
         *c_records = records;
         *c_bytes = bytes;
+        if excess > 0 {
+            tracing::error!(
+                stream,
+                table = table.name(),
+                excess,
+                "counters were below the table's contents; corrected"
+            );
+            st.c.appended_records += excess;
+        }
         st.c.quarantined_records += recs;
         let entry = QuarantineEntry {
             stream: stream.to_string(),
@@ -1196,6 +1263,33 @@ impl<'s> Tx<'s> {
         );
         self.dirty.insert(stream.into());
         Ok(())
+    }
+
+    /// The bytes of a leased job, without removing it.
+    fn read_leased(&self, lease: &Lease) -> Result<(Vec<u8>, Table), StoreError> {
+        let txn = self.txn();
+        let st = self.stream(&lease.stream)?;
+        let (raw, table) = match lease.retry_due {
+            None => {
+                let t = txn.open_table(st.ready_def()).map_err(io)?;
+                let v = t.get(lease.id).map_err(io)?.map(|g| g.value().to_vec());
+                (v, Table::Ready)
+            }
+            Some(due) => {
+                let t = txn.open_table(st.retry_def()).map_err(io)?;
+                let v = t
+                    .get((due, lease.id))
+                    .map_err(io)?
+                    .map(|g| g.value().to_vec());
+                (v, Table::Retry)
+            }
+        };
+        let raw = raw.ok_or(StoreError::NoSuchJob {
+            stream: lease.stream.clone(),
+            table: table.name(),
+            id: lease.id,
+        })?;
+        Ok((raw, table))
     }
 
     fn remove_leased(&mut self, lease: &Lease) -> Result<(Vec<u8>, Table), StoreError> {
@@ -1228,19 +1322,7 @@ impl<'s> Tx<'s> {
         })?;
         let recs = format::header(&raw).map_or(0, |h| u64::from(h.records));
         let len = raw.len() as u64;
-        let c = &mut st.c;
-        match table {
-            Table::Ready => {
-                c.ready_jobs -= 1;
-                c.ready_records -= recs.min(c.ready_records);
-                c.ready_bytes -= len.min(c.ready_bytes);
-            }
-            _ => {
-                c.retry_jobs -= 1;
-                c.retry_records -= recs.min(c.retry_records);
-                c.retry_bytes -= len.min(c.retry_bytes);
-            }
-        }
+        st.c.remove_job(table, recs, len);
         self.dirty.insert(lease.stream.clone());
         Ok((raw, table))
     }
@@ -1267,7 +1349,24 @@ impl<'s> Tx<'s> {
         failure: &Failure,
         now_ms: u64,
     ) -> Result<Failed, StoreError> {
-        let (raw, _) = self.remove_leased(lease)?;
+        // Decode before anything is removed: a value that went bad while in flight is quarantined
+        // (and counted), never silently dropped.
+        let (raw, table) = self.read_leased(lease)?;
+        if let Err(e) = format::decode(&raw) {
+            if let Some(st) = self.store.streams.get_mut(&lease.stream) {
+                st.in_flight.remove(&lease.id);
+            }
+            self.quarantine(
+                &lease.stream,
+                table,
+                lease.id,
+                lease.retry_due,
+                &raw,
+                &e.to_string(),
+            )?;
+            return Err(StoreError::Corrupted(e.to_string()));
+        }
+        self.remove_leased(lease)?;
         let d = format::decode(&raw).map_err(|e| StoreError::Corrupted(e.to_string()))?;
         let attempts = d.attempts + 1;
         let (reason, to_dead, due) = match failure {
@@ -1297,9 +1396,7 @@ impl<'s> Tx<'s> {
                 .map_err(io)?
                 .insert(lease.id, value.as_slice())
                 .map_err(io)?;
-            st.c.dead_jobs += 1;
-            st.c.dead_records += recs;
-            st.c.dead_bytes += len;
+            st.c.add_job(Table::Dead, recs, len);
             st.c.dead_lettered_records += recs;
             let stream = lease.stream.clone();
             self.trim_dead(&stream)?;
@@ -1309,9 +1406,7 @@ impl<'s> Tx<'s> {
                 .map_err(io)?
                 .insert((due, lease.id), value.as_slice())
                 .map_err(io)?;
-            st.c.retry_jobs += 1;
-            st.c.retry_records += recs;
-            st.c.retry_bytes += len;
+            st.c.add_job(Table::Retry, recs, len);
             st.c.retried_attempts += 1;
             Ok(Failed::Retry {
                 attempts,
@@ -1336,13 +1431,8 @@ impl<'s> Tx<'s> {
             let Some((_, v)) = dead.pop_first().map_err(io)? else {
                 break;
             };
-            let recs = format::header(v.value())
-                .map_or(0, |h| u64::from(h.records))
-                .min(st.c.dead_records);
-            let len = v.value().len() as u64;
-            st.c.dead_jobs -= 1;
-            st.c.dead_records -= recs;
-            st.c.dead_bytes -= len.min(st.c.dead_bytes);
+            let recs = format::header(v.value()).map_or(0, |h| u64::from(h.records));
+            let recs = st.c.remove_job(Table::Dead, recs, v.value().len() as u64);
             st.c.dropped_dead_full_records += recs;
             tracing::warn!(
                 stream,
@@ -1376,14 +1466,13 @@ impl<'s> Tx<'s> {
                     if !st.in_flight.contains(&k.value()) {
                         victims.push((k.value(), u64::from(h.records), v.value().len() as u64));
                     }
+                    if victims.len() >= EXPIRE_CHUNK {
+                        break;
+                    }
                 }
                 for (id, recs, len) in victims {
                     ready.remove(id).map_err(io)?;
-                    let recs = recs.min(st.c.ready_records);
-                    st.c.ready_jobs -= 1;
-                    st.c.ready_records -= recs;
-                    st.c.ready_bytes -= len.min(st.c.ready_bytes);
-                    expired += recs;
+                    expired += st.c.remove_job(Table::Ready, recs, len);
                 }
             }
             {
@@ -1397,14 +1486,13 @@ impl<'s> Tx<'s> {
                     if h.created_ms <= cutoff && !st.in_flight.contains(&k.value().1) {
                         victims.push((k.value(), u64::from(h.records), v.value().len() as u64));
                     }
+                    if victims.len() >= EXPIRE_CHUNK {
+                        break;
+                    }
                 }
                 for (key, recs, len) in victims {
                     retry.remove(key).map_err(io)?;
-                    let recs = recs.min(st.c.retry_records);
-                    st.c.retry_jobs -= 1;
-                    st.c.retry_records -= recs;
-                    st.c.retry_bytes -= len.min(st.c.retry_bytes);
-                    expired += recs;
+                    expired += st.c.remove_job(Table::Retry, recs, len);
                 }
             }
             if expired > 0 {
@@ -1470,12 +1558,8 @@ impl<'s> Tx<'s> {
             let recs = format::header(&raw).map_or(0, |h| u64::from(h.records));
             dead.remove(k).map_err(io)?;
             ready.insert(k, value.as_slice()).map_err(io)?;
-            st.c.dead_jobs -= 1;
-            st.c.dead_records -= recs.min(st.c.dead_records);
-            st.c.dead_bytes -= old_len.min(st.c.dead_bytes);
-            st.c.ready_jobs += 1;
-            st.c.ready_records += recs;
-            st.c.ready_bytes += value.len() as u64;
+            let recs = st.c.remove_job(Table::Dead, recs, old_len);
+            st.c.add_job(Table::Ready, recs, value.len() as u64);
             st.c.replayed_records += recs;
             jobs += 1;
             records += recs;
@@ -1515,10 +1599,7 @@ impl<'s> Tx<'s> {
         let (mut jobs, mut records) = (0, 0);
         for (id, recs, len) in victims {
             dead.remove(id).map_err(io)?;
-            let recs = recs.min(st.c.dead_records);
-            st.c.dead_jobs -= 1;
-            st.c.dead_records -= recs;
-            st.c.dead_bytes -= len.min(st.c.dead_bytes);
+            let recs = st.c.remove_job(Table::Dead, recs, len);
             st.c.dropped_purged_records += recs;
             jobs += 1;
             records += recs;
@@ -1527,15 +1608,14 @@ impl<'s> Tx<'s> {
         Ok((jobs, records))
     }
 
-    /// Abandons the transaction. Counters are reloaded only when something had changed them.
+    /// Abandons the transaction; counters are reloaded before the next one.
     pub fn abort(mut self) -> Result<(), StoreError> {
         let txn = self.txn.take().expect("present until commit or abort");
-        if !self.dirty.is_empty() || !self.taken.is_empty() {
-            self.store.stale = true;
-            for (stream, id) in self.taken.drain(..) {
-                if let Some(st) = self.store.streams.get_mut(&stream) {
-                    st.in_flight.remove(&id);
-                }
+        // Any operation may have changed counters in memory, even one that found nothing to do.
+        self.store.stale = true;
+        for (stream, id) in self.taken.drain(..) {
+            if let Some(st) = self.store.streams.get_mut(&stream) {
+                st.in_flight.remove(&id);
             }
         }
         txn.abort().map_err(io)

@@ -199,6 +199,8 @@ impl StoreHandle {
 }
 
 struct Parked {
+    /// Why the stream was full when this append was last tried.
+    reason: super::FullReason,
     stream: String,
     records: Vec<Vec<u8>>,
     checkpoint: Option<(String, Vec<u8>)>,
@@ -252,6 +254,8 @@ struct Writer {
     /// Compaction already ran since the last write.
     compacted: bool,
     reopen_backoff: Duration,
+    /// Leases of a store that was lost, for the next one.
+    carried_in_flight: Vec<(String, u64)>,
 }
 
 impl Writer {
@@ -271,6 +275,7 @@ impl Writer {
             last_request: Instant::now(),
             compacted: false,
             reopen_backoff: Duration::from_millis(100),
+            carried_in_flight: Vec::new(),
         }
     }
 
@@ -306,7 +311,7 @@ impl Writer {
                     tracing::error!(
                         "the store failed reading a damaged page; reopening it with verification"
                     );
-                    self.store = None;
+                    self.lose_store();
                     None
                 }
             };
@@ -327,7 +332,7 @@ impl Writer {
                 tracing::error!(
                     "store housekeeping failed reading a damaged page; reopening it with verification"
                 );
-                self.store = None;
+                self.lose_store();
             }
         }
     }
@@ -390,6 +395,18 @@ impl Writer {
             for req in work {
                 fail_unavailable(req);
             }
+            // Producers blocked on a stream must not hang on a broken disk past their deadline.
+            let now = Instant::now();
+            let (expired, waiting): (VecDeque<Parked>, VecDeque<Parked>) =
+                std::mem::take(&mut self.parked)
+                    .into_iter()
+                    .partition(|p| now >= p.deadline);
+            self.parked = waiting;
+            for p in expired {
+                let _ = p.reply.send(Err(AppendError::Store(StoreError::Io(
+                    "the store is unavailable after an i/o error".into(),
+                ))));
+            }
             return shutdown;
         }
         let store = self.store.as_mut().expect("reopened above");
@@ -399,15 +416,24 @@ impl Writer {
         match result {
             TxResult::Committed => self.compacted = false,
             TxResult::Nothing => {}
-            TxResult::StoreLost => self.store = None,
+            TxResult::StoreLost => self.lose_store(),
         }
         shutdown
     }
 
+    /// Drops the store after a failure, keeping its leases: jobs handed out before must not be
+    /// handed out again (or expired, or dropped) by the reopened store while they are being sent.
+    fn lose_store(&mut self) {
+        if let Some(s) = self.store.take() {
+            self.carried_in_flight = s.in_flight_leases();
+        }
+    }
+
     fn try_reopen(&mut self) -> bool {
         match (self.reopen)() {
-            Ok(s) => {
+            Ok(mut s) => {
                 tracing::info!("store reopened after an i/o error");
+                s.restore_in_flight(std::mem::take(&mut self.carried_in_flight));
                 self.store = Some(s);
                 self.reopen_backoff = Duration::from_millis(100);
                 true
@@ -441,14 +467,21 @@ impl Writer {
         if self.last_expire.elapsed() >= EXPIRE_EVERY && self.needs_expiry() {
             self.last_expire = Instant::now();
             let store = self.store.as_mut().expect("checked above");
-            let expired = store.transaction().and_then(|mut tx| {
-                let n = tx.expire(now_ms())?;
-                // Nothing expired: no commit, no fsync.
-                if n == 0 { tx.abort() } else { tx.commit() }.map(|()| n)
-            });
+            // Bounded transactions (EXPIRE_CHUNK jobs per table each) until nothing more expires.
+            let expired = (|| {
+                for _ in 0..1000 {
+                    let mut tx = store.transaction()?;
+                    if tx.expire(now_ms())? == 0 {
+                        // Nothing expired: no commit, no fsync.
+                        return tx.abort();
+                    }
+                    tx.commit()?;
+                }
+                Ok(())
+            })();
             if let Err(e) = expired {
                 tracing::error!(error = %e, "ttl expiry failed; reopening the database");
-                self.store = None;
+                self.lose_store();
                 return;
             }
         }
@@ -509,11 +542,19 @@ fn run_tx(
     let mut pending = Vec::with_capacity(work.len() + parked.len());
     let mut requests = 0u64;
     // Parked appends go first, in arrival order; a stream with parked appends keeps new ones
-    // behind them so producers are served fairly.
-    let mut still_parked = VecDeque::new();
+    // behind them so producers are served fairly. A deadline is honoured wherever an append waits.
+    let mut still_parked: VecDeque<Parked> = VecDeque::new();
     let wall = Instant::now();
     for p in parked {
-        if still_parked.iter().any(|q: &Parked| q.stream == p.stream) {
+        if wall >= p.deadline {
+            let full = AppendError::Full {
+                stream: p.stream,
+                reason: p.reason,
+            };
+            pending.push(Pending::Append(p.reply, Err(full)));
+            continue;
+        }
+        if still_parked.iter().any(|q| q.stream == p.stream) {
             still_parked.push_back(p);
             continue;
         }
@@ -522,16 +563,7 @@ fn run_tx(
             .as_ref()
             .map(|(s, c)| (s.as_str(), c.as_slice()));
         match tx.append(&p.stream, &p.records, cp, now) {
-            Err(AppendError::Full { stream, reason }) => {
-                if wall >= p.deadline {
-                    pending.push(Pending::Append(
-                        p.reply,
-                        Err(AppendError::Full { stream, reason }),
-                    ));
-                } else {
-                    still_parked.push_back(p);
-                }
-            }
+            Err(AppendError::Full { reason, .. }) => still_parked.push_back(Parked { reason, ..p }),
             result => {
                 requests += 1;
                 pending.push(Pending::Append(p.reply, result));
@@ -548,33 +580,41 @@ fn run_tx(
                 deadline,
                 reply,
             } => {
-                if still_parked.iter().any(|q| q.stream == stream)
-                    && let Some(deadline) = deadline
-                {
-                    still_parked.push_back(Parked {
-                        stream,
-                        records,
-                        checkpoint,
-                        deadline,
-                        reply,
-                    });
-                    continue;
-                }
-                let cp = checkpoint.as_ref().map(|(s, c)| (s.as_str(), c.as_slice()));
-                match tx.append(&stream, &records, cp, now) {
-                    Err(AppendError::Full { stream, reason })
-                        if deadline.is_some_and(|d| d > wall) =>
-                    {
-                        still_parked.push_back(Parked {
+                // Behind parked appends of the same stream: wait in line (or, without a wait,
+                // fail at once as the stream is full for everyone before it).
+                if let Some(ahead) = still_parked.iter().find(|q| q.stream == stream) {
+                    let reason = ahead.reason;
+                    match deadline {
+                        Some(deadline) if deadline > wall => still_parked.push_back(Parked {
+                            reason,
                             stream,
                             records,
                             checkpoint,
-                            deadline: deadline.expect("checked by the guard"),
+                            deadline,
+                            reply,
+                        }),
+                        _ => pending.push(Pending::Append(
+                            reply,
+                            Err(AppendError::Full { stream, reason }),
+                        )),
+                    }
+                    continue;
+                }
+                let cp = checkpoint.as_ref().map(|(s, c)| (s.as_str(), c.as_slice()));
+                match (tx.append(&stream, &records, cp, now), deadline) {
+                    (Err(AppendError::Full { stream, reason }), Some(deadline))
+                        if deadline > wall =>
+                    {
+                        still_parked.push_back(Parked {
+                            reason,
+                            stream,
+                            records,
+                            checkpoint,
+                            deadline,
                             reply,
                         });
-                        let _ = reason;
                     }
-                    result => pending.push(Pending::Append(reply, result)),
+                    (result, _) => pending.push(Pending::Append(reply, result)),
                 }
             }
             Request::Take {
