@@ -30,7 +30,9 @@ echo "==> cargo clippy --all-targets -- -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
 
 echo "==> cargo test"
-cargo test --locked
+test_log="$(mktemp)"
+trap 'rm -f "$test_log"' EXIT
+cargo test --locked 2>&1 | tee "$test_log"
 
 # Fuzz targets: built with cargo-fuzz on nightly (the project's toolchain machines carry one) and
 # run briefly, so a decoder or config-loader panic fails the build. cargo-fuzz comes from crates.io.
@@ -47,3 +49,7 @@ else
   echo "==> no nightly toolchain: building the fuzz targets on stable, uninstrumented"
   CARGO_TARGET_DIR=target cargo build --locked --manifest-path fuzz/Cargo.toml --bins
 fi
+
+# One closing line for the whole run (cargo's last block is the doc-tests, usually empty).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1); if ($i ~ /^ignored;?$/) s += $(i-1) } }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$test_log"

@@ -11,7 +11,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{self, Config, units::fmt_duration};
+use crate::config::{
+    self, Config,
+    units::{fmt_duration, fmt_size},
+};
 use crate::schedule::{Offset, Schedule};
 
 #[derive(Debug, Parser)]
@@ -150,8 +153,8 @@ pub fn summary(c: &Config) -> String {
         let _ = writeln!(
             out,
             "  storage         max {}, keep {} free",
-            queue::fmt_size(c.storage.max_bytes),
-            queue::fmt_size(c.storage.min_free)
+            fmt_size(c.storage.max_bytes),
+            fmt_size(c.storage.min_free)
         );
         let _ = writeln!(out, "  streams         {}", c.streams.len());
         for s in &c.streams {
@@ -163,10 +166,10 @@ pub fn summary(c: &Config) -> String {
                 "    {:<14} max {} jobs / {}, when full: {}{ttl}, jobs of <= {} records / {}",
                 s.name,
                 s.max_jobs,
-                queue::fmt_size(s.max_bytes),
+                fmt_size(s.max_bytes),
                 s.when_full,
                 s.batch.max_records,
-                queue::fmt_size(s.batch.max_bytes),
+                fmt_size(s.batch.max_bytes),
             );
         }
     }

@@ -8,7 +8,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-use crate::config::{self, Config, units::fmt_duration};
+use crate::config::{
+    self, Config,
+    units::{fmt_duration, fmt_size},
+};
 use crate::store::{self, OpenOptions, Store, StoreError};
 
 #[derive(Debug, Subcommand)]
@@ -455,21 +458,5 @@ impl Progress {
         if self.shown {
             eprintln!();
         }
-    }
-}
-
-/// Formats bytes as the file writes sizes (`12.3MiB`).
-pub fn fmt_size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < UNITS.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    match i {
-        0 => format!("{bytes}B"),
-        _ if v.fract() == 0.0 => format!("{v:.0}{}", UNITS[i]),
-        _ => format!("{v:.1}{}", UNITS[i]),
     }
 }

@@ -129,6 +129,22 @@ pub fn fmt_duration(d: Duration) -> String {
     out
 }
 
+/// Formats a size the way the file writes it (`512KiB`, `12.3MiB`), for summaries.
+pub fn fmt_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    match i {
+        0 => format!("{bytes}B"),
+        _ if v.fract() == 0.0 => format!("{v:.0}{}", UNITS[i]),
+        _ => format!("{v:.1}{}", UNITS[i]),
+    }
+}
+
 impl fmt::Display for Dur {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&fmt_duration(self.0))
@@ -292,6 +308,16 @@ mod tests {
             assert_eq!(fmt_duration(parse_duration(s).unwrap()), s);
         }
         assert_eq!(fmt_duration(Duration::ZERO), "0s");
+    }
+
+    #[test]
+    fn sizes_format_for_people() {
+        assert_eq!(fmt_size(0), "0B");
+        assert_eq!(fmt_size(1023), "1023B");
+        assert_eq!(fmt_size(512 << 10), "512KiB");
+        assert_eq!(fmt_size(256 << 20), "256MiB");
+        assert_eq!(fmt_size((12 << 20) + (300 << 10)), "12.3MiB");
+        assert_eq!(fmt_size(2 << 30), "2GiB");
     }
 
     #[test]
