@@ -641,6 +641,7 @@ impl Store {
             store: self,
             txn: Some(txn),
             dirty: HashSet::new(),
+            fed: HashSet::new(),
             taken: Vec::new(),
             free_disk: None,
         })
@@ -692,6 +693,19 @@ impl Store {
     /// The database file's size on disk.
     pub fn file_bytes(&self) -> u64 {
         std::fs::metadata(&self.path).map_or(0, |m| m.len())
+    }
+
+    /// When the earliest retry of a stream falls due, if it has any.
+    pub fn next_retry_due(&self, stream: &str) -> Result<Option<u64>, StoreError> {
+        let st = self
+            .streams
+            .get(stream)
+            .ok_or_else(|| StoreError::UnknownStream(stream.into()))?;
+        let rtx = self.db.begin_read()?;
+        let Ok(t) = rtx.open_table(st.retry_def()) else {
+            return Ok(None);
+        };
+        Ok(t.first().map_err(io)?.map(|(k, _)| k.value().0))
     }
 
     /// Oldest creation time among a stream's queued (ready or retry) jobs.
@@ -844,6 +858,8 @@ pub struct Tx<'s> {
     store: &'s mut Store,
     txn: Option<WriteTransaction>,
     dirty: HashSet<String>,
+    /// Streams that received jobs in this transaction.
+    fed: HashSet<String>,
     /// Leases handed out in this transaction: released again if it does not commit.
     taken: Vec<(String, u64)>,
     free_disk: Option<u64>,
@@ -1034,6 +1050,7 @@ impl<'s> Tx<'s> {
         st.c.appended_jobs += n_jobs;
         st.c.appended_records += n_records;
         self.dirty.insert(stream.into());
+        self.fed.insert(stream.into());
         // Later appends in this transaction see the space this one takes.
         if let Some(free) = self.free_disk.as_mut() {
             *free = free.saturating_sub(bytes);
@@ -1565,6 +1582,9 @@ impl<'s> Tx<'s> {
             records += recs;
         }
         drop((dead, ready));
+        if jobs > 0 {
+            self.fed.insert(stream.into());
+        }
         for (id, raw, reason) in corrupt {
             self.quarantine(stream, Table::Dead, id, None, &raw, &reason)?;
         }
@@ -1606,6 +1626,27 @@ impl<'s> Tx<'s> {
         }
         self.dirty.insert(stream.into());
         Ok((jobs, records))
+    }
+
+    /// Whether anything in this transaction changes the disk (so closing it commits).
+    pub fn is_dirty(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// Streams this transaction appended to (or replayed into): what a delivery worker waits for.
+    pub fn fed_streams(&self) -> Vec<String> {
+        self.fed.iter().cloned().collect()
+    }
+
+    /// Commits when anything changed; otherwise ends the transaction without a commit (no fsync),
+    /// keeping the leases it handed out: a `take` changes nothing on disk.
+    pub fn close(mut self) -> Result<(), StoreError> {
+        if !self.dirty.is_empty() {
+            return self.commit();
+        }
+        let txn = self.txn.take().expect("present until commit or close");
+        self.taken.clear();
+        txn.abort().map_err(io)
     }
 
     /// Abandons the transaction; counters are reloaded before the next one.

@@ -9,13 +9,13 @@
 //! for a while with nothing queued, the file is compacted so a drained backlog gives its disk back.
 //! Called by `agent` (and benchmarks); it does not decide what to deliver or when.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
 use super::{
     AppendError, Appended, Counters, Failed, Failure, Job, Lease, Store, StoreError, StreamConfig,
@@ -61,6 +61,10 @@ enum Request {
     Snapshot {
         reply: Reply<Snapshot>,
     },
+    NextDue {
+        stream: String,
+        reply: Reply<Result<Option<u64>, StoreError>>,
+    },
     Shutdown {
         reply: Reply<()>,
     },
@@ -89,6 +93,8 @@ pub struct WriterStats {
 pub struct StoreHandle {
     tx: mpsc::Sender<Request>,
     stats: Arc<WriterStats>,
+    /// Per stream, signalled after a commit that gave it new jobs.
+    notifiers: Arc<HashMap<String, Arc<Notify>>>,
 }
 
 fn gone() -> StoreError {
@@ -112,10 +118,21 @@ pub fn spawn(
     let (tx, rx) = mpsc::channel();
     let stats = Arc::new(WriterStats::default());
     let thread_stats = Arc::clone(&stats);
+    let notifiers: Arc<HashMap<String, Arc<Notify>>> = Arc::new(
+        store
+            .streams()
+            .map(|(cfg, _)| (cfg.name.clone(), Arc::default()))
+            .collect(),
+    );
+    let thread_notifiers = Arc::clone(&notifiers);
     std::thread::Builder::new()
         .name("colibri-store".into())
-        .spawn(move || Writer::new(store, reopen, opts, thread_stats).run(rx))?;
-    Ok(StoreHandle { tx, stats })
+        .spawn(move || Writer::new(store, reopen, opts, thread_stats, thread_notifiers).run(rx))?;
+    Ok(StoreHandle {
+        tx,
+        stats,
+        notifiers,
+    })
 }
 
 impl StoreHandle {
@@ -170,6 +187,24 @@ impl StoreHandle {
             })
             .map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
+    }
+
+    /// When the stream's earliest retry falls due (Unix ms), if it has one.
+    pub async fn next_retry_due(&self, stream: &str) -> Result<Option<u64>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::NextDue {
+                stream: stream.to_string(),
+                reply,
+            })
+            .map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// Signalled after each commit that gave `stream` new jobs (a permit is kept when nobody
+    /// waits, so a wake-up between a take and the wait is not lost).
+    pub fn fed(&self, stream: &str) -> Option<Arc<Notify>> {
+        self.notifiers.get(stream).cloned()
     }
 
     pub fn release(&self, lease: Lease) {
@@ -256,6 +291,7 @@ struct Writer {
     reopen_backoff: Duration,
     /// Leases of a store that was lost, for the next one.
     carried_in_flight: Vec<(String, u64)>,
+    notifiers: Arc<HashMap<String, Arc<Notify>>>,
 }
 
 impl Writer {
@@ -264,8 +300,10 @@ impl Writer {
         reopen: Box<dyn FnMut() -> Result<Store, StoreError> + Send>,
         opts: WriterOptions,
         stats: Arc<WriterStats>,
+        notifiers: Arc<HashMap<String, Arc<Notify>>>,
     ) -> Self {
         Writer {
+            notifiers,
             store: Some(store),
             reopen,
             opts,
@@ -384,6 +422,13 @@ impl Writer {
                     let snap = self.snapshot();
                     let _ = reply.send(snap);
                 }
+                Request::NextDue { stream, reply } => {
+                    let due = match &self.store {
+                        Some(s) => s.next_retry_due(&stream),
+                        None => Err(StoreError::Io("the store is unavailable".into())),
+                    };
+                    let _ = reply.send(due);
+                }
                 Request::Shutdown { reply } => shutdown = Some(reply),
                 other => work.push(other),
             }
@@ -414,7 +459,14 @@ impl Writer {
         let (still_parked, result) = run_tx(store, parked, work, &self.stats);
         self.parked = still_parked;
         match result {
-            TxResult::Committed => self.compacted = false,
+            TxResult::Committed(fed) => {
+                self.compacted = false;
+                for stream in fed {
+                    if let Some(n) = self.notifiers.get(&stream) {
+                        n.notify_one();
+                    }
+                }
+            }
             TxResult::Nothing => {}
             TxResult::StoreLost => self.lose_store(),
         }
@@ -511,7 +563,8 @@ impl Writer {
 }
 
 enum TxResult {
-    Committed,
+    /// With the streams that received jobs.
+    Committed(Vec<String>),
     /// Nothing needed committing.
     Nothing,
     /// The transaction could not begin or commit: the store must be reopened.
@@ -637,22 +690,30 @@ fn run_tx(
                 let r = tx.fail(&lease, &failure, now);
                 pending.push(Pending::Fail(reply, r));
             }
-            Request::Release { .. } | Request::Snapshot { .. } | Request::Shutdown { .. } => {
+            Request::Release { .. }
+            | Request::Snapshot { .. }
+            | Request::NextDue { .. }
+            | Request::Shutdown { .. } => {
                 unreachable!("handled before the transaction")
             }
         }
     }
     if pending.is_empty() {
         // Only parked appends that still do not fit: nothing to commit.
-        drop(tx);
+        let _ = tx.close();
         return (still_parked, TxResult::Nothing);
     }
-    let commit = tx.commit();
+    let (dirty, fed) = (tx.is_dirty(), tx.fed_streams());
+    // Only a transaction that changed something commits (and fsyncs); a take that found nothing,
+    // or only handed out leases, does not touch the disk.
+    let commit = tx.close();
     let result = match &commit {
         Ok(()) => {
-            stats.commits.fetch_add(1, Ordering::Relaxed);
+            if dirty {
+                stats.commits.fetch_add(1, Ordering::Relaxed);
+            }
             stats.requests.fetch_add(requests, Ordering::Relaxed);
-            TxResult::Committed
+            TxResult::Committed(fed)
         }
         Err(e) => {
             stats.failed_commits.fetch_add(1, Ordering::Relaxed);
@@ -673,7 +734,10 @@ fn fail_with(req: Request, e: &StoreError) {
         Request::Take { reply, .. } => drop(reply.send(Err(err()))),
         Request::Ack { reply, .. } => drop(reply.send(Err(err()))),
         Request::Fail { reply, .. } => drop(reply.send(Err(err()))),
-        Request::Release { .. } | Request::Snapshot { .. } | Request::Shutdown { .. } => {}
+        Request::Release { .. }
+            | Request::Snapshot { .. }
+            | Request::NextDue { .. }
+            | Request::Shutdown { .. } => {}
     }
 }
 
