@@ -37,6 +37,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Err(e) = clock::watch_wall_clock(Arc::clone(&clock_set)) {
         tracing::warn!(error = %e, "cannot watch for wall-clock changes; jumps are noticed within an hour");
     }
+    let workers = start_delivery(&config, store_handle.as_ref(), &ctx.stopping);
     let (scheduler, _handle) = Scheduler::new(
         &config.tasks,
         Arc::new(SystemClock),
@@ -68,6 +69,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ctx.stopping.cancel();
     tokio::select! {
         drained = &mut scheduler => {
+            // Deliveries in progress finish (each is one job); then the store closes cleanly.
+            for w in workers {
+                let _ = w.await;
+            }
             if let Some(handle) = &store_handle {
                 handle.shutdown().await;
             }
@@ -159,4 +164,29 @@ fn open_or_replace(
         }
         other => other,
     }
+}
+
+/// Starts one delivery worker per stream that has a sink.
+fn start_delivery(
+    config: &Config,
+    store: Option<&writer::StoreHandle>,
+    stopping: &tokio_util::sync::CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let Some(store) = store else {
+        return Vec::new();
+    };
+    config
+        .streams
+        .iter()
+        .filter_map(|s| {
+            let name = s.sink.as_deref()?;
+            let sink = config.sinks.iter().find(|k| k.name == name)?;
+            Some(tokio::spawn(crate::delivery::run(
+                s.name.clone(),
+                Arc::clone(sink),
+                store.clone(),
+                stopping.clone(),
+            )))
+        })
+        .collect()
 }

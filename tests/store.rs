@@ -1071,3 +1071,76 @@ fn queue_commands_work_end_to_end() {
     assert_eq!(logs["ready"]["jobs"], 7, "{logs}");
     assert_eq!(logs["counters"]["appended_records"], 8, "{logs}");
 }
+
+/// Store-and-forward with no network: records pushed while the agent is stopped wait on disk;
+/// while the file sink's directory is missing deliveries fail and are retried (never dead-lettered
+/// early, never written elsewhere); once it appears every record arrives, in order, exactly once.
+#[test]
+fn file_sink_delivers_the_backlog_once_its_directory_appears() {
+    let sb = Sandbox::new();
+    let outbox = sb.file("outbox");
+    let config = sb.write_config(&format!(
+        "data_dir: data\n\
+         storage: {{ min_free: 1MiB }}\n\
+         sinks:\n  \
+           out: {{ type: file, path: {}, retry: {{ base: 100ms, cap: 300ms, max_attempts: 1000 }} }}\n\
+         streams:\n  \
+           logs: {{ sink: out, batch: {{ max_records: 100 }} }}\n\
+         log: {{ format: json }}\n",
+        outbox.display()
+    ));
+    create_store(&config);
+    push_ok(&config, 50, 1, 1000);
+    let agent = start_agent(&config);
+    agent.wait_for_event(secs(30), "a retried delivery", |e| {
+        field(e, "message") == "delivery failed; will retry"
+    });
+    assert!(
+        !outbox.exists(),
+        "colibri must not create the sink's directory"
+    );
+    std::fs::create_dir(&outbox).expect("create the outbox");
+    let delivered = || -> Vec<String> {
+        let mut names: Vec<_> = std::fs::read_dir(&outbox)
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        names.retain(|p: &PathBuf| p.extension().is_some_and(|x| x == "ndjson"));
+        names.sort();
+        names
+            .iter()
+            .flat_map(|p| {
+                std::fs::read_to_string(p)
+                    .unwrap_or_default()
+                    .lines()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + secs(60);
+    while delivered().len() < 1000 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} records delivered",
+            delivered().len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let agent = stop_agent(agent);
+    let records = delivered();
+    let expected: Vec<String> = (1..=1000)
+        .map(|i| record(i, 0).trim_end().to_string())
+        .collect();
+    assert_eq!(records, expected, "every record, in order, exactly once");
+    let (_, logs) = stats(&config, "logs");
+    assert_eq!(logs["counters"]["delivered_records"], 1000, "{logs}");
+    assert_eq!(logs["ready"]["records"], 0, "{logs}");
+    assert_eq!(logs["retry"]["records"], 0, "{logs}");
+    assert_eq!(logs["dead"]["records"], 0, "{logs}");
+    assert_eq!(logs["balanced"], true, "{logs}");
+    assert!(
+        has_message(&agent.events(), "delivery started"),
+        "{}",
+        agent.stderr()
+    );
+}

@@ -156,14 +156,22 @@ pub fn summary(c: &Config) -> String {
             fmt_size(c.storage.max_bytes),
             fmt_size(c.storage.min_free)
         );
+        if !c.sinks.is_empty() {
+            let sinks: Vec<String> = c.sinks.iter().map(|k| k.describe()).collect();
+            let _ = writeln!(out, "  sinks           {}", sinks.join(", "));
+        }
         let _ = writeln!(out, "  streams         {}", c.streams.len());
         for s in &c.streams {
             let ttl = s
                 .ttl
                 .map_or(String::new(), |t| format!(", ttl {}", fmt_duration(t)));
+            let to = s
+                .sink
+                .as_deref()
+                .map_or("queue only".to_string(), |k| format!("to {k}"));
             let _ = writeln!(
                 out,
-                "    {:<14} max {} jobs / {}, when full: {}{ttl}, jobs of <= {} records / {}",
+                "    {:<14} {to}, max {} jobs / {}, when full: {}{ttl}, jobs of <= {} records / {}",
                 s.name,
                 s.max_jobs,
                 fmt_size(s.max_bytes),

@@ -23,6 +23,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use crate::schedule::{self, Offset, Schedule, Zone};
+use crate::sink::{SinkConfig, SinkKind, SinkRetry};
 use crate::store::{BatchConfig, StorageConfig, StreamConfig, WhenFull};
 use crate::task::{Action, RetryPolicy, TaskDef, exec::Exec};
 use units::{Dur, Size, de_u32, u32_schema};
@@ -52,6 +53,9 @@ pub struct FileSpec {
     /// The data directory's disk budget, shared by every stream.
     #[serde(default)]
     pub storage: StorageSpec,
+    /// Where streams are delivered, by name.
+    #[serde(default)]
+    pub sinks: BTreeMap<String, SinkSpec>,
     /// Durable queues of transfer jobs, by name. What a stream accepts is on disk (fsync'd) before
     /// anyone is told "stored".
     #[serde(default)]
@@ -59,6 +63,43 @@ pub struct FileSpec {
     /// Scheduled chores.
     #[serde(default)]
     pub tasks: Vec<TaskSpec>,
+}
+
+/// A destination for a stream's jobs.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SinkSpec {
+    /// Each job becomes one file in `path` (`<stream>-<job id>.ndjson`, a record per line), written
+    /// under a temporary name, fsync'd and renamed into place, so a reader never sees half a file and
+    /// a job delivered twice after a crash overwrites itself. The directory must exist: colibri does
+    /// not create it, so an unmounted disk is noticed instead of filled on the root filesystem.
+    File {
+        /// The directory. Relative paths are read from the config file's directory.
+        path: String,
+        #[serde(default)]
+        retry: RetrySpec,
+    },
+    /// Each job's records are written to colibri's stdout, a record per line.
+    Stdout {
+        #[serde(default)]
+        retry: RetrySpec,
+    },
+}
+
+/// How failed deliveries are retried.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    /// First retry delay; attempt n waits `base * 2^n * (0.5 + random)`, at most `cap`. Default 1s.
+    #[serde(default)]
+    pub base: Option<Dur>,
+    /// Longest retry delay. Default 5m.
+    #[serde(default)]
+    pub cap: Option<Dur>,
+    /// Attempts before a job goes to the dead letters. Default 8.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[schemars(schema_with = "u32_schema")]
+    pub max_attempts: Option<u32>,
 }
 
 /// Global storage limits.
@@ -78,7 +119,7 @@ pub struct StorageSpec {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StreamSpec {
-    /// The sink the stream is delivered to (sinks arrive in a later release; until then a stream has none).
+    /// The sink the stream is delivered to (a name under `sinks:`). A stream without one only queues.
     #[serde(default)]
     pub sink: Option<String>,
     /// How records are cut into transfer jobs.
@@ -347,6 +388,7 @@ pub struct Config {
     pub log_level: LogLevel,
     pub log_format: LogFormat,
     pub storage: StorageConfig,
+    pub sinks: Vec<Arc<SinkConfig>>,
     pub streams: Vec<StreamConfig>,
     pub tasks: Vec<Arc<TaskDef>>,
 }
@@ -455,6 +497,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
     };
     let tasks_value = map.remove("tasks");
     let streams_value = map.remove("streams");
+    let sinks_value = map.remove("sinks");
     // Each top-level key on its own first, so one bad setting neither hides another nor stops the
     // tasks from being checked; bad keys are left out and their defaults stand in.
     let mut good = serde_json::Map::new();
@@ -498,11 +541,27 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
     if storage.max_bytes == 0 {
         top("storage.max_bytes", "must be positive".into());
     }
+    let sinks: Vec<Arc<SinkConfig>> = match sinks_value {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(entries)) => entries
+            .into_iter()
+            .filter_map(|(name, value)| compile_sink(name, value, base, problems))
+            .map(Arc::new)
+            .collect(),
+        Some(other) => {
+            problems.push(Problem {
+                path: "sinks".into(),
+                message: format!("expected a mapping of sink names to settings, found {other}"),
+            });
+            Vec::new()
+        }
+    };
+    let sink_names: Vec<&str> = sinks.iter().map(|s| s.name.as_str()).collect();
     let streams = match streams_value {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Object(entries)) => entries
             .into_iter()
-            .filter_map(|(name, value)| compile_stream(name, value, problems))
+            .filter_map(|(name, value)| compile_stream(name, value, &sink_names, problems))
             .collect(),
         Some(other) => {
             problems.push(Problem {
@@ -561,6 +620,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
         log_level: spec.log.level,
         log_format: spec.log.format,
         storage,
+        sinks,
         streams,
         tasks,
     })
@@ -575,7 +635,70 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
-fn compile_stream(name: String, value: Value, problems: &mut Vec<Problem>) -> Option<StreamConfig> {
+fn compile_sink(
+    name: String,
+    value: Value,
+    base: &Path,
+    problems: &mut Vec<Problem>,
+) -> Option<SinkConfig> {
+    let at = format!("sinks.{name}");
+    let mut err = |path: &str, message: String| {
+        let path = if path.is_empty() {
+            at.clone()
+        } else {
+            format!("{at}.{path}")
+        };
+        problems.push(Problem { path, message })
+    };
+    if !valid_name(&name) {
+        err(
+            "",
+            "a sink name must be 1-64 letters, digits, -, _ or .".into(),
+        );
+    }
+    let spec: SinkSpec = match de_at(value) {
+        Ok(s) => s,
+        Err((p, m)) => {
+            err(&p, m);
+            return None;
+        }
+    };
+    let (kind, retry) = match spec {
+        SinkSpec::File { path, retry } => {
+            let dir = base.join(&path);
+            if dir.exists() && !dir.is_dir() {
+                err(
+                    "path",
+                    format!("{} exists and is not a directory", dir.display()),
+                );
+            }
+            (SinkKind::File { dir }, retry)
+        }
+        SinkSpec::Stdout { retry } => (SinkKind::Stdout, retry),
+    };
+    let retry = SinkRetry {
+        base: retry.base.map_or(Duration::from_secs(1), |d| d.0),
+        cap: retry.cap.map_or(Duration::from_secs(300), |d| d.0),
+        max_attempts: retry.max_attempts.unwrap_or(8),
+    };
+    if retry.base.is_zero() {
+        err("retry.base", "must be positive".into());
+    }
+    if retry.cap < retry.base {
+        err("retry.cap", "must not be shorter than retry.base".into());
+    }
+    if retry.max_attempts == 0 {
+        err("retry.max_attempts", "must be at least 1".into());
+    }
+    Some(SinkConfig { name, kind, retry })
+}
+
+fn compile_stream(
+    name: String,
+    value: Value,
+    sinks: &[&str],
+    problems: &mut Vec<Problem>,
+) -> Option<StreamConfig> {
     let at = format!("streams.{name}");
     let mut err = |path: &str, message: String| {
         let path = if path.is_empty() {
@@ -598,13 +721,17 @@ fn compile_stream(name: String, value: Value, problems: &mut Vec<Problem>) -> Op
             return None;
         }
     };
-    if let Some(sink) = &spec.sink {
-        // No sink types exist yet; every reference is to an undefined sink.
+    if let Some(sink) = &spec.sink
+        && !sinks.contains(&sink.as_str())
+    {
+        let known = if sinks.is_empty() {
+            "none".to_string()
+        } else {
+            sinks.join(", ")
+        };
         err(
             "sink",
-            format!(
-                "sink {sink:?} is not defined (no sinks: remove `sink` until sinks are configured)"
-            ),
+            format!("sink {sink:?} is not defined under sinks: (defined: {known})"),
         );
     }
     let batch = BatchConfig {
@@ -641,6 +768,7 @@ fn compile_stream(name: String, value: Value, problems: &mut Vec<Problem>) -> Op
     }
     Some(StreamConfig {
         name,
+        sink: spec.sink,
         batch,
         max_jobs: u64::from(max_jobs),
         max_bytes,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::sink::{SinkKind, SinkRetry};
 use crate::store::{BatchConfig, StorageConfig, WhenFull};
 
 fn env(name: &str) -> Option<String> {
@@ -425,4 +426,69 @@ streams:
         );
     }
     assert_eq!(p.len(), expect.len(), "{p:#?}");
+}
+
+#[test]
+fn sinks_compile_and_streams_must_name_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::create_dir(dir.path().join("outbox")).unwrap();
+    let text = r#"
+sinks:
+  out: { type: file, path: outbox, retry: { base: 200ms, cap: 10s, max_attempts: 3 } }
+  console: { type: stdout }
+streams:
+  logs: { sink: out }
+  plain: {}
+"#;
+    let c = load_str(text, &cfg, &env).unwrap();
+    assert_eq!(c.sinks.len(), 2);
+    let out = c.sinks.iter().find(|s| s.name == "out").unwrap();
+    assert_eq!(
+        out.kind,
+        SinkKind::File {
+            dir: dir.path().join("outbox")
+        }
+    );
+    assert_eq!(
+        out.retry,
+        SinkRetry {
+            base: Duration::from_millis(200),
+            cap: Duration::from_secs(10),
+            max_attempts: 3
+        }
+    );
+    let console = c.sinks.iter().find(|s| s.name == "console").unwrap();
+    assert_eq!(console.retry.max_attempts, 8);
+    assert_eq!(c.streams[0].sink.as_deref(), Some("out"));
+    assert_eq!(c.streams[1].sink, None);
+
+    let p = problems(
+        r#"
+sinks:
+  a: { type: ftp }
+  b: { type: stdout, colour: blue }
+  c: { type: file }
+  d: { type: file, path: /etc/passwd }
+  e: { type: stdout, retry: { base: 0s, cap: 0s, max_attempts: 0 } }
+streams:
+  s: { sink: nowhere }
+"#,
+    );
+    let expect = [
+        "sinks.a.type: unknown variant `ftp`, expected `file` or `stdout`",
+        "sinks.b: unknown field `colour`",
+        "sinks.c: missing field `path`",
+        "sinks.d.path: /etc/passwd exists and is not a directory",
+        "sinks.e.retry.base: must be positive",
+        "sinks.e.retry.max_attempts: must be at least 1",
+        "streams.s.sink: sink \"nowhere\" is not defined under sinks: (defined: d, e)",
+    ];
+    for e in expect {
+        assert!(
+            p.iter().any(|l| l.starts_with(e)),
+            "missing {e:?} in\n{}",
+            p.join("\n")
+        );
+    }
 }

@@ -51,6 +51,8 @@ const QUARANTINE: TableDefinition<u64, &[u8]> = TableDefinition::new("quarantine
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamConfig {
     pub name: String,
+    /// The sink's name, when the stream is delivered.
+    pub sink: Option<String>,
     pub batch: BatchConfig,
     pub max_jobs: u64,
     pub max_bytes: u64,
@@ -1755,6 +1757,7 @@ mod compaction_tests {
         let dir = tempfile::tempdir().unwrap();
         let stream = StreamConfig {
             name: "s".into(),
+            sink: None,
             batch: BatchConfig {
                 max_records: 100,
                 max_bytes: 1 << 20,

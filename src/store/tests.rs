@@ -29,6 +29,7 @@ const S: &str = "s";
 fn stream(name: &str) -> StreamConfig {
     StreamConfig {
         name: name.into(),
+        sink: None,
         batch: BatchConfig {
             max_records: 1000,
             max_bytes: 1 << 20,
@@ -1501,6 +1502,7 @@ fn run_model(seed: u64, ops: usize, cov: &mut Coverage) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let cfg = StreamConfig {
         name: M.into(),
+        sink: None,
         batch: BatchConfig {
             max_records: rng.u32(1..6),
             max_bytes: rng.u64(8..64),

@@ -735,9 +735,9 @@ fn fail_with(req: Request, e: &StoreError) {
         Request::Ack { reply, .. } => drop(reply.send(Err(err()))),
         Request::Fail { reply, .. } => drop(reply.send(Err(err()))),
         Request::Release { .. }
-            | Request::Snapshot { .. }
-            | Request::NextDue { .. }
-            | Request::Shutdown { .. } => {}
+        | Request::Snapshot { .. }
+        | Request::NextDue { .. }
+        | Request::Shutdown { .. } => {}
     }
 }
 
