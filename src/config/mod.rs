@@ -635,14 +635,18 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
-fn compile_sink(
-    name: String,
+/// The first steps for one entry of a named map (`sinks.<name>`, `streams.<name>`): the name is
+/// checked and the entry deserialized, problems reported under its path. Returns the entry and a
+/// reporter for the caller's own checks (paths relative to the entry).
+fn named_entry<'p, T: serde::de::DeserializeOwned>(
+    section: &str,
+    what: &str,
+    name: &str,
     value: Value,
-    base: &Path,
-    problems: &mut Vec<Problem>,
-) -> Option<SinkConfig> {
-    let at = format!("sinks.{name}");
-    let mut err = |path: &str, message: String| {
+    problems: &'p mut Vec<Problem>,
+) -> (Option<T>, impl FnMut(&str, String) + 'p) {
+    let at = format!("{section}.{name}");
+    let mut err = move |path: &str, message: String| {
         let path = if path.is_empty() {
             at.clone()
         } else {
@@ -650,19 +654,24 @@ fn compile_sink(
         };
         problems.push(Problem { path, message })
     };
-    if !valid_name(&name) {
+    if !valid_name(name) {
         err(
             "",
-            "a sink name must be 1-64 letters, digits, -, _ or .".into(),
+            format!("a {what} name must be 1-64 letters, digits, -, _ or ."),
         );
     }
-    let spec: SinkSpec = match de_at(value) {
-        Ok(s) => s,
-        Err((p, m)) => {
-            err(&p, m);
-            return None;
-        }
-    };
+    let spec = de_at(value).map_err(|(p, m)| err(&p, m)).ok();
+    (spec, err)
+}
+
+fn compile_sink(
+    name: String,
+    value: Value,
+    base: &Path,
+    problems: &mut Vec<Problem>,
+) -> Option<SinkConfig> {
+    let (spec, mut err) = named_entry::<SinkSpec>("sinks", "sink", &name, value, problems);
+    let spec = spec?;
     let (kind, retry) = match spec {
         SinkSpec::File { path, retry } => {
             let dir = base.join(&path);
@@ -699,28 +708,8 @@ fn compile_stream(
     sinks: &[&str],
     problems: &mut Vec<Problem>,
 ) -> Option<StreamConfig> {
-    let at = format!("streams.{name}");
-    let mut err = |path: &str, message: String| {
-        let path = if path.is_empty() {
-            at.clone()
-        } else {
-            format!("{at}.{path}")
-        };
-        problems.push(Problem { path, message })
-    };
-    if !valid_name(&name) {
-        err(
-            "",
-            "a stream name must be 1-64 letters, digits, -, _ or .".into(),
-        );
-    }
-    let spec: StreamSpec = match de_at(value) {
-        Ok(s) => s,
-        Err((p, m)) => {
-            err(&p, m);
-            return None;
-        }
-    };
+    let (spec, mut err) = named_entry::<StreamSpec>("streams", "stream", &name, value, problems);
+    let spec = spec?;
     if let Some(sink) = &spec.sink
         && !sinks.contains(&sink.as_str())
     {
