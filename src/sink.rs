@@ -33,7 +33,13 @@ pub struct SinkRetry {
 /// Why a delivery failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeliveryError {
-    /// May succeed later (disk full, directory missing, I/O error): the job is retried.
+    /// The destination cannot be reached at all (its link is down: an unmounted directory, later a
+    /// refused connection). No attempt is spent: the job goes back to the queue and deliveries pause
+    /// until the sink answers again, however long that takes.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The destination answered but the delivery failed in a way that may pass (a full disk, an I/O
+    /// error): an attempt is spent and the job is retried later.
     #[error("{0}")]
     Transient(String),
     /// Will never succeed: the job goes to the dead letters with this reason.
@@ -49,6 +55,12 @@ impl SinkConfig {
             SinkKind::File { dir } => {
                 let dir = dir.clone();
                 let name = format!("{stream}-{:020}.ndjson", job.lease.id);
+                if !dir.is_dir() {
+                    return Err(DeliveryError::Unavailable(format!(
+                        "{}: the directory does not exist (colibri does not create it)",
+                        self.describe()
+                    )));
+                }
                 tokio::task::spawn_blocking(move || write_atomically(&dir, &name, &body))
                     .await
                     .map_err(|e| DeliveryError::Transient(format!("file writer stopped: {e}")))?
@@ -165,13 +177,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_missing_directory_is_a_transient_failure_not_created() {
+    async fn a_missing_directory_is_an_outage_and_is_not_created() {
         let dir = tempfile::tempdir().unwrap();
         let gone = dir.path().join("not-mounted");
         let sink = file_sink(&gone);
         let e = sink.deliver("logs", &job(1, &["x"])).await.unwrap_err();
         assert!(
-            matches!(&e, DeliveryError::Transient(m) if m.contains("does not exist")),
+            matches!(&e, DeliveryError::Unavailable(m) if m.contains("does not exist")),
             "{e:?}"
         );
         assert!(!gone.exists(), "colibri must not create the directory");

@@ -1073,8 +1073,9 @@ fn queue_commands_work_end_to_end() {
 }
 
 /// Store-and-forward with no network: records pushed while the agent is stopped wait on disk;
-/// while the file sink's directory is missing deliveries fail and are retried (never dead-lettered
-/// early, never written elsewhere); once it appears every record arrives, in order, exactly once.
+/// while the file sink's directory is missing (an unmounted disk) deliveries pause without spending
+/// attempts (`max_attempts: 1` would dead-letter a job at its first failure), nothing is written
+/// elsewhere; once it appears every record arrives, in order, exactly once.
 #[test]
 fn file_sink_delivers_the_backlog_once_its_directory_appears() {
     let sb = Sandbox::new();
@@ -1083,7 +1084,7 @@ fn file_sink_delivers_the_backlog_once_its_directory_appears() {
         "data_dir: data\n\
          storage: {{ min_free: 1MiB }}\n\
          sinks:\n  \
-           out: {{ type: file, path: {}, retry: {{ base: 100ms, cap: 300ms, max_attempts: 1000 }} }}\n\
+           out: {{ type: file, path: {}, retry: {{ base: 100ms, cap: 300ms, max_attempts: 1 }} }}\n\
          streams:\n  \
            logs: {{ sink: out, batch: {{ max_records: 100 }} }}\n\
          log: {{ format: json }}\n",
@@ -1092,8 +1093,8 @@ fn file_sink_delivers_the_backlog_once_its_directory_appears() {
     create_store(&config);
     push_ok(&config, 50, 1, 1000);
     let agent = start_agent(&config);
-    agent.wait_for_event(secs(30), "a retried delivery", |e| {
-        field(e, "message") == "delivery failed; will retry"
+    agent.wait_for_event(secs(30), "the outage noticed", |e| {
+        field(e, "message") == "sink unavailable: deliveries paused, no attempts spent"
     });
     assert!(
         !outbox.exists(),
@@ -1138,6 +1139,12 @@ fn file_sink_delivers_the_backlog_once_its_directory_appears() {
     assert_eq!(logs["retry"]["records"], 0, "{logs}");
     assert_eq!(logs["dead"]["records"], 0, "{logs}");
     assert_eq!(logs["balanced"], true, "{logs}");
+    assert_eq!(logs["counters"]["retried_attempts"], 0, "{logs}");
+    assert!(
+        has_message(&agent.events(), "sink available again: deliveries resumed"),
+        "{}",
+        agent.stderr()
+    );
     assert!(
         has_message(&agent.events(), "delivery started"),
         "{}",
