@@ -89,7 +89,7 @@ async fn deliver_one(
     job: Job,
     down: &mut Down,
 ) -> Option<Duration> {
-    let records = job.records.len();
+    let records = job.record_count();
     let id = job.lease.id;
     let result = sink.deliver(stream, &job).await;
     let err = match result {

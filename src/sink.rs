@@ -50,7 +50,7 @@ pub enum DeliveryError {
 impl SinkConfig {
     /// Delivers one job of `stream`.
     pub async fn deliver(&self, stream: &str, job: &Job) -> Result<(), DeliveryError> {
-        let body = ndjson(&job.records);
+        let body = ndjson(job.records());
         match &self.kind {
             SinkKind::File { dir } => {
                 let dir = dir.clone();
@@ -87,8 +87,8 @@ impl SinkConfig {
 }
 
 /// Records as NDJSON: each record, as stored, on its own line.
-fn ndjson(records: &[Vec<u8>]) -> Vec<u8> {
-    let mut body = Vec::with_capacity(records.iter().map(|r| r.len() + 1).sum());
+fn ndjson<'a>(records: impl Iterator<Item = &'a [u8]> + Clone) -> Vec<u8> {
+    let mut body = Vec::with_capacity(records.clone().map(|r| r.len() + 1).sum());
     for r in records {
         body.extend_from_slice(r);
         body.push(b'\n');
@@ -125,18 +125,12 @@ mod tests {
     use crate::store::Lease;
 
     fn job(id: u64, records: &[&str]) -> Job {
-        Job {
-            lease: Lease {
-                stream: "s".into(),
-                id,
-                retry_due: None,
-            },
-            created_ms: 0,
-            attempts: 0,
-            last_error: None,
-            records: records.iter().map(|r| r.as_bytes().to_vec()).collect(),
-            bytes: 0,
-        }
+        let lease = Lease {
+            stream: "s".into(),
+            id,
+            retry_due: None,
+        };
+        Job::for_test(lease, records)
     }
 
     fn file_sink(dir: &Path) -> SinkConfig {

@@ -198,8 +198,36 @@ pub struct Job {
     pub created_ms: u64,
     pub attempts: u32,
     pub last_error: Option<String>,
-    pub records: Vec<Vec<u8>>,
-    pub bytes: u64,
+    /// The stored value (one copy out of the database, verified); records are read from it in place.
+    value: Vec<u8>,
+}
+
+impl Job {
+    /// The job's records, as they were appended, without copying them.
+    pub fn records(&self) -> format::Records<'_> {
+        format::records(&self.value)
+    }
+
+    pub fn record_count(&self) -> usize {
+        format::header(&self.value).map_or(0, |h| h.records as usize)
+    }
+
+    /// Size of the stored value.
+    pub fn bytes(&self) -> u64 {
+        self.value.len() as u64
+    }
+
+    /// A job as `take` would hand it out (tests of the parts downstream of the store).
+    #[cfg(test)]
+    pub fn for_test<R: AsRef<[u8]>>(lease: Lease, records: &[R]) -> Job {
+        Job {
+            lease,
+            created_ms: 0,
+            attempts: 0,
+            last_error: None,
+            value: format::encode(0, &fresh_meta(), records),
+        }
+    }
 }
 
 /// How a delivery attempt failed.
@@ -1730,8 +1758,7 @@ fn job_from(stream: &str, id: u64, due: Option<u64>, v: &[u8]) -> Result<Job, St
         created_ms: d.header.created_ms,
         attempts: d.attempts,
         last_error: d.last_error,
-        records: d.records.iter().map(|r| r.to_vec()).collect(),
-        bytes: v.len() as u64,
+        value: v.to_vec(),
     })
 }
 
