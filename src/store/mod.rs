@@ -15,7 +15,7 @@
 pub mod format;
 pub mod writer;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -463,7 +463,8 @@ impl Db {
 pub struct Store {
     db: Db,
     path: PathBuf,
-    streams: HashMap<String, StreamState>,
+    /// By name: ordered, so listing them needs no sort.
+    streams: BTreeMap<String, StreamState>,
     storage: StorageConfig,
     opts: OpenOptions,
     /// A transaction was dropped or failed: in-memory counters may be ahead of the disk.
@@ -677,10 +678,9 @@ impl Store {
         })
     }
 
+    /// Every stream, by name.
     pub fn streams(&self) -> impl Iterator<Item = (&StreamConfig, &Counters)> {
-        let mut v: Vec<_> = self.streams.values().map(|s| (&s.cfg, &s.c)).collect();
-        v.sort_by(|a, b| a.0.name.cmp(&b.0.name));
-        v.into_iter()
+        self.streams.values().map(|s| (&s.cfg, &s.c))
     }
 
     pub fn counters(&self, stream: &str) -> Option<&Counters> {
@@ -1399,22 +1399,25 @@ impl<'s> Tx<'s> {
         // Decode before anything is removed: a value that went bad while in flight is quarantined
         // (and counted), never silently dropped.
         let (raw, table) = self.read_leased(lease)?;
-        if let Err(e) = format::decode(&raw) {
-            if let Some(st) = self.store.streams.get_mut(&lease.stream) {
-                st.in_flight.remove(&lease.id);
+        let d = match format::decode(&raw) {
+            Ok(d) => d,
+            Err(e) => {
+                if let Some(st) = self.store.streams.get_mut(&lease.stream) {
+                    st.in_flight.remove(&lease.id);
+                }
+                let reason = e.to_string();
+                self.quarantine(
+                    &lease.stream,
+                    table,
+                    lease.id,
+                    lease.retry_due,
+                    &raw,
+                    &reason,
+                )?;
+                return Err(StoreError::Corrupted(reason));
             }
-            self.quarantine(
-                &lease.stream,
-                table,
-                lease.id,
-                lease.retry_due,
-                &raw,
-                &e.to_string(),
-            )?;
-            return Err(StoreError::Corrupted(e.to_string()));
-        }
+        };
         self.remove_leased(lease)?;
-        let d = format::decode(&raw).map_err(|e| StoreError::Corrupted(e.to_string()))?;
         let attempts = d.attempts + 1;
         let (reason, to_dead, due) = match failure {
             Failure::Permanent { reason } => (reason.clone(), true, 0),

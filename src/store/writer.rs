@@ -633,31 +633,20 @@ fn run_tx(
                 deadline,
                 reply,
             } => {
-                // Behind parked appends of the same stream: wait in line (or, without a wait,
-                // fail at once as the stream is full for everyone before it).
-                if let Some(ahead) = still_parked.iter().find(|q| q.stream == stream) {
-                    let reason = ahead.reason;
-                    match deadline {
-                        Some(deadline) if deadline > wall => still_parked.push_back(Parked {
-                            reason,
-                            stream,
-                            records,
-                            checkpoint,
-                            deadline,
-                            reply,
-                        }),
-                        _ => pending.push(Pending::Append(
-                            reply,
-                            Err(AppendError::Full { stream, reason }),
-                        )),
+                // Behind parked appends of the same stream it is not tried: it waits in line (or,
+                // without a wait, fails at once, as the stream is full for everyone before it).
+                let result = match still_parked.iter().find(|q| q.stream == stream) {
+                    Some(ahead) => Err(AppendError::Full {
+                        stream: stream.clone(),
+                        reason: ahead.reason,
+                    }),
+                    None => {
+                        let cp = checkpoint.as_ref().map(|(s, c)| (s.as_str(), c.as_slice()));
+                        tx.append(&stream, &records, cp, now)
                     }
-                    continue;
-                }
-                let cp = checkpoint.as_ref().map(|(s, c)| (s.as_str(), c.as_slice()));
-                match (tx.append(&stream, &records, cp, now), deadline) {
-                    (Err(AppendError::Full { stream, reason }), Some(deadline))
-                        if deadline > wall =>
-                    {
+                };
+                match (result, deadline) {
+                    (Err(AppendError::Full { reason, .. }), Some(deadline)) if deadline > wall => {
                         still_parked.push_back(Parked {
                             reason,
                             stream,
