@@ -1128,6 +1128,16 @@ fn file_sink_delivers_the_backlog_once_its_directory_appears() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let agent = stop_agent(agent);
+    // Graceful stop closes the store cleanly: it opens read-only with no repair needed (a read-only
+    // open refuses a file that was not closed cleanly).
+    let c = colibri::config::load(&config).expect("the config loads");
+    let opts = colibri::store::OpenOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    if let Err(e) = colibri::store::Store::open(&c.data_dir, c.storage, &c.streams, opts) {
+        panic!("the store was not closed cleanly by SIGTERM: {e}");
+    }
     let records = delivered();
     let expected: Vec<String> = (1..=1000)
         .map(|i| record(i, 0).trim_end().to_string())
