@@ -8,8 +8,12 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+mod common;
+
+use common::{bin, cores, rss_kib, spawn_run, stop};
 
 fn main() {
     let idle_secs: u64 = std::env::var("BENCH_IDLE_SECS")
@@ -18,8 +22,9 @@ fn main() {
         .unwrap_or(60);
     let dir = tempfile::tempdir().expect("temp dir");
     println!(
-        "colibri scheduler benchmark ({} cores, idle window {idle_secs} s)",
-        cores()
+        "colibri scheduler benchmark ({} cores, idle window {idle_secs} s, binary {})",
+        cores(),
+        bin()
     );
     println!();
     start_to_first_run(dir.path());
@@ -27,15 +32,6 @@ fn main() {
         idle(dir.path(), n, idle_secs);
     }
     busy(dir.path(), 10_000, idle_secs.max(60));
-}
-
-/// The binary under test: `COLIBRI_BIN` (e.g. the static release build), else the one cargo built.
-fn bin() -> String {
-    std::env::var("COLIBRI_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_colibri").to_string())
-}
-
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Writes a config; logs at INFO in JSON so the bench can read readiness and run events.
@@ -47,37 +43,6 @@ fn write_config(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
     );
     std::fs::write(&path, text).expect("write config");
     path
-}
-
-fn spawn(config: &Path) -> Child {
-    Command::new(bin())
-        .args(["run", "--config"])
-        .arg(config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn colibri")
-}
-
-fn stop(mut child: Child) {
-    // SAFETY: kill(2) with a pid we spawned and have not reaped.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let _ = child.wait();
-}
-
-/// (resident KiB, peak resident KiB)
-fn rss_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
 }
 
 /// CPU seconds a process has run, summed over its threads, from the scheduler's nanosecond counters
@@ -129,7 +94,7 @@ fn start_to_first_run(dir: &Path) {
             .duration_since(UNIX_EPOCH)
             .expect("after 1970")
             .as_nanos();
-        let child = spawn(&cfg);
+        let child = spawn_run(&cfg);
         let deadline = Instant::now() + Duration::from_secs(10);
         let ran_at = loop {
             if let Ok(s) = std::fs::read_to_string(&stamp)
@@ -166,7 +131,7 @@ fn idle(dir: &Path, n: usize, secs: u64) {
     }
     let cfg = write_config(dir, &format!("idle-{n}.yaml"), &body);
     let t0 = Instant::now();
-    let mut child = spawn(&cfg);
+    let mut child = spawn_run(&cfg);
     let ready = wait_for_line(&mut child, "colibri started", Duration::from_secs(60));
     let ready_ms = ready.map(|t| (t - t0).as_secs_f64() * 1e3);
     std::thread::sleep(Duration::from_secs(2)); // let start-up allocations settle
@@ -197,7 +162,7 @@ fn busy(dir: &Path, n: usize, secs: u64) {
         ));
     }
     let cfg = write_config(dir, "busy.yaml", &body);
-    let mut child = spawn(&cfg);
+    let mut child = spawn_run(&cfg);
     let stderr = child.stderr.take().expect("piped stderr");
     let counter = std::thread::spawn(move || {
         let (mut runs, mut max_late, mut skipped) = (0u64, 0u64, 0u64);

@@ -21,8 +21,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+mod common;
+
 use colibri::config::{self, Config};
 use colibri::store::{OpenOptions, Store, now_ms, writer};
+use common::{bin, cores, rss_kib, signal, spawn_run, stop};
 
 const STREAM: &str = "logs";
 const RECORD_BYTES: usize = 200;
@@ -33,15 +36,6 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
-}
-
-/// The binary under test: `COLIBRI_BIN` (e.g. the static release build), else the one cargo built.
-fn bin() -> String {
-    std::env::var("COLIBRI_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_colibri").to_string())
-}
-
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// `BENCH_WINDOW_US`: the writer's extra batching window (default 0, the agent's setting).
@@ -344,27 +338,6 @@ fn appends(base: &Path, producers: usize, secs: u64, quick_repair: bool) -> f64 
     records as f64 / elapsed
 }
 
-fn spawn_run(cfg: &Path) -> Child {
-    Command::new(bin())
-        .args(["run", "--config"])
-        .arg(cfg)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn colibri run")
-}
-
-fn signal(child: &Child, sig: i32) {
-    // SAFETY: kill(2) with the pid of a child we spawned and have not reaped.
-    unsafe { libc::kill(child.id() as i32, sig) };
-}
-
-fn stop(mut child: Child) {
-    signal(&child, libc::SIGTERM);
-    let _ = child.wait();
-}
-
 /// Spawns `colibri run` and returns (ms to "store opened", its duration_ms, ms to "colibri
 /// started", the child).
 fn timed_start(cfg: &Path) -> (f64, u64, f64, Child) {
@@ -538,17 +511,7 @@ fn integrity_check_open(c: &Config) {
 fn memory(cfg: &Path) -> (u64, u64) {
     let (_, _, _, child) = timed_start(cfg);
     std::thread::sleep(Duration::from_secs(1));
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    let r = (field("VmRSS:"), field("VmHWM:"));
+    let r = rss_kib(child.id());
     stop(child);
     r
 }
