@@ -963,15 +963,21 @@ impl<'s> Tx<'s> {
         Ok(())
     }
 
+    /// Whether writing `bytes` more would take the filesystem below `storage.min_free`. Free space is
+    /// read once per transaction (statvfs), then counted down by what the transaction appends.
+    fn below_min_free(&mut self, bytes: u64) -> bool {
+        let path = &self.store.path;
+        let free = *self
+            .free_disk
+            .get_or_insert_with(|| free_disk_bytes(path).unwrap_or(u64::MAX));
+        free.saturating_sub(bytes) < self.store.storage.min_free
+    }
+
     /// Checks the bounds for adding `jobs`/`bytes` to `stream`.
     fn full(&mut self, stream: &str, jobs: u64, bytes: u64) -> Option<FullReason> {
         // The disk first: when it is what is exhausted, that is what a producer must be told
         // (and no amount of dropping old jobs helps).
-        let path = self.store.path.clone();
-        let free = *self
-            .free_disk
-            .get_or_insert_with(|| free_disk_bytes(&path).unwrap_or(u64::MAX));
-        if free.saturating_sub(bytes) < self.store.storage.min_free {
+        if self.below_min_free(bytes) {
             return Some(FullReason::MinFree);
         }
         if self.store.stored_bytes() + bytes > self.store.storage.max_bytes {
@@ -1104,11 +1110,7 @@ impl<'s> Tx<'s> {
     ) -> Result<u64, StoreError> {
         // Deleting jobs frees no filesystem space (redb keeps the pages), so it cannot help with
         // min_free: do not throw old data away for that.
-        let path = self.store.path.clone();
-        let free = *self
-            .free_disk
-            .get_or_insert_with(|| free_disk_bytes(&path).unwrap_or(u64::MAX));
-        if free.saturating_sub(bytes) < self.store.storage.min_free {
+        if self.below_min_free(bytes) {
             return Ok(0);
         }
         let stored_elsewhere =
