@@ -12,9 +12,11 @@ use tokio::sync::Notify;
 
 use crate::clock::{self, SystemClock};
 use crate::config::{Config, units::fmt_duration};
+use crate::delivery::SinkRuntime;
 use crate::scheduler::Scheduler;
 use crate::store::{self, OpenOptions, Store, StoreError, writer};
 use crate::task::RunContext;
+use tokio::task::JoinHandle;
 
 /// Exit status after a second stop signal cut the grace short.
 pub const EXIT_FORCED: i32 = 1;
@@ -37,7 +39,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Err(e) = clock::watch_wall_clock(Arc::clone(&clock_set)) {
         tracing::warn!(error = %e, "cannot watch for wall-clock changes; jumps are noticed within an hour");
     }
-    let workers = start_delivery(&config, store_handle.as_ref(), &ctx.stopping);
+    let delivery = start_delivery(&config, store_handle.as_ref(), &ctx.stopping)?;
     let (scheduler, _handle) = Scheduler::new(
         &config.tasks,
         Arc::new(SystemClock),
@@ -70,8 +72,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tokio::select! {
         drained = &mut scheduler => {
             // Deliveries in progress finish (each is one job); then the store closes cleanly.
-            for w in workers {
-                let _ = w.await;
+            for t in delivery.tasks {
+                let _ = t.await;
+            }
+            for rt in &delivery.sinks {
+                log_summary(rt);
             }
             if let Some(handle) = &store_handle {
                 handle.shutdown().await;
@@ -166,27 +171,78 @@ fn open_or_replace(
     }
 }
 
-/// Starts one delivery worker per stream that has a sink.
+/// Builds every sink that a stream uses and starts its link monitor and its workers (`concurrency`
+/// per stream).
 fn start_delivery(
     config: &Config,
     store: Option<&writer::StoreHandle>,
     stopping: &tokio_util::sync::CancellationToken,
-) -> Vec<tokio::task::JoinHandle<()>> {
+) -> anyhow::Result<Delivery> {
     let Some(store) = store else {
-        return Vec::new();
+        return Ok(Delivery::default());
     };
-    config
-        .streams
-        .iter()
-        .filter_map(|s| {
-            let name = s.sink.as_deref()?;
-            let sink = config.sinks.iter().find(|k| k.name == name)?;
-            Some(tokio::spawn(crate::delivery::run(
-                s.name.clone(),
-                Arc::clone(sink),
-                store.clone(),
-                stopping.clone(),
-            )))
-        })
-        .collect()
+    let (mut sinks, mut tasks) = (Vec::new(), Vec::new());
+    for sink_cfg in &config.sinks {
+        let streams: Vec<String> = config
+            .streams
+            .iter()
+            .filter(|s| s.sink.as_deref() == Some(sink_cfg.name.as_str()))
+            .map(|s| s.name.clone())
+            .collect();
+        if streams.is_empty() {
+            continue;
+        }
+        let sink = crate::sink::Sink::new(Arc::clone(sink_cfg))
+            .map_err(|e| anyhow::anyhow!("sinks.{}: {e}", sink_cfg.name))?;
+        let rt = Arc::new(SinkRuntime::new(Arc::new(sink), config.shutdown_grace));
+        tasks.push(tokio::spawn(crate::link::monitor(
+            Arc::clone(&rt.link),
+            Arc::clone(&rt.sink),
+            store.clone(),
+            streams.clone(),
+            stopping.clone(),
+        )));
+        for stream in streams {
+            tracing::info!(stream, sink = %rt.sink.describe(), concurrency = rt.sink.concurrency(), "delivery started");
+            for _ in 0..rt.sink.concurrency() {
+                tasks.push(tokio::spawn(crate::delivery::run(
+                    stream.clone(),
+                    Arc::clone(&rt),
+                    store.clone(),
+                    stopping.clone(),
+                )));
+            }
+        }
+        sinks.push(rt);
+    }
+    Ok(Delivery { sinks, tasks })
+}
+
+/// The running delivery side: each sink's shared state and every worker and monitor task.
+#[derive(Default)]
+struct Delivery {
+    sinks: Vec<Arc<SinkRuntime>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// What a sink did in this life of the process, logged at stop (the metrics endpoint will expose
+/// the same counters).
+fn log_summary(rt: &SinkRuntime) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = &rt.stats;
+    tracing::info!(
+        sink = rt.sink.name(),
+        requests_ok = s.requests_ok.load(Relaxed),
+        requests_transport = s.requests_transport.load(Relaxed),
+        requests_retryable = s.requests_retryable.load(Relaxed),
+        requests_too_large = s.requests_too_large.load(Relaxed),
+        requests_rejected = s.requests_rejected.load(Relaxed),
+        attempts_failed = s.attempts_failed.load(Relaxed),
+        dead_lettered_records = s.dead_lettered_records.load(Relaxed),
+        records_delivered = s.records_delivered.load(Relaxed),
+        bytes_delivered = s.bytes_delivered.load(Relaxed),
+        link_up = rt.link.is_up(),
+        link_transitions = rt.link.transitions.load(Relaxed),
+        "delivery summary"
+    );
 }

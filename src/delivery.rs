@@ -1,34 +1,137 @@
-//! Delivery workers: one per stream that has a sink. A worker takes the oldest due job from the store,
-//! hands it to the sink, and acknowledges it (deleted) or fails it (retry at a backoff time from the
-//! job's attempts, or dead letters when the failure is permanent or attempts run out). When the sink
-//! is unavailable (its link is down) the job goes back untouched and the worker pauses with jittered
-//! exponential backoff, trying the oldest job again each time: outages never spend attempts, however
-//! long they last, and each transition is logged once. With nothing to do it sleeps until the store
-//! signals new jobs, the earliest retry falls due, or colibri stops: an idle worker does not poll. It
-//! does not decide what a failure means (the sink does) nor where jobs live (the store). Started and
-//! stopped by `agent`.
+//! Upload workers. For every stream that has a sink, `concurrency` workers take the oldest due jobs
+//! from the store (retry jobs whose time has come, then ready ones), hand them to the sink, and settle
+//! each by the sink's classification of the outcome:
+//!
+//! - delivered: acknowledged (deleted; the acknowledgement's fsync overlaps the next request);
+//! - no answer (transport): the job goes back untouched, no attempt spent; the failure is reported
+//!   to the sink's [`Link`], which after `down_after` in a row turns the link down, and every worker
+//!   of the sink waits until the monitor sees it answer again;
+//! - may pass (5xx, 408, 429): an attempt spent, retry after `base * 2^n * (0.5 + rand)` capped, or
+//!   the peer's `Retry-After`; dead letters after `max_attempts`;
+//! - too large (413): the job is sent in halves, recursively; delivered parts are settled in the
+//!   store as they go so a crash never re-sends them, and a single record refused as too large is
+//!   dead-lettered on its own;
+//! - never (other 4xx): straight to the dead letters with the status and the body's first bytes.
+//!
+//! After a link comes back (and at start-up) requests are paced by `replay_rate` until the queue is
+//! drained. With nothing to do a worker sleeps until the store signals new jobs, the earliest retry
+//! falls due, or colibri stops: an idle worker does not poll. It does not decide what a failure means
+//! (the sink does), whether the link is up (the link monitor does) nor where jobs live (the store).
+//! Started and stopped by `agent`.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::sink::{DeliveryError, SinkConfig};
-use crate::store::{Failed, Failure, Job, now_ms, writer::StoreHandle};
+use crate::link::Link;
+use crate::sink::{Batch, DeliveryError, Sink};
+use crate::store::{Failed, Failure, Job, Settle, StoreError, now_ms, writer::StoreHandle};
 
 /// Pause after the store itself failed (it reopens with its own backoff).
 const STORE_ERROR_PAUSE: Duration = Duration::from_secs(1);
-/// Pauses while a sink is unavailable: from `LINK_BASE`, doubling with jitter, at most `LINK_CAP`.
-const LINK_BASE: Duration = Duration::from_secs(1);
-const LINK_CAP: Duration = Duration::from_secs(60);
+/// Jobs taken at once by a worker of a sink with concurrency 1: delivered one after the other, in
+/// order, while the acknowledgements of the earlier ones are committed.
+const TAKE_SEQUENTIAL: usize = 4;
+/// A peer's `Retry-After` is honoured up to this.
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(24 * 3600);
 
-/// Set while the sink is unavailable: since when, and how many tries failed.
-type Down = Option<(Instant, u32)>;
+/// Delivery counters of one sink, kept for the metrics endpoint.
+#[derive(Debug, Default)]
+pub struct SinkStats {
+    /// Requests answered with 2xx.
+    pub requests_ok: AtomicU64,
+    /// Requests that got no answer (refused, reset, timed out, TLS): no attempt spent.
+    pub requests_transport: AtomicU64,
+    /// Requests answered 5xx, 408 or 429: an attempt spent.
+    pub requests_retryable: AtomicU64,
+    /// Requests answered 413: split.
+    pub requests_too_large: AtomicU64,
+    /// Requests answered with another 4xx: dead-lettered.
+    pub requests_rejected: AtomicU64,
+    /// Failed attempts that count against `max_attempts`.
+    pub attempts_failed: AtomicU64,
+    pub dead_lettered_jobs: AtomicU64,
+    pub dead_lettered_records: AtomicU64,
+    pub records_delivered: AtomicU64,
+    /// Request body bytes delivered, before compression.
+    pub bytes_delivered: AtomicU64,
+}
 
-/// Runs until `stopping` is cancelled; a job being delivered at that moment is finished first.
+/// A sink at run time: shared by its workers and its link monitor.
+pub struct SinkRuntime {
+    pub sink: Arc<Sink>,
+    pub link: Arc<Link>,
+    pub stats: SinkStats,
+    /// Set after a link comes back (and at start) until a worker finds its queue empty: the backlog
+    /// is being replayed, under `replay_rate`.
+    replaying: AtomicBool,
+    pacer: Option<Mutex<Pacer>>,
+    /// Requests in flight, all streams of the sink together.
+    in_flight: Semaphore,
+    /// How long a request in progress may go on once colibri is stopping.
+    grace: Duration,
+}
+
+impl SinkRuntime {
+    pub fn new(sink: Arc<Sink>, grace: Duration) -> SinkRuntime {
+        let link = Arc::new(Link::new(sink.name(), sink.config.link.clone()));
+        SinkRuntime {
+            pacer: sink.replay_rate().map(|r| Mutex::new(Pacer::new(r))),
+            in_flight: Semaphore::new(sink.concurrency()),
+            link,
+            sink,
+            stats: SinkStats::default(),
+            replaying: AtomicBool::new(true),
+            grace,
+        }
+    }
+
+    /// Whether a backlog is being replayed (paced) now.
+    pub fn replaying(&self) -> bool {
+        self.replaying.load(Relaxed)
+    }
+}
+
+/// A token bucket over request bytes: a request may start when the bucket is not in debt, and then
+/// takes its size (so one large request never waits forever, and the average rate holds).
+struct Pacer {
+    rate: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Pacer {
+    fn new(bytes_per_sec: u64) -> Pacer {
+        Pacer {
+            rate: bytes_per_sec as f64,
+            tokens: bytes_per_sec as f64,
+            at: Instant::now(),
+        }
+    }
+
+    /// How long to wait before a request may start; `None`: start now (and `bytes` are taken).
+    fn admit(&mut self, bytes: u64, now: Instant) -> Option<Duration> {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now;
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.rate);
+        if self.tokens < 0.0 {
+            return Some(Duration::from_secs_f64(-self.tokens / self.rate));
+        }
+        self.tokens -= bytes as f64;
+        None
+    }
+}
+
+/// Runs one worker for `stream` until `stopping` is cancelled; a request in progress at that moment
+/// gets the grace period, then its job goes back to the queue.
 pub async fn run(
     stream: String,
-    sink: Arc<SinkConfig>,
+    rt: Arc<SinkRuntime>,
     store: StoreHandle,
     stopping: CancellationToken,
 ) {
@@ -36,10 +139,21 @@ pub async fn run(
         tracing::error!(stream, "no such stream in the store; delivery not started");
         return;
     };
-    tracing::info!(stream, sink = %sink.describe(), "delivery started");
-    let mut down: Down = None;
+    let take = if rt.sink.concurrency() == 1 {
+        TAKE_SEQUENTIAL
+    } else {
+        1
+    };
+    tracing::debug!(stream, sink = %rt.sink.describe(), "delivery worker started");
     while !stopping.is_cancelled() {
-        let jobs = match store.take(&stream, 1).await {
+        if !rt.link.is_up() {
+            tokio::select! {
+                _ = rt.link.wait_up() => rt.replaying.store(true, Relaxed),
+                _ = stopping.cancelled() => break,
+            }
+            continue;
+        }
+        let jobs = match store.take(&stream, take).await {
             Ok(jobs) => jobs,
             Err(e) => {
                 tracing::warn!(stream, error = %e, "cannot take jobs; trying again");
@@ -48,6 +162,7 @@ pub async fn run(
             }
         };
         if jobs.is_empty() {
+            rt.replaying.store(false, Relaxed);
             // Nothing due: wait for new jobs, the next retry, or the stop.
             let due = store.next_retry_due(&stream).await.ok().flatten();
             let wait = due.map(|d| Duration::from_millis(d.saturating_sub(now_ms())));
@@ -58,13 +173,29 @@ pub async fn run(
             }
             continue;
         }
-        for job in jobs {
-            if let Some(p) = deliver_one(&stream, &sink, &store, job, &mut down).await {
+        let mut acks = Vec::new();
+        let mut jobs = jobs.into_iter();
+        while let Some(job) = jobs.next() {
+            if stopping.is_cancelled() || !rt.link.is_up() {
+                store.release(job.lease);
+                continue;
+            }
+            if let Some(p) = deliver_job(&stream, &rt, &store, job, &stopping, &mut acks).await {
+                // The rest keep their place at the head of the queue.
+                for j in jobs.by_ref() {
+                    store.release(j.lease);
+                }
                 pause(p, &stopping).await;
             }
         }
+        for ack in acks {
+            // Delivered but not deleted: it will be delivered again (at-least-once).
+            if let Err(e) = ack.await {
+                tracing::warn!(stream, error = %e, "delivered, but the acknowledgement failed");
+            }
+        }
     }
-    tracing::info!(stream, "delivery stopped");
+    tracing::debug!(stream, "delivery worker stopped");
 }
 
 async fn pause(d: Duration, stopping: &CancellationToken) {
@@ -81,77 +212,257 @@ async fn sleep_or_forever(d: Option<Duration>) {
     }
 }
 
-/// Delivers one job; returns how long to pause when the sink is unavailable.
-async fn deliver_one(
+/// Resolves `grace` after `stopping` is cancelled.
+async fn grace_over(stopping: &CancellationToken, grace: Duration) {
+    stopping.cancelled().await;
+    tokio::time::sleep(grace).await;
+}
+
+type Ack = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+
+/// Delivers one job, in parts after a 413. Returns how long to pause when the sink did not answer.
+async fn deliver_job(
     stream: &str,
-    sink: &SinkConfig,
+    rt: &SinkRuntime,
     store: &StoreHandle,
     job: Job,
-    down: &mut Down,
+    stopping: &CancellationToken,
+    acks: &mut Vec<Ack>,
 ) -> Option<Duration> {
-    let records = job.record_count();
+    let records: Vec<&[u8]> = job.records().collect();
+    let n = records.len();
     let id = job.lease.id;
-    let result = sink.deliver(stream, &job).await;
-    let err = match result {
-        Err(DeliveryError::Unavailable(reason)) => {
-            // The job goes back as it was: no attempt spent, still the oldest.
+    // Records before `start` are settled in the store (the stored job begins at `start`).
+    let mut start = 0usize;
+    let mut chunk = n.max(1);
+    loop {
+        let end = (start + chunk).min(n);
+        let part = &records[start..end];
+        let batch = Batch {
+            stream,
+            job: id,
+            first: job.offset + start as u32,
+            end: job.offset + end as u32,
+            whole: job.offset == 0 && start == 0 && end == n,
+            records: part,
+            store_id: store.store_id(),
+        };
+        if let Some(p) = &rt.pacer
+            && rt.replaying.load(Relaxed)
+        {
+            let bytes = part.iter().map(|r| r.len() as u64 + 1).sum();
+            pace(p, bytes).await;
+        }
+        let result = {
+            let _permit = rt.in_flight.acquire().await;
+            tokio::select! {
+                r = rt.sink.deliver(&batch) => Some(r),
+                _ = grace_over(stopping, rt.grace) => None,
+            }
+        };
+        let Some(result) = result else {
+            tracing::warn!(
+                stream,
+                job = id,
+                "stopping: request abandoned after the grace period; the job stays queued"
+            );
             store.release(job.lease);
-            let (_, failures) = down.get_or_insert_with(|| {
-                tracing::warn!(stream, sink = %sink.describe(), reason, "sink unavailable: deliveries paused, no attempts spent");
-                (Instant::now(), 0)
-            });
-            *failures += 1;
-            return Some(crate::backoff::jittered(*failures - 1, LINK_BASE, LINK_CAP));
-        }
-        other => other,
-    };
-    if let Some((since, _)) = down.take() {
-        let down_for_ms = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
-        tracing::info!(stream, sink = %sink.describe(), down_for_ms, "sink available again: deliveries resumed");
-    }
-    let failure = match err {
-        Ok(()) => {
-            match store.ack(job.lease).await {
-                // Delivered but not deleted: it will be delivered again (at-least-once).
-                Err(e) => {
-                    tracing::warn!(stream, job = id, error = %e, "delivered, but the acknowledgement failed")
-                }
-                Ok(()) => tracing::debug!(stream, job = id, records, "delivered"),
-            }
             return None;
-        }
-        Err(DeliveryError::Unavailable(_)) => unreachable!("returned above"),
-        Err(DeliveryError::Transient(reason)) => {
-            let delay = crate::backoff::jittered(job.attempts, sink.retry.base, sink.retry.cap);
-            Failure::Transient {
+        };
+        let s = &rt.stats;
+        match result {
+            Ok(body_bytes) => {
+                rt.link.answered();
+                s.requests_ok.fetch_add(1, Relaxed);
+                s.records_delivered.fetch_add(part.len() as u64, Relaxed);
+                s.bytes_delivered.fetch_add(body_bytes, Relaxed);
+                if end == n {
+                    tracing::debug!(stream, job = id, records = part.len(), "delivered");
+                    acks.push(Box::pin(store.ack_later(job.lease)));
+                    return None;
+                }
+                // A part: settled now, so neither a crash nor a later failure sends it again.
+                let settled =
+                    u32::try_from(end - start).expect("a job holds at most u32::MAX records");
+                if let Err(e) = store
+                    .settle_prefix(job.lease.clone(), settled, Settle::Delivered)
+                    .await
+                {
+                    tracing::warn!(stream, job = id, error = %e, "part delivered, but recording it failed; the job stays queued");
+                    store.release(job.lease);
+                    return None;
+                }
+                start = end;
+            }
+            Err(DeliveryError::Unavailable(reason)) => {
+                s.requests_transport.fetch_add(1, Relaxed);
+                store.release(job.lease);
+                let failures = rt.link.transport_failed(&reason);
+                tracing::debug!(
+                    stream,
+                    job = id,
+                    failures,
+                    reason,
+                    "no answer; no attempt spent"
+                );
+                // While the link is still up, a short pause before the next try; once down, the
+                // worker waits for the monitor instead.
+                return Some(if rt.link.is_up() {
+                    rt.link.pause_after(failures)
+                } else {
+                    Duration::ZERO
+                });
+            }
+            Err(DeliveryError::TooLarge(reason)) => {
+                rt.link.answered();
+                s.requests_too_large.fetch_add(1, Relaxed);
+                if end - start > 1 {
+                    chunk = (end - start).div_ceil(2);
+                    tracing::warn!(
+                        stream,
+                        job = id,
+                        records_per_request = chunk,
+                        reason,
+                        "the receiver refused the body as too large; sending the job in smaller parts"
+                    );
+                    continue;
+                }
+                if end == n {
+                    // The last record of the job: the job itself goes to the dead letters.
+                    let failure = Failure::Permanent { reason };
+                    record_failure(stream, rt, store, job, 1, failure).await;
+                    return None;
+                }
+                tracing::error!(
+                    stream,
+                    job = id,
+                    record = job.offset + start as u32,
+                    reason,
+                    "a single record is too large for the receiver; moved to the dead letters"
+                );
+                if let Err(e) = store
+                    .settle_prefix(job.lease.clone(), 1, Settle::Dead { reason })
+                    .await
+                {
+                    tracing::warn!(stream, job = id, error = %e, "cannot dead-letter the record; the job stays queued");
+                    store.release(job.lease);
+                    return None;
+                }
+                s.dead_lettered_records.fetch_add(1, Relaxed);
+                start = end;
+            }
+            Err(DeliveryError::Transient {
                 reason,
-                retry_at_ms: now_ms() + u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                max_attempts: sink.retry.max_attempts,
+                retry_after,
+            }) => {
+                rt.link.answered();
+                s.requests_retryable.fetch_add(1, Relaxed);
+                let retry = rt.sink.config.retry;
+                let delay = match retry_after {
+                    Some(d) => d.min(RETRY_AFTER_MAX),
+                    None => crate::backoff::jittered(job.attempts, retry.base, retry.cap),
+                };
+                let failure = Failure::Transient {
+                    reason,
+                    retry_at_ms: now_ms() + u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                    max_attempts: retry.max_attempts,
+                };
+                record_failure(stream, rt, store, job, n - start, failure).await;
+                return None;
+            }
+            Err(DeliveryError::Permanent(reason)) => {
+                rt.link.answered();
+                s.requests_rejected.fetch_add(1, Relaxed);
+                let failure = Failure::Permanent { reason };
+                record_failure(stream, rt, store, job, n - start, failure).await;
+                return None;
             }
         }
-        Err(DeliveryError::Permanent(reason)) => Failure::Permanent { reason },
-    };
+    }
+}
+
+/// Waits until the pacer admits a request of `bytes`.
+async fn pace(p: &Mutex<Pacer>, bytes: u64) {
+    loop {
+        let wait = p
+            .lock()
+            .expect("never poisoned: no panics while held")
+            .admit(bytes, Instant::now());
+        match wait {
+            None => return,
+            Some(d) => tokio::time::sleep(d).await,
+        }
+    }
+}
+
+/// Records a failed attempt (`records` are what is left of the job) and logs where it went.
+async fn record_failure(
+    stream: &str,
+    rt: &SinkRuntime,
+    store: &StoreHandle,
+    job: Job,
+    records: usize,
+    failure: Failure,
+) {
+    let id = job.lease.id;
     let reason = match &failure {
         Failure::Transient { reason, .. } | Failure::Permanent { reason } => reason.clone(),
     };
+    let s = &rt.stats;
     match store.fail(job.lease, failure).await {
-        Ok(Failed::Retry { attempts, due_ms }) => tracing::warn!(
-            stream,
-            job = id,
-            attempts,
-            retry_in_ms = due_ms.saturating_sub(now_ms()),
-            error = %reason,
-            "delivery failed; will retry"
-        ),
-        Ok(Failed::Dead { attempts }) => tracing::error!(
-            stream,
-            job = id,
-            attempts,
-            records,
-            error = %reason,
-            "delivery failed for good; job moved to the dead letters"
-        ),
+        Ok(Failed::Retry { attempts, due_ms }) => {
+            s.attempts_failed.fetch_add(1, Relaxed);
+            tracing::warn!(
+                stream,
+                job = id,
+                attempts,
+                retry_in_ms = due_ms.saturating_sub(now_ms()),
+                error = %reason,
+                "delivery failed; will retry"
+            )
+        }
+        Ok(Failed::Dead { attempts }) => {
+            s.attempts_failed.fetch_add(1, Relaxed);
+            s.dead_lettered_jobs.fetch_add(1, Relaxed);
+            s.dead_lettered_records.fetch_add(records as u64, Relaxed);
+            tracing::error!(
+                stream,
+                job = id,
+                attempts,
+                records,
+                error = %reason,
+                "delivery failed for good; job moved to the dead letters"
+            )
+        }
         Err(e) => tracing::warn!(stream, job = id, error = %e, "cannot record the failed delivery"),
     }
-    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pacer_holds_the_average_rate_and_never_starves_a_large_request() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(1000);
+        // A full bucket lets the first request through, even one larger than a second's worth.
+        assert_eq!(p.admit(3000, t0), None);
+        // Now 2000 bytes in debt: two seconds until the next may start.
+        let wait = p.admit(10, t0).unwrap();
+        assert!((wait.as_secs_f64() - 2.0).abs() < 1e-6, "{wait:?}");
+        assert!(p.admit(10, t0 + Duration::from_millis(1999)).is_some());
+        assert_eq!(p.admit(500, t0 + Duration::from_millis(2000)), None);
+        // Over a long run the bytes admitted track the rate.
+        let mut admitted = 0u64;
+        let mut now = t0 + Duration::from_secs(3);
+        let end = now + Duration::from_secs(100);
+        while now < end {
+            match p.admit(250, now) {
+                None => admitted += 250,
+                Some(d) => now += d,
+            }
+        }
+        assert!((99_000..=101_500).contains(&admitted), "{admitted}");
+    }
 }

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod delivery;
+pub mod link;
 pub mod logging;
 pub mod schedule;
 pub mod scheduler;

@@ -8,12 +8,12 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let _ = format::header(data);
     if let Ok(job) = format::decode(data) {
-        let meta = format::Meta::V1 {
-            attempts: job.attempts,
-            last_error: job.last_error.clone(),
-            last_failed_ms: job.last_failed_ms,
-        };
+        let meta = job.meta();
         let again = format::encode(job.header.created_ms, &meta, &job.records);
-        assert_eq!(format::decode(&again).as_ref(), Ok(&job), "a decoded job survives a re-encode");
+        assert_eq!(
+            format::decode(&again).as_ref(),
+            Ok(&job),
+            "a decoded job survives a re-encode"
+        );
     }
 });

@@ -23,7 +23,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use crate::schedule::{self, Offset, Schedule, Zone};
-use crate::sink::{SinkConfig, SinkKind, SinkRetry};
+use crate::sink::{LinkSpec, Probe, SinkConfig, SinkKind, SinkRetry};
 use crate::store::{BatchConfig, StorageConfig, StreamConfig, WhenFull};
 use crate::task::{Action, RetryPolicy, TaskDef, exec::Exec};
 use units::{Dur, Size, de_u32, u32_schema};
@@ -84,6 +84,121 @@ pub enum SinkSpec {
         #[serde(default)]
         retry: RetrySpec,
     },
+    /// Each job is one HTTP request (a job refused with 413 is sent in halves). Every request carries
+    /// an `Idempotency-Key` (store, stream, job and, for a part, its record range) and a
+    /// `User-Agent: colibri/<version>`.
+    Http(Box<HttpSinkSpec>),
+}
+
+/// `type: http` settings.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSinkSpec {
+    /// Where requests go: an `http://` or `https://` URL.
+    pub url: String,
+    /// `post` (default) or `put`.
+    #[serde(default)]
+    pub method: Option<HttpMethodSpec>,
+    /// How records become a body; they are passed through as stored. Default `ndjson`.
+    #[serde(default)]
+    pub encoding: Option<EncodingSpec>,
+    /// Body compression (`Content-Encoding`). Default `none`.
+    #[serde(default)]
+    pub compression: Option<CompressionSpec>,
+    /// Extra request headers, e.g. `Authorization: "Bearer ${TOKEN}"`. Values are never logged.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Longest wait for a whole request and its answer. Default 10s.
+    #[serde(default)]
+    pub timeout: Option<Dur>,
+    /// Requests in flight at once, 1-64. Default 1, which keeps strict order.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[schemars(schema_with = "u32_schema")]
+    pub concurrency: Option<u32>,
+    #[serde(default)]
+    pub tls: TlsSpec,
+    #[serde(default)]
+    pub retry: RetrySpec,
+    #[serde(default)]
+    pub link: LinkSpecFile,
+    /// Bytes per second while a backlog is replayed (after an outage or at start), e.g. `256KiB`,
+    /// so a reconnecting cellular link is not flooded. Unset: unlimited.
+    #[serde(default)]
+    pub replay_rate: Option<Size>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HttpMethodSpec {
+    Post,
+    Put,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EncodingSpec {
+    /// A record per line, `application/x-ndjson`.
+    Ndjson,
+    /// One JSON array of the records, `application/json`.
+    JsonArray,
+    /// A record per line, `text/plain` (InfluxDB / VictoriaMetrics `/write`).
+    InfluxLine,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CompressionSpec {
+    None,
+    Gzip,
+    Zstd,
+}
+
+/// TLS for `https://` URLs (rustls; the system's roots unless `ca_file` is set).
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSpec {
+    /// PEM bundle of the CAs to trust instead of the system's. Relative to the config file.
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    /// PEM client certificate for mutual TLS (with `client_key`).
+    #[serde(default)]
+    pub client_cert: Option<String>,
+    /// PEM private key of `client_cert`.
+    #[serde(default)]
+    pub client_key: Option<String>,
+    /// The name the server certificate must carry (and the SNI sent), when the URL's host differs.
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
+/// When the destination counts as unreachable and how it is probed until it answers.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LinkSpecFile {
+    /// `tcp` (default: connect to the URL's host and port) or `http` (a GET of `probe_url`, or of
+    /// `url`, that gets any answer).
+    #[serde(default)]
+    pub probe: Option<ProbeSpec>,
+    /// The URL an `http` probe GETs. Default: the sink's `url`.
+    #[serde(default)]
+    pub probe_url: Option<String>,
+    /// Consecutive requests without an answer that turn the link down. Default 3.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[schemars(schema_with = "u32_schema")]
+    pub down_after: Option<u32>,
+    /// First probe delay; then doubling with jitter. Default 1s.
+    #[serde(default)]
+    pub backoff_base: Option<Dur>,
+    /// Longest probe delay. Default 60s.
+    #[serde(default)]
+    pub backoff_cap: Option<Dur>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeSpec {
+    Tcp,
+    Http,
 }
 
 /// How failed deliveries are retried.
@@ -672,6 +787,7 @@ fn compile_sink(
 ) -> Option<SinkConfig> {
     let (spec, mut err) = named_entry::<SinkSpec>("sinks", "sink", &name, value, problems);
     let spec = spec?;
+    let mut link = LinkSpec::default();
     let (kind, retry) = match spec {
         SinkSpec::File { path, retry } => {
             let dir = base.join(&path);
@@ -681,9 +797,25 @@ fn compile_sink(
                     format!("{} exists and is not a directory", dir.display()),
                 );
             }
+            // A missing directory is definite: no point in waiting for more failures.
+            link.down_after = 1;
             (SinkKind::File { dir }, retry)
         }
         SinkSpec::Stdout { retry } => (SinkKind::Stdout, retry),
+        SinkSpec::Http(spec) => {
+            let spec = *spec;
+            let retry = spec.retry;
+            link = compile_link(&spec.link, &spec.url, &mut err);
+            let kind = compile_http(
+                HttpSinkSpec {
+                    retry: RetrySpec::default(),
+                    ..spec
+                },
+                base,
+                &mut err,
+            )?;
+            (kind, retry)
+        }
     };
     let retry = SinkRetry {
         base: retry.base.map_or(Duration::from_secs(1), |d| d.0),
@@ -699,7 +831,162 @@ fn compile_sink(
     if retry.max_attempts == 0 {
         err("retry.max_attempts", "must be at least 1".into());
     }
-    Some(SinkConfig { name, kind, retry })
+    Some(SinkConfig {
+        name,
+        kind,
+        retry,
+        link,
+    })
+}
+
+/// Headers colibri sets itself; a configured one would be overwritten or would break the framing.
+const RESERVED_HEADERS: &[&str] = &[
+    "content-type",
+    "content-encoding",
+    "content-length",
+    "transfer-encoding",
+    "host",
+    "idempotency-key",
+    "user-agent",
+];
+
+fn compile_http(
+    spec: HttpSinkSpec,
+    base: &Path,
+    err: &mut impl FnMut(&str, String),
+) -> Option<SinkKind> {
+    let url = match parse_http_url(&spec.url) {
+        Ok(u) => u,
+        Err(m) => {
+            err("url", m);
+            return None;
+        }
+    };
+    let mut headers_ok = true;
+    for (k, v) in &spec.headers {
+        let lower = k.to_ascii_lowercase();
+        let problem = if RESERVED_HEADERS.contains(&lower.as_str()) {
+            Some("is set by colibri itself and cannot be configured")
+        } else if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
+            Some("is not a valid header name")
+        } else if reqwest::header::HeaderValue::from_str(v).is_err() {
+            // The value itself is never echoed: it may be a credential.
+            Some("the value has characters a header cannot carry (control characters or non-ASCII)")
+        } else {
+            None
+        };
+        if let Some(m) = problem {
+            headers_ok = false;
+            err(&format!("headers.{k}"), m.into());
+        }
+    }
+    let timeout = spec.timeout.map_or(Duration::from_secs(10), |d| d.0);
+    if timeout.is_zero() {
+        err("timeout", "must be positive".into());
+    }
+    let concurrency = spec.concurrency.unwrap_or(1);
+    if !(1..=64).contains(&concurrency) {
+        err(
+            "concurrency",
+            format!("must be between 1 and 64, not {concurrency}"),
+        );
+    }
+    if spec.replay_rate.is_some_and(|r| r.0 == 0) {
+        err(
+            "replay_rate",
+            "must be positive (leave it out for unlimited)".into(),
+        );
+    }
+    let file = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
+    let http = crate::sink::http::HttpSpec {
+        url,
+        method: match spec.method {
+            None | Some(HttpMethodSpec::Post) => crate::sink::http::HttpMethod::Post,
+            Some(HttpMethodSpec::Put) => crate::sink::http::HttpMethod::Put,
+        },
+        encoding: match spec.encoding {
+            None | Some(EncodingSpec::Ndjson) => crate::sink::http::Encoding::Ndjson,
+            Some(EncodingSpec::JsonArray) => crate::sink::http::Encoding::JsonArray,
+            Some(EncodingSpec::InfluxLine) => crate::sink::http::Encoding::InfluxLine,
+        },
+        compression: match spec.compression {
+            None | Some(CompressionSpec::None) => crate::sink::http::Compression::None,
+            Some(CompressionSpec::Gzip) => crate::sink::http::Compression::Gzip,
+            Some(CompressionSpec::Zstd) => crate::sink::http::Compression::Zstd,
+        },
+        headers: spec.headers.into_iter().collect(),
+        timeout,
+        concurrency,
+        tls: crate::sink::http::TlsSpec {
+            ca_file: file(&spec.tls.ca_file),
+            client_cert: file(&spec.tls.client_cert),
+            client_key: file(&spec.tls.client_key),
+            server_name: spec.tls.server_name,
+        },
+        replay_rate: spec.replay_rate.map(|r| r.0),
+    };
+    // Building the client reads and parses the TLS files: a bad CA is reported now, not at the
+    // first delivery.
+    if headers_ok && let Err(e) = crate::sink::http::HttpSink::new(&http) {
+        err(&e.field, e.message);
+    }
+    Some(SinkKind::Http(Box::new(http)))
+}
+
+fn parse_http_url(s: &str) -> Result<reqwest::Url, String> {
+    let url = reqwest::Url::parse(s).map_err(|e| format!("{s:?} is not a valid URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "{s:?}: the scheme must be http or https, not {}",
+            url.scheme()
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{s:?} has no host"));
+    }
+    Ok(url)
+}
+
+fn compile_link(spec: &LinkSpecFile, url: &str, err: &mut impl FnMut(&str, String)) -> LinkSpec {
+    let d = LinkSpec::default();
+    let probe = match (spec.probe, &spec.probe_url) {
+        (None | Some(ProbeSpec::Tcp), None) => Probe::Tcp,
+        (None | Some(ProbeSpec::Tcp), Some(_)) => {
+            err("link.probe_url", "is only used with probe: http".into());
+            Probe::Tcp
+        }
+        (Some(ProbeSpec::Http), u) => {
+            match parse_http_url(u.as_deref().unwrap_or(url)) {
+                Ok(u) => Probe::Http(u),
+                // A bad sink URL is reported under `url` already.
+                Err(m) => {
+                    if u.is_some() {
+                        err("link.probe_url", m);
+                    }
+                    Probe::Tcp
+                }
+            }
+        }
+    };
+    let link = LinkSpec {
+        probe,
+        down_after: spec.down_after.unwrap_or(d.down_after),
+        backoff_base: spec.backoff_base.map_or(d.backoff_base, |x| x.0),
+        backoff_cap: spec.backoff_cap.map_or(d.backoff_cap, |x| x.0),
+    };
+    if link.down_after == 0 {
+        err("link.down_after", "must be at least 1".into());
+    }
+    if link.backoff_base.is_zero() {
+        err("link.backoff_base", "must be positive".into());
+    }
+    if link.backoff_cap < link.backoff_base {
+        err(
+            "link.backoff_cap",
+            "must not be shorter than link.backoff_base".into(),
+        );
+    }
+    link
 }
 
 fn compile_stream(

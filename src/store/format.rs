@@ -10,24 +10,47 @@
 //! then   records      (u32 LE length, bytes) x records
 //! ```
 //!
+//! `Meta` variants:
+//!
+//! ```text
+//! V1  attempts, last_error, last_failed_ms            read only (decoded as offset 0)
+//! V2  attempts, last_error, last_failed_ms, offset    written by this version
+//! ```
+//!
+//! `offset` is how many records of the job as first appended were settled (delivered or
+//! dead-lettered) and cut from its front since: a sink that splits a job keeps its place in it, so
+//! the records still stored are records `offset..offset + records` of the original job.
+//!
 //! Records are kept as the bytes they arrived as and are read back as slices of the value, without a
-//! copy per record. Decoding never panics: any byte string yields a job or a [`FormatError`]. Used only
-//! by `store`; the fuzz target `job_decode` feeds it arbitrary bytes.
+//! copy per record. Decoding never panics: any byte string yields a job or a [`FormatError`], and a
+//! decoded job's `offset + records` always fits in a u32, so callers may add them without a check.
+//! Used only by `store`; the fuzz target `job_decode` feeds it arbitrary bytes.
 
 use serde::{Deserialize, Serialize};
 
 pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 21;
 
-/// The parts of a job that change over its life (attempts, errors), as postcard.
+/// The parts of a job that change over its life (attempts, errors, offset), as postcard. Variants
+/// are only ever appended: postcard stores the variant's index, so old values stay readable.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Meta {
+    /// Before offsets: decoded as offset 0. Never written any more.
     V1 {
         attempts: u32,
         /// Why the last attempt failed (for dead letters: why it was dead-lettered).
         last_error: Option<String>,
         /// When the last attempt failed, Unix ms; 0 when it never did.
         last_failed_ms: u64,
+    },
+    V2 {
+        attempts: u32,
+        /// Why the last attempt failed (for dead letters: why it was dead-lettered).
+        last_error: Option<String>,
+        /// When the last attempt failed, Unix ms; 0 when it never did.
+        last_failed_ms: u64,
+        /// Records of the job as first appended already settled and cut from its front.
+        offset: u32,
     },
 }
 
@@ -45,7 +68,21 @@ pub struct Decoded<'a> {
     pub attempts: u32,
     pub last_error: Option<String>,
     pub last_failed_ms: u64,
+    /// Records of the job as first appended already settled and cut from its front (0 for V1).
+    pub offset: u32,
     pub records: Vec<&'a [u8]>,
+}
+
+impl Decoded<'_> {
+    /// This job's metadata as the current variant: what re-encoding it unchanged writes.
+    pub fn meta(&self) -> Meta {
+        Meta::V2 {
+            attempts: self.attempts,
+            last_error: self.last_error.clone(),
+            last_failed_ms: self.last_failed_ms,
+            offset: self.offset,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -137,11 +174,27 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
             rest.len()
         )));
     }
-    let Meta::V1 {
-        attempts,
-        last_error,
-        last_failed_ms,
-    } = meta;
+    let (attempts, last_error, last_failed_ms, offset) = match meta {
+        Meta::V1 {
+            attempts,
+            last_error,
+            last_failed_ms,
+        } => (attempts, last_error, last_failed_ms, 0),
+        Meta::V2 {
+            attempts,
+            last_error,
+            last_failed_ms,
+            offset,
+        } => (attempts, last_error, last_failed_ms, offset),
+    };
+    // A job never held more than u32::MAX records, so its settled prefix and what is left of it
+    // add up to at most that; refusing anything else lets callers add them without overflow.
+    if offset.checked_add(header.records).is_none() {
+        return Err(FormatError::Meta(format!(
+            "offset {offset} and {} records exceed a job's size",
+            header.records
+        )));
+    }
     // Never trust the count for an allocation size beyond what the bytes can hold.
     let mut records = Vec::with_capacity((header.records as usize).min((b.len() - meta_end) / 4));
     let mut walk = Records {
@@ -160,6 +213,7 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
         attempts,
         last_error,
         last_failed_ms,
+        offset,
         records,
     })
 }
@@ -202,10 +256,15 @@ impl<'a> Iterator for Records<'a> {
     }
 }
 
-/// Re-encodes a job with new metadata (after a failed attempt), keeping its records and age.
-pub fn with_meta(b: &[u8], meta: &Meta) -> Result<Vec<u8>, FormatError> {
+/// Re-encodes a job with new metadata, keeping its records and age. The new metadata is built from
+/// the decoded job, so what is not meant to change (the offset above all) is carried over from it
+/// rather than forgotten.
+pub fn with_meta(
+    b: &[u8],
+    meta: impl FnOnce(&Decoded<'_>) -> Meta,
+) -> Result<Vec<u8>, FormatError> {
     let d = decode(b)?;
-    Ok(encode(d.header.created_ms, meta, &d.records))
+    Ok(encode(d.header.created_ms, &meta(&d), &d.records))
 }
 
 #[cfg(test)]
@@ -213,10 +272,11 @@ mod tests {
     use super::*;
 
     fn meta(attempts: u32) -> Meta {
-        Meta::V1 {
+        Meta::V2 {
             attempts,
             last_error: Some("503 from upstream".into()),
             last_failed_ms: 42,
+            offset: 5,
         }
     }
 
@@ -235,11 +295,80 @@ mod tests {
         assert_eq!(d.attempts, 2);
         assert_eq!(d.last_error.as_deref(), Some("503 from upstream"));
         assert_eq!(d.last_failed_ms, 42);
+        assert_eq!(d.offset, 5);
         assert_eq!(d.records, recs);
         assert_eq!(records(&v).collect::<Vec<_>>(), recs);
-        let v2 = with_meta(&v, &meta(3)).unwrap();
-        assert_eq!(decode(&v2).unwrap().attempts, 3);
-        assert_eq!(decode(&v2).unwrap().records, recs);
+        assert_eq!(
+            d.meta(),
+            meta(2),
+            "a decoded job re-encodes to the same metadata"
+        );
+        let v2 = with_meta(&v, |d| Meta::V2 {
+            attempts: d.attempts + 1,
+            last_error: None,
+            last_failed_ms: 0,
+            offset: d.offset,
+        })
+        .unwrap();
+        let d2 = decode(&v2).unwrap();
+        assert_eq!((d2.attempts, d2.offset, d2.last_error), (3, 5, None));
+        assert_eq!(d2.records, recs);
+    }
+
+    /// Values written before offsets existed stay readable, as offset 0.
+    #[test]
+    fn v1_values_decode_as_offset_zero() {
+        let old = Meta::V1 {
+            attempts: 4,
+            last_error: Some("timeout".into()),
+            last_failed_ms: 9,
+        };
+        let v = encode(7, &old, &[b"x".as_slice()]);
+        // The variant index postcard writes first: V1 is 0, so this is a V1 value.
+        assert_eq!(v[HEADER_LEN], 0);
+        let d = decode(&v).unwrap();
+        assert_eq!(
+            (
+                d.attempts,
+                d.last_error.as_deref(),
+                d.last_failed_ms,
+                d.offset
+            ),
+            (4, Some("timeout"), 9, 0)
+        );
+        assert_eq!(d.records, [b"x".as_slice()]);
+        assert_eq!(
+            d.meta(),
+            Meta::V2 {
+                attempts: 4,
+                last_error: Some("timeout".into()),
+                last_failed_ms: 9,
+                offset: 0
+            }
+        );
+    }
+
+    #[test]
+    fn an_offset_past_a_jobs_size_is_refused() {
+        let at = |offset: u32| Meta::V2 {
+            attempts: 0,
+            last_error: None,
+            last_failed_ms: 0,
+            offset,
+        };
+        let recs = [b"a".as_slice(), b"b"];
+        assert_eq!(
+            decode(&encode(7, &at(u32::MAX - 2), &recs)).unwrap().offset,
+            u32::MAX - 2
+        );
+        assert!(matches!(
+            decode(&encode(7, &at(u32::MAX - 1), &recs)),
+            Err(FormatError::Meta(_))
+        ));
+        assert!(matches!(
+            decode(&encode(7, &at(u32::MAX), &recs)),
+            Err(FormatError::Meta(_))
+        ));
     }
 
     #[test]
@@ -278,5 +407,61 @@ mod tests {
             }
             let _ = decode(&b);
         }
+    }
+
+    /// Random bytes almost never pass the checksum, so the test above never reaches the metadata
+    /// or record parsers. Here valid jobs (either metadata variant, offsets up to u32::MAX) get a
+    /// few bytes changed and their checksum fixed, so the parsers see input close to real.
+    #[test]
+    fn damaged_values_with_a_valid_checksum_never_panic() {
+        let mut rng = fastrand::Rng::with_seed(11);
+        let (mut decoded, mut refused) = (0, 0);
+        for _ in 0..50_000 {
+            let attempts = rng.u32(..);
+            let last_error = rng.bool().then(|| "e".repeat(rng.usize(0..4)));
+            let last_failed_ms = rng.u64(..);
+            let meta = if rng.bool() {
+                Meta::V1 {
+                    attempts,
+                    last_error,
+                    last_failed_ms,
+                }
+            } else {
+                let offset = if rng.bool() {
+                    u32::MAX - rng.u32(0..4)
+                } else {
+                    rng.u32(..)
+                };
+                Meta::V2 {
+                    attempts,
+                    last_error,
+                    last_failed_ms,
+                    offset,
+                }
+            };
+            let records: Vec<Vec<u8>> = (0..rng.usize(0..4))
+                .map(|_| vec![rng.u8(..); rng.usize(0..4)])
+                .collect();
+            let mut b = encode(rng.u64(..), &meta, &records);
+            for _ in 0..rng.usize(0..3) {
+                let at = rng.usize(1..b.len());
+                b[at] = rng.u8(..);
+            }
+            let crc = checksum(&b);
+            b[13..17].copy_from_slice(&crc.to_le_bytes());
+            match decode(&b) {
+                Ok(d) => {
+                    decoded += 1;
+                    assert!(d.offset.checked_add(d.header.records).is_some());
+                    let again = encode(d.header.created_ms, &d.meta(), &d.records);
+                    assert_eq!(decode(&again).as_ref(), Ok(&d), "re-encodes unchanged");
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        assert!(
+            decoded > 1000 && refused > 1000,
+            "{decoded} decoded, {refused} refused"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The durable store: the only code that talks to redb. One database file in `data_dir`; per stream a
 //! `ready` table (job id -> job, FIFO), a `retry` table ((due ms, job id) -> job) and a `dead` table
-//! (job id -> job); shared tables for metadata (format version), persistent counters, source
-//! checkpoints and quarantine. Values are [`format`] bytes.
+//! (job id -> job); shared tables for metadata (layout version, the store's random id), persistent
+//! counters, source checkpoints and quarantine. Values are [`format`] bytes.
 //!
 //! [`Store`] is synchronous and single-owner: every change happens inside a [`Tx`] (one redb write
 //! transaction, committed with `Durability::Immediate`), and the in-memory counters of a transaction
@@ -11,6 +11,9 @@
 //!
 //! Accounting, per stream, in records, holds after every commit and across restarts:
 //! `appended = delivered + dropped (by reason) + expired + quarantined + dead + ready + retry`.
+//! A job may be settled in parts ([`Tx::settle_prefix`], for a sink that splits a job): its first
+//! records are delivered or dead-lettered and cut from it, and its `offset` says how many, so a
+//! record is never counted (or sent) twice.
 
 pub mod format;
 pub mod writer;
@@ -38,6 +41,8 @@ const QUARANTINE_PER_TAKE: usize = 16;
 pub const DB_FILE: &str = "colibri.redb";
 /// The version of the table layout; refuse to open a newer one.
 const LAYOUT_VERSION: u64 = 1;
+/// The key in META of the store's random id (see [`Store::id`]).
+const STORE_ID: &str = "store_id";
 /// redb's page cache. Its default is 1 GiB; colibri reads the backlog in bounded windows and writes
 /// in group commits, so a small cache keeps memory flat however large the backlog.
 const CACHE_BYTES: usize = 4 << 20;
@@ -117,6 +122,17 @@ pub enum StoreError {
         stream: String,
         table: &'static str,
         id: u64,
+    },
+    /// `settle_prefix` settles part of a job: at least one record and not all of them (a whole job
+    /// is acked or failed). Nothing was changed.
+    #[error(
+        "cannot settle the first {n} of the {records} records of job {id} in stream {stream:?}: a part settles at least one record and leaves at least one (ack or fail the whole job instead)"
+    )]
+    InvalidSettle {
+        stream: String,
+        id: u64,
+        n: u32,
+        records: u32,
     },
 }
 
@@ -198,6 +214,10 @@ pub struct Job {
     pub created_ms: u64,
     pub attempts: u32,
     pub last_error: Option<String>,
+    /// Records of this job as first appended that were settled and cut from it before: its first
+    /// record is record `offset` of the original job (an idempotency key stays stable across
+    /// splits, and differs between the parts).
+    pub offset: u32,
     /// The stored value (one copy out of the database, verified); records are read from it in place.
     value: Vec<u8>,
 }
@@ -225,7 +245,8 @@ impl Job {
             created_ms: 0,
             attempts: 0,
             last_error: None,
-            value: format::encode(0, &fresh_meta(), records),
+            offset: 0,
+            value: format::encode(0, &fresh_meta(0), records),
         }
     }
 }
@@ -241,6 +262,15 @@ pub enum Failure {
     },
     /// Straight to dead letters.
     Permanent { reason: String },
+}
+
+/// What became of the records `settle_prefix` cuts from the front of a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settle {
+    /// The sink accepted them.
+    Delivered,
+    /// The sink refused them for good: they become a dead letter of their own, with this reason.
+    Dead { reason: String },
 }
 
 /// Where a failed job went.
@@ -469,6 +499,8 @@ pub struct Store {
     opts: OpenOptions,
     /// A transaction was dropped or failed: in-memory counters may be ahead of the disk.
     stale: bool,
+    /// See [`Store::id`].
+    id: u64,
     /// Test seam: commit without waiting for the disk (the planted bug the power-loss test must catch).
     #[cfg(test)]
     pub unsafe_no_fsync: bool,
@@ -518,6 +550,7 @@ fn create_fresh(path: &Path) -> Result<(), StoreError> {
         {
             let mut meta = txn.open_table(META).map_err(io)?;
             meta.insert("layout", LAYOUT_VERSION).map_err(io)?;
+            meta.insert(STORE_ID, new_store_id()).map_err(io)?;
             txn.open_table(COUNTERS).map_err(io)?;
             txn.open_table(CHECKPOINTS).map_err(io)?;
             txn.open_table(QUARANTINE).map_err(io)?;
@@ -610,6 +643,7 @@ impl Store {
             storage,
             opts,
             stale: false,
+            id: 0,
             #[cfg(test)]
             unsafe_no_fsync: false,
         };
@@ -619,8 +653,28 @@ impl Store {
             tx.ensure_layout()?;
             tx.commit()?;
         }
+        store.id = store.read_id()?;
         store.load_counters()?;
         Ok(store)
+    }
+
+    /// The store id from META; 0 when there is none (a read-only open of a file written before ids,
+    /// or before its first writable open).
+    fn read_id(&self) -> Result<u64, StoreError> {
+        let rtx = self.db.begin_read()?;
+        match rtx.open_table(META) {
+            Ok(t) => Ok(t.get(STORE_ID).map_err(io)?.map_or(0, |v| v.value())),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+            Err(e) => Err(io(e)),
+        }
+    }
+
+    /// A random id chosen when this file was created (or first opened writable by a colibri that
+    /// knows ids), never 0 then. Job ids restart at 1 in a new file, so idempotency keys built from
+    /// (store id, job id, offset) never repeat across two files, including a file that replaced a
+    /// corrupted one. 0 only for a read-only open of a file that has none yet.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     pub fn path(&self) -> &Path {
@@ -845,6 +899,8 @@ pub struct Peeked {
     pub attempts: u32,
     pub last_error: Option<String>,
     pub last_failed_ms: u64,
+    /// Records of the original job settled and cut from its front before.
+    pub offset: u32,
     pub bytes: u64,
     /// Records as text (lossy UTF-8), or the reason the job cannot be decoded.
     pub records: Result<Vec<String>, String>,
@@ -861,6 +917,7 @@ impl Peeked {
                 attempts: d.attempts,
                 last_error: d.last_error,
                 last_failed_ms: d.last_failed_ms,
+                offset: d.offset,
                 bytes: v.len() as u64,
                 records: Ok(d
                     .records
@@ -876,6 +933,7 @@ impl Peeked {
                 attempts: 0,
                 last_error: None,
                 last_failed_ms: 0,
+                offset: 0,
                 bytes: v.len() as u64,
                 records: Err(e.to_string()),
             },
@@ -951,6 +1009,10 @@ impl<'s> Tx<'s> {
                 meta.insert("layout", LAYOUT_VERSION).map_err(io)?;
             }
         }
+        // Files created before store ids get theirs on the first writable open.
+        if meta.get(STORE_ID).map_err(io)?.is_none() {
+            meta.insert(STORE_ID, new_store_id()).map_err(io)?;
+        }
         drop(meta);
         txn.open_table(COUNTERS).map_err(io)?;
         txn.open_table(CHECKPOINTS).map_err(io)?;
@@ -1021,7 +1083,7 @@ impl<'s> Tx<'s> {
                 size += r;
                 end += 1;
             }
-            let job = format::encode(now_ms, &fresh_meta(), &records[start..end]);
+            let job = format::encode(now_ms, &fresh_meta(0), &records[start..end]);
             if job.len() as u64 > max_bytes {
                 return Err(AppendError::TooLarge {
                     stream: stream.into(),
@@ -1403,21 +1465,7 @@ impl<'s> Tx<'s> {
         let (raw, table) = self.read_leased(lease)?;
         let d = match format::decode(&raw) {
             Ok(d) => d,
-            Err(e) => {
-                if let Some(st) = self.store.streams.get_mut(&lease.stream) {
-                    st.in_flight.remove(&lease.id);
-                }
-                let reason = e.to_string();
-                self.quarantine(
-                    &lease.stream,
-                    table,
-                    lease.id,
-                    lease.retry_due,
-                    &raw,
-                    &reason,
-                )?;
-                return Err(StoreError::Corrupted(reason));
-            }
+            Err(e) => return Err(self.quarantine_leased(lease, table, &raw, &e)),
         };
         self.remove_leased(lease)?;
         let attempts = d.attempts + 1;
@@ -1429,10 +1477,11 @@ impl<'s> Tx<'s> {
                 max_attempts,
             } => (reason.clone(), attempts >= *max_attempts, *retry_at_ms),
         };
-        let meta = Meta::V1 {
+        let meta = Meta::V2 {
             attempts,
             last_error: Some(reason),
             last_failed_ms: now_ms,
+            offset: d.offset,
         };
         let value = format::encode(d.header.created_ms, &meta, &d.records);
         let recs = u64::from(d.header.records);
@@ -1465,6 +1514,142 @@ impl<'s> Tx<'s> {
                 due_ms: due,
             })
         }
+    }
+
+    /// A leased value that no longer decodes: moved to quarantine (counted, out of the queue, its
+    /// lease void). Returns the error to hand the caller.
+    fn quarantine_leased(
+        &mut self,
+        lease: &Lease,
+        table: Table,
+        raw: &[u8],
+        e: &format::FormatError,
+    ) -> StoreError {
+        if let Some(st) = self.store.streams.get_mut(&lease.stream) {
+            st.in_flight.remove(&lease.id);
+        }
+        let reason = e.to_string();
+        match self.quarantine(
+            &lease.stream,
+            table,
+            lease.id,
+            lease.retry_due,
+            raw,
+            &reason,
+        ) {
+            Ok(()) => StoreError::Corrupted(reason),
+            Err(e) => e,
+        }
+    }
+
+    /// Settles the first `n` records of a leased job, for a sink that split it and finished this
+    /// part: they count as delivered, or become a dead letter of their own (a new id, the job's age,
+    /// attempts and offset, `reason` as its error). The job is rewritten in place without them (same
+    /// table and key, still in flight), its `offset` grown by `n`, its attempts and last error kept,
+    /// so a crash after the commit re-sends only what is left. Returns the job as `take` would now
+    /// hand it out. `n` must leave at least one record: a whole job is acked or failed instead.
+    pub fn settle_prefix(
+        &mut self,
+        lease: &Lease,
+        n: u32,
+        outcome: &Settle,
+        now_ms: u64,
+    ) -> Result<Job, StoreError> {
+        // Decode before anything changes: a value that went bad while in flight is quarantined
+        // (and counted), as `fail` does.
+        let (raw, table) = self.read_leased(lease)?;
+        let d = match format::decode(&raw) {
+            Ok(d) => d,
+            Err(e) => return Err(self.quarantine_leased(lease, table, &raw, &e)),
+        };
+        let records = d.header.records;
+        if n == 0 || n >= records {
+            return Err(StoreError::InvalidSettle {
+                stream: lease.stream.clone(),
+                id: lease.id,
+                n,
+                records,
+            });
+        }
+        let (head, tail) = d.records.split_at(n as usize);
+        // Cannot overflow: decode guarantees offset + records fits in a u32, and n < records.
+        let offset = d.offset + n;
+        let rest = format::encode(
+            d.header.created_ms,
+            &Meta::V2 {
+                attempts: d.attempts,
+                last_error: d.last_error.clone(),
+                last_failed_ms: d.last_failed_ms,
+                offset,
+            },
+            tail,
+        );
+        let (old_len, new_len) = (raw.len() as u64, rest.len() as u64);
+        let txn = self.txn.as_ref().expect("present until commit");
+        let st = self
+            .store
+            .streams
+            .get_mut(&lease.stream)
+            .expect("checked by read_leased");
+        // Same key: the job keeps its place in the queue (and in the retry schedule).
+        match lease.retry_due {
+            None => {
+                txn.open_table(st.ready_def())
+                    .map_err(io)?
+                    .insert(lease.id, rest.as_slice())
+                    .map_err(io)?;
+            }
+            Some(due) => {
+                txn.open_table(st.retry_def())
+                    .map_err(io)?
+                    .insert((due, lease.id), rest.as_slice())
+                    .map_err(io)?;
+            }
+        }
+        // Out with the old value, in with the shorter one. Clamped like every removal, so counters
+        // that were short cannot underflow; `cut` is what left the table and is counted on.
+        let all = st.c.remove_job(table, u64::from(records), old_len);
+        let cut = u64::from(n).min(all);
+        st.c.add_job(table, all - cut, new_len);
+        let trim = match outcome {
+            Settle::Delivered => {
+                st.c.delivered_records += cut;
+                // What the stored value shrank by: over a job's life the parts add up to the
+                // value's size, as one ack of the whole job would have counted.
+                st.c.delivered_bytes += old_len.saturating_sub(new_len);
+                false
+            }
+            Settle::Dead { reason } => {
+                let dead_id = st.c.next_id;
+                st.c.next_id += 1;
+                let meta = Meta::V2 {
+                    attempts: d.attempts,
+                    last_error: Some(reason.clone()),
+                    last_failed_ms: now_ms,
+                    offset: d.offset,
+                };
+                let value = format::encode(d.header.created_ms, &meta, head);
+                txn.open_table(st.dead_def())
+                    .map_err(io)?
+                    .insert(dead_id, value.as_slice())
+                    .map_err(io)?;
+                st.c.add_job(Table::Dead, cut, value.len() as u64);
+                st.c.dead_lettered_records += cut;
+                true
+            }
+        };
+        self.dirty.insert(lease.stream.clone());
+        if trim {
+            self.trim_dead(&lease.stream)?;
+        }
+        Ok(Job {
+            lease: lease.clone(),
+            created_ms: d.header.created_ms,
+            attempts: d.attempts,
+            last_error: d.last_error,
+            offset,
+            value: rest,
+        })
     }
 
     /// Keeps the dead-letter table within `dead_letter.max_jobs`, oldest out first.
@@ -1600,7 +1785,8 @@ impl<'s> Tx<'s> {
             let raw = v.value().to_vec();
             drop(v);
             let old_len = raw.len() as u64;
-            let value = match format::with_meta(&raw, &fresh_meta()) {
+            // Attempts start over; the offset stays, as the records before it are still settled.
+            let value = match format::with_meta(&raw, |d| fresh_meta(d.offset)) {
                 Ok(v) => v,
                 Err(e) => {
                     corrupt.push((k, raw, e.to_string()));
@@ -1744,12 +1930,20 @@ fn recount<K: redb::Key + 'static>(
 /// A value `take` could not decode: (table, id, retry due, raw bytes, reason).
 type Undecodable = (Table, u64, Option<u64>, Vec<u8>, String);
 
-fn fresh_meta() -> Meta {
-    Meta::V1 {
+/// Metadata of a job with no attempts behind it: appended, or replayed (keeping its `offset`).
+fn fresh_meta(offset: u32) -> Meta {
+    Meta::V2 {
         attempts: 0,
         last_error: None,
         last_failed_ms: 0,
+        offset,
     }
+}
+
+/// A new store's id: random, so two files (on one box or many) practically never share one; never
+/// 0, which stands for "no id".
+fn new_store_id() -> u64 {
+    fastrand::u64(1..)
 }
 
 fn job_from(stream: &str, id: u64, due: Option<u64>, v: &[u8]) -> Result<Job, String> {
@@ -1763,6 +1957,7 @@ fn job_from(stream: &str, id: u64, due: Option<u64>, v: &[u8]) -> Result<Job, St
         created_ms: d.header.created_ms,
         attempts: d.attempts,
         last_error: d.last_error,
+        offset: d.offset,
         value: v.to_vec(),
     })
 }

@@ -10,6 +10,7 @@
 //! Called by `agent` (and benchmarks); it does not decide what to deliver or when.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -18,8 +19,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, oneshot};
 
 use super::{
-    AppendError, Appended, Counters, Failed, Failure, Job, Lease, Store, StoreError, StreamConfig,
-    now_ms,
+    AppendError, Appended, Counters, Failed, Failure, Job, Lease, Settle, Store, StoreError,
+    StreamConfig, now_ms,
 };
 
 /// Requests taken into one transaction at most.
@@ -54,6 +55,12 @@ enum Request {
         lease: Lease,
         failure: Failure,
         reply: Reply<Result<Failed, StoreError>>,
+    },
+    Settle {
+        lease: Lease,
+        n: u32,
+        outcome: Settle,
+        reply: Reply<Result<Job, StoreError>>,
     },
     Release {
         lease: Lease,
@@ -95,6 +102,9 @@ pub struct StoreHandle {
     stats: Arc<WriterStats>,
     /// Per stream, signalled after a commit that gave it new jobs.
     notifiers: Arc<HashMap<String, Arc<Notify>>>,
+    /// The id of the store the writer holds; the writer updates it when it reopens one (a file
+    /// that replaced a corrupted one has a new id).
+    store_id: Arc<AtomicU64>,
 }
 
 fn gone() -> StoreError {
@@ -125,13 +135,26 @@ pub fn spawn(
             .collect(),
     );
     let thread_notifiers = Arc::clone(&notifiers);
+    let store_id = Arc::new(AtomicU64::new(store.id()));
+    let thread_store_id = Arc::clone(&store_id);
     std::thread::Builder::new()
         .name("colibri-store".into())
-        .spawn(move || Writer::new(store, reopen, opts, thread_stats, thread_notifiers).run(rx))?;
+        .spawn(move || {
+            Writer::new(
+                store,
+                reopen,
+                opts,
+                thread_stats,
+                thread_notifiers,
+                thread_store_id,
+            )
+            .run(rx)
+        })?;
     Ok(StoreHandle {
         tx,
         stats,
         notifiers,
+        store_id,
     })
 }
 
@@ -169,10 +192,46 @@ impl StoreHandle {
         rx.await.map_err(|_| gone())?
     }
 
+    /// Deletes a delivered job; returns once that is durable.
     pub async fn ack(&self, lease: Lease) -> Result<(), StoreError> {
+        self.ack_later(lease).await
+    }
+
+    /// Like [`ack`](Self::ack), but the request is queued before this returns, and the future only
+    /// waits for the commit: a delivery worker can queue its next request (a take) behind the ack
+    /// while the ack's fsync runs. Requests are applied in the order they were queued, so one
+    /// queued after this sees the job gone. The job counts as delivered once the future says Ok.
+    pub fn ack_later(
+        &self,
+        lease: Lease,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let (reply, rx) = oneshot::channel();
+        let sent = self
+            .tx
+            .send(Request::Ack { lease, reply })
+            .map_err(|_| gone());
+        async move {
+            sent?;
+            rx.await.map_err(|_| gone())?
+        }
+    }
+
+    /// Settles the first `n` records of a leased job (see [`super::Tx::settle_prefix`]) and returns
+    /// what is left of it, still leased, once the change is durable.
+    pub async fn settle_prefix(
+        &self,
+        lease: Lease,
+        n: u32,
+        outcome: Settle,
+    ) -> Result<Job, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Request::Ack { lease, reply })
+            .send(Request::Settle {
+                lease,
+                n,
+                outcome,
+                reply,
+            })
             .map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
     }
@@ -231,6 +290,12 @@ impl StoreHandle {
     pub fn stats(&self) -> &WriterStats {
         &self.stats
     }
+
+    /// The id of the store behind this handle (see [`Store::id`]), without a round trip. It changes
+    /// only when the writer had to replace a corrupted file with a fresh one.
+    pub fn store_id(&self) -> u64 {
+        self.store_id.load(Ordering::Acquire)
+    }
 }
 
 struct Parked {
@@ -258,6 +323,7 @@ enum Pending {
         Reply<Result<Failed, StoreError>>,
         Result<Failed, StoreError>,
     ),
+    Settle(Reply<Result<Job, StoreError>>, Result<Job, StoreError>),
 }
 
 impl Pending {
@@ -274,6 +340,8 @@ impl Pending {
             (Pending::Ack(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
             (Pending::Fail(r, v), Ok(())) => drop(r.send(v)),
             (Pending::Fail(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
+            (Pending::Settle(r, v), Ok(())) => drop(r.send(v)),
+            (Pending::Settle(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
         }
     }
 }
@@ -292,6 +360,8 @@ struct Writer {
     /// Leases of a store that was lost, for the next one.
     carried_in_flight: Vec<(String, u64)>,
     notifiers: Arc<HashMap<String, Arc<Notify>>>,
+    /// Shared with every handle: set on each reopen.
+    store_id: Arc<AtomicU64>,
 }
 
 impl Writer {
@@ -301,9 +371,11 @@ impl Writer {
         opts: WriterOptions,
         stats: Arc<WriterStats>,
         notifiers: Arc<HashMap<String, Arc<Notify>>>,
+        store_id: Arc<AtomicU64>,
     ) -> Self {
         Writer {
             notifiers,
+            store_id,
             store: Some(store),
             reopen,
             opts,
@@ -485,6 +557,8 @@ impl Writer {
         match (self.reopen)() {
             Ok(mut s) => {
                 tracing::info!("store reopened after an i/o error");
+                // Before any reply from the new store: a key built after one names its file.
+                self.store_id.store(s.id(), Ordering::Release);
                 s.restore_in_flight(std::mem::take(&mut self.carried_in_flight));
                 self.store = Some(s);
                 self.reopen_backoff = Duration::from_millis(100);
@@ -679,6 +753,15 @@ fn run_tx(
                 let r = tx.fail(&lease, &failure, now);
                 pending.push(Pending::Fail(reply, r));
             }
+            Request::Settle {
+                lease,
+                n,
+                outcome,
+                reply,
+            } => {
+                let r = tx.settle_prefix(&lease, n, &outcome, now);
+                pending.push(Pending::Settle(reply, r));
+            }
             Request::Release { .. }
             | Request::Snapshot { .. }
             | Request::NextDue { .. }
@@ -723,6 +806,7 @@ fn fail_with(req: Request, e: &StoreError) {
         Request::Take { reply, .. } => drop(reply.send(Err(err()))),
         Request::Ack { reply, .. } => drop(reply.send(Err(err()))),
         Request::Fail { reply, .. } => drop(reply.send(Err(err()))),
+        Request::Settle { reply, .. } => drop(reply.send(Err(err()))),
         Request::Release { .. }
         | Request::Snapshot { .. }
         | Request::NextDue { .. }

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod http;
+
 /// How often a condition is polled.
 pub const POLL: Duration = Duration::from_millis(25);
 

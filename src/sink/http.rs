@@ -1,0 +1,539 @@
+//! The HTTP sink: one request per job (or per part of a job split after a 413), over a reused
+//! connection pool with rustls (ring provider, no OpenSSL, so the binary stays static). It builds the
+//! body in the configured encoding and compression, sends it with an `Idempotency-Key` and a
+//! `User-Agent`, and classifies the outcome: no response at all is a transport failure (the link's
+//! business, no attempt spent), 408/429/5xx may pass (an attempt, `Retry-After` honoured), 413 asks
+//! for a split, any other 4xx never passes. It does not retry, pause or touch the store: the delivery
+//! worker does that with the classification. Built from the compiled config by `sink::Sink::new`.
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use reqwest::header::{
+    CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER,
+};
+use reqwest::{Client, Method, Url};
+
+use super::DeliveryError;
+
+/// Sent with every request, so a receiver can tell colibri and its version apart.
+pub const USER_AGENT: &str = concat!("colibri/", env!("CARGO_PKG_VERSION"));
+/// How much of a refusal's body goes into the dead-letter reason and the log.
+const BODY_PREFIX: usize = 256;
+/// Bodies at least this large are compressed off the event loop.
+const COMPRESS_INLINE_MAX: usize = 64 << 10;
+
+/// The compiled `type: http` settings.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HttpSpec {
+    pub url: Url,
+    pub method: HttpMethod,
+    pub encoding: Encoding,
+    pub compression: Compression,
+    /// Extra request headers. Values may hold credentials: never logged, redacted in `Debug`.
+    pub headers: Vec<(String, String)>,
+    pub timeout: Duration,
+    /// Requests in flight at once; 1 keeps strict order.
+    pub concurrency: u32,
+    pub tls: TlsSpec,
+    /// Bytes per second while a backlog drains; `None` is unlimited.
+    pub replay_rate: Option<u64>,
+}
+
+impl std::fmt::Debug for HttpSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<_> = self
+            .headers
+            .iter()
+            .map(|(k, _)| (k, "<redacted>"))
+            .collect();
+        f.debug_struct("HttpSpec")
+            .field("url", &self.url.as_str())
+            .field("method", &self.method)
+            .field("encoding", &self.encoding)
+            .field("compression", &self.compression)
+            .field("headers", &headers)
+            .field("timeout", &self.timeout)
+            .field("concurrency", &self.concurrency)
+            .field("tls", &self.tls)
+            .field("replay_rate", &self.replay_rate)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpMethod {
+    Post,
+    Put,
+}
+
+/// How records become a request body. Records are passed through as they were stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// A record per line (`application/x-ndjson`).
+    Ndjson,
+    /// `[r1,r2,...]` (`application/json`); records must be JSON values.
+    JsonArray,
+    /// A record per line (`text/plain`), as InfluxDB and VictoriaMetrics `/write` expect.
+    InfluxLine,
+}
+
+impl Encoding {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Encoding::Ndjson => "application/x-ndjson",
+            Encoding::JsonArray => "application/json",
+            Encoding::InfluxLine => "text/plain; charset=utf-8",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsSpec {
+    /// Trust only this CA bundle (PEM) instead of the system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Client certificate and key (PEM) for mutual TLS; both or neither.
+    pub client_cert: Option<std::path::PathBuf>,
+    pub client_key: Option<std::path::PathBuf>,
+    /// The name the server's certificate is checked against (and sent as SNI) when the URL's host
+    /// is an address or another name.
+    pub server_name: Option<String>,
+}
+
+/// A setting that cannot be used, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}{message}", .field, if .field.is_empty() { "" } else { ": " })]
+pub struct SettingError {
+    /// The setting's path within the sink, e.g. `tls.ca_file`; empty for the sink as a whole.
+    pub field: String,
+    pub message: String,
+}
+
+impl SettingError {
+    fn new(field: impl Into<String>, message: String) -> Self {
+        SettingError {
+            field: field.into(),
+            message,
+        }
+    }
+}
+
+/// Installs rustls' ring provider as the process default. Idempotent; called before any client is
+/// built (a second install just reports that one exists).
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A ready-to-use HTTP sink: the client (connection pool, TLS) and the request template.
+pub struct HttpSink {
+    client: Client,
+    url: Url,
+    method: Method,
+    headers: HeaderMap,
+    encoding: Encoding,
+    compression: Compression,
+    /// Where a TCP probe connects: the URL's host and port, resolved once.
+    probe_addr: (String, u16),
+    timeout: Duration,
+}
+
+impl HttpSink {
+    /// Builds the client: reads the CA and client certificate files, checks the headers. Errors name
+    /// the setting at fault.
+    pub fn new(spec: &HttpSpec) -> Result<HttpSink, SettingError> {
+        install_crypto_provider();
+        let mut url = spec.url.clone();
+        let host = url
+            .host_str()
+            .ok_or_else(|| SettingError::new("url", format!("{} has no host", spec.url)))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = url
+            .port_or_known_default()
+            .ok_or_else(|| SettingError::new("url", format!("{} has no port", spec.url)))?;
+        let mut b = Client::builder()
+            .user_agent(USER_AGENT)
+            .timeout(spec.timeout)
+            .connect_timeout(spec.timeout.min(Duration::from_secs(10)))
+            // A redirect would re-send the body somewhere nobody configured: treated as a failure.
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_max_idle_per_host(spec.concurrency as usize)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .tcp_nodelay(true);
+        let tls = &spec.tls;
+        if let Some(ca) = &tls.ca_file {
+            let bad =
+                |m: String| SettingError::new("tls.ca_file", format!("{}: {m}", ca.display()));
+            let pem = std::fs::read(ca).map_err(|e| bad(format!("cannot read: {e}")))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| bad(format!("not a PEM certificate bundle: {}", chain(&e))))?;
+            if certs.is_empty() {
+                return Err(bad("holds no PEM certificate".into()));
+            }
+            b = b.tls_certs_only(certs);
+        }
+        match (&tls.client_cert, &tls.client_key) {
+            (Some(cert), Some(key)) => {
+                let mut pem = std::fs::read(cert).map_err(|e| {
+                    SettingError::new(
+                        "tls.client_cert",
+                        format!("{}: cannot read: {e}", cert.display()),
+                    )
+                })?;
+                pem.push(b'\n');
+                pem.extend(std::fs::read(key).map_err(|e| {
+                    SettingError::new(
+                        "tls.client_key",
+                        format!("{}: cannot read: {e}", key.display()),
+                    )
+                })?);
+                let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
+                    SettingError::new(
+                        "tls.client_cert",
+                        format!(
+                            "{} with tls.client_key {}: not a usable PEM certificate and key: {}",
+                            cert.display(),
+                            key.display(),
+                            chain(&e)
+                        ),
+                    )
+                })?;
+                b = b.identity(id);
+            }
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(SettingError::new(
+                    "tls.client_key",
+                    "missing: tls.client_cert needs it".into(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(SettingError::new(
+                    "tls.client_cert",
+                    "missing: tls.client_key needs it".into(),
+                ));
+            }
+        }
+        if let Some(name) = &tls.server_name {
+            // Connect to the URL's host but verify (and send SNI for) `name`: the URL is rewritten
+            // to the name, and the name resolved to the original host when a connection is made
+            // (not now: DNS may well be down while colibri starts).
+            url.set_host(Some(name))
+                .map_err(|e| SettingError::new("tls.server_name", format!("{name:?}: {e}")))?;
+            b = b.dns_resolver(ServerName {
+                name: name.clone(),
+                host: host.clone(),
+            });
+        }
+        let mut headers = HeaderMap::new();
+        for (k, v) in &spec.headers {
+            let at = || format!("headers.{k}");
+            let name = HeaderName::from_bytes(k.as_bytes())
+                .map_err(|_| SettingError::new(at(), "not a valid header name".into()))?;
+            let mut value = HeaderValue::from_str(v).map_err(|_| {
+                SettingError::new(
+                    at(),
+                    "the value has characters a header cannot carry".into(),
+                )
+            })?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static(spec.encoding.content_type()),
+        );
+        match spec.compression {
+            Compression::None => {}
+            Compression::Gzip => {
+                headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            }
+            Compression::Zstd => {
+                headers.insert(CONTENT_ENCODING, HeaderValue::from_static("zstd"));
+            }
+        }
+        let client = b.build().map_err(|e| {
+            SettingError::new("", format!("cannot build the HTTP client: {}", chain(&e)))
+        })?;
+        Ok(HttpSink {
+            client,
+            url,
+            method: match spec.method {
+                HttpMethod::Post => Method::POST,
+                HttpMethod::Put => Method::PUT,
+            },
+            headers,
+            encoding: spec.encoding,
+            compression: spec.compression,
+            probe_addr: (host, port),
+            timeout: spec.timeout,
+        })
+    }
+
+    /// The request body for these records, encoded and compressed.
+    pub async fn body(&self, records: &[&[u8]]) -> Result<Vec<u8>, DeliveryError> {
+        let body = encode(self.encoding, records);
+        let c = self.compression;
+        if c == Compression::None {
+            return Ok(body);
+        }
+        let compressed = if body.len() < COMPRESS_INLINE_MAX {
+            compress(c, &body)
+        } else {
+            tokio::task::spawn_blocking(move || compress(c, &body))
+                .await
+                .map_err(|e| DeliveryError::Transient {
+                    reason: format!("compression stopped: {e}"),
+                    retry_after: None,
+                })?
+        };
+        compressed.map_err(|e| DeliveryError::Transient {
+            reason: format!("cannot compress the body: {e}"),
+            retry_after: None,
+        })
+    }
+
+    /// Sends one body and classifies the outcome.
+    pub async fn send(&self, key: &str, body: Vec<u8>) -> Result<(), DeliveryError> {
+        let mut headers = self.headers.clone();
+        if let Ok(v) = HeaderValue::from_str(key) {
+            headers.insert("idempotency-key", v);
+        }
+        let sent = self
+            .client
+            .request(self.method.clone(), self.url.clone())
+            .headers(headers)
+            .body(body)
+            .send()
+            .await;
+        let resp = match sent {
+            Ok(r) => r,
+            // No response at all: refused, reset, DNS, TLS handshake, timeout, closed mid-response.
+            Err(e) => {
+                return Err(DeliveryError::Unavailable(format!(
+                    "{} {}: {}",
+                    self.method,
+                    self.url,
+                    chain(&e)
+                )));
+            }
+        };
+        let status = resp.status();
+        if status.is_success() {
+            // Read the (normally empty) answer so the connection goes back to the pool.
+            let _ = drain(resp, 64 << 10).await;
+            return Ok(());
+        }
+        let retry_after = resp.headers().get(RETRY_AFTER).and_then(parse_retry_after);
+        let prefix = drain(resp, BODY_PREFIX).await;
+        let text = String::from_utf8_lossy(&prefix);
+        let text = text.trim();
+        let reason = if text.is_empty() {
+            format!("{} {} answered {status}", self.method, self.url)
+        } else {
+            format!("{} {} answered {status}: {text}", self.method, self.url)
+        };
+        Err(match status.as_u16() {
+            413 => DeliveryError::TooLarge(reason),
+            408 | 429 | 500..=599 => DeliveryError::Transient {
+                reason,
+                retry_after,
+            },
+            400..=499 => DeliveryError::Permanent(reason),
+            // 1xx/3xx: nothing this sink can act on; may pass after someone fixes the far end.
+            _ => DeliveryError::Transient {
+                reason,
+                retry_after: None,
+            },
+        })
+    }
+
+    /// A TCP connect to the URL's host and port; or, given a probe URL, a GET that gets any
+    /// answer at all (a 404 still proves the link works).
+    pub async fn probe(&self, url: Option<&Url>) -> Result<(), String> {
+        match url {
+            None => {
+                let (host, port) = (&self.probe_addr.0, self.probe_addr.1);
+                let connect = tokio::net::TcpStream::connect((host.as_str(), port));
+                match tokio::time::timeout(self.timeout, connect).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(format!("tcp connect to {host}:{port}: {e}")),
+                    Err(_) => Err(format!("tcp connect to {host}:{port}: timed out")),
+                }
+            }
+            Some(url) => match self.client.get(url.clone()).send().await {
+                Ok(resp) => {
+                    let _ = drain(resp, 64 << 10).await;
+                    Ok(())
+                }
+                Err(e) => Err(format!("GET {url}: {}", chain(&e))),
+            },
+        }
+    }
+}
+
+/// Resolves the configured `tls.server_name` to the URL's original host; other names as usual.
+struct ServerName {
+    name: String,
+    host: String,
+}
+
+impl reqwest::dns::Resolve for ServerName {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let target = if name.as_str().eq_ignore_ascii_case(&self.name) {
+            self.host.clone()
+        } else {
+            name.as_str().to_string()
+        };
+        Box::pin(async move {
+            // The port is the URL's; the connector sets it on every address.
+            let addrs = tokio::net::lookup_host((target.as_str(), 0)).await?;
+            Ok(Box::new(addrs.collect::<Vec<_>>().into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// Encodes records as one body.
+pub fn encode(encoding: Encoding, records: &[&[u8]]) -> Vec<u8> {
+    let len: usize = records.iter().map(|r| r.len() + 1).sum::<usize>() + 2;
+    let mut body = Vec::with_capacity(len);
+    match encoding {
+        Encoding::Ndjson | Encoding::InfluxLine => {
+            for r in records {
+                body.extend_from_slice(r);
+                body.push(b'\n');
+            }
+        }
+        Encoding::JsonArray => {
+            body.push(b'[');
+            for (i, r) in records.iter().enumerate() {
+                if i > 0 {
+                    body.push(b',');
+                }
+                body.extend_from_slice(r);
+            }
+            body.push(b']');
+        }
+    }
+    body
+}
+
+fn compress(c: Compression, body: &[u8]) -> std::io::Result<Vec<u8>> {
+    match c {
+        Compression::None => Ok(body.to_vec()),
+        Compression::Gzip => {
+            // Level 3: most of the size win at a fraction of the default level's CPU.
+            let mut enc = flate2::write::GzEncoder::new(
+                Vec::with_capacity(body.len() / 4),
+                flate2::Compression::new(3),
+            );
+            enc.write_all(body)?;
+            enc.finish()
+        }
+        Compression::Zstd => Ok(ruzstd::encoding::compress_to_vec(
+            body,
+            ruzstd::encoding::CompressionLevel::Fastest,
+        )),
+    }
+}
+
+/// Reads up to `limit` bytes of a response body; the rest is dropped with the connection.
+async fn drain(mut resp: reqwest::Response, limit: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    while out.len() < limit {
+        match resp.chunk().await {
+            Ok(Some(c)) => out.extend_from_slice(&c[..c.len().min(limit - out.len())]),
+            _ => break,
+        }
+    }
+    out
+}
+
+/// `Retry-After` as seconds or an HTTP date.
+pub fn parse_retry_after(v: &HeaderValue) -> Option<Duration> {
+    let s = v.to_str().ok()?.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(s).ok()?;
+    let ms = at.timestamp_millis() - chrono::Utc::now().timestamp_millis();
+    Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
+
+/// An error and its causes on one line: reqwest's own message alone says little ("error sending
+/// request"); the cause says "connection refused" or "invalid peer certificate: UnknownIssuer".
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings_pass_records_through() {
+        let recs: Vec<&[u8]> = vec![b"{\"a\":1}", b"{\"b\":2}"];
+        assert_eq!(encode(Encoding::Ndjson, &recs), b"{\"a\":1}\n{\"b\":2}\n");
+        assert_eq!(encode(Encoding::JsonArray, &recs), b"[{\"a\":1},{\"b\":2}]");
+        assert_eq!(encode(Encoding::JsonArray, &[]), b"[]");
+        let lines: Vec<&[u8]> = vec![b"cpu,host=a v=1 1", b"cpu,host=a v=2 2"];
+        assert_eq!(
+            encode(Encoding::InfluxLine, &lines),
+            b"cpu,host=a v=1 1\ncpu,host=a v=2 2\n"
+        );
+    }
+
+    #[test]
+    fn compressed_bodies_decompress_to_the_encoding() {
+        use std::io::Read as _;
+        let body = b"{\"a\":1}\n".repeat(1000);
+        let gz = compress(Compression::Gzip, &body).unwrap();
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut out)
+            .unwrap();
+        assert_eq!(out, body);
+        assert!(gz.len() < body.len() / 10);
+        let zs = compress(Compression::Zstd, &body).unwrap();
+        let mut out = Vec::new();
+        ruzstd::decoding::StreamingDecoder::new(&zs[..])
+            .unwrap()
+            .read_to_end(&mut out)
+            .unwrap();
+        assert_eq!(out, body);
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_or_a_date() {
+        let v = HeaderValue::from_static("7");
+        assert_eq!(parse_retry_after(&v), Some(Duration::from_secs(7)));
+        let later = chrono::Utc::now() + chrono::Duration::seconds(120);
+        let v = HeaderValue::from_str(&later.to_rfc2822()).unwrap();
+        let d = parse_retry_after(&v).unwrap();
+        assert!(
+            d > Duration::from_secs(100) && d <= Duration::from_secs(120),
+            "{d:?}"
+        );
+        let past = HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT");
+        assert_eq!(parse_retry_after(&past), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after(&HeaderValue::from_static("soon")), None);
+    }
+}

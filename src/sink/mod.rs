@@ -1,0 +1,355 @@
+//! Sinks: where a stream's jobs are delivered. A closed set chosen by `type:` in the file: `http`
+//! (see [`http`]), `file` (a job becomes one file, written atomically) and `stdout`. Each delivery of
+//! a [`Batch`] either succeeds or says what kind of failure it was ([`DeliveryError`]): unreachable,
+//! may pass, too large, or never. Retry timing, the link state and dead letters are the delivery
+//! worker's, the link monitor's and the store's business. The compiled settings ([`SinkConfig`]) come
+//! from `config`; `agent` builds a [`Sink`] from them and `delivery` drives it.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub mod http;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkConfig {
+    pub name: String,
+    pub kind: SinkKind,
+    pub retry: SinkRetry,
+    pub link: LinkSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkKind {
+    File { dir: PathBuf },
+    Stdout,
+    Http(Box<http::HttpSpec>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SinkRetry {
+    pub base: Duration,
+    pub cap: Duration,
+    /// Attempts before a job is dead-lettered.
+    pub max_attempts: u32,
+}
+
+/// When a sink counts as unreachable and how it is watched until it answers again (`link`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkSpec {
+    pub probe: Probe,
+    /// Consecutive transport failures that turn the link down.
+    pub down_after: u32,
+    pub backoff_base: Duration,
+    pub backoff_cap: Duration,
+}
+
+impl Default for LinkSpec {
+    fn default() -> Self {
+        LinkSpec {
+            probe: Probe::Tcp,
+            down_after: 3,
+            backoff_base: Duration::from_secs(1),
+            backoff_cap: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How a down link is tested. File sinks check their directory whatever is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// A TCP connect to the sink's host and port.
+    Tcp,
+    /// A GET of this URL that gets any answer.
+    Http(reqwest::Url),
+}
+
+/// Why a delivery failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeliveryError {
+    /// The destination cannot be reached at all: no answer (refused, reset, timed out, TLS
+    /// handshake failed) or an unmounted directory. No attempt is spent: the job goes back to the
+    /// queue and the link monitor decides when to try again, however long that takes.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The destination answered but the delivery failed in a way that may pass (5xx, 408, 429, a
+    /// full disk): an attempt is spent and the job is retried later, after `retry_after` when the
+    /// peer said so.
+    #[error("{reason}")]
+    Transient {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
+    /// The destination refused the body as too large (413): send fewer records at a time.
+    #[error("{0}")]
+    TooLarge(String),
+    /// Will never succeed: the job goes to the dead letters with this reason.
+    #[error("{0}")]
+    Permanent(String),
+}
+
+impl DeliveryError {
+    fn transient(reason: String) -> Self {
+        DeliveryError::Transient {
+            reason,
+            retry_after: None,
+        }
+    }
+}
+
+/// What one request carries: some of a job's records.
+#[derive(Debug)]
+pub struct Batch<'a> {
+    pub stream: &'a str,
+    pub job: u64,
+    /// The records' positions in the job as it was first appended: `[first, end)`, and whether
+    /// that is the whole job.
+    pub first: u32,
+    pub end: u32,
+    pub whole: bool,
+    pub records: &'a [&'a [u8]],
+    /// The store file's id: job ids restart in a new file, keys must not.
+    pub store_id: u64,
+}
+
+impl Batch<'_> {
+    /// The same for every re-send of the same records, different for any other content: a
+    /// receiver can drop a replay after a crash.
+    pub fn idempotency_key(&self) -> String {
+        if self.whole {
+            format!("{:016x}-{}-{}", self.store_id, self.stream, self.job)
+        } else {
+            format!(
+                "{:016x}-{}-{}-{}-{}",
+                self.store_id, self.stream, self.job, self.first, self.end
+            )
+        }
+    }
+
+    fn file_name(&self) -> String {
+        if self.whole {
+            format!("{}-{:020}.ndjson", self.stream, self.job)
+        } else {
+            format!(
+                "{}-{:020}-{}-{}.ndjson",
+                self.stream, self.job, self.first, self.end
+            )
+        }
+    }
+}
+
+/// A sink ready to deliver: its config and, for HTTP, the client.
+pub struct Sink {
+    pub config: std::sync::Arc<SinkConfig>,
+    http: Option<http::HttpSink>,
+}
+
+impl Sink {
+    /// Builds the sink (for HTTP: reads TLS files, builds the client). Errors name the setting.
+    pub fn new(config: std::sync::Arc<SinkConfig>) -> Result<Sink, http::SettingError> {
+        let http = match &config.kind {
+            SinkKind::Http(spec) => Some(http::HttpSink::new(spec)?),
+            _ => None,
+        };
+        Ok(Sink { config, http })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Requests in flight at once.
+    pub fn concurrency(&self) -> usize {
+        match &self.config.kind {
+            SinkKind::Http(spec) => spec.concurrency.max(1) as usize,
+            _ => 1,
+        }
+    }
+
+    /// Bytes per second while a backlog drains, if limited.
+    pub fn replay_rate(&self) -> Option<u64> {
+        match &self.config.kind {
+            SinkKind::Http(spec) => spec.replay_rate,
+            _ => None,
+        }
+    }
+
+    /// Delivers one batch; returns the request body's size (before compression) on success.
+    pub async fn deliver(&self, batch: &Batch<'_>) -> Result<u64, DeliveryError> {
+        if let Some(h) = &self.http {
+            let body = h.body(batch.records).await?;
+            let len = body.len() as u64;
+            h.send(&batch.idempotency_key(), body).await?;
+            return Ok(len);
+        }
+        let body = http::encode(http::Encoding::Ndjson, batch.records);
+        let len = body.len() as u64;
+        match &self.config.kind {
+            SinkKind::File { dir } => {
+                let dir = dir.clone();
+                let name = batch.file_name();
+                if !dir.is_dir() {
+                    return Err(DeliveryError::Unavailable(format!(
+                        "{}: the directory does not exist (colibri does not create it)",
+                        self.describe()
+                    )));
+                }
+                tokio::task::spawn_blocking(move || write_atomically(&dir, &name, &body))
+                    .await
+                    .map_err(|e| DeliveryError::transient(format!("file writer stopped: {e}")))?
+                    .map_err(|e| DeliveryError::transient(format!("{}: {e}", self.describe())))?;
+            }
+            SinkKind::Stdout => tokio::task::spawn_blocking(move || {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&body)?;
+                out.flush()
+            })
+            .await
+            .map_err(|e| DeliveryError::transient(format!("stdout writer stopped: {e}")))?
+            .map_err(|e| DeliveryError::transient(format!("stdout: {e}")))?,
+            SinkKind::Http(_) => unreachable!("handled above"),
+        }
+        Ok(len)
+    }
+
+    /// Whether the destination can be reached again, for the link monitor.
+    pub async fn probe(&self) -> Result<(), String> {
+        match (&self.config.kind, &self.http) {
+            (SinkKind::Http(_), Some(h)) => {
+                let url = match &self.config.link.probe {
+                    Probe::Tcp => None,
+                    Probe::Http(u) => Some(u),
+                };
+                h.probe(url).await
+            }
+            (SinkKind::File { dir }, _) => {
+                if dir.is_dir() {
+                    Ok(())
+                } else {
+                    Err(format!("{} does not exist", dir.display()))
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// For logs: the sink's type and target.
+    pub fn describe(&self) -> String {
+        self.config.describe()
+    }
+}
+
+impl SinkConfig {
+    /// For logs: the sink's type and target (never header values).
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            SinkKind::File { dir } => format!("file sink {} ({})", self.name, dir.display()),
+            SinkKind::Stdout => format!("stdout sink {}", self.name),
+            SinkKind::Http(spec) => format!("http sink {} ({})", self.name, spec.url),
+        }
+    }
+}
+
+/// Writes `dir/name` so that it appears whole or not at all, and stays after a power cut: a
+/// temporary file, fsync, rename over the final name, fsync of the directory.
+fn write_atomically(dir: &Path, name: &str, body: &[u8]) -> std::io::Result<()> {
+    if !dir.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "the directory does not exist (colibri does not create it)",
+        ));
+    }
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(body)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, dir.join(name))?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch<'a>(id: u64, records: &'a [&'a [u8]]) -> Batch<'a> {
+        Batch {
+            stream: "logs",
+            job: id,
+            first: 0,
+            end: records.len() as u32,
+            whole: true,
+            records,
+            store_id: 0xabc,
+        }
+    }
+
+    fn file_sink(dir: &Path) -> Sink {
+        let cfg = SinkConfig {
+            name: "out".into(),
+            kind: SinkKind::File {
+                dir: dir.to_path_buf(),
+            },
+            retry: SinkRetry {
+                base: Duration::from_secs(1),
+                cap: Duration::from_secs(1),
+                max_attempts: 1,
+            },
+            link: LinkSpec::default(),
+        };
+        Sink::new(std::sync::Arc::new(cfg)).unwrap()
+    }
+
+    #[test]
+    fn idempotency_keys_name_the_store_stream_job_and_part() {
+        let recs: [&[u8]; 2] = [b"a", b"b"];
+        let mut b = batch(7, &recs);
+        assert_eq!(b.idempotency_key(), "0000000000000abc-logs-7");
+        b.whole = false;
+        b.first = 4;
+        b.end = 6;
+        assert_eq!(b.idempotency_key(), "0000000000000abc-logs-7-4-6");
+    }
+
+    #[tokio::test]
+    async fn a_job_becomes_one_whole_file_and_a_replay_overwrites_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = file_sink(dir.path());
+        let recs: [&[u8]; 2] = [b"{\"a\":1}", b"{\"b\":2}"];
+        sink.deliver(&batch(7, &recs)).await.unwrap();
+        let path = dir.path().join("logs-00000000000000000007.ndjson");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"a\":1}\n{\"b\":2}\n"
+        );
+        // Delivered again after a crash: same name, same content, no second file.
+        let recs: [&[u8]; 2] = [b"{\"a\":1}", b"{\"b\":2}"];
+        sink.deliver(&batch(7, &recs)).await.unwrap();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_directory_is_an_outage_and_is_not_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("not-mounted");
+        let sink = file_sink(&gone);
+        let e = sink.deliver(&batch(1, &[b"x"])).await.unwrap_err();
+        assert!(
+            matches!(&e, DeliveryError::Unavailable(m) if m.contains("does not exist")),
+            "{e:?}"
+        );
+        assert!(!gone.exists(), "colibri must not create the directory");
+        assert!(sink.probe().await.is_err());
+        std::fs::create_dir(&gone).unwrap();
+        sink.probe().await.unwrap();
+    }
+}
