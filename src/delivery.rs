@@ -13,6 +13,9 @@
 //!   dead-lettered on its own;
 //! - never (other 4xx): straight to the dead letters with the status and the body's first bytes.
 //!
+//! With `concurrency: 1` a stream keeps strict order: jobs go one after the other, and a job waiting
+//! for its retry holds the jobs behind it (an outage creates no retry, so it never holds anything
+//! beyond the outage itself). With more, requests overlap and a retry does not hold later jobs.
 //! After a link comes back (and at start-up) requests are paced by `replay_rate` until the queue is
 //! drained. With nothing to do a worker sleeps until the store signals new jobs, the earliest retry
 //! falls due, or colibri stops: an idle worker does not poll. It does not decide what a failure means
@@ -139,10 +142,14 @@ pub async fn run(
         tracing::error!(stream, "no such stream in the store; delivery not started");
         return;
     };
-    let take = if rt.sink.concurrency() == 1 {
-        TAKE_SEQUENTIAL
+    // With one request at a time the stream keeps strict order: a job waiting for its retry holds
+    // the jobs behind it (an outage never does: it creates no retry).
+    let strict = rt.sink.concurrency() == 1;
+    let take = if strict { TAKE_SEQUENTIAL } else { 1 };
+    let mut hold = if strict {
+        store.next_retry_due(&stream).await.ok().flatten()
     } else {
-        1
+        None
     };
     tracing::debug!(stream, sink = %rt.sink.describe(), "delivery worker started");
     while !stopping.is_cancelled() {
@@ -152,6 +159,13 @@ pub async fn run(
                 _ = stopping.cancelled() => break,
             }
             continue;
+        }
+        if let Some(due) = hold.take() {
+            let now = now_ms();
+            if due > now {
+                pause(Duration::from_millis(due - now), &stopping).await;
+                continue;
+            }
         }
         let jobs = match store.take(&stream, take).await {
             Ok(jobs) => jobs,
@@ -180,11 +194,21 @@ pub async fn run(
                 store.release(job.lease);
                 continue;
             }
-            if let Some(p) = deliver_job(&stream, &rt, &store, job, &stopping, &mut acks).await {
-                // The rest keep their place at the head of the queue.
-                for j in jobs.by_ref() {
-                    store.release(j.lease);
+            let next = deliver_job(&stream, &rt, &store, job, &stopping, &mut acks).await;
+            let pause_for = match next {
+                Next::Go => continue,
+                Next::Retry { due_ms } if strict => {
+                    hold = Some(due_ms);
+                    None
                 }
+                Next::Retry { .. } => continue,
+                Next::Pause(p) => Some(p),
+            };
+            // The rest keep their place at the head of the queue.
+            for j in jobs.by_ref() {
+                store.release(j.lease);
+            }
+            if let Some(p) = pause_for {
                 pause(p, &stopping).await;
             }
         }
@@ -220,7 +244,17 @@ async fn grace_over(stopping: &CancellationToken, grace: Duration) {
 
 type Ack = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
 
-/// Delivers one job, in parts after a 413. Returns how long to pause when the sink did not answer.
+/// What a worker does after one job.
+enum Next {
+    /// On to the next job.
+    Go,
+    /// The job went to retry, due then (in strict order, nothing behind it goes first).
+    Retry { due_ms: u64 },
+    /// The sink did not answer: the jobs taken with this one go back, and the worker pauses.
+    Pause(Duration),
+}
+
+/// Delivers one job, in parts after a 413.
 async fn deliver_job(
     stream: &str,
     rt: &SinkRuntime,
@@ -228,7 +262,7 @@ async fn deliver_job(
     job: Job,
     stopping: &CancellationToken,
     acks: &mut Vec<Ack>,
-) -> Option<Duration> {
+) -> Next {
     let records: Vec<&[u8]> = job.records().collect();
     let n = records.len();
     let id = job.lease.id;
@@ -267,7 +301,7 @@ async fn deliver_job(
                 "stopping: request abandoned after the grace period; the job stays queued"
             );
             store.release(job.lease);
-            return None;
+            return Next::Go;
         };
         let s = &rt.stats;
         match result {
@@ -279,7 +313,7 @@ async fn deliver_job(
                 if end == n {
                     tracing::debug!(stream, job = id, records = part.len(), "delivered");
                     acks.push(Box::pin(store.ack_later(job.lease)));
-                    return None;
+                    return Next::Go;
                 }
                 // A part: settled now, so neither a crash nor a later failure sends it again.
                 let settled =
@@ -290,7 +324,7 @@ async fn deliver_job(
                 {
                     tracing::warn!(stream, job = id, error = %e, "part delivered, but recording it failed; the job stays queued");
                     store.release(job.lease);
-                    return None;
+                    return Next::Go;
                 }
                 start = end;
             }
@@ -307,7 +341,7 @@ async fn deliver_job(
                 );
                 // While the link is still up, a short pause before the next try; once down, the
                 // worker waits for the monitor instead.
-                return Some(if rt.link.is_up() {
+                return Next::Pause(if rt.link.is_up() {
                     rt.link.pause_after(failures)
                 } else {
                     Duration::ZERO
@@ -330,8 +364,7 @@ async fn deliver_job(
                 if end == n {
                     // The last record of the job: the job itself goes to the dead letters.
                     let failure = Failure::Permanent { reason };
-                    record_failure(stream, rt, store, job, 1, failure).await;
-                    return None;
+                    return record_failure(stream, rt, store, job, 1, failure).await;
                 }
                 tracing::error!(
                     stream,
@@ -346,7 +379,7 @@ async fn deliver_job(
                 {
                     tracing::warn!(stream, job = id, error = %e, "cannot dead-letter the record; the job stays queued");
                     store.release(job.lease);
-                    return None;
+                    return Next::Go;
                 }
                 s.dead_lettered_records.fetch_add(1, Relaxed);
                 start = end;
@@ -367,15 +400,13 @@ async fn deliver_job(
                     retry_at_ms: now_ms() + u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
                     max_attempts: retry.max_attempts,
                 };
-                record_failure(stream, rt, store, job, n - start, failure).await;
-                return None;
+                return record_failure(stream, rt, store, job, n - start, failure).await;
             }
             Err(DeliveryError::Permanent(reason)) => {
                 rt.link.answered();
                 s.requests_rejected.fetch_add(1, Relaxed);
                 let failure = Failure::Permanent { reason };
-                record_failure(stream, rt, store, job, n - start, failure).await;
-                return None;
+                return record_failure(stream, rt, store, job, n - start, failure).await;
             }
         }
     }
@@ -403,7 +434,7 @@ async fn record_failure(
     job: Job,
     records: usize,
     failure: Failure,
-) {
+) -> Next {
     let id = job.lease.id;
     let reason = match &failure {
         Failure::Transient { reason, .. } | Failure::Permanent { reason } => reason.clone(),
@@ -419,7 +450,8 @@ async fn record_failure(
                 retry_in_ms = due_ms.saturating_sub(now_ms()),
                 error = %reason,
                 "delivery failed; will retry"
-            )
+            );
+            return Next::Retry { due_ms };
         }
         Ok(Failed::Dead { attempts }) => {
             s.attempts_failed.fetch_add(1, Relaxed);
@@ -436,6 +468,7 @@ async fn record_failure(
         }
         Err(e) => tracing::warn!(stream, job = id, error = %e, "cannot record the failed delivery"),
     }
+    Next::Go
 }
 
 #[cfg(test)]

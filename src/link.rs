@@ -2,10 +2,13 @@
 //! `up` until `down_after` consecutive transport failures (no answer at all) are reported by the
 //! delivery workers; then it is `down`, every worker of the sink waits (no request, no attempt
 //! spent), and the monitor probes with jittered exponential backoff from `backoff_base` to
-//! `backoff_cap` until a probe succeeds and the link is `up` again. Each transition is logged once:
-//! WARN when down (with the reason and what is queued), INFO when up (with how long it was down). It
-//! does not deliver, retry or pace anything: `delivery` reports to it and waits on it; `agent` starts
-//! one monitor task per sink.
+//! `backoff_cap`. A successful probe only opens a *trial*: workers send again, and the first answer
+//! confirms the link `up`; a request without an answer during the trial closes it at once and the
+//! probing goes on where its backoff was. So a fault above the probe's reach (a TCP probe cannot see
+//! a TLS or a timeout problem) is one long outage with a growing probe interval, not a flapping link.
+//! Each outage is logged once: WARN when down (with the reason and what is queued), INFO when
+//! confirmed up (with how long it was down). It does not deliver, retry or pace anything: `delivery`
+//! reports to it and waits on it; `agent` starts one monitor task per sink.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -18,11 +21,23 @@ use crate::config::units::fmt_duration;
 use crate::sink::{LinkSpec, Sink};
 use crate::store::writer::StoreHandle;
 
+/// How long a trial may pass without any request before the probe alone is trusted (the queue may
+/// have emptied meanwhile, e.g. by TTL, and nothing would ever confirm it).
+const TRIAL_QUIET: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Up,
+    /// A probe succeeded; requests go out, and the first answer confirms the link.
+    Trial,
+    Down,
+}
+
 /// The state of one sink's link, shared by its workers and its monitor.
 pub struct Link {
     sink: String,
     spec: LinkSpec,
-    up: watch::Sender<bool>,
+    state: watch::Sender<State>,
     /// Consecutive transport failures since the last answer.
     failures: AtomicU32,
     /// Since when and why the link is down.
@@ -36,64 +51,90 @@ impl Link {
         Link {
             sink: sink.to_string(),
             spec,
-            up: watch::Sender::new(true),
+            state: watch::Sender::new(State::Up),
             failures: AtomicU32::new(0),
             down: Mutex::new(None),
             transitions: AtomicU64::new(0),
         }
     }
 
+    /// Whether workers may send (up, or on trial).
     pub fn is_up(&self) -> bool {
-        *self.up.borrow()
+        *self.state.borrow() != State::Down
     }
 
-    /// Returns once the link is up (at once when it is).
+    /// Returns once workers may send (at once when they may).
     pub async fn wait_up(&self) {
-        let mut rx = self.up.subscribe();
+        self.wait_for(|s| s != State::Down).await;
+    }
+
+    async fn wait_for(&self, f: impl Fn(State) -> bool) {
+        let mut rx = self.state.subscribe();
         // The sender lives as long as `self`, so the wait cannot end with an error while borrowed.
-        let _ = rx.wait_for(|up| *up).await;
+        let _ = rx.wait_for(|s| f(*s)).await;
     }
 
-    async fn wait_down(&self) {
-        let mut rx = self.up.subscribe();
-        let _ = rx.wait_for(|up| !*up).await;
-    }
-
-    /// The destination answered (whatever it said): the failure streak ends.
+    /// The destination answered (whatever it said): the failure streak ends, a trial succeeds.
     pub fn answered(&self) {
         self.failures.store(0, Ordering::Relaxed);
+        if *self.state.borrow() == State::Trial {
+            self.state.send_if_modified(|s| {
+                let trial = *s == State::Trial;
+                if trial {
+                    *s = State::Up;
+                }
+                trial
+            });
+        }
     }
 
     /// A request got no answer. Returns the length of the failure streak; at `down_after` the link
-    /// goes down.
+    /// goes down, and on trial at once.
     pub fn transport_failed(&self, reason: &str) -> u32 {
         let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if n >= self.spec.down_after {
-            self.set_down(reason);
+        let changed = self.state.send_if_modified(|s| match *s {
+            State::Trial => {
+                *s = State::Down;
+                true
+            }
+            State::Up if n >= self.spec.down_after => {
+                *s = State::Down;
+                true
+            }
+            _ => false,
+        });
+        if changed {
+            let mut down = self
+                .down
+                .lock()
+                .expect("never poisoned: no panics while held");
+            match down.as_mut() {
+                // A failed trial: the same outage goes on.
+                Some((_, r)) => *r = reason.to_string(),
+                None => {
+                    *down = Some((Instant::now(), reason.to_string()));
+                    self.transitions.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         n
     }
 
-    fn set_down(&self, reason: &str) {
-        let changed = self.up.send_if_modified(|up| std::mem::replace(up, false));
-        if changed {
-            *self
-                .down
-                .lock()
-                .expect("never poisoned: no panics while held") =
-                Some((Instant::now(), reason.to_string()));
-            self.transitions.fetch_add(1, Ordering::Relaxed);
-        }
+    /// A probe succeeded: workers may try again.
+    fn open_trial(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+        self.state.send_replace(State::Trial);
     }
 
-    fn set_up(&self) -> Option<(Instant, String)> {
-        self.failures.store(0, Ordering::Relaxed);
+    /// The outage is over; returns since when and why the link was down.
+    fn confirm_up(&self) -> Option<(Instant, String)> {
+        self.state.send_replace(State::Up);
         let was = self
             .down
             .lock()
             .expect("never poisoned: no panics while held")
             .take();
-        if self.up.send_if_modified(|up| !std::mem::replace(up, true)) {
+        if was.is_some() {
             self.transitions.fetch_add(1, Ordering::Relaxed);
         }
         was
@@ -122,7 +163,7 @@ pub async fn monitor(
 ) {
     loop {
         tokio::select! {
-            _ = link.wait_down() => {}
+            _ = link.wait_for(|s| s == State::Down) => {}
             _ = stopping.cancelled() => return,
         }
         let reason = link
@@ -144,20 +185,27 @@ pub async fn monitor(
         loop {
             let wait =
                 crate::backoff::jittered(tries, link.spec.backoff_base, link.spec.backoff_cap);
+            tries = tries.saturating_add(1);
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = stopping.cancelled() => return,
             }
-            match sink.probe().await {
-                Ok(()) => break,
-                Err(e) => {
-                    tries = tries.saturating_add(1);
-                    tracing::debug!(sink = link.sink, tries, error = %e, "probe failed");
+            if let Err(e) = sink.probe().await {
+                tracing::debug!(sink = link.sink, tries, error = %e, "probe failed");
+                continue;
+            }
+            link.open_trial();
+            tokio::select! {
+                _ = link.wait_for(|s| s == State::Up) => break,
+                _ = tokio::time::sleep(TRIAL_QUIET) => break,
+                _ = link.wait_for(|s| s == State::Down) => {
+                    tracing::debug!(sink = link.sink, tries, "the probe passed but requests still get no answer");
                 }
+                _ = stopping.cancelled() => return,
             }
         }
         let down_for = link
-            .set_up()
+            .confirm_up()
             .map_or(Duration::ZERO, |(since, _)| since.elapsed());
         let (records, bytes) = queued(&store, &streams).await;
         tracing::info!(
@@ -213,11 +261,22 @@ mod tests {
         // More failures while down are not new transitions.
         l.transport_failed("refused");
         assert_eq!(l.transitions.load(Ordering::Relaxed), 1);
-        let (_, reason) = l.set_up().unwrap();
-        assert_eq!(reason, "refused");
+        // A probe passes; the trial's first request fails: down again at once, same outage.
+        l.open_trial();
+        assert!(l.is_up());
+        l.transport_failed("certificate unknown");
+        assert!(!l.is_up());
+        assert_eq!(l.transitions.load(Ordering::Relaxed), 1);
+        // The next trial gets an answer: up for good.
+        l.open_trial();
+        l.answered();
+        assert_eq!(*l.state.borrow(), State::Up);
+        let (_, reason) = l.confirm_up().unwrap();
+        assert_eq!(reason, "certificate unknown");
         assert!(l.is_up());
         assert_eq!(l.transitions.load(Ordering::Relaxed), 2);
         assert_eq!(l.transport_failed("x"), 1, "the streak starts over");
+        assert!(l.is_up(), "up again: down_after applies");
     }
 
     #[tokio::test(start_paused = true)]
@@ -231,7 +290,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_secs(3600)).await;
         assert!(!waiter.is_finished(), "a worker must not run while down");
-        l.set_up();
+        l.open_trial();
         tokio::time::timeout(Duration::from_secs(1), waiter)
             .await
             .unwrap()

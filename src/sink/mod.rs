@@ -114,13 +114,14 @@ pub struct Batch<'a> {
 
 impl Batch<'_> {
     /// The same for every re-send of the same records, different for any other content: a
-    /// receiver can drop a replay after a crash.
+    /// receiver can drop a replay after a crash. `:` separates the parts because stream names
+    /// cannot contain it (they may contain `-`).
     pub fn idempotency_key(&self) -> String {
         if self.whole {
-            format!("{:016x}-{}-{}", self.store_id, self.stream, self.job)
+            format!("{:016x}:{}:{}", self.store_id, self.stream, self.job)
         } else {
             format!(
-                "{:016x}-{}-{}-{}-{}",
+                "{:016x}:{}:{}:{}-{}",
                 self.store_id, self.stream, self.job, self.first, self.end
             )
         }
@@ -309,11 +310,11 @@ mod tests {
     fn idempotency_keys_name_the_store_stream_job_and_part() {
         let recs: [&[u8]; 2] = [b"a", b"b"];
         let mut b = batch(7, &recs);
-        assert_eq!(b.idempotency_key(), "0000000000000abc-logs-7");
+        assert_eq!(b.idempotency_key(), "0000000000000abc:logs:7");
         b.whole = false;
         b.first = 4;
         b.end = 6;
-        assert_eq!(b.idempotency_key(), "0000000000000abc-logs-7-4-6");
+        assert_eq!(b.idempotency_key(), "0000000000000abc:logs:7:4-6");
     }
 
     #[tokio::test]
