@@ -75,8 +75,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             for t in delivery.tasks {
                 let _ = t.await;
             }
-            for rt in &delivery.sinks {
-                log_summary(rt);
+            if let Some(handle) = &store_handle {
+                let snap = handle.snapshot().await.unwrap_or_default();
+                for rt in &delivery.sinks {
+                    log_summary(rt, &snap);
+                }
             }
             if let Some(handle) = &store_handle {
                 handle.shutdown().await;
@@ -194,15 +197,19 @@ fn start_delivery(
         }
         let sink = crate::sink::Sink::new(Arc::clone(sink_cfg))
             .map_err(|e| anyhow::anyhow!("sinks.{}: {e}", sink_cfg.name))?;
-        let rt = Arc::new(SinkRuntime::new(Arc::new(sink), config.shutdown_grace));
+        let rt = Arc::new(SinkRuntime::new(
+            Arc::new(sink),
+            streams,
+            config.shutdown_grace,
+        ));
         tasks.push(tokio::spawn(crate::link::monitor(
             Arc::clone(&rt.link),
             Arc::clone(&rt.sink),
             store.clone(),
-            streams.clone(),
+            rt.streams.clone(),
             stopping.clone(),
         )));
-        for stream in streams {
+        for stream in &rt.streams {
             tracing::info!(stream, sink = %rt.sink.describe(), concurrency = rt.sink.concurrency(), "delivery started");
             for _ in 0..rt.sink.concurrency() {
                 tasks.push(tokio::spawn(crate::delivery::run(
@@ -227,7 +234,7 @@ struct Delivery {
 
 /// What a sink did in this life of the process, logged at stop (the metrics endpoint will expose
 /// the same counters).
-fn log_summary(rt: &SinkRuntime) {
+fn log_summary(rt: &SinkRuntime, snap: &store::writer::Snapshot) {
     use std::sync::atomic::Ordering::Relaxed;
     let s = &rt.stats;
     tracing::info!(
@@ -243,6 +250,7 @@ fn log_summary(rt: &SinkRuntime) {
         bytes_delivered = s.bytes_delivered.load(Relaxed),
         link_up = rt.link.is_up(),
         link_transitions = rt.link.transitions.load(Relaxed),
+        replay_backlog = rt.replay_backlog(snap),
         "delivery summary"
     );
 }

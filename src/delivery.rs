@@ -33,7 +33,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::link::Link;
 use crate::sink::{Batch, DeliveryError, Sink};
-use crate::store::{Failed, Failure, Job, Settle, StoreError, now_ms, writer::StoreHandle};
+use crate::store::writer::{Snapshot, StoreHandle};
+use crate::store::{Failed, Failure, Job, Settle, StoreError, now_ms};
 
 /// Pause after the store itself failed (it reopens with its own backoff).
 const STORE_ERROR_PAUSE: Duration = Duration::from_secs(1);
@@ -78,10 +79,12 @@ pub struct SinkRuntime {
     in_flight: Semaphore,
     /// How long a request in progress may go on once colibri is stopping.
     grace: Duration,
+    /// The streams delivered to this sink.
+    pub streams: Vec<String>,
 }
 
 impl SinkRuntime {
-    pub fn new(sink: Arc<Sink>, grace: Duration) -> SinkRuntime {
+    pub fn new(sink: Arc<Sink>, streams: Vec<String>, grace: Duration) -> SinkRuntime {
         let link = Arc::new(Link::new(sink.name(), sink.config.link.clone()));
         SinkRuntime {
             pacer: sink.replay_rate().map(|r| Mutex::new(Pacer::new(r))),
@@ -91,7 +94,21 @@ impl SinkRuntime {
             stats: SinkStats::default(),
             replaying: AtomicBool::new(true),
             grace,
+            streams,
         }
+    }
+
+    /// The replay backlog: records waiting in this sink's streams while a backlog is being
+    /// replayed (after an outage or at start), 0 once the queues have been drained.
+    pub fn replay_backlog(&self, snap: &Snapshot) -> u64 {
+        if !self.replaying() {
+            return 0;
+        }
+        snap.streams
+            .iter()
+            .filter(|(cfg, _)| self.streams.contains(&cfg.name))
+            .map(|(_, c)| c.pending_records())
+            .sum()
     }
 
     /// Whether a backlog is being replayed (paced) now.

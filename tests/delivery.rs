@@ -1172,7 +1172,10 @@ fn tls_client_certificates_wrong_ca_and_server_name() {
     assert_drained(&stats(&config, "byname", &[]), 50);
     assert_eq!(count(&agent, LINK_DOWN, "good"), 0, "{}", agent.stderr());
     assert_drained(&stats(&config, "good", &[]), 50);
+    let s = summary(&agent, "good");
+    assert_eq!(num(&s, "replay_backlog"), 0, "drained: {s}");
     let s = summary(&agent, "wrongca");
+    assert_eq!(num(&s, "replay_backlog"), 50, "still to replay: {s}");
     assert_eq!(num(&s, "attempts_failed"), 0, "{s}");
     assert!(num(&s, "requests_transport") >= DOWN_AFTER, "{s}");
     assert_eq!(num(&s, "requests_ok"), 0, "{s}");
