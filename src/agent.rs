@@ -40,6 +40,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tracing::warn!(error = %e, "cannot watch for wall-clock changes; jumps are noticed within an hour");
     }
     let delivery = start_delivery(&config, store_handle.as_ref(), &ctx.stopping)?;
+    let producers = start_producers(&config, store_handle.as_ref(), &ctx.stopping).await?;
     let (scheduler, _handle) = Scheduler::new(
         &config.tasks,
         Arc::new(SystemClock),
@@ -72,6 +73,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tokio::select! {
         drained = &mut scheduler => {
             // Deliveries in progress finish (each is one job); then the store closes cleanly.
+            // Intake stops first (ingest answers 503, sources commit their checkpoints), then
+            // deliveries in progress finish, then the store closes.
+            for p in producers {
+                let _ = p.await;
+            }
             for t in delivery.tasks {
                 let _ = t.await;
             }
@@ -223,6 +229,35 @@ fn start_delivery(
         sinks.push(rt);
     }
     Ok(Delivery { sinks, tasks })
+}
+
+/// Starts what appends on its own: the ingest API (bound now, so a taken port stops the start) and
+/// every source.
+async fn start_producers(
+    config: &Config,
+    store: Option<&writer::StoreHandle>,
+    stopping: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<Vec<JoinHandle<()>>> {
+    let Some(store) = store else {
+        return Ok(Vec::new());
+    };
+    let mut tasks = Vec::new();
+    if let Some(ingest) = &config.ingest {
+        let listen = ingest.listen;
+        tasks.push(
+            crate::ingest::start(ingest.clone(), store.clone(), stopping.clone())
+                .await
+                .with_context(|| format!("cannot start the ingest API on {listen}"))?,
+        );
+    }
+    for source in &config.sources {
+        tasks.push(tokio::spawn(crate::tail::run(
+            Arc::clone(source),
+            store.clone(),
+            stopping.clone(),
+        )));
+    }
+    Ok(tasks)
 }
 
 /// The running delivery side: each sink's shared state and every worker and monitor task.

@@ -160,6 +160,12 @@ pub fn summary(c: &Config) -> String {
             let sinks: Vec<String> = c.sinks.iter().map(|k| k.describe()).collect();
             let _ = writeln!(out, "  sinks           {}", sinks.join(", "));
         }
+        if let Some(i) = &c.ingest {
+            let _ = writeln!(out, "  ingest          {}", i.describe());
+        }
+        for s in &c.sources {
+            let _ = writeln!(out, "  source {:<8} {}", s.name, s.describe());
+        }
         let _ = writeln!(out, "  streams         {}", c.streams.len());
         for s in &c.streams {
             let ttl = s

@@ -9,6 +9,8 @@
 //! `tasks[3] "rotate": schedule "61 * * * *": minute 61 out of range 0-59`.
 
 pub mod env;
+pub mod ingest;
+pub mod sources;
 pub mod units;
 
 use std::collections::{BTreeMap, HashMap};
@@ -63,6 +65,12 @@ pub struct FileSpec {
     /// Scheduled chores.
     #[serde(default)]
     pub tasks: Vec<TaskSpec>,
+    /// The local ingest API (off unless `listen` is set).
+    #[serde(default)]
+    pub ingest: Option<ingest::IngestSpec>,
+    /// Producers of records that run on their own (log tailing), by name.
+    #[serde(default)]
+    pub sources: BTreeMap<String, sources::SourceSpec>,
 }
 
 /// A destination for a stream's jobs.
@@ -506,6 +514,8 @@ pub struct Config {
     pub sinks: Vec<Arc<SinkConfig>>,
     pub streams: Vec<StreamConfig>,
     pub tasks: Vec<Arc<TaskDef>>,
+    pub ingest: Option<crate::ingest::IngestConfig>,
+    pub sources: Vec<Arc<crate::tail::TailConfig>>,
 }
 
 /// One problem in the file: where, and what is wrong.
@@ -613,6 +623,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
     let tasks_value = map.remove("tasks");
     let streams_value = map.remove("streams");
     let sinks_value = map.remove("sinks");
+    let sources_value = map.remove("sources");
     // Each top-level key on its own first, so one bad setting neither hides another nor stops the
     // tasks from being checked; bad keys are left out and their defaults stand in.
     let mut good = serde_json::Map::new();
@@ -686,6 +697,35 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
             Vec::new()
         }
     };
+    let stream_names: Vec<&str> = streams.iter().map(|s| s.name.as_str()).collect();
+    let sources: Vec<Arc<crate::tail::TailConfig>> = match sources_value {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(entries)) => entries
+            .into_iter()
+            .filter_map(|(name, value)| {
+                let (spec, mut err) =
+                    named_entry::<sources::SourceSpec>("sources", "source", &name, value, problems);
+                sources::compile(&name, spec?, base, &stream_names, &mut err)
+            })
+            .map(Arc::new)
+            .collect(),
+        Some(other) => {
+            problems.push(Problem {
+                path: "sources".into(),
+                message: format!("expected a mapping of source names to settings, found {other}"),
+            });
+            Vec::new()
+        }
+    };
+    let ingest = spec.ingest.and_then(|i| {
+        let mut err = |path: &str, message: String| {
+            problems.push(Problem {
+                path: format!("ingest.{path}"),
+                message,
+            })
+        };
+        ingest::compile(i, &stream_names, &mut err)
+    });
     let mut top = |path: &str, message: String| {
         problems.push(Problem {
             path: path.into(),
@@ -738,6 +778,8 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
         sinks,
         streams,
         tasks,
+        ingest,
+        sources,
     })
 }
 
