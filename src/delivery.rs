@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use crate::link::Link;
 use crate::sink::{Batch, DeliveryError, Sink};
 use crate::store::writer::{Snapshot, StoreHandle};
-use crate::store::{Failed, Failure, Job, Settle, StoreError, now_ms};
+use crate::store::{Failed, Failure, Job, Lease, Settle, StoreError, now_ms};
 
 /// Pause after the store itself failed (it reopens with its own backoff).
 const STORE_ERROR_PAUSE: Duration = Duration::from_secs(1);
@@ -62,7 +62,7 @@ pub struct SinkStats {
     pub dead_lettered_jobs: AtomicU64,
     pub dead_lettered_records: AtomicU64,
     pub records_delivered: AtomicU64,
-    /// Request body bytes delivered, before compression.
+    /// Request body bytes delivered (as sent: after compression).
     pub bytes_delivered: AtomicU64,
 }
 
@@ -71,49 +71,78 @@ pub struct SinkRuntime {
     pub sink: Arc<Sink>,
     pub link: Arc<Link>,
     pub stats: SinkStats,
-    /// Set after a link comes back (and at start) until a worker finds its queue empty: the backlog
-    /// is being replayed, under `replay_rate`.
-    replaying: AtomicBool,
+    /// The streams delivered to this sink.
+    pub streams: Vec<String>,
+    /// Per stream (same order): set after a link comes back (and at start) until a worker finds
+    /// that stream's queue empty: its backlog is being replayed, under `replay_rate`.
+    replaying: Vec<AtomicBool>,
     pacer: Option<Mutex<Pacer>>,
     /// Requests in flight, all streams of the sink together.
     in_flight: Semaphore,
-    /// How long a request in progress may go on once colibri is stopping.
+    /// How long requests in progress may go on once colibri is stopping.
     grace: Duration,
-    /// The streams delivered to this sink.
-    pub streams: Vec<String>,
+    /// Set at the first look after the stop: when every request still going is abandoned.
+    give_up_at: std::sync::OnceLock<tokio::time::Instant>,
 }
 
 impl SinkRuntime {
     pub fn new(sink: Arc<Sink>, streams: Vec<String>, grace: Duration) -> SinkRuntime {
-        let link = Arc::new(Link::new(sink.name(), sink.config.link.clone()));
+        // A trial must outlast a request that is slow to fail, or the link would be declared up
+        // while the trial's request is still on its way to a timeout.
+        let trial_quiet = sink
+            .timeout()
+            .saturating_mul(2)
+            .max(Duration::from_secs(30));
+        let link = Arc::new(Link::new(
+            sink.name(),
+            sink.config.link.clone(),
+            trial_quiet,
+        ));
         SinkRuntime {
             pacer: sink.replay_rate().map(|r| Mutex::new(Pacer::new(r))),
             in_flight: Semaphore::new(sink.concurrency()),
             link,
             sink,
             stats: SinkStats::default(),
-            replaying: AtomicBool::new(true),
-            grace,
+            replaying: streams.iter().map(|_| AtomicBool::new(true)).collect(),
             streams,
+            grace,
+            give_up_at: std::sync::OnceLock::new(),
         }
     }
 
-    /// The replay backlog: records waiting in this sink's streams while a backlog is being
-    /// replayed (after an outage or at start), 0 once the queues have been drained.
+    /// The replay backlog: records waiting in this sink's streams whose backlog is being replayed
+    /// (after an outage or at start), 0 once they have been drained.
     pub fn replay_backlog(&self, snap: &Snapshot) -> u64 {
-        if !self.replaying() {
-            return 0;
-        }
         snap.streams
             .iter()
-            .filter(|(cfg, _)| self.streams.contains(&cfg.name))
+            .filter(|(cfg, _)| {
+                self.streams
+                    .iter()
+                    .position(|s| *s == cfg.name)
+                    .is_some_and(|i| self.replaying[i].load(Relaxed))
+            })
             .map(|(_, c)| c.pending_records())
             .sum()
     }
 
-    /// Whether a backlog is being replayed (paced) now.
-    pub fn replaying(&self) -> bool {
-        self.replaying.load(Relaxed)
+    fn replaying(&self, stream: &str) -> &AtomicBool {
+        let i = self
+            .streams
+            .iter()
+            .position(|s| s == stream)
+            .expect("workers run only for the sink's own streams");
+        &self.replaying[i]
+    }
+
+    /// Resolves when requests still going must be abandoned: `grace` after the stop, the same
+    /// moment for every worker and every part of a job.
+    async fn give_up(&self, stopping: &CancellationToken) {
+        stopping.cancelled().await;
+        let at = *self
+            .give_up_at
+            .get_or_init(|| tokio::time::Instant::now() + self.grace);
+        tokio::time::sleep_until(at).await;
     }
 }
 
@@ -163,6 +192,7 @@ pub async fn run(
     // the jobs behind it (an outage never does: it creates no retry).
     let strict = rt.sink.concurrency() == 1;
     let take = if strict { TAKE_SEQUENTIAL } else { 1 };
+    let replaying = rt.replaying(&stream);
     let mut hold = if strict {
         store.next_retry_due(&stream).await.ok().flatten()
     } else {
@@ -172,7 +202,7 @@ pub async fn run(
     while !stopping.is_cancelled() {
         if !rt.link.is_up() {
             tokio::select! {
-                _ = rt.link.wait_up() => rt.replaying.store(true, Relaxed),
+                _ = rt.link.wait_up() => replaying.store(true, Relaxed),
                 _ = stopping.cancelled() => break,
             }
             continue;
@@ -193,16 +223,22 @@ pub async fn run(
             }
         };
         if jobs.is_empty() {
-            rt.replaying.store(false, Relaxed);
+            replaying.store(false, Relaxed);
             // Nothing due: wait for new jobs, the next retry, or the stop.
-            let due = store.next_retry_due(&stream).await.ok().flatten();
-            let wait = due.map(|d| Duration::from_millis(d.saturating_sub(now_ms())));
+            let wait = match store.next_retry_due(&stream).await {
+                Ok(due) => due.map(|d| Duration::from_millis(d.saturating_sub(now_ms()))),
+                Err(_) => Some(STORE_ERROR_PAUSE),
+            };
             tokio::select! {
                 _ = fed.notified() => {}
                 _ = sleep_or_forever(wait) => {}
                 _ = stopping.cancelled() => {}
             }
             continue;
+        }
+        if !strict {
+            // One signal wakes one idle worker: pass it on, so a burst gets every worker.
+            fed.notify_one();
         }
         let mut acks = Vec::new();
         let mut jobs = jobs.into_iter();
@@ -229,10 +265,11 @@ pub async fn run(
                 pause(p, &stopping).await;
             }
         }
-        for ack in acks {
+        for (lease, ack) in acks {
             // Delivered but not deleted: it will be delivered again (at-least-once).
             if let Err(e) = ack.await {
-                tracing::warn!(stream, error = %e, "delivered, but the acknowledgement failed");
+                tracing::warn!(stream, sink = rt.sink.name(), job = lease.id, error = %e, "delivered, but the acknowledgement failed; it will be sent again");
+                store.release(lease);
             }
         }
     }
@@ -253,13 +290,10 @@ async fn sleep_or_forever(d: Option<Duration>) {
     }
 }
 
-/// Resolves `grace` after `stopping` is cancelled.
-async fn grace_over(stopping: &CancellationToken, grace: Duration) {
-    stopping.cancelled().await;
-    tokio::time::sleep(grace).await;
-}
-
-type Ack = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+type Ack = (
+    Lease,
+    std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>,
+);
 
 /// What a worker does after one job.
 enum Next {
@@ -287,6 +321,11 @@ async fn deliver_job(
     let mut start = 0usize;
     let mut chunk = n.max(1);
     loop {
+        if stopping.is_cancelled() {
+            // Between parts of a split job: what is left stays queued.
+            store.release(job.lease);
+            return Next::Go;
+        }
         let end = (start + chunk).min(n);
         let part = &records[start..end];
         let batch = Batch {
@@ -298,22 +337,14 @@ async fn deliver_job(
             records: part,
             store_id: store.store_id(),
         };
-        if let Some(p) = &rt.pacer
-            && rt.replaying.load(Relaxed)
-        {
-            let bytes = part.iter().map(|r| r.len() as u64 + 1).sum();
-            pace(p, bytes).await;
-        }
-        let result = {
-            let _permit = rt.in_flight.acquire().await;
-            tokio::select! {
-                r = rt.sink.deliver(&batch) => Some(r),
-                _ = grace_over(stopping, rt.grace) => None,
-            }
+        let result = tokio::select! {
+            r = send_paced(rt, &batch, rt.replaying(stream)) => Some(r),
+            _ = rt.give_up(stopping) => None,
         };
         let Some(result) = result else {
             tracing::warn!(
                 stream,
+                sink = rt.sink.name(),
                 job = id,
                 "stopping: request abandoned after the grace period; the job stays queued"
             );
@@ -329,7 +360,8 @@ async fn deliver_job(
                 s.bytes_delivered.fetch_add(body_bytes, Relaxed);
                 if end == n {
                     tracing::debug!(stream, job = id, records = part.len(), "delivered");
-                    acks.push(Box::pin(store.ack_later(job.lease)));
+                    let ack = Box::pin(store.ack_later(job.lease.clone()));
+                    acks.push((job.lease, ack));
                     return Next::Go;
                 }
                 // A part: settled now, so neither a crash nor a later failure sends it again.
@@ -398,6 +430,7 @@ async fn deliver_job(
                     store.release(job.lease);
                     return Next::Go;
                 }
+                s.dead_lettered_jobs.fetch_add(1, Relaxed);
                 s.dead_lettered_records.fetch_add(1, Relaxed);
                 start = end;
             }
@@ -429,6 +462,25 @@ async fn deliver_job(
     }
 }
 
+/// Builds the body, waits for the pacer (while `replaying`) and a request slot, and sends it;
+/// returns the body's size.
+async fn send_paced(
+    rt: &SinkRuntime,
+    batch: &Batch<'_>,
+    replaying: &AtomicBool,
+) -> Result<u64, DeliveryError> {
+    let body = rt.sink.body(batch).await?;
+    let len = body.len() as u64;
+    if let Some(p) = &rt.pacer
+        && replaying.load(Relaxed)
+    {
+        pace(p, len).await;
+    }
+    let _permit = rt.in_flight.acquire().await;
+    rt.sink.send(batch, body).await?;
+    Ok(len)
+}
+
 /// Waits until the pacer admits a request of `bytes`.
 async fn pace(p: &Mutex<Pacer>, bytes: u64) {
     loop {
@@ -457,11 +509,13 @@ async fn record_failure(
         Failure::Transient { reason, .. } | Failure::Permanent { reason } => reason.clone(),
     };
     let s = &rt.stats;
+    let lease = job.lease.clone();
     match store.fail(job.lease, failure).await {
         Ok(Failed::Retry { attempts, due_ms }) => {
             s.attempts_failed.fetch_add(1, Relaxed);
             tracing::warn!(
                 stream,
+                sink = rt.sink.name(),
                 job = id,
                 attempts,
                 retry_in_ms = due_ms.saturating_sub(now_ms()),
@@ -476,6 +530,7 @@ async fn record_failure(
             s.dead_lettered_records.fetch_add(records as u64, Relaxed);
             tracing::error!(
                 stream,
+                sink = rt.sink.name(),
                 job = id,
                 attempts,
                 records,
@@ -483,7 +538,10 @@ async fn record_failure(
                 "delivery failed for good; job moved to the dead letters"
             )
         }
-        Err(e) => tracing::warn!(stream, job = id, error = %e, "cannot record the failed delivery"),
+        Err(e) => {
+            tracing::warn!(stream, sink = rt.sink.name(), job = id, error = %e, "cannot record the failed delivery; the job stays queued");
+            store.release(lease);
+        }
     }
     Next::Go
 }

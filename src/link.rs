@@ -21,10 +21,6 @@ use crate::config::units::fmt_duration;
 use crate::sink::{LinkSpec, Sink};
 use crate::store::writer::StoreHandle;
 
-/// How long a trial may pass without any request before the probe alone is trusted (the queue may
-/// have emptied meanwhile, e.g. by TTL, and nothing would ever confirm it).
-const TRIAL_QUIET: Duration = Duration::from_secs(30);
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Up,
@@ -44,10 +40,13 @@ pub struct Link {
     down: Mutex<Option<(Instant, String)>>,
     /// Up/down transitions so far (for the metrics endpoint).
     pub transitions: AtomicU64,
+    /// How long a trial may pass without an answer or a failure before the probe alone is trusted
+    /// (the queue may have emptied meanwhile, e.g. by TTL, and nothing would ever confirm it).
+    trial_quiet: Duration,
 }
 
 impl Link {
-    pub fn new(sink: &str, spec: LinkSpec) -> Link {
+    pub fn new(sink: &str, spec: LinkSpec, trial_quiet: Duration) -> Link {
         Link {
             sink: sink.to_string(),
             spec,
@@ -55,6 +54,7 @@ impl Link {
             failures: AtomicU32::new(0),
             down: Mutex::new(None),
             transitions: AtomicU64::new(0),
+            trial_quiet,
         }
     }
 
@@ -190,18 +190,24 @@ pub async fn monitor(
                 _ = tokio::time::sleep(wait) => {}
                 _ = stopping.cancelled() => return,
             }
-            if let Err(e) = sink.probe().await {
+            let probed = tokio::select! {
+                r = sink.probe() => r,
+                _ = stopping.cancelled() => return,
+            };
+            if let Err(e) = probed {
                 tracing::debug!(sink = link.sink, tries, error = %e, "probe failed");
                 continue;
             }
             link.open_trial();
             tokio::select! {
+                // A failure that lands with the quiet timer still means down.
+                biased;
                 _ = link.wait_for(|s| s == State::Up) => break,
-                _ = tokio::time::sleep(TRIAL_QUIET) => break,
                 _ = link.wait_for(|s| s == State::Down) => {
                     tracing::debug!(sink = link.sink, tries, "the probe passed but requests still get no answer");
                 }
                 _ = stopping.cancelled() => return,
+                _ = tokio::time::sleep(link.trial_quiet) => break,
             }
         }
         let down_for = link
@@ -243,6 +249,7 @@ mod tests {
                 down_after,
                 ..LinkSpec::default()
             },
+            Duration::from_secs(30),
         )
     }
 

@@ -1000,6 +1000,43 @@ fn retry_after_is_honoured() {
     assert_eq!(st["dead"]["records"], 0, "{st}");
 }
 
+/// Refused credentials (401, 403) are the sink's problem, not the jobs': an expired token must not
+/// send the backlog to the dead letters. They turn the link down like an outage (no attempt spent,
+/// one WARN naming the status) until the receiver accepts again.
+#[test]
+fn refused_credentials_pause_the_sink_instead_of_dead_lettering() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    rx.set_mode(Mode::StatusWith(401, "token expired"));
+    let config = write_config(
+        &sb,
+        &[Sink::new("up", rx.url("/ingest")).max_attempts(1)],
+        &[("logs", "up", 10)],
+    );
+    create_store(&config, &[]);
+    push(&sb, &config, "logs", &recs(0..30), 100, &[]);
+    let agent = start(&config);
+    let down = agent.wait_for_event(secs(30), "the link down on 401", |e| is(e, LINK_DOWN));
+    assert!(field(&down, "reason").contains("401"), "{down}");
+    assert!(field(&down, "reason").contains("token expired"), "{down}");
+    rx.set_mode(Mode::Accept);
+    if let Err(e) = rx.wait_records(30, secs(30)) {
+        panic!("{e}; stderr:\n{}", agent.stderr());
+    }
+    let agent = stop(agent);
+    assert_same_records(
+        &rx.records(),
+        &recs(0..30),
+        "in order, once the token is accepted",
+    );
+    assert_eq!(count(&agent, LINK_DOWN, "up"), 1, "{}", agent.stderr());
+    let s = summary(&agent, "up");
+    assert_eq!(num(&s, "attempts_failed"), 0, "{s}");
+    let st = stats(&config, "logs", &[]);
+    assert_eq!(st["dead"]["records"], 0, "{st}");
+    assert_eq!(st["counters"]["retried_attempts"], 0, "{st}");
+}
+
 /// No answer is a transport failure whatever its form: a request that hangs past the sink's
 /// `timeout` and an answer cut off mid-way both count towards `down_after`, turn the link down
 /// and spend no attempt (with `max_attempts: 1`); the data arrives once the receivers accept.

@@ -905,9 +905,12 @@ fn compile_http(
         }
     };
     let mut headers_ok = true;
+    let mut seen = std::collections::HashSet::new();
     for (k, v) in &spec.headers {
         let lower = k.to_ascii_lowercase();
-        let problem = if RESERVED_HEADERS.contains(&lower.as_str()) {
+        let problem = if !seen.insert(lower.clone()) {
+            Some("is set twice (header names are case-insensitive)")
+        } else if RESERVED_HEADERS.contains(&lower.as_str()) {
             Some("is set by colibri itself and cannot be configured")
         } else if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
             Some("is not a valid header name")

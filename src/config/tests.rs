@@ -567,7 +567,7 @@ sinks:
   a: { type: http, url: "ftp://x/y" }
   b: { type: http, url: "not a url" }
   c: { type: http, url: "http://h/", concurrency: 0, timeout: 0s, replay_rate: 0 }
-  d: { type: http, url: "http://h/", headers: { Content-Type: text/csv, "bad name": x } }
+  d: { type: http, url: "http://h/", headers: { Content-Type: text/csv, "bad name": x, X-Tag: a, x-tag: b } }
   e: { type: http, url: "https://h/", tls: { ca_file: /nonexistent/ca.pem } }
   f: { type: http, url: "https://h/", tls: { client_cert: /nonexistent/c.pem } }
   g: { type: http, url: "http://h/", link: { down_after: 0, probe_url: "http://h/health" } }
@@ -582,6 +582,7 @@ sinks:
         "sinks.c.replay_rate: must be positive",
         "sinks.d.headers.Content-Type: is set by colibri itself",
         "sinks.d.headers.bad name: is not a valid header name",
+        "sinks.d.headers.x-tag: is set twice (header names are case-insensitive)",
         "sinks.e.tls.ca_file: /nonexistent/ca.pem: cannot read",
         "sinks.f.tls.client_key: missing: tls.client_cert needs it",
         "sinks.g.link.down_after: must be at least 1",

@@ -131,16 +131,22 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// A ready-to-use HTTP sink: the client (connection pool, TLS) and the request template.
+/// A ready-to-use HTTP sink: the client (connection pool, TLS, configured headers) and the request
+/// template.
 pub struct HttpSink {
     client: Client,
     url: Url,
+    /// The URL as logs and dead-letter reasons show it: no password, no secret query values.
+    shown: String,
     method: Method,
-    headers: HeaderMap,
+    content_type: HeaderValue,
+    content_encoding: Option<HeaderValue>,
     encoding: Encoding,
     compression: Compression,
-    /// Where a TCP probe connects: the URL's host and port, resolved once.
+    /// Where a TCP probe connects: the URL's host and port (resolved at each probe).
     probe_addr: (String, u16),
+    /// With `tls.server_name`: (the URL's original host, the name it is reached by).
+    renamed: Option<(String, String)>,
     timeout: Duration,
 }
 
@@ -160,6 +166,9 @@ impl HttpSink {
             .port_or_known_default()
             .ok_or_else(|| SettingError::new("url", format!("{} has no port", spec.url)))?;
         let mut b = Client::builder()
+            // Proxies from the environment would turn an upstream outage into 502s that spend
+            // attempts, while the probe dials the origin directly: not supported for now.
+            .no_proxy()
             .user_agent(USER_AGENT)
             .timeout(spec.timeout)
             .connect_timeout(spec.timeout.min(Duration::from_secs(10)))
@@ -222,6 +231,7 @@ impl HttpSink {
                 ));
             }
         }
+        let renamed = tls.server_name.clone().map(|n| (host.clone(), n));
         if let Some(name) = &tls.server_name {
             // Connect to the URL's host but verify (and send SNI for) `name`: the URL is rewritten
             // to the name, and the name resolved to the original host when a connection is made
@@ -247,33 +257,30 @@ impl HttpSink {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static(spec.encoding.content_type()),
-        );
-        match spec.compression {
-            Compression::None => {}
-            Compression::Gzip => {
-                headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-            }
-            Compression::Zstd => {
-                headers.insert(CONTENT_ENCODING, HeaderValue::from_static("zstd"));
-            }
-        }
+        // Sent with every request (probes too: a probe through an authenticating proxy or
+        // gateway needs them), without a copy per request.
+        b = b.default_headers(headers);
         let client = b.build().map_err(|e| {
             SettingError::new("", format!("cannot build the HTTP client: {}", chain(&e)))
         })?;
         Ok(HttpSink {
             client,
+            shown: shown_url(&url),
             url,
             method: match spec.method {
                 HttpMethod::Post => Method::POST,
                 HttpMethod::Put => Method::PUT,
             },
-            headers,
+            content_type: HeaderValue::from_static(spec.encoding.content_type()),
+            content_encoding: match spec.compression {
+                Compression::None => None,
+                Compression::Gzip => Some(HeaderValue::from_static("gzip")),
+                Compression::Zstd => Some(HeaderValue::from_static("zstd")),
+            },
             encoding: spec.encoding,
             compression: spec.compression,
             probe_addr: (host, port),
+            renamed,
             timeout: spec.timeout,
         })
     }
@@ -303,26 +310,23 @@ impl HttpSink {
 
     /// Sends one body and classifies the outcome.
     pub async fn send(&self, key: &str, body: Vec<u8>) -> Result<(), DeliveryError> {
-        let mut headers = self.headers.clone();
-        if let Ok(v) = HeaderValue::from_str(key) {
-            headers.insert("idempotency-key", v);
-        }
-        let sent = self
+        let mut req = self
             .client
             .request(self.method.clone(), self.url.clone())
-            .headers(headers)
-            .body(body)
-            .send()
-            .await;
-        let resp = match sent {
+            .header(CONTENT_TYPE, self.content_type.clone())
+            .header("idempotency-key", key);
+        if let Some(enc) = &self.content_encoding {
+            req = req.header(CONTENT_ENCODING, enc.clone());
+        }
+        let resp = match req.body(body).send().await {
             Ok(r) => r,
             // No response at all: refused, reset, DNS, TLS handshake, timeout, closed mid-response.
             Err(e) => {
                 return Err(DeliveryError::Unavailable(format!(
                     "{} {}: {}",
                     self.method,
-                    self.url,
-                    chain(&e)
+                    self.shown,
+                    chain(&e.without_url())
                 )));
             }
         };
@@ -337,12 +341,18 @@ impl HttpSink {
         let text = String::from_utf8_lossy(&prefix);
         let text = text.trim();
         let reason = if text.is_empty() {
-            format!("{} {} answered {status}", self.method, self.url)
+            format!("{} {} answered {status}", self.method, self.shown)
         } else {
-            format!("{} {} answered {status}: {text}", self.method, self.url)
+            format!("{} {} answered {status}: {text}", self.method, self.shown)
         };
         Err(match status.as_u16() {
             413 => DeliveryError::TooLarge(reason),
+            // Refused credentials are the sink's problem, not the job's: an expired token must not
+            // send the whole backlog to the dead letters. Treated like an outage (no attempt
+            // spent, the link goes down and waits) until the credentials are accepted.
+            401 | 403 => DeliveryError::Unavailable(format!(
+                "{reason} (credentials refused; deliveries wait until they are accepted)"
+            )),
             408 | 429 | 500..=599 => DeliveryError::Transient {
                 reason,
                 retry_after,
@@ -369,13 +379,26 @@ impl HttpSink {
                     Err(_) => Err(format!("tcp connect to {host}:{port}: timed out")),
                 }
             }
-            Some(url) => match self.client.get(url.clone()).send().await {
-                Ok(resp) => {
-                    let _ = drain(resp, 64 << 10).await;
-                    Ok(())
+            Some(url) => {
+                let mut url = url.clone();
+                // The sink's own host is reached by its `tls.server_name`, like its requests.
+                if let Some((host, name)) = &self.renamed
+                    && url.host_str() == Some(host.as_str())
+                {
+                    let _ = url.set_host(Some(name));
                 }
-                Err(e) => Err(format!("GET {url}: {}", chain(&e))),
-            },
+                match self.client.get(url.clone()).send().await {
+                    Ok(resp) => {
+                        let _ = drain(resp, 64 << 10).await;
+                        Ok(())
+                    }
+                    Err(e) => Err(format!(
+                        "GET {}: {}",
+                        shown_url(&url),
+                        chain(&e.without_url())
+                    )),
+                }
+            }
         }
     }
 }
@@ -399,6 +422,37 @@ impl reqwest::dns::Resolve for ServerName {
             Ok(Box::new(addrs.collect::<Vec<_>>().into_iter()) as reqwest::dns::Addrs)
         })
     }
+}
+
+/// A URL fit for logs and stored reasons: the password and the values of query parameters that
+/// look like credentials are replaced by `***`.
+pub fn shown_url(url: &Url) -> String {
+    let mut u = url.clone();
+    if u.password().is_some() {
+        let _ = u.set_password(Some("***"));
+    }
+    let secret = |k: &str| {
+        let k = k.to_ascii_lowercase();
+        ["pass", "token", "key", "secret", "auth", "sig"]
+            .iter()
+            .any(|w| k.contains(w))
+            || k == "p"
+    };
+    if u.query_pairs().any(|(k, _)| secret(&k)) {
+        let pairs: Vec<(String, String)> = u
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if secret(&k) {
+                    "***".into()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        u.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    u.to_string()
 }
 
 /// Encodes records as one body.
@@ -519,6 +573,22 @@ mod tests {
             .read_to_end(&mut out)
             .unwrap();
         assert_eq!(out, body);
+    }
+
+    #[test]
+    fn urls_in_logs_hide_passwords_and_secret_query_values() {
+        let u: Url =
+            "https://user:hunter2@db.example:8086/write?db=plant&u=user&p=hunter2&precision=s"
+                .parse()
+                .unwrap();
+        let shown = shown_url(&u);
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("db=plant") && shown.contains("precision=s"),
+            "{shown}"
+        );
+        let plain: Url = "http://127.0.0.1:8428/write".parse().unwrap();
+        assert_eq!(shown_url(&plain), "http://127.0.0.1:8428/write");
     }
 
     #[test]

@@ -167,6 +167,14 @@ impl Sink {
         }
     }
 
+    /// The longest a request may take.
+    pub fn timeout(&self) -> Duration {
+        match &self.config.kind {
+            SinkKind::Http(spec) => spec.timeout,
+            _ => Duration::from_secs(10),
+        }
+    }
+
     /// Bytes per second while a backlog drains, if limited.
     pub fn replay_rate(&self) -> Option<u64> {
         match &self.config.kind {
@@ -175,30 +183,44 @@ impl Sink {
         }
     }
 
-    /// Delivers one batch; returns the request body's size (before compression) on success.
-    pub async fn deliver(&self, batch: &Batch<'_>) -> Result<u64, DeliveryError> {
-        if let Some(h) = &self.http {
-            let body = h.body(batch.records).await?;
-            let len = body.len() as u64;
-            h.send(&batch.idempotency_key(), body).await?;
-            return Ok(len);
+    /// The body that carries `batch`: encoded (and for HTTP compressed), so its size is what goes
+    /// over the wire and what `replay_rate` paces.
+    pub async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
+        match &self.http {
+            Some(h) => h.body(batch.records).await,
+            None => Ok(http::encode(http::Encoding::Ndjson, batch.records)),
         }
-        let body = http::encode(http::Encoding::Ndjson, batch.records);
-        let len = body.len() as u64;
+    }
+
+    /// Delivers `body` (made by [`Sink::body`] for `batch`).
+    pub async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
         match &self.config.kind {
+            SinkKind::Http(_) => {
+                let h = self.http.as_ref().expect("built with the sink");
+                h.send(&batch.idempotency_key(), body).await
+            }
             SinkKind::File { dir } => {
-                let dir = dir.clone();
-                let name = batch.file_name();
-                if !dir.is_dir() {
-                    return Err(DeliveryError::Unavailable(format!(
-                        "{}: the directory does not exist (colibri does not create it)",
+                let (dir, name) = (dir.clone(), batch.file_name());
+                // Off the event loop: a stat of a stale network mount can block for minutes.
+                let written =
+                    tokio::task::spawn_blocking(move || write_atomically(&dir, &name, &body))
+                        .await
+                        .map_err(|e| {
+                            DeliveryError::transient(format!(
+                                "{}: writer stopped: {e}",
+                                self.describe()
+                            ))
+                        })?;
+                match written {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(
+                        DeliveryError::Unavailable(format!("{}: {e}", self.describe())),
+                    ),
+                    Err(e) => Err(DeliveryError::transient(format!(
+                        "{}: {e}",
                         self.describe()
-                    )));
+                    ))),
                 }
-                tokio::task::spawn_blocking(move || write_atomically(&dir, &name, &body))
-                    .await
-                    .map_err(|e| DeliveryError::transient(format!("file writer stopped: {e}")))?
-                    .map_err(|e| DeliveryError::transient(format!("{}: {e}", self.describe())))?;
             }
             SinkKind::Stdout => tokio::task::spawn_blocking(move || {
                 let mut out = std::io::stdout().lock();
@@ -206,11 +228,11 @@ impl Sink {
                 out.flush()
             })
             .await
-            .map_err(|e| DeliveryError::transient(format!("stdout writer stopped: {e}")))?
-            .map_err(|e| DeliveryError::transient(format!("stdout: {e}")))?,
-            SinkKind::Http(_) => unreachable!("handled above"),
+            .map_err(|e| {
+                DeliveryError::transient(format!("{}: writer stopped: {e}", self.describe()))
+            })?
+            .map_err(|e| DeliveryError::transient(format!("{}: {e}", self.describe()))),
         }
-        Ok(len)
     }
 
     /// Whether the destination can be reached again, for the link monitor.
@@ -224,11 +246,16 @@ impl Sink {
                 h.probe(url).await
             }
             (SinkKind::File { dir }, _) => {
-                if dir.is_dir() {
-                    Ok(())
-                } else {
-                    Err(format!("{} does not exist", dir.display()))
-                }
+                let dir = dir.clone();
+                tokio::task::spawn_blocking(move || {
+                    if dir.is_dir() {
+                        Ok(())
+                    } else {
+                        Err(format!("{} does not exist", dir.display()))
+                    }
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("probe stopped: {e}")))
             }
             _ => Ok(()),
         }
@@ -246,7 +273,9 @@ impl SinkConfig {
         match &self.kind {
             SinkKind::File { dir } => format!("file sink {} ({})", self.name, dir.display()),
             SinkKind::Stdout => format!("stdout sink {}", self.name),
-            SinkKind::Http(spec) => format!("http sink {} ({})", self.name, spec.url),
+            SinkKind::Http(spec) => {
+                format!("http sink {} ({})", self.name, http::shown_url(&spec.url))
+            }
         }
     }
 }
@@ -290,6 +319,11 @@ mod tests {
         }
     }
 
+    async fn deliver(sink: &Sink, batch: &Batch<'_>) -> Result<(), DeliveryError> {
+        let body = sink.body(batch).await?;
+        sink.send(batch, body).await
+    }
+
     fn file_sink(dir: &Path) -> Sink {
         let cfg = SinkConfig {
             name: "out".into(),
@@ -322,7 +356,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sink = file_sink(dir.path());
         let recs: [&[u8]; 2] = [b"{\"a\":1}", b"{\"b\":2}"];
-        sink.deliver(&batch(7, &recs)).await.unwrap();
+        deliver(&sink, &batch(7, &recs)).await.unwrap();
         let path = dir.path().join("logs-00000000000000000007.ndjson");
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
@@ -330,7 +364,7 @@ mod tests {
         );
         // Delivered again after a crash: same name, same content, no second file.
         let recs: [&[u8]; 2] = [b"{\"a\":1}", b"{\"b\":2}"];
-        sink.deliver(&batch(7, &recs)).await.unwrap();
+        deliver(&sink, &batch(7, &recs)).await.unwrap();
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())
@@ -343,7 +377,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let gone = dir.path().join("not-mounted");
         let sink = file_sink(&gone);
-        let e = sink.deliver(&batch(1, &[b"x"])).await.unwrap_err();
+        let e = deliver(&sink, &batch(1, &[b"x"])).await.unwrap_err();
         assert!(
             matches!(&e, DeliveryError::Unavailable(m) if m.contains("does not exist")),
             "{e:?}"

@@ -54,6 +54,17 @@ pub enum Meta {
     },
 }
 
+/// `Meta::V1` by reference, to encode without cloning the error text (same variant index and
+/// field order, so the same bytes).
+#[derive(Serialize)]
+enum MetaRef<'a> {
+    V1 {
+        attempts: u32,
+        last_error: Option<&'a str>,
+        last_failed_ms: u64,
+    },
+}
+
 /// The fixed part, readable from any value at least [`HEADER_LEN`] long with the right version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
@@ -105,9 +116,23 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(a)
 }
 
-/// Encodes a job.
+/// Encodes a job. A job with no settled prefix is written as `V1`, so a previous release (which
+/// knows only `V1`) can still read everything but the rare split job.
 pub fn encode<R: AsRef<[u8]>>(created_ms: u64, meta: &Meta, records: &[R]) -> Vec<u8> {
-    let meta_bytes = postcard::to_stdvec(meta).expect("postcard encodes a plain enum into a Vec");
+    let meta_bytes = match meta {
+        Meta::V2 {
+            attempts,
+            last_error,
+            last_failed_ms,
+            offset: 0,
+        } => postcard::to_stdvec(&MetaRef::V1 {
+            attempts: *attempts,
+            last_error: last_error.as_deref(),
+            last_failed_ms: *last_failed_ms,
+        }),
+        m => postcard::to_stdvec(m),
+    }
+    .expect("postcard encodes a plain enum into a Vec");
     let body: usize = records.iter().map(|r| 4 + r.as_ref().len()).sum();
     let mut out = Vec::with_capacity(HEADER_LEN + meta_bytes.len() + body);
     out.push(VERSION);
@@ -270,6 +295,30 @@ pub fn with_meta(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_without_a_settled_prefix_is_written_as_v1() {
+        let recs = ["a", "b"];
+        let v2 = Meta::V2 {
+            attempts: 2,
+            last_error: Some("503".into()),
+            last_failed_ms: 9,
+            offset: 0,
+        };
+        let v1 = Meta::V1 {
+            attempts: 2,
+            last_error: Some("503".into()),
+            last_failed_ms: 9,
+        };
+        assert_eq!(encode(5, &v2, &recs), encode(5, &v1, &recs));
+        let split = Meta::V2 {
+            attempts: 2,
+            last_error: None,
+            last_failed_ms: 9,
+            offset: 3,
+        };
+        assert_eq!(decode(&encode(5, &split, &recs)).unwrap().offset, 3);
+    }
 
     fn meta(attempts: u32) -> Meta {
         Meta::V2 {

@@ -203,6 +203,9 @@ pub struct Appended {
 pub struct Lease {
     pub stream: String,
     pub id: u64,
+    /// The id of the store file that handed it out: a lease from a file since replaced (ids
+    /// start over in a new one) must never settle the new file's job of the same id.
+    pub store: u64,
     /// `Some(due)` when the job was taken from the retry table.
     pub retry_due: Option<u64>,
 }
@@ -743,6 +746,9 @@ impl Store {
 
     /// Returns a taken job to the queue without an attempt (the link went down, shutdown).
     pub fn release(&mut self, lease: &Lease) {
+        if lease.store != self.id {
+            return;
+        }
         if let Some(st) = self.streams.get_mut(&lease.stream) {
             st.in_flight.remove(&lease.id);
         }
@@ -789,7 +795,16 @@ impl Store {
         let Ok(t) = rtx.open_table(st.retry_def()) else {
             return Ok(None);
         };
-        Ok(t.first().map_err(io)?.map(|(k, _)| k.value().0))
+        // Jobs being delivered are not due for anyone else: a worker must not wake for them (it
+        // would find nothing to take and spin). At most `in_flight` entries are skipped.
+        for e in t.iter().map_err(io)? {
+            let (k, _) = e.map_err(io)?;
+            let (due, id) = k.value();
+            if !st.in_flight.contains(&id) {
+                return Ok(Some(due));
+            }
+        }
+        Ok(None)
     }
 
     /// Oldest creation time among a stream's queued (ready or retry) jobs.
@@ -1242,6 +1257,7 @@ impl<'s> Tx<'s> {
         now_ms: u64,
     ) -> Result<Vec<Job>, StoreError> {
         self.stream(stream)?;
+        let store_id = self.store.id;
         let txn = self.txn.as_ref().expect("present until commit");
         let st = self.store.streams.get_mut(stream).expect("checked above");
         let mut out = Vec::new();
@@ -1257,7 +1273,7 @@ impl<'s> Tx<'s> {
                 if st.in_flight.contains(&id) {
                     continue;
                 }
-                match job_from(stream, id, Some(due), v.value()) {
+                match job_from(store_id, stream, id, Some(due), v.value()) {
                     Ok(job) => out.push(job),
                     Err(e) => bad.push((Table::Retry, id, Some(due), v.value().to_vec(), e)),
                 }
@@ -1274,7 +1290,7 @@ impl<'s> Tx<'s> {
                 if st.in_flight.contains(&id) {
                     continue;
                 }
-                match job_from(stream, id, None, v.value()) {
+                match job_from(store_id, stream, id, None, v.value()) {
                     Ok(job) => out.push(job),
                     Err(e) => bad.push((Table::Ready, id, None, v.value().to_vec(), e)),
                 }
@@ -1378,6 +1394,7 @@ impl<'s> Tx<'s> {
 
     /// The bytes of a leased job, without removing it.
     fn read_leased(&self, lease: &Lease) -> Result<(Vec<u8>, Table), StoreError> {
+        self.check_lease(lease)?;
         let txn = self.txn();
         let st = self.stream(&lease.stream)?;
         let (raw, table) = match lease.retry_due {
@@ -1403,7 +1420,24 @@ impl<'s> Tx<'s> {
         Ok((raw, table))
     }
 
+    /// A lease of another store file (replaced since it was handed out) names no job here.
+    fn check_lease(&self, lease: &Lease) -> Result<(), StoreError> {
+        if lease.store == self.store.id {
+            return Ok(());
+        }
+        Err(StoreError::NoSuchJob {
+            stream: lease.stream.clone(),
+            table: if lease.retry_due.is_some() {
+                "retry"
+            } else {
+                "ready"
+            },
+            id: lease.id,
+        })
+    }
+
     fn remove_leased(&mut self, lease: &Lease) -> Result<(Vec<u8>, Table), StoreError> {
+        self.check_lease(lease)?;
         let txn = self.txn.as_ref().expect("present until commit");
         let st = self
             .store
@@ -1946,13 +1980,14 @@ fn new_store_id() -> u64 {
     fastrand::u64(1..)
 }
 
-fn job_from(stream: &str, id: u64, due: Option<u64>, v: &[u8]) -> Result<Job, String> {
+fn job_from(store: u64, stream: &str, id: u64, due: Option<u64>, v: &[u8]) -> Result<Job, String> {
     let d = format::decode(v).map_err(|e| e.to_string())?;
     Ok(Job {
         lease: Lease {
             stream: stream.to_string(),
             id,
             retry_due: due,
+            store,
         },
         created_ms: d.header.created_ms,
         attempts: d.attempts,

@@ -69,6 +69,11 @@ fn job_bytes(records: &[Vec<u8>]) -> u64 {
     format::encode(T0, &fresh_meta(0), records).len() as u64
 }
 
+/// Same, for the rest of a job after `offset` records were settled (its metadata names the offset).
+fn rest_bytes(records: &[Vec<u8>], offset: u32) -> u64 {
+    format::encode(T0, &fresh_meta(offset), records).len() as u64
+}
+
 /// A job's records, owned, for comparisons.
 fn owned(j: &Job) -> Vec<Vec<u8>> {
     j.records().map(<[u8]>::to_vec).collect()
@@ -2972,7 +2977,7 @@ fn settle_delivered_cuts_the_prefix_and_the_rest_is_acked_later() {
     assert_eq!((c.ready_jobs, c.ready_records), (2, 3 + 1));
     assert_eq!(
         c.ready_bytes,
-        job_bytes(&all[2..]) + job_bytes(&recs("b", 1))
+        rest_bytes(&all[2..], 2) + job_bytes(&recs("b", 1))
     );
     assert_eq!(c.next_id, 3, "no new job");
     // Still in flight: not handed out again.
@@ -3145,17 +3150,27 @@ fn settle_of_no_records_or_all_of_them_is_refused_and_changes_nothing() {
             assert_eq!(counters(&store, S), before, "n = {n}");
         }
     }
-    let mut tx = store.transaction().unwrap();
     let missing = Lease {
         stream: S.into(),
         id: 99,
         retry_due: None,
+        store: store.id(),
     };
+    let mut tx = store.transaction().unwrap();
     assert!(matches!(
         tx.settle_prefix(&missing, 1, &Settle::Delivered, T0),
         Err(StoreError::NoSuchJob { id: 99, .. })
     ));
+    // A lease handed out by another (since replaced) store file names no job here, even with the
+    // same id; releasing it does not touch the real lease either.
+    let mut foreign = jobs[0].lease.clone();
+    foreign.store ^= 1;
+    assert!(matches!(
+        tx.ack(&foreign),
+        Err(StoreError::NoSuchJob { .. })
+    ));
     tx.abort().unwrap();
+    store.release(&foreign);
     // The jobs are untouched and still in flight.
     assert_eq!(store.in_flight(S), 2);
     ack(&mut store, &[&jobs[0].lease, &jobs[1].lease]);

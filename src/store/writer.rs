@@ -68,6 +68,10 @@ enum Request {
     Snapshot {
         reply: Reply<Snapshot>,
     },
+    Checkpoint {
+        source: String,
+        reply: Reply<Result<Option<Vec<u8>>, StoreError>>,
+    },
     NextDue {
         stream: String,
         reply: Reply<Result<Option<u64>, StoreError>>,
@@ -278,6 +282,19 @@ impl StoreHandle {
         rx.await.map_err(|_| gone())
     }
 
+    /// The last committed checkpoint of `source` (see [`Store::checkpoint`]). Read before the
+    /// transaction of the batch it arrives in: ask after the replies of your own appends.
+    pub async fn checkpoint(&self, source: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::Checkpoint {
+                source: source.to_string(),
+                reply,
+            })
+            .map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
     /// Finishes what is queued, closes the database cleanly (so the next start needs no repair)
     /// and stops the thread.
     pub async fn shutdown(&self) {
@@ -485,14 +502,21 @@ impl Writer {
         let mut work = Vec::with_capacity(batch.len());
         for req in batch {
             match req {
-                Request::Release { lease } => {
-                    if let Some(s) = self.store.as_mut() {
-                        s.release(&lease);
-                    }
-                }
+                Request::Release { lease } => match self.store.as_mut() {
+                    Some(s) => s.release(&lease),
+                    // Not carried into the reopened store: the job is ready again there.
+                    None => self.forget_carried(&lease),
+                },
                 Request::Snapshot { reply } => {
                     let snap = self.snapshot();
                     let _ = reply.send(snap);
+                }
+                Request::Checkpoint { source, reply } => {
+                    let cp = match &self.store {
+                        Some(s) => s.checkpoint(&source),
+                        None => Err(StoreError::Io("the store is unavailable".into())),
+                    };
+                    let _ = reply.send(cp);
                 }
                 Request::NextDue { stream, reply } => {
                     let due = match &self.store {
@@ -510,6 +534,14 @@ impl Writer {
         }
         if self.store.is_none() && !self.try_reopen() {
             for req in work {
+                // A settlement that cannot be applied leaves its job ready again (at-least-once),
+                // never in flight for good.
+                if let Request::Ack { lease, .. }
+                | Request::Fail { lease, .. }
+                | Request::Settle { lease, .. } = &req
+                {
+                    self.forget_carried(lease);
+                }
                 fail_unavailable(req);
             }
             // Producers blocked on a stream must not hang on a broken disk past their deadline.
@@ -553,13 +585,23 @@ impl Writer {
         }
     }
 
+    fn forget_carried(&mut self, lease: &super::Lease) {
+        self.carried_in_flight
+            .retain(|(stream, id)| !(stream == &lease.stream && *id == lease.id));
+    }
+
     fn try_reopen(&mut self) -> bool {
         match (self.reopen)() {
             Ok(mut s) => {
                 tracing::info!("store reopened after an i/o error");
                 // Before any reply from the new store: a key built after one names its file.
-                self.store_id.store(s.id(), Ordering::Release);
-                s.restore_in_flight(std::mem::take(&mut self.carried_in_flight));
+                let previous = self.store_id.swap(s.id(), Ordering::AcqRel);
+                let carried = std::mem::take(&mut self.carried_in_flight);
+                // A replaced (new) file has other jobs under the same ids: the old leases name
+                // nothing there, and the store refuses them by their store id.
+                if previous == s.id() {
+                    s.restore_in_flight(carried);
+                }
                 self.store = Some(s);
                 self.reopen_backoff = Duration::from_millis(100);
                 true
@@ -764,6 +806,7 @@ fn run_tx(
             }
             Request::Release { .. }
             | Request::Snapshot { .. }
+            | Request::Checkpoint { .. }
             | Request::NextDue { .. }
             | Request::Shutdown { .. } => {
                 unreachable!("handled before the transaction")
@@ -809,6 +852,7 @@ fn fail_with(req: Request, e: &StoreError) {
         Request::Settle { reply, .. } => drop(reply.send(Err(err()))),
         Request::Release { .. }
         | Request::Snapshot { .. }
+        | Request::Checkpoint { .. }
         | Request::NextDue { .. }
         | Request::Shutdown { .. } => {}
     }
@@ -819,4 +863,65 @@ fn fail_unavailable(req: Request) {
         req,
         &StoreError::Io("the store is unavailable after an i/o error; retrying".into()),
     );
+}
+
+#[cfg(test)]
+mod checkpoint_tests {
+    use super::*;
+    use crate::store::{BatchConfig, OpenOptions, StorageConfig, WhenFull};
+
+    fn stream() -> StreamConfig {
+        StreamConfig {
+            name: "s".into(),
+            sink: None,
+            batch: BatchConfig {
+                max_records: 1000,
+                max_bytes: 1 << 20,
+                linger: Duration::ZERO,
+            },
+            max_jobs: 1000,
+            max_bytes: 1 << 30,
+            when_full: WhenFull::Block,
+            ttl: None,
+            dead_max_jobs: 10,
+        }
+    }
+
+    /// A checkpoint saved with an append is read back through the handle, after a restart too.
+    #[tokio::test]
+    async fn checkpoint_is_read_back_through_the_handle() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = StorageConfig {
+            max_bytes: 1 << 30,
+            min_free: 0,
+        };
+        let open = {
+            let dir = dir.path().to_path_buf();
+            move || Store::open(&dir, storage, &[stream()], OpenOptions::default())
+        };
+        let handle = spawn(
+            open().unwrap(),
+            Box::new(open.clone()),
+            WriterOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(handle.checkpoint("tail").await.unwrap(), None);
+        let cp = Some(("tail".to_string(), b"cp-1".to_vec()));
+        handle
+            .append("s", vec![b"r".to_vec()], cp, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            handle.checkpoint("tail").await.unwrap(),
+            Some(b"cp-1".to_vec())
+        );
+        assert_eq!(handle.checkpoint("other").await.unwrap(), None);
+        handle.shutdown().await;
+        let handle = spawn(open().unwrap(), Box::new(open), WriterOptions::default()).unwrap();
+        assert_eq!(
+            handle.checkpoint("tail").await.unwrap(),
+            Some(b"cp-1".to_vec())
+        );
+        handle.shutdown().await;
+    }
 }
