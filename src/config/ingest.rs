@@ -1,32 +1,231 @@
 //! The `ingest:` section: its file shape and its compilation into [`crate::ingest::IngestConfig`].
 //! Called by `config::compile`; the server itself is `crate::ingest`.
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-/// The local ingest API: programs on this machine POST records to streams over HTTP. Off unless
-/// `listen` is set.
+use super::units::{Dur, Size, de_opt_u32, u32_schema};
+use crate::ingest::{IngestConfig, Token};
+
+/// Defaults, also named in the field docs below and in `schemas/openapi.yaml`.
+pub const DEFAULT_MAX_BODY: u64 = 4 << 20;
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 256;
+pub const DEFAULT_MAX_REQUESTS: u32 = 16;
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
+
+/// Largest `max_body` accepted: a request's body is held in memory (twice, while it is split into
+/// records), `max_requests` of them at once.
+const MAX_MAX_BODY: u64 = 256 << 20;
+
+/// The local ingest API: programs on this machine POST records to streams over HTTP
+/// (`POST /v1/streams/{stream}/records`, see schemas/openapi.yaml). Off unless `listen` is set.
+/// A request is answered 200 only once its records are on disk.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IngestSpec {
-    /// Address to listen on, e.g. `127.0.0.1:8080`.
+    /// Address to listen on, e.g. `127.0.0.1:9465` or `[::1]:9465`. Unset or empty: ingest is off.
+    /// An address other than loopback without a `token` is allowed but logged as a warning.
     #[serde(default)]
     pub listen: Option<String>,
+    /// Largest request body, before and after gzip decompression, e.g. `1MiB`. Default 4MiB, at
+    /// most 256MiB.
+    #[serde(default)]
+    pub max_body: Option<Size>,
+    /// When set, every request must carry `Authorization: Bearer <token>` (compared in constant
+    /// time, never logged). Use `${VAR}` to keep it out of the file.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Open client connections at most; more wait in the listen backlog. Default 256.
+    #[serde(default, deserialize_with = "de_opt_u32")]
+    #[schemars(schema_with = "u32_schema")]
+    pub max_connections: Option<u32>,
+    /// Requests read and stored at once (each holds up to about twice `max_body` in memory); more
+    /// wait for a turn without being read. Default 16.
+    #[serde(default, deserialize_with = "de_opt_u32")]
+    #[schemars(schema_with = "u32_schema")]
+    pub max_requests: Option<u32>,
+    /// Longest time a client may take to send a request's headers, and then its body; also how
+    /// long an idle kept-alive connection stays open. Slower requests get 408. Default 10s.
+    #[serde(default)]
+    pub read_timeout: Option<Dur>,
+    /// How long a request waits for room in a full `when_full: block` stream before it is answered
+    /// 429 (or 507 when the disk budget is what is exhausted). `0s` answers at once. Default 5s.
+    #[serde(default)]
+    pub wait: Option<Dur>,
 }
 
 /// Compiles the section; `None` when ingest is off. Problems go to `err(path, message)` with paths
-/// relative to `ingest`.
+/// relative to `ingest`. Every field is checked even when `listen` is unset.
 pub fn compile(
     spec: IngestSpec,
-    _streams: &[&str],
+    streams: &[&str],
     err: &mut impl FnMut(&str, String),
-) -> Option<crate::ingest::IngestConfig> {
-    let listen = spec.listen?;
-    match listen.parse() {
-        Ok(addr) => Some(crate::ingest::IngestConfig { listen: addr }),
-        Err(e) => {
-            err("listen", format!("{listen:?} is not an address:port: {e}"));
+) -> Option<IngestConfig> {
+    let max_body = spec.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0);
+    if !(1024..=MAX_MAX_BODY).contains(&max_body) {
+        err(
+            "max_body",
+            format!("{max_body} bytes is out of range 1KiB-256MiB"),
+        );
+    }
+    let token = match spec.token {
+        None => None,
+        Some(t) if t.is_empty() => {
+            // An empty `${TOKEN:-}` must not quietly turn authentication off.
+            err(
+                "token",
+                "must not be empty (leave the field out to accept requests without a token)".into(),
+            );
             None
         }
+        Some(t) if !t.bytes().all(|b| b.is_ascii_graphic()) => {
+            // Not the value: it is a secret.
+            err(
+                "token",
+                "must be printable ASCII without spaces (it travels in an HTTP header)".into(),
+            );
+            None
+        }
+        Some(t) => Some(Token::new(t)),
+    };
+    let max_connections = spec.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+    if !(1..=65_536).contains(&max_connections) {
+        err(
+            "max_connections",
+            format!("{max_connections} is out of range 1-65536"),
+        );
+    }
+    let max_requests = spec.max_requests.unwrap_or(DEFAULT_MAX_REQUESTS);
+    if !(1..=4096).contains(&max_requests) {
+        err(
+            "max_requests",
+            format!("{max_requests} is out of range 1-4096"),
+        );
+    }
+    let read_timeout = spec.read_timeout.map_or(DEFAULT_READ_TIMEOUT, |d| d.0);
+    if read_timeout.is_zero() {
+        err("read_timeout", "must be positive".into());
+    }
+    let wait = spec.wait.map_or(DEFAULT_WAIT, |d| d.0);
+    if wait > Duration::from_secs(600) {
+        err(
+            "wait",
+            "must be at most 10m (the client waits that long for its answer)".into(),
+        );
+    }
+    let listen = spec.listen.filter(|l| !l.trim().is_empty())?;
+    let listen: SocketAddr = match listen.trim().parse() {
+        Ok(addr) => addr,
+        Err(_) => {
+            err(
+                "listen",
+                format!(
+                    "{listen:?} is not an address:port (write e.g. 127.0.0.1:9465 or [::1]:9465; host names are not resolved)"
+                ),
+            );
+            return None;
+        }
+    };
+    if streams.is_empty() {
+        err(
+            "listen",
+            "ingest needs at least one stream to append to: define one under streams:".into(),
+        );
+        return None;
+    }
+    Some(IngestConfig {
+        listen,
+        max_body,
+        token,
+        max_connections,
+        max_requests,
+        read_timeout,
+        wait,
+        streams: streams.iter().map(|s| s.to_string()).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compile_yaml(yaml: &str, streams: &[&str]) -> (Option<IngestConfig>, Vec<String>) {
+        let spec: IngestSpec = serde_saphyr::from_str(yaml).expect("test yaml");
+        let mut problems = Vec::new();
+        let c = compile(spec, streams, &mut |p: &str, m: String| {
+            problems.push(format!("ingest.{p}: {m}"))
+        });
+        (c, problems)
+    }
+
+    #[test]
+    fn defaults_and_off() {
+        let (c, p) = compile_yaml("listen: 127.0.0.1:9465", &["logs"]);
+        assert!(p.is_empty(), "{p:?}");
+        let c = c.expect("on");
+        assert_eq!(c.max_body, DEFAULT_MAX_BODY);
+        assert_eq!(c.max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(c.max_requests, DEFAULT_MAX_REQUESTS);
+        assert_eq!(c.read_timeout, DEFAULT_READ_TIMEOUT);
+        assert_eq!(c.wait, DEFAULT_WAIT);
+        assert!(c.token.is_none());
+        assert_eq!(c.streams, vec!["logs".to_string()]);
+        for off in ["{}", "listen: ''", "max_body: 1MiB"] {
+            let (c, p) = compile_yaml(off, &["logs"]);
+            assert!(c.is_none() && p.is_empty(), "{off}: {p:?}");
+        }
+    }
+
+    #[test]
+    fn every_problem_names_its_field() {
+        let (c, p) = compile_yaml(
+            "{ listen: 'localhost:80', max_body: 10, token: '', max_connections: 0, max_requests: 5000, read_timeout: 0s, wait: 1h }",
+            &["logs"],
+        );
+        assert!(c.is_none());
+        let fields: Vec<&str> = p
+            .iter()
+            .map(|m| m.split(':').next().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "ingest.max_body",
+                "ingest.token",
+                "ingest.max_connections",
+                "ingest.max_requests",
+                "ingest.read_timeout",
+                "ingest.wait",
+                "ingest.listen"
+            ],
+            "{p:#?}"
+        );
+    }
+
+    #[test]
+    fn a_token_is_checked_and_never_shown() {
+        let (_, p) = compile_yaml("{ listen: '127.0.0.1:1', token: 'two words' }", &["logs"]);
+        assert_eq!(p.len(), 1);
+        assert!(!p[0].contains("two words"), "{p:?}");
+        let (c, p) = compile_yaml("{ listen: '[::1]:1', token: 's3cret' }", &["logs"]);
+        assert!(p.is_empty(), "{p:?}");
+        let c = c.expect("on");
+        assert!(!format!("{c:?}").contains("s3cret"));
+        assert!(!c.describe().contains("s3cret"));
+        assert!(c.token.as_ref().expect("set").matches(b"s3cret"));
+        assert!(!c.token.as_ref().expect("set").matches(b"s3cre"));
+        assert!(!c.token.as_ref().expect("set").matches(b"s3cretx"));
+    }
+
+    #[test]
+    fn ingest_needs_a_stream() {
+        let (c, p) = compile_yaml("listen: 127.0.0.1:9465", &[]);
+        assert!(c.is_none());
+        assert_eq!(p.len(), 1);
+        assert!(p[0].starts_with("ingest.listen: ingest needs"), "{p:?}");
     }
 }

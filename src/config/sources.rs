@@ -2,16 +2,29 @@
 //! compilation into [`crate::tail::TailConfig`]. Called by `config::compile`; the sources themselves
 //! live in `crate::tail`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
+
+use super::units::{Dur, Size, de_opt_u32, u32_schema};
+use crate::tail::lines::MultilineConfig;
+use crate::tail::record::{Filter, Level};
+use crate::tail::{Exclude, StartAt, TailConfig, WatchMode};
+
+/// Longest `max_line_bytes` (and `multiline.max_bytes`) accepted.
+const MAX_LINE_LIMIT: u64 = 16 << 20;
 
 /// Something that produces records for a stream on its own.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceSpec {
-    /// Follows log files.
+    /// Follows log files: each line (or multiline group) becomes one JSON record
+    /// `{"line":..., "path":..., "offset":..., "host":..., "labels":{...}}`. Rotation by rename or by
+    /// copy-truncate is followed; what was read is checkpointed with the records, so a crash neither
+    /// loses nor repeats a line.
     Tail(Box<TailSpec>),
 }
 
@@ -20,8 +33,109 @@ pub enum SourceSpec {
 pub struct TailSpec {
     /// The stream the lines go to.
     pub stream: String,
-    /// Glob patterns of the files to follow.
+    /// Glob patterns of the files to follow (`*`, `?`, `[a-z]`, `**` for any depth), re-scanned for
+    /// new files. Relative patterns are read from the config file's directory. A file renamed away
+    /// from a matching name is read to its end; a pattern that also matches rotated names
+    /// (`app.log*`) keeps them followed until deleted, which also covers rotations while colibri
+    /// is stopped (exclude compressed ones: `exclude: ['*.gz']`).
     pub paths: Vec<String>,
+    /// Glob patterns of files not to follow: a pattern with a `/` is matched against the whole path,
+    /// one without against the file name (e.g. `*.gz`).
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Where to start in files that are there when the source first runs (no checkpoint yet):
+    /// `beginning` (default) or `end`. Files that appear later are always read from their beginning.
+    #[serde(default)]
+    pub start_at: StartAtSpec,
+    /// Regular expressions; when given, only records matching at least one are kept.
+    #[serde(default)]
+    pub include_lines: Vec<String>,
+    /// Regular expressions; records matching any are dropped (after `include_lines`).
+    #[serde(default)]
+    pub exclude_lines: Vec<String>,
+    /// Drops records below this level. The level is read from a JSON line's `level` (or `severity`)
+    /// field, a string or a bunyan/pino number, or from a logfmt `level=` (`severity=`, `lvl=`) pair;
+    /// lines without one are kept.
+    #[serde(default)]
+    pub min_level: Option<LevelSpec>,
+    /// Longer lines are cut to this many bytes (marked `"truncated": true`, and counted); the rest of
+    /// the line is skipped. Default 64KiB.
+    #[serde(default)]
+    pub max_line_bytes: Option<Size>,
+    /// Joins lines into one record, e.g. a stack trace with the line that announced it.
+    #[serde(default)]
+    pub multiline: Option<MultilineSpec>,
+    /// Add the machine's host name as `host`. Default true.
+    #[serde(default = "yes")]
+    pub host: bool,
+    /// Fields added to every record under `labels`.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// `auto` (default): inotify, or polling where it is not available; `poll`: check the files
+    /// every `poll_interval` (e.g. for network filesystems, where inotify sees no remote writes).
+    #[serde(default)]
+    pub watch: WatchSpec,
+    /// How often files are checked for new data when polling. Default 1s.
+    #[serde(default)]
+    pub poll_interval: Option<Dur>,
+    /// How often the `paths` globs are expanded again to find new files (with inotify, new files in
+    /// watched directories are found at once; this catches new directories). Default 10s.
+    #[serde(default)]
+    pub scan_interval: Option<Dur>,
+    /// How long a file that was renamed away or deleted is kept open after its last new data, so
+    /// lines its writer adds before reopening are still read. Default 5s.
+    #[serde(default)]
+    pub rotate_wait: Option<Dur>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StartAtSpec {
+    #[default]
+    Beginning,
+    End,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchSpec {
+    #[default]
+    Auto,
+    Poll,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LevelSpec {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+    Fatal,
+}
+
+/// Lines that belong together.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MultilineSpec {
+    /// A regular expression: a line matching it starts a new record; lines that do not are added to
+    /// the record before them, e.g. `'^\d{4}-\d{2}-\d{2}'` for lines that start with a date.
+    pub start: String,
+    /// Most lines in one record; further lines start the next record. Default 500.
+    #[serde(default, deserialize_with = "de_opt_u32")]
+    #[schemars(schema_with = "u32_schema")]
+    pub max_lines: Option<u32>,
+    /// Most bytes in one record; a line that would pass it starts the next record. Default 1MiB.
+    #[serde(default)]
+    pub max_bytes: Option<Size>,
+    /// A record that got no new line for this long is complete. Default 1s.
+    #[serde(default)]
+    pub timeout: Option<Dur>,
 }
 
 /// Compiles one source; problems go to `err(path, message)` with paths relative to the source.
@@ -31,18 +145,343 @@ pub fn compile(
     base: &Path,
     streams: &[&str],
     err: &mut impl FnMut(&str, String),
-) -> Option<crate::tail::TailConfig> {
+) -> Option<TailConfig> {
     let SourceSpec::Tail(spec) = spec;
+    let spec = *spec;
     if !streams.contains(&spec.stream.as_str()) {
+        let known = if streams.is_empty() {
+            "none".to_string()
+        } else {
+            streams.join(", ")
+        };
         err(
             "stream",
-            format!("stream {:?} is not defined under streams:", spec.stream),
+            format!(
+                "stream {:?} is not defined under streams: (defined: {known})",
+                spec.stream
+            ),
         );
     }
+    if spec.paths.is_empty() {
+        err("paths", "at least one glob pattern is needed".into());
+    }
+    // Relative patterns are read from the config file's directory, whose name may hold glob
+    // characters of its own: those are escaped.
+    let base_pattern = glob::Pattern::escape(&base.to_string_lossy());
+    let absolute = |p: &str| -> String {
+        if p.starts_with('/') || base_pattern.is_empty() {
+            p.to_string()
+        } else {
+            format!("{}/{p}", base_pattern.trim_end_matches('/'))
+        }
+    };
+    let mut patterns = Vec::new();
+    for (i, p) in spec.paths.iter().enumerate() {
+        let at = format!("paths[{i}]");
+        if p.trim().is_empty() {
+            err(&at, "must not be empty".into());
+            continue;
+        }
+        if p.ends_with('/') {
+            err(
+                &at,
+                format!("{p:?} names a directory; match the files in it, e.g. \"{p}*.log\""),
+            );
+            continue;
+        }
+        let abs = absolute(p);
+        match glob::Pattern::new(&abs) {
+            Ok(_) => patterns.push(abs),
+            Err(e) => err(&at, format!("bad glob {p:?}: {e}")),
+        }
+    }
+    let mut exclude = Vec::new();
+    for (i, p) in spec.exclude.iter().enumerate() {
+        let at = format!("exclude[{i}]");
+        let name_only = !p.contains('/');
+        let text = if name_only { p.clone() } else { absolute(p) };
+        match glob::Pattern::new(&text) {
+            Ok(pattern) if !p.is_empty() => exclude.push(Exclude {
+                pattern,
+                name_only,
+                text: p.clone(),
+            }),
+            Ok(_) => err(&at, "must not be empty".into()),
+            Err(e) => err(&at, format!("bad glob {p:?}: {e}")),
+        }
+    }
+    let regexes = |field: &str, list: &[String], err: &mut dyn FnMut(&str, String)| {
+        let mut out = Vec::new();
+        for (i, r) in list.iter().enumerate() {
+            match regex_lite::Regex::new(r) {
+                Ok(re) => out.push(re),
+                Err(e) => err(&format!("{field}[{i}]"), format!("bad regex {r:?}: {e}")),
+            }
+        }
+        out
+    };
+    let filter = Filter {
+        include: regexes("include_lines", &spec.include_lines, err),
+        exclude: regexes("exclude_lines", &spec.exclude_lines, err),
+        min_level: spec.min_level.map(|l| match l {
+            LevelSpec::Trace => Level::Trace,
+            LevelSpec::Debug => Level::Debug,
+            LevelSpec::Info => Level::Info,
+            LevelSpec::Warn => Level::Warn,
+            LevelSpec::Error => Level::Error,
+            LevelSpec::Fatal => Level::Fatal,
+        }),
+    };
+    let max_line_bytes = spec.max_line_bytes.map_or(64 << 10, |s| s.0);
+    if max_line_bytes == 0 || max_line_bytes > MAX_LINE_LIMIT {
+        err(
+            "max_line_bytes",
+            format!("must be between 1 byte and 16MiB, not {max_line_bytes} bytes"),
+        );
+    }
+    let multiline = spec.multiline.and_then(|m| {
+        let start = match regex_lite::Regex::new(&m.start) {
+            Ok(re) => Some(re),
+            Err(e) => {
+                err(
+                    "multiline.start",
+                    format!("bad regex {:?}: {e}", m.start),
+                );
+                None
+            }
+        };
+        let max_lines = m.max_lines.unwrap_or(500);
+        if max_lines == 0 {
+            err("multiline.max_lines", "must be at least 1".into());
+        }
+        let max_bytes = m.max_bytes.map_or(1 << 20, |s| s.0);
+        if max_bytes > MAX_LINE_LIMIT {
+            err("multiline.max_bytes", "must be at most 16MiB".into());
+        } else if max_bytes < max_line_bytes {
+            err(
+                "multiline.max_bytes",
+                format!(
+                    "{max_bytes} bytes is less than max_line_bytes ({max_line_bytes}): one line must fit in a record"
+                ),
+            );
+        }
+        let timeout = m.timeout.map_or(Duration::from_secs(1), |d| d.0);
+        if timeout.is_zero() {
+            err("multiline.timeout", "must be positive".into());
+        }
+        Some(MultilineConfig {
+            start: start?,
+            max_lines,
+            max_bytes: max_bytes as usize,
+            timeout,
+        })
+    });
+    for key in spec.labels.keys() {
+        if key.is_empty() {
+            err("labels", "a label name must not be empty".into());
+        }
+    }
+    let positive = |field: &str,
+                    d: Option<Dur>,
+                    default: Duration,
+                    min: Duration,
+                    err: &mut dyn FnMut(&str, String)| {
+        let d = d.map_or(default, |d| d.0);
+        if d < min {
+            err(
+                field,
+                format!("must be at least {}", super::units::fmt_duration(min)),
+            );
+        }
+        d
+    };
+    let poll_interval = positive(
+        "poll_interval",
+        spec.poll_interval,
+        Duration::from_secs(1),
+        Duration::from_millis(10),
+        err,
+    );
+    let scan_interval = positive(
+        "scan_interval",
+        spec.scan_interval,
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        err,
+    );
+    let rotate_wait = spec.rotate_wait.map_or(Duration::from_secs(5), |d| d.0);
     let _ = base;
-    Some(crate::tail::TailConfig {
+    Some(TailConfig {
         name: name.to_string(),
         stream: spec.stream,
         paths: spec.paths,
+        patterns,
+        exclude,
+        start_at: match spec.start_at {
+            StartAtSpec::Beginning => StartAt::Beginning,
+            StartAtSpec::End => StartAt::End,
+        },
+        filter,
+        max_line_bytes: max_line_bytes as usize,
+        multiline,
+        host: spec.host,
+        labels: spec.labels.into_iter().collect(),
+        watch: match spec.watch {
+            WatchSpec::Auto => WatchMode::Auto,
+            WatchSpec::Poll => WatchMode::Poll,
+        },
+        poll_interval,
+        scan_interval,
+        rotate_wait,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{ConfigError, load_str};
+    use std::path::Path;
+
+    fn load(sources: &str) -> Result<crate::config::Config, Vec<String>> {
+        let text = format!("data_dir: /tmp/x\nstreams:\n  logs: {{}}\nsources:\n{sources}");
+        load_str(&text, Path::new("/etc/colibri/colibri.yaml"), &|_| None).map_err(|e| match e {
+            ConfigError::Invalid { problems, .. } => {
+                problems.iter().map(|p| p.to_string()).collect()
+            }
+            other => vec![other.to_string()],
+        })
+    }
+
+    #[test]
+    fn a_full_tail_source_compiles() {
+        let c = load(
+            r#"  app:
+    type: tail
+    stream: logs
+    paths: ["/var/log/app/*.log", "rel/*.log"]
+    exclude: ["*.gz", "/var/log/app/secret.log"]
+    start_at: end
+    include_lines: ["api"]
+    exclude_lines: ["health"]
+    min_level: warn
+    max_line_bytes: 1KiB
+    multiline: { start: '^\d{4}-', max_lines: 50, max_bytes: 64KiB, timeout: 2s }
+    host: false
+    labels: { app: api, env: prod }
+    watch: poll
+    poll_interval: 250ms
+    scan_interval: 3s
+    rotate_wait: 1s
+"#,
+        )
+        .unwrap();
+        let s = &c.sources[0];
+        assert_eq!(s.name, "app");
+        assert_eq!(s.stream, "logs");
+        assert_eq!(
+            s.patterns,
+            vec!["/var/log/app/*.log", "/etc/colibri/rel/*.log"]
+        );
+        assert!(s.exclude[0].name_only && !s.exclude[1].name_only);
+        assert_eq!(s.start_at, crate::tail::StartAt::End);
+        assert_eq!(s.filter.min_level, Some(crate::tail::record::Level::Warn));
+        assert_eq!(s.max_line_bytes, 1024);
+        let m = s.multiline.as_ref().unwrap();
+        assert_eq!((m.max_lines, m.max_bytes), (50, 64 << 10));
+        assert_eq!(m.timeout, std::time::Duration::from_secs(2));
+        assert!(!s.host);
+        assert_eq!(s.labels.len(), 2);
+        assert_eq!(s.watch, crate::tail::WatchMode::Poll);
+        assert_eq!(s.rotate_wait, std::time::Duration::from_secs(1));
+        let d = s.describe();
+        assert!(
+            d.contains("/var/log/app/*.log") && d.contains("-> logs"),
+            "{d}"
+        );
+        assert!(
+            d.contains("multiline") && d.contains("min_level warn"),
+            "{d}"
+        );
+    }
+
+    #[test]
+    fn defaults() {
+        let c = load("  app: { type: tail, stream: logs, paths: [/var/log/*.log] }\n").unwrap();
+        let s = &c.sources[0];
+        assert_eq!(s.start_at, crate::tail::StartAt::Beginning);
+        assert_eq!(s.max_line_bytes, 64 << 10);
+        assert!(s.multiline.is_none() && s.filter.is_empty() && s.host);
+        assert_eq!(s.watch, crate::tail::WatchMode::Auto);
+        assert_eq!(s.scan_interval, std::time::Duration::from_secs(10));
+        assert_eq!(s.rotate_wait, std::time::Duration::from_secs(5));
+    }
+
+    #[test]
+    fn every_problem_names_its_field() {
+        let problems = load(
+            r#"  app:
+    type: tail
+    stream: nope
+    paths: ["/var/log/[z-a", "", "/var/log/"]
+    exclude: ["[", ""]
+    include_lines: ["(unclosed"]
+    exclude_lines: ["ok", "*bad"]
+    max_line_bytes: 0
+    multiline: { start: "[", max_lines: 0, timeout: 0s }
+    poll_interval: 1ms
+    scan_interval: 1ms
+  "bad name":
+    type: tail
+    stream: logs
+    paths: []
+  other:
+    type: tail
+    stream: logs
+    paths: [a.log]
+    surprise: 1
+"#,
+        )
+        .unwrap_err();
+        let want = [
+            "sources.app.stream: stream \"nope\" is not defined under streams: (defined: logs)",
+            "sources.app.paths[0]: bad glob",
+            "sources.app.paths[1]: must not be empty",
+            "sources.app.paths[2]: \"/var/log/\" names a directory",
+            "sources.app.exclude[0]: bad glob",
+            "sources.app.exclude[1]: must not be empty",
+            "sources.app.include_lines[0]: bad regex \"(unclosed\"",
+            "sources.app.exclude_lines[1]: bad regex",
+            "sources.app.max_line_bytes: must be between",
+            "sources.app.multiline.start: bad regex",
+            "sources.app.multiline.max_lines: must be at least 1",
+            "sources.app.multiline.timeout: must be positive",
+            "sources.app.poll_interval: must be at least 10ms",
+            "sources.app.scan_interval: must be at least 100ms",
+            "sources.bad name: a source name",
+            "sources.bad name.paths: at least one glob pattern",
+            "sources.other: unknown field `surprise`",
+        ];
+        for w in want {
+            assert!(
+                problems.iter().any(|p| p.starts_with(w)),
+                "no problem starting {w:?} in:\n{}",
+                problems.join("\n")
+            );
+        }
+        assert_eq!(problems.len(), want.len(), "{}", problems.join("\n"));
+    }
+
+    #[test]
+    fn multiline_must_hold_a_line() {
+        let problems = load(
+            "  app: { type: tail, stream: logs, paths: [a], max_line_bytes: 2MiB, multiline: { start: x } }\n",
+        )
+        .unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with(
+                "sources.app.multiline.max_bytes: 1048576 bytes is less than max_line_bytes"
+            ),
+            "{problems:?}"
+        );
+    }
 }

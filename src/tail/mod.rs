@@ -1,23 +1,613 @@
-//! Log tailing (not built yet: a stub that issue 5 replaces).
+//! Log tailing: a `type: tail` source follows the files its globs match and appends their lines to
+//! a stream, each line (or multiline group) one JSON record (shape in [`record`]).
+//!
+//! One source is one task on the event loop (this file, the driver) and a synchronous core
+//! ([`tailer::Tailer`]) that reads files on the blocking pool. The driver:
+//! - waits on inotify (an `AsyncFd`: no wake-ups while nothing changes), a timer (rescans every
+//!   `scan_interval`, polling when inotify is off or unavailable, multiline and rotation timers,
+//!   the stream's `batch.linger`) and `stopping`;
+//! - hands the tailer what happened and a batch to fill: whole jobs of the stream's `batch` size,
+//!   about 256 KiB (at most 512 KiB or 8192 records, and half the stream's bounds) per append;
+//! - appends each batch with the checkpoint that covers it, in one store transaction, so a crash
+//!   can neither lose nor repeat a line. One append is in flight at a time; the next batch is read
+//!   while it commits. Under `when_full: block` the append waits in the writer for room and the
+//!   tailer stops reading once its next batch is full: the files are the buffer.
+//! - after an append whose outcome is unknown (a store error), rebuilds the tailer from the stored
+//!   checkpoint, which is exactly what the store holds.
+//!
+//! Counters are kept per source ([`stats`]) and logged in a summary at stop.
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+pub mod checkpoint;
+pub mod lines;
+pub mod record;
+pub mod tailer;
+pub mod watch;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::units::fmt_duration;
+use crate::store::writer::StoreHandle;
+use crate::store::{AppendError, Appended, StoreError};
+use tailer::{Batch, Limits, Settings, StepInput, Tailer};
+use watch::{Inotify, Watcher};
+
+/// A compiled `type: tail` source.
+#[derive(Debug, Clone)]
 pub struct TailConfig {
     pub name: String,
     pub stream: String,
+    /// The `paths` patterns as written.
     pub paths: Vec<String>,
+    /// The same, absolute.
+    pub patterns: Vec<String>,
+    pub exclude: Vec<Exclude>,
+    pub start_at: StartAt,
+    pub filter: record::Filter,
+    pub max_line_bytes: usize,
+    pub multiline: Option<lines::MultilineConfig>,
+    pub host: bool,
+    pub labels: Vec<(String, String)>,
+    pub watch: WatchMode,
+    pub poll_interval: Duration,
+    pub scan_interval: Duration,
+    pub rotate_wait: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Exclude {
+    pub pattern: glob::Pattern,
+    /// Matched against the file name only (the pattern has no `/`).
+    pub name_only: bool,
+    /// As written.
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartAt {
+    Beginning,
+    End,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchMode {
+    /// inotify, polling where it is unavailable.
+    Auto,
+    Poll,
 }
 
 impl TailConfig {
     /// For `colibri check`.
     pub fn describe(&self) -> String {
-        format!("tail {} -> {}", self.paths.join(", "), self.stream)
+        let mut out = format!("tail {}", self.paths.join(", "));
+        if !self.exclude.is_empty() {
+            let ex: Vec<&str> = self.exclude.iter().map(|e| e.text.as_str()).collect();
+            out.push_str(&format!(" (exclude {})", ex.join(", ")));
+        }
+        out.push_str(&format!(" -> {}", self.stream));
+        let mut notes = Vec::new();
+        if self.start_at == StartAt::End {
+            notes.push("start_at end".to_string());
+        }
+        if let Some(m) = &self.multiline {
+            notes.push(format!("multiline {:?}", m.start.as_str()));
+        }
+        let f = &self.filter;
+        if !f.include.is_empty() || !f.exclude.is_empty() {
+            notes.push(format!(
+                "{} include / {} exclude patterns",
+                f.include.len(),
+                f.exclude.len()
+            ));
+        }
+        if let Some(l) = f.min_level {
+            notes.push(format!("min_level {}", l.name()));
+        }
+        if self.max_line_bytes != 64 << 10 {
+            notes.push(format!(
+                "max_line_bytes {}",
+                crate::config::units::fmt_size(self.max_line_bytes as u64)
+            ));
+        }
+        if !self.labels.is_empty() {
+            let l: Vec<String> = self
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            notes.push(format!("labels {}", l.join(",")));
+        }
+        if self.watch == WatchMode::Poll {
+            notes.push(format!("polled every {}", fmt_duration(self.poll_interval)));
+        }
+        if !notes.is_empty() {
+            out.push_str(&format!(" ({})", notes.join(", ")));
+        }
+        out
     }
 }
 
+/// What a source did, since the process started (kept for the metrics endpoint; logged at stop).
+#[derive(Debug, Default)]
+pub struct TailStats {
+    /// Lines read from files (each line of a multiline group counts).
+    pub lines_read: AtomicU64,
+    pub bytes_read: AtomicU64,
+    /// Records the stream acknowledged as durable.
+    pub records_appended: AtomicU64,
+    /// Records the stream refused while full (`when_full: drop_newest`), counted there as dropped.
+    pub records_dropped: AtomicU64,
+    /// Lines cut at `max_line_bytes`.
+    pub truncated_lines: AtomicU64,
+    /// Lines dropped by `include_lines`, `exclude_lines` or `min_level`.
+    pub filtered_lines: AtomicU64,
+    /// Followed files that were renamed away or deleted.
+    pub rotations: AtomicU64,
+    /// Followed files that got shorter (or were rewritten) and were read again from their start.
+    pub truncations: AtomicU64,
+    pub files_opened: AtomicU64,
+    pub files_released: AtomicU64,
+    /// Appends (store transactions) made.
+    pub appends: AtomicU64,
+    /// Times the source was rebuilt from its stored checkpoint after a store error.
+    pub restarts: AtomicU64,
+}
+
+/// The counters of the source `name` (created on first use; they outlive a reload).
+pub fn stats(name: &str) -> Arc<TailStats> {
+    let mut all = registry().lock().unwrap_or_else(|e| e.into_inner());
+    Arc::clone(all.entry(name.to_string()).or_default())
+}
+
+/// Every source's counters, by name.
+pub fn all_stats() -> Vec<(String, Arc<TailStats>)> {
+    let all = registry().lock().unwrap_or_else(|e| e.into_inner());
+    all.iter()
+        .map(|(k, v)| (k.clone(), Arc::clone(v)))
+        .collect()
+}
+
+fn registry() -> &'static Mutex<BTreeMap<String, Arc<TailStats>>> {
+    static REGISTRY: OnceLock<Mutex<BTreeMap<String, Arc<TailStats>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// The machine's host name.
+pub fn hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: a writable buffer of the length given.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+/// How long an append may wait in the writer for room in a full `block` stream before the source
+/// rebuilds itself from its checkpoint and tries again.
+const APPEND_WAIT: Duration = Duration::from_secs(3600);
+/// An append waiting this long is reported (once) as "stream full, reading paused".
+const SLOW_APPEND: Duration = Duration::from_secs(5);
+/// How long the final append at stop may take.
+const STOP_WAIT: Duration = Duration::from_secs(2);
+
 /// Follows the files of one source until `stopping`.
-pub async fn run(
-    _config: std::sync::Arc<TailConfig>,
-    _store: crate::store::writer::StoreHandle,
-    _stopping: tokio_util::sync::CancellationToken,
-) {
+pub async fn run(config: Arc<TailConfig>, store: StoreHandle, stopping: CancellationToken) {
+    let stats = stats(&config.name);
+    // The stream's settings, from the writer (an unavailable store has none yet: wait).
+    let mut backoff = Duration::from_millis(100);
+    let stream = loop {
+        match store.snapshot().await {
+            Ok(snap) => {
+                if let Some(s) = snap
+                    .streams
+                    .into_iter()
+                    .map(|(c, _)| c)
+                    .find(|c| c.name == config.stream)
+                {
+                    break s;
+                }
+            }
+            Err(_) => return,
+        }
+        tokio::select! {
+            _ = stopping.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    };
+    let host = if config.host { hostname() } else { None };
+    let settings = Settings::new(Arc::clone(&config), host.as_deref(), stream.max_bytes);
+    let (inotify, watcher) = match config.watch {
+        WatchMode::Poll => (None, None),
+        WatchMode::Auto => match Inotify::new() {
+            Ok((i, w)) => (Some(i), Some(w)),
+            Err(e) => {
+                tracing::warn!(source = %config.name, error = %e, "inotify is not available: polling the files instead");
+                (None, None)
+            }
+        },
+    };
+    let mut d = Driver {
+        polling: inotify.is_none(),
+        cfg: Arc::clone(&config),
+        settings,
+        store,
+        stats: Arc::clone(&stats),
+        stopping,
+        inotify,
+        watcher,
+        limits: Limits::for_stream(&stream),
+        job_records: stream.batch.max_records as usize,
+        job_bytes: stream.batch.max_bytes as usize,
+        linger: stream.batch.linger,
+        paused_logged: false,
+    };
+    d.run().await;
+    let s = &stats;
+    tracing::info!(
+        source = %config.name,
+        stream = %config.stream,
+        lines_read = s.lines_read.load(Relaxed),
+        bytes_read = s.bytes_read.load(Relaxed),
+        records_appended = s.records_appended.load(Relaxed),
+        records_dropped = s.records_dropped.load(Relaxed),
+        truncated_lines = s.truncated_lines.load(Relaxed),
+        filtered_lines = s.filtered_lines.load(Relaxed),
+        rotations = s.rotations.load(Relaxed),
+        truncations = s.truncations.load(Relaxed),
+        files_opened = s.files_opened.load(Relaxed),
+        files_released = s.files_released.load(Relaxed),
+        appends = s.appends.load(Relaxed),
+        restarts = s.restarts.load(Relaxed),
+        "tail summary"
+    );
+}
+
+type AppendFuture = Pin<Box<dyn Future<Output = Result<Appended, AppendError>> + Send>>;
+
+struct InFlight {
+    fut: AppendFuture,
+    records: u64,
+    started: Instant,
+}
+
+struct Driver {
+    cfg: Arc<TailConfig>,
+    settings: Settings,
+    store: StoreHandle,
+    stats: Arc<TailStats>,
+    stopping: CancellationToken,
+    inotify: Option<Inotify>,
+    watcher: Option<Watcher>,
+    polling: bool,
+    limits: Limits,
+    job_records: usize,
+    job_bytes: usize,
+    linger: Duration,
+    paused_logged: bool,
+}
+
+/// Why the main loop ended.
+enum Exit {
+    Stopping,
+    /// The store writer is gone.
+    StoreGone,
+    /// An append's outcome is unknown: rebuild from the stored checkpoint.
+    Restart,
+}
+
+impl Driver {
+    async fn run(&mut self) {
+        let mut restarts = 0u32;
+        loop {
+            let Some(stored) = self.load_checkpoint().await else {
+                return;
+            };
+            let first_life = stored.is_none();
+            let tailer = {
+                let (s, w, st) = (self.settings.clone(), self.watcher, Arc::clone(&self.stats));
+                let start = tokio::task::spawn_blocking(move || {
+                    Box::new(Tailer::start(
+                        s,
+                        stored.as_deref(),
+                        w,
+                        st,
+                        std::time::Instant::now(),
+                    ))
+                });
+                match start.await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::error!(source = %self.cfg.name, error = %e, "tail source failed to start");
+                        return;
+                    }
+                }
+            };
+            if restarts == 0 {
+                tracing::info!(
+                    source = %self.cfg.name,
+                    stream = %self.cfg.stream,
+                    files = tailer.files(),
+                    watch = if self.polling { "poll" } else { "inotify" },
+                    "tail started"
+                );
+            }
+            match self.follow(tailer, first_life).await {
+                Exit::Stopping | Exit::StoreGone => return,
+                Exit::Restart => {
+                    restarts += 1;
+                    self.stats.restarts.fetch_add(1, Relaxed);
+                    let backoff = Duration::from_millis(100 << restarts.min(6));
+                    tokio::select! {
+                        _ = self.stopping.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// The stored checkpoint (`Some(None)`: there is none); `None` when stopping or the store is
+    /// gone.
+    async fn load_checkpoint(&self) -> Option<Option<Vec<u8>>> {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.store.checkpoint(&self.cfg.name).await {
+                Ok(cp) => return Some(cp),
+                Err(e) if is_gone(&e) => return None,
+                Err(e) => {
+                    tracing::warn!(source = %self.cfg.name, error = %e, "cannot read the tail checkpoint; retrying");
+                }
+            }
+            tokio::select! {
+                _ = self.stopping.cancelled() => return None,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Sends `batch` to the store; `wait`: how long it may wait for room in a full `block` stream.
+    fn start_append(&self, batch: Batch, wait: Option<Duration>) -> InFlight {
+        let store = self.store.clone();
+        let stream = self.cfg.stream.clone();
+        let checkpoint = batch.checkpoint.map(|c| (self.cfg.name.clone(), c));
+        let records = batch.records.len() as u64;
+        let recs = batch.records;
+        InFlight {
+            fut: Box::pin(async move { store.append(&stream, recs, checkpoint, wait).await }),
+            records,
+            started: Instant::now(),
+        }
+    }
+
+    /// Whether the batch should be appended now.
+    fn due(&self, b: &Batch, now: Instant, more: bool, urgent: bool) -> bool {
+        if b.is_empty() {
+            return false;
+        }
+        if urgent || b.is_full() {
+            return true;
+        }
+        if !more
+            && !b.records.is_empty()
+            && (b.records.len() >= self.job_records || b.bytes >= self.job_bytes)
+        {
+            return true;
+        }
+        b.since
+            .is_some_and(|t| now >= Instant::from_std(t) + self.linger)
+    }
+
+    /// Handles an append's result; `Err` ends the loop.
+    fn appended(&mut self, r: Result<Appended, AppendError>, records: u64) -> Result<(), Exit> {
+        match r {
+            Ok(_) => {
+                self.stats.appends.fetch_add(1, Relaxed);
+                self.stats.records_appended.fetch_add(records, Relaxed);
+                if self.paused_logged {
+                    self.paused_logged = false;
+                    tracing::info!(source = %self.cfg.name, stream = %self.cfg.stream, "the stream takes records again: reading resumed");
+                }
+                Ok(())
+            }
+            Err(AppendError::Refused { records, .. }) => {
+                // drop_newest: counted by the stream; the checkpoint moves on with the next append.
+                let before = self.stats.records_dropped.fetch_add(records, Relaxed);
+                if before == 0 || (before + records) / 100_000 > before / 100_000 {
+                    tracing::warn!(source = %self.cfg.name, stream = %self.cfg.stream, dropped = before + records, "stream full (when_full: drop_newest): tailed records dropped");
+                }
+                Ok(())
+            }
+            Err(AppendError::Store(e)) if is_gone(&e) => Err(Exit::StoreGone),
+            Err(e) => {
+                tracing::warn!(source = %self.cfg.name, stream = %self.cfg.stream, error = %e, "append failed: starting again from the stored checkpoint");
+                Err(Exit::Restart)
+            }
+        }
+    }
+
+    async fn follow(&mut self, tailer: Box<Tailer>, first_life: bool) -> Exit {
+        let mut tailer = Some(tailer);
+        let mut next = Some(Batch::new(self.limits));
+        let mut stepping: Option<tokio::task::JoinHandle<(Box<Tailer>, Batch)>> = None;
+        let mut inflight: Option<InFlight> = None;
+        let mut input = StepInput::default();
+        let mut urgent = first_life;
+        let start = Instant::now();
+        let mut next_scan = start + self.cfg.scan_interval;
+        let mut next_poll = start + self.cfg.poll_interval;
+        // A step triggered by a timer alone is not repeated sooner than this after the last one.
+        let mut last_step = start;
+        let exit = loop {
+            let now = Instant::now();
+            if now >= next_scan {
+                input.rescan = true;
+                input.check_all = true;
+                next_scan = now + self.cfg.scan_interval;
+            }
+            if self.polling && now >= next_poll {
+                input.check_all = true;
+                next_poll = now + self.cfg.poll_interval;
+            }
+            if let (Some(t), Some(b)) = (&tailer, &mut next) {
+                if inflight.is_none() && self.due(b, now, t.has_work(), urgent) {
+                    urgent = false;
+                    inflight = Some(self.start_append(b.take(), Some(APPEND_WAIT)));
+                }
+                let timer_due = t.deadline().is_some_and(|d| {
+                    Instant::from_std(d) <= now && now >= last_step + Duration::from_millis(5)
+                });
+                let asked = !input.events.is_empty() || input.rescan || input.check_all;
+                if !b.is_full() && (asked || t.has_work() || timer_due) {
+                    let mut t = tailer.take().expect("home");
+                    let mut b = next.take().expect("home");
+                    let inp = std::mem::take(&mut input);
+                    last_step = now;
+                    stepping = Some(tokio::task::spawn_blocking(move || {
+                        t.step(&inp, &mut b, std::time::Instant::now());
+                        (t, b)
+                    }));
+                }
+            }
+            // When to wake without an event.
+            let mut wake = next_scan;
+            if self.polling {
+                wake = wake.min(next_poll);
+            }
+            if let (Some(t), Some(b)) = (&tailer, &next) {
+                if inflight.is_none()
+                    && let Some(since) = b.since
+                    && !b.is_empty()
+                {
+                    wake = wake.min(Instant::from_std(since) + self.linger);
+                }
+                // A timer of the tailer needs a step, which waits while the batch is full.
+                if let Some(d) = t.deadline()
+                    && !b.is_full()
+                {
+                    wake = wake.min(Instant::from_std(d).max(last_step + Duration::from_millis(5)));
+                }
+            }
+            if let Some(f) = &inflight
+                && !self.paused_logged
+            {
+                wake = wake.min(f.started + SLOW_APPEND);
+            }
+            tokio::select! {
+                biased;
+                _ = self.stopping.cancelled() => break Exit::Stopping,
+                r = async { inflight.as_mut().expect("guarded").fut.as_mut().await }, if inflight.is_some() => {
+                    let f = inflight.take().expect("guarded");
+                    if let Err(exit) = self.appended(r, f.records) {
+                        break exit;
+                    }
+                }
+                r = async { stepping.as_mut().expect("guarded").await }, if stepping.is_some() => {
+                    stepping = None;
+                    match r {
+                        Ok((t, b)) => {
+                            if t.watch_failed && !self.polling {
+                                self.polling = true;
+                                tracing::warn!(source = %self.cfg.name, "inotify limit reached (fs.inotify.max_user_watches): polling the files instead");
+                            }
+                            tailer = Some(t);
+                            next = Some(b);
+                        }
+                        Err(e) => {
+                            tracing::error!(source = %self.cfg.name, error = %e, "tail source failed");
+                            break Exit::StoreGone;
+                        }
+                    }
+                }
+                r = read_events(&mut self.inotify, &mut input.events), if self.inotify.is_some() => {
+                    if let Err(e) = r {
+                        tracing::warn!(source = %self.cfg.name, error = %e, "inotify failed: polling the files instead");
+                        self.inotify = None;
+                        self.polling = true;
+                    }
+                }
+                _ = tokio::time::sleep_until(wake) => {
+                    if let Some(f) = &inflight
+                        && !self.paused_logged
+                        && f.started.elapsed() >= SLOW_APPEND
+                    {
+                        self.paused_logged = true;
+                        tracing::warn!(source = %self.cfg.name, stream = %self.cfg.stream, "the stream is full: reading paused until it has room (the files keep the lines)");
+                    }
+                }
+            }
+        };
+        if !matches!(exit, Exit::Stopping) {
+            if let Some(s) = stepping {
+                let _ = s.await;
+            }
+            return exit;
+        }
+        // Stopping: what was read is committed when that is quick; the rest is read again at the
+        // next start (the checkpoint says where).
+        if let Some(s) = stepping
+            && let Ok((t, b)) = s.await
+        {
+            tailer = Some(t);
+            next = Some(b);
+        }
+        let mut ok = true;
+        if let Some(mut f) = inflight {
+            ok = match tokio::time::timeout(STOP_WAIT, f.fut.as_mut()).await {
+                Ok(r) => self.appended(r, f.records).is_ok(),
+                Err(_) => false,
+            };
+        }
+        if ok
+            && let Some(b) = next
+            && !b.is_empty()
+        {
+            // Without waiting for room: a full stream keeps these lines in the file.
+            let mut f = self.start_append(b, None);
+            if let Ok(r) = tokio::time::timeout(STOP_WAIT, f.fut.as_mut()).await {
+                let _ = self.appended(r, f.records);
+            }
+        }
+        drop(tailer);
+        Exit::Stopping
+    }
+}
+
+/// Waits for inotify events and adds them to `out`, one per watch (while the tailer is busy or the
+/// stream is full they pile up: what matters is which watches fired).
+async fn read_events(
+    inotify: &mut Option<Inotify>,
+    out: &mut Vec<watch::Event>,
+) -> std::io::Result<()> {
+    match inotify {
+        Some(i) => {
+            i.read(out).await?;
+            if out.len() > 64 {
+                out.sort_by_key(|e| e.wd);
+                out.dedup_by(|later, kept| {
+                    let same = later.wd == kept.wd;
+                    if same {
+                        kept.mask |= later.mask;
+                    }
+                    same
+                });
+            }
+            Ok(())
+        }
+        None => std::future::pending().await,
+    }
+}
+
+fn is_gone(e: &StoreError) -> bool {
+    matches!(e, StoreError::Io(m) if m.contains("writer has stopped") || m.contains("shutting down"))
 }
