@@ -16,10 +16,7 @@
 //! - the same outage with `concurrency: 4`;
 //! - the same outage with `replay_rate: 8MiB` (the pacing must hold the rate).
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Child;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
@@ -28,19 +25,12 @@ mod http;
 
 use colibri::config;
 use colibri::store::{OpenOptions, Store, now_ms};
-use common::{bin, cores, rss_kib, spawn_run, stop};
+use common::{bin, cores, cpu_secs, env_u64, log_lines, rss_kib, spawn_run, stop, wait_log};
 use http::{Mode, Receiver};
 
 const STREAM: &str = "metrics";
 const RECORD_BYTES: usize = 200;
 const JOB_RECORDS: u64 = 1000;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() {
     let records = env_u64("BENCH_RECORDS", 1_000_000);
@@ -114,47 +104,6 @@ fn fill(cfg: &Path, records: u64) {
         seq += n;
     }
     drop(s);
-}
-
-/// CPU seconds (user + system) a process has used.
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start at ") ".
-    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    let ticks: f64 = f.get(11..13).map_or(0.0, |v| {
-        v.iter().filter_map(|x| x.parse::<f64>().ok()).sum()
-    });
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ticks / hz
-}
-
-/// Forwards colibri's log lines to a channel.
-fn log_lines(child: &mut Child) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    let stderr = child.stderr.take().expect("stderr is piped");
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-fn wait_log(rx: &mpsc::Receiver<String>, needle: &str, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        match rx.recv_timeout(left) {
-            Ok(l) if l.contains(needle) => return,
-            Ok(_) => {}
-            Err(_) => break,
-        }
-    }
-    panic!("colibri did not log {needle:?} within {limit:?}");
 }
 
 fn run(name: &str, cfg: &Path, receiver: &Receiver, records: u64, outage: bool) {

@@ -13,12 +13,10 @@
 //! - 64 clients, the stream only queues (the budget: >= 100,000 records/s);
 //! - 64 clients, the stream delivered to a local HTTP receiver at the same time.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 #[path = "../tests/util/client.rs"]
@@ -28,19 +26,12 @@ mod common;
 mod http;
 
 use client::Client;
-use common::{bin, cores, rss_kib, spawn_run, stop};
+use common::{bin, cores, cpu_secs, env_u64, log_lines, rss_kib, spawn_run, stop, wait_log};
 use http::Receiver;
 
 const STREAM: &str = "bench";
 const RECORD_BYTES: usize = 200;
 const BATCH: usize = 100;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() {
     let secs = env_u64("BENCH_SECS", 10);
@@ -123,40 +114,6 @@ fn body(client: usize) -> Vec<u8> {
     out
 }
 
-/// CPU seconds (user + system) a process has used.
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11..13).map_or(0.0, |v| {
-        v.iter().filter_map(|x| x.parse::<f64>().ok()).sum()
-    });
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ticks / hz
-}
-
-fn wait_log(child: &mut Child, needle: &str, limit: Duration) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    let stderr = child.stderr.take().expect("stderr is piped");
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + limit;
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        match rx.recv_timeout(left) {
-            Ok(l) if l.contains(needle) => return rx,
-            Ok(_) => {}
-            Err(_) => break,
-        }
-    }
-    panic!("colibri did not log {needle:?} within {limit:?}");
-}
-
 /// What one client saw in the measured window.
 #[derive(Default)]
 struct Seen {
@@ -212,7 +169,8 @@ fn run(
     println!("== {name}");
     let mut child = spawn_run(cfg);
     let pid = child.id();
-    let _logs = wait_log(&mut child, "colibri started", Duration::from_secs(60));
+    let _logs = log_lines(&mut child);
+    wait_log(&_logs, "colibri started", Duration::from_secs(60));
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let measuring = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicBool::new(false));

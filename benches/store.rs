@@ -25,18 +25,11 @@ mod common;
 
 use colibri::config::{self, Config};
 use colibri::store::{OpenOptions, Store, now_ms, writer};
-use common::{bin, cores, rss_kib, signal, spawn_run, stop};
+use common::{bin, cores, env_u64, rss_kib, signal, spawn_run, stop};
 
 const STREAM: &str = "logs";
 const RECORD_BYTES: usize = 200;
 const RECORDS_PER_APPEND: usize = 100;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
 
 /// `BENCH_WINDOW_US`: the writer's extra batching window (default 0, the agent's setting).
 fn window() -> Duration {

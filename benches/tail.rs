@@ -14,27 +14,18 @@
 //! - idle: 100 files in one directory, each with a line (delivered first), then BENCH_IDLE_SECS
 //!   (15) of nothing: colibri's CPU time and context switches over that window.
 
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::process::Child;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
 #[path = "../tests/util/http.rs"]
 mod http;
 
-use common::{bin, cores, rss_kib, spawn_run, stop};
+use common::{bin, cores, cpu_secs, env_u64, log_lines, rss_kib, spawn_run, stop, wait_log};
 use http::Receiver;
 
 const LINE_BYTES: usize = 200;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() {
     let lines = env_u64("BENCH_LINES", 1_000_000);
@@ -88,20 +79,6 @@ fn line(seq: u64) -> Vec<u8> {
     l
 }
 
-/// CPU seconds (user + system) a process has used.
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    let ticks: f64 = f.get(11..13).map_or(0.0, |v| {
-        v.iter().filter_map(|x| x.parse::<f64>().ok()).sum()
-    });
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ticks / hz
-}
-
 /// Nanoseconds on a CPU, summed over the process's threads (`/proc/PID/task/*/schedstat`): finer
 /// than clock ticks.
 fn cpu_ns(pid: u32) -> u64 {
@@ -130,35 +107,6 @@ fn switches(pid: u32) -> u64 {
                 .sum::<u64>()
         })
         .sum()
-}
-
-fn log_lines(child: &mut Child) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    let stderr = child.stderr.take().expect("stderr is piped");
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-fn wait_log(rx: &mpsc::Receiver<String>, needle: &str, limit: Duration) -> Vec<String> {
-    let deadline = Instant::now() + limit;
-    let mut seen = Vec::new();
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        match rx.recv_timeout(left) {
-            Ok(l) if l.contains(needle) => return seen,
-            Ok(l) => seen.push(l),
-            Err(_) => break,
-        }
-    }
-    panic!(
-        "colibri did not log {needle:?} within {limit:?}; log:\n{}",
-        seen.join("\n")
-    );
 }
 
 fn throughput(dir: &Path, lines: u64) {
