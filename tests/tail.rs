@@ -500,6 +500,51 @@ fn copy_truncate_rotation_loses_and_repeats_nothing() {
     }
 }
 
+/// Rename rotation while the rotated files stay matched (`app.log*`), each new app.log starting
+/// with the same banner of more than 256 bytes (and only that, for longer than rotate_wait): the
+/// new file looks like a copy of the renamed one at first, but it does not hold what that one was
+/// read to, so it is read whole: every line of every file arrives, none twice.
+#[test]
+fn a_new_file_with_the_same_banner_as_a_renamed_one_is_read_whole() {
+    let rig = Rig::new(&["app.log*"], "", "");
+    let banner: Vec<String> = (0..5)
+        .map(|i| format!("banner line {i}: app 1.2.3 starting, with padding to make it long"))
+        .collect();
+    let banner_text: String = banner.iter().map(|l| format!("{l}\n")).collect();
+    let mut log = Log::create(rig.log("app.log"), "app");
+    log.file.write_all(banner_text.as_bytes()).expect("write");
+    log.write(100);
+    let agent = rig.start();
+    let files = 4;
+    for round in 1..files {
+        rig.wait_lines(&agent, log.written.len() + banner.len(), secs(30));
+        std::fs::rename(&log.path, rig.log(&format!("app.log.{round}"))).expect("rename");
+        log.file = open_append(&log.path);
+        log.generation += 1;
+        log.file.write_all(banner_text.as_bytes()).expect("write");
+        // Only the banner for longer than rotate_wait (300ms).
+        std::thread::sleep(Duration::from_millis(800));
+        log.write(20);
+    }
+    rig.wait_lines(&agent, log.written.len() + banner.len(), secs(30));
+    std::thread::sleep(Duration::from_secs(1));
+    let agent = stop(agent);
+    let got = rig.records();
+    for l in &banner {
+        let n = got.iter().filter(|r| &r.line == l).count();
+        assert_eq!(n, files, "{l:?} arrived {n} times, not once per file");
+    }
+    let rest: Vec<Rec> = got
+        .iter()
+        .filter(|r| !r.line.starts_with("banner"))
+        .cloned()
+        .collect();
+    assert_exactly_once_in_order(&rest, &log.written);
+    assert!(got.iter().all(|r| r.path.ends_with("/app.log")));
+    let s = summary(&agent);
+    assert_eq!(num(&s, "truncations"), 0, "{s}");
+}
+
 /// A file cut to nothing, or rewritten shorter by another program, is read again from its start.
 #[test]
 fn a_file_that_shrinks_is_read_again_from_its_start() {

@@ -232,7 +232,9 @@ pub fn compile(
             LevelSpec::Fatal => Level::Fatal,
         }),
     };
-    let max_line_bytes = spec.max_line_bytes.map_or(64 << 10, |s| s.0);
+    let max_line_bytes = spec
+        .max_line_bytes
+        .map_or(crate::tail::DEFAULT_MAX_LINE_BYTES, |s| s.0);
     if max_line_bytes == 0 || max_line_bytes > MAX_LINE_LIMIT {
         err(
             "max_line_bytes",
@@ -310,7 +312,6 @@ pub fn compile(
         err,
     );
     let rotate_wait = spec.rotate_wait.map_or(Duration::from_secs(5), |d| d.0);
-    let _ = base;
     Some(TailConfig {
         name: name.to_string(),
         stream: spec.stream,

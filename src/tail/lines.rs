@@ -127,28 +127,21 @@ pub struct Group {
     pub last: Instant,
 }
 
-impl Group {
-    /// The first line of the group.
-    pub fn first_line(&self) -> &[u8] {
-        match self.text.iter().position(|&b| b == b'\n') {
-            Some(i) => &self.text[..i],
-            None => &self.text,
-        }
-    }
-}
-
 /// Assembles groups: a line matching `start` begins a group; lines that do not are added to the
 /// current one (a file that starts with them begins a group with them). A group is complete when the
 /// next one begins, when adding a line would pass `max_lines` or `max_bytes` (the line then begins
-/// the next group: nothing is dropped), or when nothing was added for `timeout` (the caller asks).
+/// the next group: nothing is dropped), or when nothing was added for `timeout` (the caller asks
+/// [`Assembler::deadline`]). The caller takes a completed group out of `pending` (see
+/// [`Assembler::completes`]) before it pushes the line that completed it.
 #[derive(Debug, Default)]
 pub struct Assembler {
     pub pending: Option<Group>,
 }
 
 impl Assembler {
-    /// Adds one line; returns the group it completed, if any. `tail` is called only when the line
-    /// begins a group.
+    /// Adds one line to the pending group, or begins a group with it when there is none (a group
+    /// the line completes was taken by the caller). `tail` is called only when the line begins a
+    /// group.
     #[allow(clippy::too_many_arguments)]
     pub fn push(
         &mut self,
@@ -159,7 +152,7 @@ impl Assembler {
         starts: bool,
         now: Instant,
         tail: impl FnOnce() -> u64,
-    ) -> Option<Group> {
+    ) {
         if let Some(g) = &mut self.pending
             && !starts
             && g.lines < cfg.max_lines
@@ -170,9 +163,12 @@ impl Assembler {
             g.lines += 1;
             g.truncated |= truncated;
             g.last = now;
-            return None;
+            return;
         }
-        let done = self.pending.take();
+        debug_assert!(
+            self.pending.is_none(),
+            "the caller takes the group a line completes first"
+        );
         let text = crate::tail::record::cut_at_char(line, cfg.max_bytes);
         self.pending = Some(Group {
             truncated: truncated || text.len() < line.len(),
@@ -182,7 +178,6 @@ impl Assembler {
             tail: tail(),
             last: now,
         });
-        done
     }
 
     /// Whether a line (`len` bytes, matching the start pattern or not) completes the pending group
@@ -191,18 +186,6 @@ impl Assembler {
         self.pending.as_ref().is_some_and(|g| {
             starts || g.lines >= cfg.max_lines || g.text.len() + 1 + len > cfg.max_bytes
         })
-    }
-
-    /// The pending group, if its `timeout` has passed.
-    pub fn expired(&mut self, cfg: &MultilineConfig, now: Instant) -> Option<Group> {
-        if self
-            .pending
-            .as_ref()
-            .is_some_and(|g| now.saturating_duration_since(g.last) >= cfg.timeout)
-        {
-            return self.pending.take();
-        }
-        None
     }
 
     /// When the pending group's timeout passes.
@@ -328,7 +311,10 @@ mod tests {
         let mut off = 0;
         for l in lines {
             let starts = cfg.start.is_match(l);
-            out.extend(a.push(cfg, l.as_bytes(), off, false, starts, t, || off * 10));
+            if a.completes(cfg, l.len(), starts) {
+                out.push(a.pending.take().unwrap());
+            }
+            a.push(cfg, l.as_bytes(), off, false, starts, t, || off * 10);
             off += l.len() as u64 + 1;
         }
         out
@@ -365,17 +351,17 @@ mod tests {
         assert_eq!(done[0].lines, 4);
         assert_eq!(done[0].offset, 0);
         assert_eq!(done[0].tail, 0);
-        assert_eq!(done[0].first_line(), b"2024-01-01 boom");
         let pending = a.pending.as_ref().unwrap();
         assert_eq!(pending.text, b"2024-01-01 next");
         assert_eq!(pending.offset, 41);
         assert_eq!(pending.tail, 410);
-        // Not yet expired; then expired.
+        // It expires a timeout after its last line; a line added moves that on.
         assert_eq!(a.deadline(&cfg), Some(t + Duration::from_secs(1)));
-        assert!(a.expired(&cfg, t + Duration::from_millis(999)).is_none());
-        let g = a.expired(&cfg, t + Duration::from_secs(1)).unwrap();
-        assert_eq!(g.text, b"2024-01-01 next");
-        assert!(a.pending.is_none() && a.deadline(&cfg).is_none());
+        let later = t + Duration::from_millis(500);
+        a.push(&cfg, b"  more", 57, false, false, later, || unreachable!());
+        assert_eq!(a.deadline(&cfg), Some(later + Duration::from_secs(1)));
+        a.pending = None;
+        assert!(a.deadline(&cfg).is_none());
     }
 
     #[test]

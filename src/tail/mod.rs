@@ -35,9 +35,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::units::fmt_duration;
 use crate::store::writer::StoreHandle;
-use crate::store::{AppendError, Appended, StoreError};
+use crate::store::{AppendError, Appended};
 use tailer::{Batch, Limits, Settings, StepInput, Tailer};
 use watch::{Inotify, Watcher};
+
+/// `max_line_bytes` when the config does not say.
+pub const DEFAULT_MAX_LINE_BYTES: u64 = 64 << 10;
 
 /// A compiled `type: tail` source.
 #[derive(Debug, Clone)]
@@ -110,7 +113,7 @@ impl TailConfig {
         if let Some(l) = f.min_level {
             notes.push(format!("min_level {}", l.name()));
         }
-        if self.max_line_bytes != 64 << 10 {
+        if self.max_line_bytes as u64 != DEFAULT_MAX_LINE_BYTES {
             notes.push(format!(
                 "max_line_bytes {}",
                 crate::config::units::fmt_size(self.max_line_bytes as u64)
@@ -198,12 +201,17 @@ const APPEND_WAIT: Duration = Duration::from_secs(3600);
 const SLOW_APPEND: Duration = Duration::from_secs(5);
 /// How long the final append at stop may take.
 const STOP_WAIT: Duration = Duration::from_secs(2);
+/// Retries of store reads and restarts of the source: `crate::backoff::jittered` from this to that.
+const RETRY_BASE: Duration = Duration::from_millis(100);
+const RETRY_CAP: Duration = Duration::from_secs(5);
+const RESTART_CAP: Duration = Duration::from_secs(10);
 
 /// Follows the files of one source until `stopping`.
 pub async fn run(config: Arc<TailConfig>, store: StoreHandle, stopping: CancellationToken) {
     let stats = stats(&config.name);
-    // The stream's settings, from the writer (an unavailable store has none yet: wait).
-    let mut backoff = Duration::from_millis(100);
+    // The stream's settings, from the writer (an unavailable store has none yet: wait; a writer
+    // that failed and is reopening answers again later).
+    let mut attempt = 0u32;
     let stream = loop {
         match store.snapshot().await {
             Ok(snap) => {
@@ -216,13 +224,18 @@ pub async fn run(config: Arc<TailConfig>, store: StoreHandle, stopping: Cancella
                     break s;
                 }
             }
-            Err(_) => return,
+            Err(_) if stopping.is_cancelled() => return,
+            Err(e) => {
+                if attempt == 0 {
+                    tracing::warn!(source = %config.name, error = %e, "cannot read the stream's settings from the store; retrying");
+                }
+            }
         }
         tokio::select! {
             _ = stopping.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(crate::backoff::jittered(attempt, RETRY_BASE, RETRY_CAP)) => {}
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        attempt = attempt.saturating_add(1);
     };
     let host = if config.host { hostname() } else { None };
     let settings = Settings::new(Arc::clone(&config), host.as_deref(), stream.max_bytes);
@@ -236,6 +249,7 @@ pub async fn run(config: Arc<TailConfig>, store: StoreHandle, stopping: Cancella
             }
         },
     };
+    let stopped = stopping.clone();
     let mut d = Driver {
         polling: inotify.is_none(),
         cfg: Arc::clone(&config),
@@ -250,8 +264,14 @@ pub async fn run(config: Arc<TailConfig>, store: StoreHandle, stopping: Cancella
         job_bytes: stream.batch.max_bytes as usize,
         linger: stream.batch.linger,
         paused_logged: false,
+        full_logged: false,
+        restarts: 0,
+        retired: None,
     };
     d.run().await;
+    if !stopped.is_cancelled() {
+        tracing::error!(source = %config.name, stream = %config.stream, "tail source ended before colibri stops: its files are not followed until colibri is restarted");
+    }
     let s = &stats;
     tracing::info!(
         source = %config.name,
@@ -278,6 +298,14 @@ struct InFlight {
     fut: AppendFuture,
     records: u64,
     started: Instant,
+    /// What is sent again when the stream stayed full past the wait (nothing was stored).
+    again: Option<Resend>,
+}
+
+struct Resend {
+    records: Vec<Vec<u8>>,
+    checkpoint: Option<(String, Vec<u8>)>,
+    wait: Duration,
 }
 
 struct Driver {
@@ -294,28 +322,33 @@ struct Driver {
     job_bytes: usize,
     linger: Duration,
     paused_logged: bool,
+    /// "Still full" was logged for the current pause.
+    full_logged: bool,
+    /// Restarts since the last successful append.
+    restarts: u32,
+    /// Inotify after reading it failed: kept open until the tailer dropped its watches.
+    retired: Option<Inotify>,
 }
 
 /// Why the main loop ended.
 enum Exit {
     Stopping,
-    /// The store writer is gone.
-    StoreGone,
-    /// An append's outcome is unknown: rebuild from the stored checkpoint.
+    /// An append's outcome is unknown, the store writer failed, or a step panicked: rebuild from
+    /// the stored checkpoint.
     Restart,
 }
 
 impl Driver {
     async fn run(&mut self) {
-        let mut restarts = 0u32;
+        let mut started = false;
         loop {
             let Some(stored) = self.load_checkpoint().await else {
                 return;
             };
             let first_life = stored.is_none();
-            let tailer = {
+            let start = {
                 let (s, w, st) = (self.settings.clone(), self.watcher, Arc::clone(&self.stats));
-                let start = tokio::task::spawn_blocking(move || {
+                tokio::task::spawn_blocking(move || {
                     Box::new(Tailer::start(
                         s,
                         stored.as_deref(),
@@ -323,30 +356,33 @@ impl Driver {
                         st,
                         std::time::Instant::now(),
                     ))
-                });
-                match start.await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        tracing::error!(source = %self.cfg.name, error = %e, "tail source failed to start");
-                        return;
+                })
+            };
+            let exit = match start.await {
+                Ok(tailer) => {
+                    if !started {
+                        started = true;
+                        tracing::info!(
+                            source = %self.cfg.name,
+                            stream = %self.cfg.stream,
+                            files = tailer.files(),
+                            watch = if self.polling { "poll" } else { "inotify" },
+                            "tail started"
+                        );
                     }
+                    self.follow(tailer, first_life).await
+                }
+                Err(e) => {
+                    tracing::error!(source = %self.cfg.name, error = %e, "tail source failed to start: starting again");
+                    Exit::Restart
                 }
             };
-            if restarts == 0 {
-                tracing::info!(
-                    source = %self.cfg.name,
-                    stream = %self.cfg.stream,
-                    files = tailer.files(),
-                    watch = if self.polling { "poll" } else { "inotify" },
-                    "tail started"
-                );
-            }
-            match self.follow(tailer, first_life).await {
-                Exit::Stopping | Exit::StoreGone => return,
+            match exit {
+                Exit::Stopping => return,
                 Exit::Restart => {
-                    restarts += 1;
+                    let backoff = crate::backoff::jittered(self.restarts, RETRY_BASE, RESTART_CAP);
+                    self.restarts = self.restarts.saturating_add(1);
                     self.stats.restarts.fetch_add(1, Relaxed);
-                    let backoff = Duration::from_millis(100 << restarts.min(6));
                     tokio::select! {
                         _ = self.stopping.cancelled() => return,
                         _ = tokio::time::sleep(backoff) => {}
@@ -359,34 +395,64 @@ impl Driver {
     /// The stored checkpoint (`Some(None)`: there is none); `None` when stopping or the store is
     /// gone.
     async fn load_checkpoint(&self) -> Option<Option<Vec<u8>>> {
-        let mut backoff = Duration::from_millis(100);
+        let mut attempt = 0u32;
         loop {
             match self.store.checkpoint(&self.cfg.name).await {
                 Ok(cp) => return Some(cp),
-                Err(e) if is_gone(&e) => return None,
+                Err(_) if self.stopping.is_cancelled() => return None,
                 Err(e) => {
                     tracing::warn!(source = %self.cfg.name, error = %e, "cannot read the tail checkpoint; retrying");
                 }
             }
             tokio::select! {
                 _ = self.stopping.cancelled() => return None,
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(crate::backoff::jittered(attempt, RETRY_BASE, RETRY_CAP)) => {}
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            attempt = attempt.saturating_add(1);
         }
     }
 
-    /// Sends `batch` to the store; `wait`: how long it may wait for room in a full `block` stream.
+    /// Sends `batch` to the store; `wait`: how long it may wait for room in a full `block` stream
+    /// (then a copy is kept to send again if the stream stays full that long).
     fn start_append(&self, batch: Batch, wait: Option<Duration>) -> InFlight {
+        let checkpoint = batch.checkpoint.map(|c| (self.cfg.name.clone(), c));
+        let again = wait.map(|wait| Resend {
+            records: batch.records.clone(),
+            checkpoint: checkpoint.clone(),
+            wait,
+        });
+        let mut f = self.send(batch.records, checkpoint, wait, Duration::ZERO);
+        f.again = again;
+        f
+    }
+
+    /// Sends again what stayed refused as full (nothing was stored), after `delay`.
+    fn resend(&self, r: Resend, delay: Duration) -> InFlight {
+        let mut f = self.send(r.records.clone(), r.checkpoint.clone(), Some(r.wait), delay);
+        f.again = Some(r);
+        f
+    }
+
+    fn send(
+        &self,
+        recs: Vec<Vec<u8>>,
+        checkpoint: Option<(String, Vec<u8>)>,
+        wait: Option<Duration>,
+        delay: Duration,
+    ) -> InFlight {
         let store = self.store.clone();
         let stream = self.cfg.stream.clone();
-        let checkpoint = batch.checkpoint.map(|c| (self.cfg.name.clone(), c));
-        let records = batch.records.len() as u64;
-        let recs = batch.records;
+        let records = recs.len() as u64;
         InFlight {
-            fut: Box::pin(async move { store.append(&stream, recs, checkpoint, wait).await }),
+            fut: Box::pin(async move {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                store.append(&stream, recs, checkpoint, wait).await
+            }),
             records,
             started: Instant::now(),
+            again: None,
         }
     }
 
@@ -412,6 +478,8 @@ impl Driver {
     fn appended(&mut self, r: Result<Appended, AppendError>, records: u64) -> Result<(), Exit> {
         match r {
             Ok(_) => {
+                self.restarts = 0;
+                self.full_logged = false;
                 self.stats.appends.fetch_add(1, Relaxed);
                 self.stats.records_appended.fetch_add(records, Relaxed);
                 if self.paused_logged {
@@ -428,7 +496,9 @@ impl Driver {
                 }
                 Ok(())
             }
-            Err(AppendError::Store(e)) if is_gone(&e) => Err(Exit::StoreGone),
+            // The writer is gone because colibri stops; otherwise it failed and reopens: the
+            // outcome is unknown, start again from what it committed.
+            Err(AppendError::Store(_)) if self.stopping.is_cancelled() => Err(Exit::Stopping),
             Err(e) => {
                 tracing::warn!(source = %self.cfg.name, stream = %self.cfg.stream, error = %e, "append failed: starting again from the stored checkpoint");
                 Err(Exit::Restart)
@@ -449,6 +519,12 @@ impl Driver {
         // A step triggered by a timer alone is not repeated sooner than this after the last one.
         let mut last_step = start;
         let exit = loop {
+            if self.retired.is_some()
+                && let Some(t) = &mut tailer
+            {
+                t.forget_watcher();
+                self.retired = None;
+            }
             let now = Instant::now();
             if now >= next_scan {
                 input.rescan = true;
@@ -508,8 +584,22 @@ impl Driver {
                 _ = self.stopping.cancelled() => break Exit::Stopping,
                 r = async { inflight.as_mut().expect("guarded").fut.as_mut().await }, if inflight.is_some() => {
                     let f = inflight.take().expect("guarded");
-                    if let Err(exit) = self.appended(r, f.records) {
-                        break exit;
+                    match (r, f.again) {
+                        // Nothing was stored: keep waiting for room.
+                        (Err(AppendError::Full { reason, .. }), Some(again)) => {
+                            if !self.full_logged {
+                                self.full_logged = true;
+                                tracing::warn!(source = %self.cfg.name, stream = %self.cfg.stream, %reason, "the stream is still full: reading stays paused until it has room (the files keep the lines)");
+                            }
+                            // A refusal that came at once is not sent again at once.
+                            let delay = if f.started.elapsed() < SLOW_APPEND { SLOW_APPEND } else { Duration::ZERO };
+                            inflight = Some(self.resend(again, delay));
+                        }
+                        (r, _) => {
+                            if let Err(exit) = self.appended(r, f.records) {
+                                break exit;
+                            }
+                        }
                     }
                 }
                 r = async { stepping.as_mut().expect("guarded").await }, if stepping.is_some() => {
@@ -524,15 +614,18 @@ impl Driver {
                             next = Some(b);
                         }
                         Err(e) => {
-                            tracing::error!(source = %self.cfg.name, error = %e, "tail source failed");
-                            break Exit::StoreGone;
+                            tracing::warn!(source = %self.cfg.name, error = %e, "a tail step failed: starting again from the stored checkpoint");
+                            break Exit::Restart;
                         }
                     }
                 }
                 r = read_events(&mut self.inotify, &mut input.events), if self.inotify.is_some() => {
                     if let Err(e) = r {
                         tracing::warn!(source = %self.cfg.name, error = %e, "inotify failed: polling the files instead");
-                        self.inotify = None;
+                        // Kept open until the tailer has removed its watches (it holds the raw
+                        // descriptor); restarted tailers get none.
+                        self.retired = self.inotify.take();
+                        self.watcher = None;
                         self.polling = true;
                     }
                 }
@@ -550,6 +643,17 @@ impl Driver {
         if !matches!(exit, Exit::Stopping) {
             if let Some(s) = stepping {
                 let _ = s.await;
+            }
+            drop(tailer);
+            self.retired = None;
+            // The checkpoint read at the restart must include an append still under way.
+            if let Some(mut f) = inflight {
+                tokio::select! {
+                    _ = self.stopping.cancelled() => {}
+                    r = f.fut.as_mut() => {
+                        let _ = self.appended(r, f.records);
+                    }
+                }
             }
             return exit;
         }
@@ -579,6 +683,7 @@ impl Driver {
             }
         }
         drop(tailer);
+        self.retired = None;
         Exit::Stopping
     }
 }
@@ -606,8 +711,4 @@ async fn read_events(
         }
         None => std::future::pending().await,
     }
-}
-
-fn is_gone(e: &StoreError) -> bool {
-    matches!(e, StoreError::Io(m) if m.contains("writer has stopped") || m.contains("shutting down"))
 }

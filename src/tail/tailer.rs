@@ -10,7 +10,8 @@
 //! - **held**: a new file whose first 256 bytes equal those of an active file, i.e. probably a
 //!   copy of it (copy-truncate rotation). It is not read until the original is truncated (then it
 //!   is read from where the original was, if it holds the same bytes there) or `rotate_wait`
-//!   passes (then it is a backup copy, followed from its end, or an unrelated file, read whole).
+//!   passes (then a copy that holds the bytes the original was read to is read from there, and
+//!   anything else, e.g. a new file with the same banner, is read whole; never from its own end).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -249,6 +250,8 @@ enum Role {
     Held {
         of: Identity,
         since: Instant,
+        /// Its size when held (or last seen growing): a copy still being written is held on.
+        size: u64,
     },
 }
 
@@ -361,6 +364,13 @@ fn tail_at(file: &File, offset: u64) -> Option<u64> {
 }
 
 /// The first min(size, 256) bytes of a file of `size` bytes.
+/// Where a file that starts like `orig` is read from when it is a copy of it: `orig`'s read
+/// position, if it has the bytes `orig` was read to (the 256 before the position are the same).
+fn copy_offset(file: &File, size: u64, orig: &Tracked) -> Option<u64> {
+    let pos = orig.pos;
+    (pos > 0 && size >= pos && tail_at(file, pos) == Some(orig.tail)).then_some(pos)
+}
+
 fn read_head(file: &File, size: u64) -> Vec<u8> {
     let mut b = vec![0u8; size.min(FP_BYTES as u64) as usize];
     let n = read_full_at(file, &mut b, 0).unwrap_or(0);
@@ -780,6 +790,23 @@ impl Tailer {
         }
     }
 
+    /// Stops using inotify (reading its events failed; the driver polls now). Its watches are
+    /// removed while its descriptor is still open: a copy of the raw descriptor kept past that
+    /// could name an unrelated file later.
+    pub fn forget_watcher(&mut self) {
+        if let Some(w) = self.watcher.take() {
+            for wd in self.file_wds.keys().chain(self.dir_wds.keys()) {
+                w.remove(*wd);
+            }
+        }
+        self.file_wds.clear();
+        self.dir_wds.clear();
+        self.dirs.clear();
+        for f in &mut self.files {
+            f.wd = None;
+        }
+    }
+
     /// Some file has data to read, or a rescan is pending.
     pub fn has_work(&self) -> bool {
         self.rescan_wanted
@@ -885,6 +912,7 @@ impl Tailer {
                 Role::Held {
                     of: g.id,
                     since: now,
+                    size,
                 }
             }
             Some(_) => {
@@ -994,10 +1022,9 @@ impl Tailer {
         for j in held {
             let c = &mut self.files[j];
             let size = c.file.metadata().map_or(0, |m| m.len());
+            // Never from its own end: what does not hold the original's bytes is read whole.
             let from = if size >= pos && tail_at(&c.file, pos) == Some(tail) {
                 pos
-            } else if size < pos {
-                size
             } else {
                 0
             };
@@ -1145,15 +1172,11 @@ impl Tailer {
         let wait = self.s.cfg.rotate_wait;
         for i in 0..self.files.len() {
             match self.files[i].role {
-                Role::Held { of, since } if now.saturating_duration_since(since) >= wait => {
-                    self.settle_held(i, of, now);
+                Role::Held { of, since, size } if now.saturating_duration_since(since) >= wait => {
+                    self.settle(i, Some((of, size)), now);
                 }
                 Role::New { since } if now.saturating_duration_since(since) >= wait => {
-                    let f = &mut self.files[i];
-                    f.role = Role::Active;
-                    f.dirty = true;
-                    f.verify = true;
-                    self.changed = true;
+                    self.settle(i, None, now);
                 }
                 _ => {}
             }
@@ -1172,27 +1195,54 @@ impl Tailer {
         }
     }
 
-    /// A held file whose original was not truncated within `rotate_wait`: a backup copy (the same
-    /// bytes where both end) is followed from its end; anything else is read whole.
-    fn settle_held(&mut self, i: usize, of: Identity, now: Instant) {
-        let orig = self.files.iter().find(|f| f.id == of).map(|f| {
-            let size = f.file.metadata().map_or(0, |m| m.len());
-            (f.file.try_clone().ok(), size)
-        });
-        let c = &mut self.files[i];
+    /// A new or held file (one that starts like followed files) whose original was not truncated
+    /// within `rotate_wait`. A copy, one that holds the bytes an original was read to, is read
+    /// from there (only the lines past what was read); a copy still being written (a growing
+    /// prefix of its original, short of the read position) is held on; anything else is read
+    /// whole. It is never followed from its own end: a new file that merely starts with the same
+    /// banner must not lose its lines.
+    fn settle(&mut self, i: usize, held: Option<(Identity, u64)>, now: Instant) {
+        let c = &self.files[i];
         let size = c.file.metadata().map_or(0, |m| m.len());
-        let copy = match orig {
-            Some((Some(of_file), of_size)) => {
-                let k = size.min(of_size);
-                k >= FP_BYTES as u64
-                    && tail_at(&c.file, k).is_some()
-                    && tail_at(&c.file, k) == tail_at(&of_file, k)
-            }
-            _ => false,
+        let head = read_head(&c.file, size);
+        let like = |g: &&Tracked| {
+            g.id != c.id
+                && match held {
+                    Some((of, _)) => g.id == of,
+                    None => {
+                        g.role == Role::Active
+                            && g.head.len() >= head.len()
+                            && g.head[..head.len()] == head[..]
+                    }
+                }
         };
-        let from = if copy { size } else { 0 };
+        let from = self
+            .files
+            .iter()
+            .filter(like)
+            .find_map(|g| copy_offset(&c.file, size, g));
+        if from.is_none()
+            && let Some((of, was)) = held
+            && size > was
+            && let Some(g) = self.files.iter().find(|g| g.id == of)
+            && size < g.pos
+            && tail_at(&c.file, size).is_some()
+            && tail_at(&c.file, size) == tail_at(&g.file, size)
+        {
+            tracing::info!(source = %self.s.cfg.name, path = %c.path.display(), size, "a copy of a followed file is still being written: held on");
+            self.files[i].role = Role::Held {
+                of,
+                since: now,
+                size,
+            };
+            return;
+        }
+        let copy = from.is_some();
+        let from = from.unwrap_or(0);
         tracing::info!(source = %self.s.cfg.name, path = %c.path.display(), offset = from, copy, "a file that starts like a followed one: following it");
+        let c = &mut self.files[i];
         c.role = Role::Active;
+        c.head = head;
         c.pos = from;
         c.seen = from;
         c.tail = tail_at(&c.file, from).unwrap_or(0);
@@ -1309,8 +1359,7 @@ fn take_line(
                 }
                 group.pending = None;
             }
-            let done = group.push(ml, line, offset, truncated, starts, now, tail);
-            debug_assert!(done.is_none());
+            group.push(ml, line, offset, truncated, starts, now, tail);
         }
         None => {
             let text = record::text(line);

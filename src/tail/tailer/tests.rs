@@ -402,7 +402,7 @@ fn copy_truncate_while_stopped_is_recovered_from_the_copy() {
 }
 
 #[test]
-fn a_backup_copy_is_followed_from_its_end_and_a_lookalike_read_whole() {
+fn a_backup_copy_is_read_past_the_read_position_and_a_lookalike_read_whole() {
     let mut r = Rig::new(&["*.log"], |_| {});
     r.append("app.log", &numbered("a", 0, 10));
     r.start();
@@ -418,6 +418,85 @@ fn a_backup_copy_is_followed_from_its_end_and_a_lookalike_read_whole() {
     assert!(lines.ends_with(&names("z", 0, 3)), "{lines:?}");
     r.append("backup.log", "appended to the backup\n");
     assert_eq!(r.lines(), vec!["appended to the backup"]);
+}
+
+/// A banner of more than 256 bytes that every log file of an app starts with.
+fn banner() -> String {
+    (0..5)
+        .map(|i| {
+            format!("=== app 1.2.3 started, banner line {i} with some padding to be long ===\n")
+        })
+        .collect()
+}
+
+#[test]
+fn a_new_file_with_the_same_banner_is_read_whole() {
+    // app.log is renamed to app.log.1 (still matched) and a new app.log starts with the same
+    // banner: held like a copy at first, but it does not hold what app.log.1 was read to.
+    for (old, new) in [(20, 0), (20, 3), (3, 20)] {
+        let mut r = Rig::new(&["app.log*"], |_| {});
+        r.append("app.log", &(banner() + &numbered("a", 0, old)));
+        r.start();
+        assert_eq!(r.lines().len(), 5 + old);
+        std::fs::rename(r.path("app.log"), r.path("app.log.1")).unwrap();
+        r.append("app.log", &(banner() + &numbered("b", 0, new)));
+        assert!(r.lines().is_empty(), "held at first");
+        r.advance(Duration::from_millis(1100));
+        let recs = r.drain();
+        let mut want: Vec<String> = banner().lines().map(str::to_string).collect();
+        want.extend(names("b", 0, new));
+        assert_eq!(
+            recs.iter().map(|x| x.line.clone()).collect::<Vec<_>>(),
+            want
+        );
+        assert!(recs.iter().all(|x| r.name(x) == "app.log"), "{recs:?}");
+        assert_eq!(recs[0].offset, 0);
+        r.append("app.log", "later\n");
+        assert_eq!(r.lines(), vec!["later"]);
+        r.advance(Duration::from_secs(5));
+        assert!(r.lines().is_empty());
+        r.start();
+        assert!(r.lines().is_empty(), "nothing twice after a restart");
+    }
+}
+
+#[test]
+fn a_small_backup_copy_is_not_read_again() {
+    let mut r = Rig::new(&["*.log"], |_| {});
+    r.append("app.log", "one\ntwo\n");
+    r.start();
+    assert_eq!(r.lines(), vec!["one", "two"]);
+    std::fs::copy(r.path("app.log"), r.path("backup.log")).unwrap();
+    assert!(r.lines().is_empty());
+    r.advance(Duration::from_millis(1100));
+    assert!(r.lines().is_empty(), "its lines were read from app.log");
+    r.append("backup.log", "three\n");
+    assert_eq!(r.lines(), vec!["three"]);
+}
+
+#[test]
+fn a_slow_copy_is_held_until_it_is_complete() {
+    let mut r = Rig::new(&["app.log*"], |_| {});
+    r.append("app.log", &numbered("a", 0, 20));
+    r.start();
+    assert_eq!(r.lines(), names("a", 0, 20));
+    r.append("app.log", &numbered("a", 20, 2));
+    let whole = std::fs::read(r.path("app.log")).unwrap();
+    // The copy grows slower than rotate_wait.
+    for part in [300, 600, 900] {
+        std::fs::write(r.path("app.log.1"), &whole[..part]).unwrap();
+        let lines = r.lines();
+        assert!(lines.iter().all(|l| l.starts_with("a-0002")), "{lines:?}");
+        r.advance(Duration::from_millis(1100));
+    }
+    std::fs::write(r.path("app.log.1"), &whole).unwrap();
+    std::fs::write(r.path("app.log"), numbered("b", 0, 2)).unwrap();
+    assert_eq!(r.lines(), names("b", 0, 2));
+    r.advance(Duration::from_secs(5));
+    assert!(
+        r.lines().is_empty(),
+        "the copy's lines were read from app.log"
+    );
 }
 
 #[test]
