@@ -494,15 +494,29 @@ fn oversized_bodies_gzip_bombs_and_records_too_large_for_the_stream_get_413() {
     let a = expect(c.post(&path("narrow"), NDJSON, &[], big.as_bytes()), 413);
     assert!(a.error().contains("can never fit"), "{}", a.text());
 
+    // Records that each fit, in a batch that never can (3 jobs of ~900 bytes > max_bytes 2KiB,
+    // even with the stream empty): 413 at once, not 429 for a retry that would fail forever.
+    let rec = format!("{{\"pad\":\"{}\"}}\n", "y".repeat(888));
+    let a = expect(
+        c.post(&path("narrow"), NDJSON, &[], rec.repeat(3).as_bytes()),
+        413,
+    );
+    assert!(
+        a.error().contains("can never fit") && a.error().contains("smaller batches"),
+        "{}",
+        a.text()
+    );
+    expect(c.post(&path("narrow"), NDJSON, &[], rec.as_bytes()), 200);
+
     let tiny = "1\n".repeat(100_001);
     let a = expect(c.post(&path("logs"), NDJSON, &[], tiny.as_bytes()), 413);
     assert!(a.error().contains("100000 records"), "{}", a.text());
 
     expect(c.post(&path("logs"), NDJSON, &[], b"1\n"), 200);
     let agent = stop(agent);
-    assert_eq!(refusals(&agent, 413).len(), 4, "{}", agent.stderr());
+    assert_eq!(refusals(&agent, 413).len(), 5, "{}", agent.stderr());
     assert_eq!(appended(&s.stats("logs")), 1);
-    assert_eq!(appended(&s.stats("narrow")), 0);
+    assert_eq!(appended(&s.stats("narrow")), 1);
 }
 
 // ---------------------------------------------------------------------------------------------

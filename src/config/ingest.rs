@@ -21,10 +21,15 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 /// records), `max_requests` of them at once.
 const MAX_MAX_BODY: u64 = 256 << 20;
 
+/// Largest `read_timeout` and `wait`: a stop waits up to `read_timeout + wait + 2s` for the
+/// requests in progress.
+const MAX_READ_TIMEOUT: Duration = Duration::from_secs(60);
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
 /// The local ingest API: programs on this machine POST records to streams over HTTP
 /// (`POST /v1/streams/{stream}/records`, see schemas/openapi.yaml). Off unless `listen` is set.
 /// A request is answered 200 only once its records are on disk.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IngestSpec {
     /// Address to listen on, e.g. `127.0.0.1:9465` or `[::1]:9465`. Unset or empty: ingest is off.
@@ -49,13 +54,35 @@ pub struct IngestSpec {
     #[schemars(schema_with = "u32_schema")]
     pub max_requests: Option<u32>,
     /// Longest time a client may take to send a request's headers, and then its body; also how
-    /// long an idle kept-alive connection stays open. Slower requests get 408. Default 10s.
+    /// long an idle kept-alive connection stays open. A request whose body is slower gets 408; a
+    /// connection whose headers are slower is closed without an answer (hyper). Default 10s, at
+    /// most 60s. At a stop, requests in progress are waited for up to `read_timeout + wait + 2s`:
+    /// keep that below `shutdown_grace`.
     #[serde(default)]
     pub read_timeout: Option<Dur>,
     /// How long a request waits for room in a full `when_full: block` stream before it is answered
-    /// 429 (or 507 when the disk budget is what is exhausted). `0s` answers at once. Default 5s.
+    /// 429 (or 507 when the disk budget is what is exhausted). `0s` answers at once. Default 5s, at
+    /// most 60s; with `read_timeout` it bounds how long a stop waits for requests in progress
+    /// (keep `read_timeout + wait + 2s` below `shutdown_grace`). A `when_full: drop_newest`
+    /// stream answers 429 at once and counts the refused records as dropped, again on each retry
+    /// of the same records.
     #[serde(default)]
     pub wait: Option<Dur>,
+}
+
+/// By hand: the token is a secret, shown as `<redacted>` when set.
+impl std::fmt::Debug for IngestSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IngestSpec")
+            .field("listen", &self.listen)
+            .field("max_body", &self.max_body)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("max_connections", &self.max_connections)
+            .field("max_requests", &self.max_requests)
+            .field("read_timeout", &self.read_timeout)
+            .field("wait", &self.wait)
+            .finish()
+    }
 }
 
 /// Compiles the section; `None` when ingest is off. Problems go to `err(path, message)` with paths
@@ -109,12 +136,19 @@ pub fn compile(
     let read_timeout = spec.read_timeout.map_or(DEFAULT_READ_TIMEOUT, |d| d.0);
     if read_timeout.is_zero() {
         err("read_timeout", "must be positive".into());
+    } else if read_timeout > MAX_READ_TIMEOUT {
+        err(
+            "read_timeout",
+            "must be at most 60s (a stop waits up to read_timeout + wait for requests in progress)"
+                .into(),
+        );
     }
     let wait = spec.wait.map_or(DEFAULT_WAIT, |d| d.0);
-    if wait > Duration::from_secs(600) {
+    if wait > MAX_WAIT {
         err(
             "wait",
-            "must be at most 10m (the client waits that long for its answer)".into(),
+            "must be at most 60s (the client waits that long for its answer, and a stop waits for it)"
+                .into(),
         );
     }
     let listen = spec.listen.filter(|l| !l.trim().is_empty())?;
@@ -207,10 +241,38 @@ mod tests {
     }
 
     #[test]
+    fn read_timeout_and_wait_are_capped() {
+        let (c, p) = compile_yaml(
+            "{ listen: '127.0.0.1:1', read_timeout: 60s, wait: 60s }",
+            &["logs"],
+        );
+        assert!(p.is_empty() && c.is_some(), "{p:?}");
+        let (_, p) = compile_yaml(
+            "{ listen: '127.0.0.1:1', read_timeout: 61s, wait: 2m }",
+            &["logs"],
+        );
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(
+            p[0].starts_with("ingest.read_timeout: must be at most 60s"),
+            "{p:?}"
+        );
+        assert!(
+            p[1].starts_with("ingest.wait: must be at most 60s"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
     fn a_token_is_checked_and_never_shown() {
         let (_, p) = compile_yaml("{ listen: '127.0.0.1:1', token: 'two words' }", &["logs"]);
         assert_eq!(p.len(), 1);
         assert!(!p[0].contains("two words"), "{p:?}");
+        let spec: IngestSpec = serde_saphyr::from_str("{ token: 's3cret' }").expect("yaml");
+        let shown = format!("{spec:?}");
+        assert!(
+            !shown.contains("s3cret") && shown.contains("<redacted>"),
+            "{shown}"
+        );
         let (c, p) = compile_yaml("{ listen: '[::1]:1', token: 's3cret' }", &["logs"]);
         assert!(p.is_empty(), "{p:?}");
         let c = c.expect("on");

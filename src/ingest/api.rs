@@ -3,12 +3,13 @@
 //! both logged (with the stream and the peer, never the token or the body) and sent as
 //! `{"error": "..."}`.
 //!
-//! Order: shutting down (503), route (404), method (405), token (401), stream (404), encoding and
-//! content type (415), length (411, 413), a turn among `max_requests`, the body within
-//! `read_timeout` (408), its records (400, 413), then the append: 200 once durable; 429 when a
-//! stream's own bound is reached (after `wait` under `block`, at once under `drop_newest`, whose
-//! refused records are counted as dropped); 507 when the disk budget is; 413 for a record the
-//! stream can never hold; 503 when the store cannot commit (nothing acknowledged).
+//! Order: route (404, even while shutting down), then for a known path: shutting down (503),
+//! method (405), token (401), stream (404), encoding and content type (415), length (411, 413), a
+//! turn among `max_requests`, the body within `read_timeout` (408), its records (400, 413), then
+//! the append: 200 once durable; 429 when a stream's own bound is reached (after `wait` under
+//! `block`, at once under `drop_newest`, whose refused records are counted as dropped, on every
+//! retry too); 507 when the disk budget is; 413 for a record, or a batch, that the stream can never
+//! hold (even empty); 503 when the store cannot commit (nothing acknowledged).
 //!
 //! A refusal decided before the body is read still reads (and discards) a body of acceptable
 //! length, within `read_timeout`, so the client sees the answer rather than a reset connection
@@ -454,11 +455,9 @@ fn append_error(e: AppendError) -> Reject {
             r.routine = !reason.is_disk();
             r
         }
-        AppendError::TooLarge { stream, size, max } => Reject::new(
+        AppendError::TooLarge { why, .. } => Reject::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "a record of {size} bytes can never fit in stream {stream:?} (max_bytes {max}); nothing was stored"
-            ),
+            format!("{why}; nothing was stored"),
         ),
         AppendError::Store(StoreError::UnknownStream(stream)) => {
             Reject::new(StatusCode::NOT_FOUND, format!("no stream {stream:?}"))

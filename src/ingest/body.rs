@@ -114,7 +114,13 @@ pub fn records(
 ) -> Result<Vec<Vec<u8>>, BadBody> {
     let body = match encoding {
         Encoding::Identity => wire,
-        Encoding::Gzip => gunzip(&wire, max_body)?,
+        Encoding::Gzip => {
+            let body = gunzip(&wire, max_body)?;
+            // Freed before the records are split out: at most the body and its records are held
+            // at once (about twice max_body), not the compressed copy too.
+            drop(wire);
+            body
+        }
     };
     match format {
         Format::Ndjson => ndjson(&body),

@@ -7,8 +7,10 @@
 //! port stops colibri's start), connections are bounded by `max_connections` (more wait in the
 //! listen backlog), each is served by hyper with `read_timeout` for headers and idle keep-alive.
 //! Stop: when `stopping` is cancelled, new requests are answered 503 while requests in progress
-//! finish (at least [`DRAIN_MIN`]); then the listener is closed, idle connections are closed, and
-//! the task ends once every connection has, so the agent closes the store after the last append.
+//! finish (at least [`DRAIN_MIN`], at most `read_timeout + wait + 2s`); then the listener is closed,
+//! idle connections are closed, and the task ends once every connection has (again within
+//! `read_timeout + wait + 2s`, then they are aborted), so the agent closes the store after the last
+//! append.
 
 pub mod api;
 pub mod body;
@@ -184,11 +186,21 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         in_progress = shared.in_progress.load(Ordering::Relaxed),
         "ingest stopping: new requests are answered 503 while requests in progress finish"
     );
+    // Every request in progress is bounded by read_timeout (its body) and wait (its append); this
+    // bounds the drain, and then the connections, should one be stuck anyway.
+    let limit = shared.config.read_timeout + shared.config.wait + Duration::from_secs(2);
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     loop {
-        let drained =
-            drain_from.elapsed() >= DRAIN_MIN && shared.in_progress.load(Ordering::Acquire) == 0;
-        if drained {
+        let elapsed = drain_from.elapsed();
+        let in_progress = shared.in_progress.load(Ordering::Acquire);
+        if elapsed >= DRAIN_MIN && in_progress == 0 {
+            break;
+        }
+        if elapsed >= limit.max(DRAIN_MIN) {
+            tracing::warn!(
+                in_progress,
+                "ingest stopping: requests still in progress after the drain limit; closing anyway"
+            );
             break;
         }
         tokio::select! {
@@ -204,8 +216,6 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     }
     drop(listener);
     closing.cancel();
-    // Every request left is bounded by read_timeout and wait; this bounds a stuck peer too.
-    let limit = shared.config.read_timeout + shared.config.wait + Duration::from_secs(2);
     let all_closed = async { while tasks.join_next().await.is_some() {} };
     if tokio::time::timeout(limit, all_closed).await.is_err() {
         tracing::warn!(

@@ -182,9 +182,17 @@ pub enum AppendError {
         reason: FullReason,
         records: u64,
     },
-    /// One record is larger than the stream can ever hold.
-    #[error("a record of {size} bytes cannot fit in stream {stream:?} (max_bytes {max})")]
-    TooLarge { stream: String, size: u64, max: u64 },
+    /// The append can never be stored, whatever is delivered or deleted: one record larger than the
+    /// stream's `max_bytes`, or a batch with more jobs than its `max_jobs` or more bytes than its
+    /// `max_bytes` or `storage.max_bytes`. Nothing was stored; `size` and `max` are in the unit of
+    /// the bound exceeded (jobs or bytes), `why` says which.
+    #[error("{why}")]
+    TooLarge {
+        stream: String,
+        size: u64,
+        max: u64,
+        why: String,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -1083,6 +1091,7 @@ impl<'s> Tx<'s> {
         let st = self.stream(stream)?;
         let batch = st.cfg.batch;
         let max_bytes = st.cfg.max_bytes;
+        let max_jobs = st.cfg.max_jobs;
         let when_full = st.cfg.when_full;
         // Cut into jobs.
         let mut jobs: Vec<Vec<u8>> = Vec::new();
@@ -1100,10 +1109,14 @@ impl<'s> Tx<'s> {
             }
             let job = format::encode(now_ms, &fresh_meta(0), &records[start..end]);
             if job.len() as u64 > max_bytes {
+                let size = size.max(job.len() as u64);
                 return Err(AppendError::TooLarge {
                     stream: stream.into(),
-                    size: size.max(job.len() as u64),
+                    size,
                     max: max_bytes,
+                    why: format!(
+                        "a record of {size} bytes can never fit in stream {stream:?} (max_bytes {max_bytes})"
+                    ),
                 });
             }
             jobs.push(job);
@@ -1112,6 +1125,32 @@ impl<'s> Tx<'s> {
         let n_records = records.len() as u64;
         let n_jobs = jobs.len() as u64;
         let bytes: u64 = jobs.iter().map(|j| j.len() as u64).sum();
+        // A batch that would not fit even in an empty stream and an empty store is refused as too
+        // large, before anything changes: `Full` would have its sender wait and retry forever.
+        let never = if n_jobs > max_jobs {
+            Some((n_jobs, max_jobs, "jobs", "the stream's max_jobs"))
+        } else if bytes > max_bytes {
+            Some((bytes, max_bytes, "bytes", "the stream's max_bytes"))
+        } else if bytes > self.store.storage.max_bytes {
+            Some((
+                bytes,
+                self.store.storage.max_bytes,
+                "bytes",
+                "storage.max_bytes",
+            ))
+        } else {
+            None
+        };
+        if let Some((size, max, unit, bound)) = never {
+            return Err(AppendError::TooLarge {
+                stream: stream.into(),
+                size,
+                max,
+                why: format!(
+                    "a batch of {n_records} records ({size} {unit}) can never fit in stream {stream:?} ({bound} is {max} {unit}): send smaller batches"
+                ),
+            });
+        }
         let mut dropped_oldest = 0;
         if let Some(reason) = self.full(stream, n_jobs, bytes) {
             match when_full {

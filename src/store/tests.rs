@@ -1010,7 +1010,7 @@ fn drop_oldest_deletes_nothing_when_the_batch_cannot_fit_anyway() {
     store.release(&t[0].lease);
     store.release(&t[1].lease);
     let r = append(&mut store, S, &recs("huge", 4), T0);
-    assert!(matches!(r, Err(AppendError::Full { .. })), "{r:?}");
+    assert!(matches!(r, Err(AppendError::TooLarge { .. })), "{r:?}");
     assert_eq!(
         counters(&store, S).ready_jobs,
         3,
@@ -1239,6 +1239,8 @@ enum MAppend {
     Ok(Appended),
     Full,
     Refused(u64),
+    /// More jobs than `max_jobs`: can never fit, nothing changes.
+    TooLarge,
 }
 
 impl Model {
@@ -1290,6 +1292,9 @@ impl Model {
         let nj = jobs.len() as u64;
         let n = records.len() as u64;
         let mut dropped = 0;
+        if nj > self.cfg.max_jobs {
+            return MAppend::TooLarge;
+        }
         if self.queued() + nj > self.cfg.max_jobs {
             match self.cfg.when_full {
                 WhenFull::Block => return MAppend::Full,
@@ -1600,11 +1605,12 @@ fn run_model(seed: u64, ops: usize, cov: &mut Coverage) {
                     Ok(a) => MAppend::Ok(a),
                     Err(AppendError::Full { .. }) => MAppend::Full,
                     Err(AppendError::Refused { records, .. }) => MAppend::Refused(records),
+                    Err(AppendError::TooLarge { .. }) => MAppend::TooLarge,
                     Err(e) => panic!("{ctx}: {e}"),
                 };
                 assert_eq!(got, want, "{ctx}: append");
                 match &got {
-                    MAppend::Full => cov.full += 1,
+                    MAppend::Full | MAppend::TooLarge => cov.full += 1,
                     MAppend::Refused(_) => cov.refused += 1,
                     MAppend::Ok(a) if a.dropped_oldest > 0 => cov.dropped_oldest += 1,
                     MAppend::Ok(_) => {}
@@ -3375,4 +3381,86 @@ async fn writer_store_id_follows_a_replaced_store() {
     assert_ne!(new_id, old_id);
     handle.shutdown().await;
     assert_eq!(open_mem(&second, unbounded(), &streams).id(), new_id);
+}
+
+/// A batch that could not fit even in an empty stream and an empty store is `TooLarge`, not `Full`
+/// (whose sender would wait and retry the same batch forever), under every `when_full`, and
+/// changes nothing: no job, no drop counted, no old job deleted.
+#[test]
+fn a_batch_that_can_never_fit_is_too_large_and_changes_nothing() {
+    for when_full in [WhenFull::Block, WhenFull::DropNewest, WhenFull::DropOldest] {
+        // More bytes than the stream's max_bytes: 3 jobs of one 900-byte record, 2 KiB bound.
+        let mut cfg = stream(S);
+        cfg.when_full = when_full;
+        cfg.max_bytes = 2048;
+        cfg.batch.max_bytes = 1024;
+        let d = Dir::new(vec![cfg]);
+        let mut store = d.open();
+        let r = append(&mut store, S, &sized(b'a', &[900, 900, 900]), T0);
+        match &r {
+            Err(e @ AppendError::TooLarge { max: 2048, .. }) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("can never fit") && msg.contains("smaller batches"),
+                    "{msg}"
+                );
+            }
+            _ => panic!("{when_full:?}: {r:?}"),
+        }
+        let c = counters(&store, S);
+        assert_eq!(
+            (c.appended_records, c.dropped_newest_records, c.ready_jobs),
+            (0, 0, 0),
+            "{when_full:?}"
+        );
+        // Each job alone fits.
+        append(&mut store, S, &sized(b'b', &[900]), T0).unwrap();
+
+        // More jobs than the stream's max_jobs; an old job is not deleted for it.
+        let mut cfg = stream(S);
+        cfg.when_full = when_full;
+        cfg.max_jobs = 2;
+        cfg.batch.max_records = 1;
+        let d = Dir::new(vec![cfg]);
+        let mut store = d.open();
+        append(&mut store, S, &recs("old", 1), T0).unwrap();
+        let r = append(&mut store, S, &recs("x", 3), T0);
+        assert!(
+            matches!(
+                r,
+                Err(AppendError::TooLarge {
+                    size: 3,
+                    max: 2,
+                    ..
+                })
+            ),
+            "{when_full:?}: {r:?}"
+        );
+        let c = counters(&store, S);
+        assert_eq!(
+            (c.appended_records, c.dropped_newest_records, c.ready_jobs),
+            (1, 0, 1),
+            "{when_full:?}"
+        );
+        append(&mut store, S, &recs("y", 1), T0).unwrap();
+
+        // More bytes than storage.max_bytes.
+        let one = sized(b'c', &[500]);
+        let size = job_bytes(&one);
+        let mut cfg = stream(S);
+        cfg.when_full = when_full;
+        cfg.batch.max_records = 1;
+        let d = Dir::new(vec![cfg]).with_storage(StorageConfig {
+            max_bytes: size * 2,
+            min_free: 0,
+        });
+        let mut store = d.open();
+        let r = append(&mut store, S, &sized(b'c', &[500, 500, 500]), T0);
+        assert!(
+            matches!(r, Err(AppendError::TooLarge { max, .. }) if max == size * 2),
+            "{when_full:?}: {r:?}"
+        );
+        assert_eq!(counters(&store, S).appended_records, 0);
+        append(&mut store, S, &sized(b'c', &[500, 500]), T0).unwrap();
+    }
 }
