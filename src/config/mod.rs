@@ -27,6 +27,7 @@ use serde_json::Value;
 use crate::schedule::{self, Offset, Schedule, Zone};
 use crate::sink::{LinkSpec, Probe, SinkConfig, SinkKind, SinkRetry};
 use crate::store::{BatchConfig, StorageConfig, StreamConfig, WhenFull};
+use crate::task::file_move::{FileMove, OnConflict};
 use crate::task::{Action, RetryPolicy, TaskDef, exec::Exec};
 use units::{Dur, Size, de_u32, u32_schema};
 
@@ -443,9 +444,12 @@ impl JsonSchema for OffsetSpec {
 pub enum TaskKind {
     /// Run a program. No shell is involved unless the command names one (`["sh", "-c", "..."]`).
     Exec(ExecSpec),
+    /// Move settled files from one directory to another: rename(2) on one filesystem; across
+    /// filesystems copy, fsync, rename into place, then remove the source.
+    FileMove(FileMoveSpec),
 }
 
-const TASK_TYPES: &str = "exec";
+const TASK_TYPES: &str = "exec, file_move";
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -463,6 +467,47 @@ pub struct ExecSpec {
     #[serde(default)]
     pub cwd: Option<String>,
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileMoveSpec {
+    /// The directory files are taken from (not recursive). Must exist when the config is loaded.
+    /// Relative paths are read from the config file's directory.
+    pub from: String,
+    /// Globs on the file name (`*.csv`, `scan-??.pdf`); a file matching any of them is taken. A name
+    /// starting with `.` only matches a pattern that starts with `.`, so writers' hidden temporary
+    /// files are left alone.
+    pub pattern: Vec<String>,
+    /// Globs on the file name that are never taken, even when `pattern` matches.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// The directory files are moved into. Must exist when the config is loaded and differ from
+    /// `from`. Relative paths are read from the config file's directory.
+    pub to: String,
+    /// Only files whose modification time is at least this old are moved, so a file still being
+    /// written is never taken. Default 30s.
+    #[serde(default)]
+    pub settle: Option<Dur>,
+    /// When the name already exists in `to`: `rename` (default) moves the file as `name.1.ext`,
+    /// `name.2.ext`, ...; `overwrite` replaces the existing file; `skip` leaves the file in `from`.
+    #[serde(default)]
+    pub on_conflict: Option<OnConflictSpec>,
+    /// At most this many files per run (oldest first); the rest wait for the next run. Default 1000.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[schemars(schema_with = "u32_schema")]
+    pub max_files: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnConflictSpec {
+    Rename,
+    Overwrite,
+    Skip,
+}
+
+const DEFAULT_SETTLE: Duration = Duration::from_secs(30);
+const DEFAULT_MAX_FILES: u32 = 1000;
 
 /// A string that may be written as a YAML number or boolean (`command: [sleep, 5]`).
 #[derive(Debug, Clone)]
@@ -1254,6 +1299,7 @@ fn compile_task(
 
     let action = match kind? {
         TaskKind::Exec(spec) => compile_exec(spec, base, &mut err).map(Action::Exec),
+        TaskKind::FileMove(spec) => compile_file_move(spec, base, &mut err).map(Action::FileMove),
     };
     Some(TaskDef {
         name: common.name,
@@ -1323,6 +1369,105 @@ fn compile_exec(spec: ExecSpec, base: &Path, err: &mut dyn FnMut(&str, String)) 
         env.push((k, v.0));
     }
     ok.then_some(Exec { argv, env, cwd })
+}
+
+fn compile_file_move(
+    spec: FileMoveSpec,
+    base: &Path,
+    err: &mut dyn FnMut(&str, String),
+) -> Option<FileMove> {
+    let mut ok = true;
+    let dir = |field: &str, text: &str, err: &mut dyn FnMut(&str, String)| {
+        if text.is_empty() {
+            err(field, "must name a directory".into());
+            return None;
+        }
+        let path = base.join(text);
+        match std::fs::metadata(&path) {
+            Err(e) => {
+                err(field, format!("{}: {}", path.display(), io_reason(&e)));
+                None
+            }
+            Ok(m) if !m.is_dir() => {
+                err(field, format!("{} is not a directory", path.display()));
+                None
+            }
+            Ok(_) => Some(path),
+        }
+    };
+    let from = dir("from", &spec.from, err);
+    let to = dir("to", &spec.to, err);
+    if let (Some(f), Some(t)) = (&from, &to) {
+        let same = match (std::fs::canonicalize(f), std::fs::canonicalize(t)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => f == t,
+        };
+        if same {
+            err(
+                "to",
+                format!("{} is the same directory as from", t.display()),
+            );
+            ok = false;
+        }
+    }
+    let mut globs = |field: &str, list: &[String], err: &mut dyn FnMut(&str, String)| {
+        let mut out = Vec::with_capacity(list.len());
+        for (i, g) in list.iter().enumerate() {
+            if g.is_empty() || g.contains('/') {
+                err(
+                    &format!("{field}[{i}]"),
+                    format!("{g:?} must be a non-empty glob on the file name, without /"),
+                );
+                ok = false;
+                continue;
+            }
+            match glob::Pattern::new(g) {
+                Ok(p) => out.push(p),
+                Err(e) => {
+                    err(&format!("{field}[{i}]"), format!("{g:?}: {e}"));
+                    ok = false;
+                }
+            }
+        }
+        out
+    };
+    let pattern = globs("pattern", &spec.pattern, err);
+    let exclude = globs("exclude", &spec.exclude, err);
+    if spec.pattern.is_empty() {
+        err(
+            "pattern",
+            "must list at least one glob, e.g. [\"*.csv\"]".into(),
+        );
+        ok = false;
+    }
+    let settle = spec.settle.map_or(DEFAULT_SETTLE, |d| d.0);
+    if settle.is_zero() {
+        err(
+            "settle",
+            "must be positive, so a file still being written is never taken".into(),
+        );
+        ok = false;
+    }
+    let max_files = spec.max_files.unwrap_or(DEFAULT_MAX_FILES);
+    if max_files == 0 {
+        err("max_files", "must be at least 1".into());
+        ok = false;
+    }
+    let on_conflict = match spec.on_conflict.unwrap_or(OnConflictSpec::Rename) {
+        OnConflictSpec::Rename => OnConflict::Rename,
+        OnConflictSpec::Overwrite => OnConflict::Overwrite,
+        OnConflictSpec::Skip => OnConflict::Skip,
+    };
+    let (from, to) = (from?, to?);
+    ok.then_some(FileMove {
+        from,
+        to,
+        pattern,
+        exclude,
+        settle,
+        on_conflict,
+        max_files: max_files as usize,
+    })
 }
 
 fn io_reason(e: &std::io::Error) -> String {

@@ -81,7 +81,9 @@ tasks:
         Schedule::Cron(cs) => assert_eq!(cs.zone, Zone::Named(chrono_tz::Europe::Berlin)),
         other => panic!("{other:?}"),
     }
-    let Action::Exec(e) = &a.action;
+    let Action::Exec(e) = &a.action else {
+        panic!("not exec")
+    };
     assert_eq!(e.argv, ["/bin/sh", "-c", "exit 0"]);
     assert!(e.env.contains(&("PORT".into(), "8080".into())));
     assert!(e.env.contains(&("ON".into(), "true".into())));
@@ -96,7 +98,9 @@ tasks:
     ));
     assert_eq!(b.timeout, DEFAULT_TIMEOUT);
     assert_eq!(b.retry.max_retry, 0);
-    let Action::Exec(e) = &c.tasks[2].action;
+    let Action::Exec(e) = &c.tasks[2].action else {
+        panic!("not exec")
+    };
     assert_eq!(e.argv, ["sleep", "5"]);
     assert!(matches!(c.tasks[2].schedule, Schedule::Reboot));
 }
@@ -116,7 +120,9 @@ tasks:
     assert_eq!(c.workers, 3);
     assert_eq!(c.shutdown_grace, Duration::from_secs(20));
     assert_eq!(c.log_level, LogLevel::Warn);
-    let Action::Exec(e) = &c.tasks[0].action;
+    let Action::Exec(e) = &c.tasks[0].action else {
+        panic!("not exec")
+    };
     assert_eq!(e.argv[1], "hunter2");
     assert!(
         matches!(c.tasks[0].schedule, Schedule::Every { period, .. } if period == Duration::from_secs(5))
@@ -143,7 +149,9 @@ fn unset_variables_are_reported_with_their_path() {
 fn yaml_1_1_booleans_stay_strings() {
     let c = load("tasks: [{ name: off, type: exec, every: 1m, command: [/bin/echo, no, yes, 0755], env: { X: on } }]").unwrap();
     assert_eq!(c.tasks[0].name, "off");
-    let Action::Exec(e) = &c.tasks[0].action;
+    let Action::Exec(e) = &c.tasks[0].action else {
+        panic!("not exec")
+    };
     assert_eq!(e.argv[1..], ["no", "yes", "0755"]);
     assert_eq!(e.env, [("X".to_string(), "on".to_string())]);
 }
@@ -187,7 +195,7 @@ tasks:
     let expect = [
         r#"tasks[0] "rotate": schedule "61 * * * *": minute 61 out of range 0-59"#,
         r#"tasks[1] "rotate": duplicate name (first used by tasks[0])"#,
-        r#"tasks[2] "beam": type: unknown type "teleport" (one of: exec)"#,
+        r#"tasks[2] "beam": type: unknown type "teleport" (one of: exec, file_move)"#,
         r#"tasks[3] "zero": timeout: must be positive"#,
         r#"tasks[4] "long": timeout: 11s must be shorter than shutdown_grace (11s)"#,
         r#"tasks[5] "gone": command[0]: /nonexistent/bin/tool: no such file"#,
@@ -279,7 +287,9 @@ fn relative_programs_resolve_against_the_config_directory() {
     let cfg = dir.path().join("c.yaml");
     let text = "tasks: [{ name: j, type: exec, every: 1m, command: [./job.sh] }]";
     let c = load_str(text, &cfg, &env).unwrap();
-    let Action::Exec(e) = &c.tasks[0].action;
+    let Action::Exec(e) = &c.tasks[0].action else {
+        panic!("not exec")
+    };
     assert_eq!(Path::new(&e.argv[0]), script);
 }
 
@@ -596,4 +606,87 @@ sinks:
             p.join("\n")
         );
     }
+}
+
+#[test]
+fn a_file_move_task_compiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let (from, to) = (dir.path().join("in"), dir.path().join("out"));
+    std::fs::create_dir(&from).unwrap();
+    std::fs::create_dir(&to).unwrap();
+    let c = load(&format!(
+        "tasks: [{{ name: mv, type: file_move, every: 10s, from: {:?}, to: {:?}, pattern: [\"*.csv\"], \
+         exclude: [\"tmp-*\"], settle: 2m, on_conflict: skip, max_files: 50 }}]",
+        from.display(),
+        to.display()
+    ))
+    .unwrap();
+    let Action::FileMove(m) = &c.tasks[0].action else {
+        panic!("not file_move")
+    };
+    assert_eq!(c.tasks[0].action.kind(), "file_move");
+    assert_eq!((&m.from, &m.to), (&from, &to));
+    assert_eq!(m.pattern[0].as_str(), "*.csv");
+    assert_eq!(m.exclude[0].as_str(), "tmp-*");
+    assert_eq!(m.settle, Duration::from_secs(120));
+    assert_eq!(m.on_conflict, crate::task::file_move::OnConflict::Skip);
+    assert_eq!(m.max_files, 50);
+
+    // Defaults.
+    let c = load(&format!(
+        "tasks: [{{ name: mv, type: file_move, every: 10s, from: {:?}, to: {:?}, pattern: [\"*\"] }}]",
+        from.display(),
+        to.display()
+    ))
+    .unwrap();
+    let Action::FileMove(m) = &c.tasks[0].action else {
+        panic!("not file_move")
+    };
+    assert_eq!(m.settle, Duration::from_secs(30));
+    assert_eq!(m.on_conflict, crate::task::file_move::OnConflict::Rename);
+    assert_eq!(m.max_files, 1000);
+}
+
+#[test]
+fn file_move_problems_are_all_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain");
+    std::fs::write(&file, "").unwrap();
+    let d = dir.path().display();
+    let p = problems(&format!(
+        "tasks:\n\
+         - {{ name: a, type: file_move, every: 1s, from: /nonexistent/in, to: {:?}, pattern: [], settle: 0s, max_files: 0 }}\n\
+         - {{ name: b, type: file_move, every: 1s, from: {d:?}, to: {d:?}, pattern: [\"[\", \"a/b\"] }}\n\
+         - {{ name: c, type: file_move, every: 1s, from: {d:?}, to: /tmp, pattern: [\"*\"], on_conflict: merge }}\n\
+         - {{ name: d, type: file_move, every: 1s, from: {d:?}, pattern: [\"*\"] }}",
+        file.display()
+    ));
+    let expect = [
+        "tasks[0] \"a\": from: /nonexistent/in: no such file",
+        "tasks[0] \"a\": to: ",
+        "tasks[0] \"a\": pattern: must list at least one glob",
+        "tasks[0] \"a\": settle: must be positive",
+        "tasks[0] \"a\": max_files: must be at least 1",
+        "tasks[1] \"b\": to: ",
+        "tasks[1] \"b\": pattern[0]: ",
+        "tasks[1] \"b\": pattern[1]: ",
+        "tasks[2] \"c\": unknown variant `merge`, expected one of `rename`, `overwrite`, `skip`",
+        "tasks[3] \"d\"",
+    ];
+    for e in expect {
+        assert!(
+            p.iter().any(|x| x.starts_with(e)),
+            "missing {e:?} in {p:#?}"
+        );
+    }
+    assert!(
+        p.iter()
+            .any(|x| x.contains("is not a directory") && x.starts_with("tasks[0]")),
+        "{p:#?}"
+    );
+    assert!(
+        p.iter().any(|x| x.contains("same directory as from")),
+        "{p:#?}"
+    );
+    assert!(p.iter().any(|x| x.contains("missing field `to`")), "{p:#?}");
 }

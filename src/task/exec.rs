@@ -111,6 +111,7 @@ impl Exec {
                     pid: None,
                     stdout: String::new(),
                     stderr: String::new(),
+                    files: None,
                 };
             }
         };
@@ -157,6 +158,7 @@ impl Exec {
             pid,
             stdout,
             stderr,
+            files: None,
         }
     }
 }

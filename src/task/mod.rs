@@ -4,6 +4,7 @@
 //! not parse the file. Called by `scheduler`.
 
 pub mod exec;
+pub mod file_move;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,12 +39,14 @@ pub struct RetryPolicy {
 #[derive(Debug)]
 pub enum Action {
     Exec(exec::Exec),
+    FileMove(file_move::FileMove),
 }
 
 impl Action {
     pub fn kind(&self) -> &'static str {
         match self {
             Action::Exec(_) => "exec",
+            Action::FileMove(_) => "file_move",
         }
     }
 }
@@ -91,6 +94,8 @@ pub struct Attempt {
     pub pid: Option<u32>,
     pub stdout: String,
     pub stderr: String,
+    /// File counts, for handlers that move files.
+    pub files: Option<file_move::Counts>,
 }
 
 /// What a run needs from its surroundings.
@@ -118,6 +123,7 @@ pub async fn run(
     let last = loop {
         let attempt = match &def.action {
             Action::Exec(e) => e.run(&def.name, due, def.timeout, ctx).await,
+            Action::FileMove(m) => m.run(def.timeout, ctx).await,
         };
         let retryable = matches!(attempt.outcome, Outcome::Failed(_) | Outcome::TimedOut);
         if !retryable || attempt_no >= def.retry.max_retry || ctx.stopping.is_cancelled() {
@@ -144,18 +150,23 @@ pub async fn run(
     let late_ms = late.as_millis() as u64;
     let attempts = attempt_no + 1;
     let exit = last.exit.as_deref();
+    // Absent (not logged) for handlers that do not move files.
+    let files_moved = last.files.map(|c| c.moved);
+    let files_skipped = last.files.map(|c| c.skipped);
+    let files_failed = last.files.map(|c| c.failed);
+    let files_waiting = last.files.map(|c| c.waiting);
     match &last.outcome {
         Outcome::Ok => {
             stats.ok.fetch_add(1, Ordering::Relaxed);
             tracing::info!(
-                task = %def.name, outcome = "ok", duration_ms, late_ms, attempts, exit,
+                task = %def.name, outcome = "ok", duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting,
                 stdout = output(&last.stdout), stderr = output(&last.stderr), "task run finished"
             );
         }
         Outcome::Cancelled => {
             stats.cancelled.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
-                task = %def.name, outcome = "cancelled", duration_ms, late_ms, attempts, exit,
+                task = %def.name, outcome = "cancelled", duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting,
                 stdout = output(&last.stdout), stderr = output(&last.stderr), "task run cancelled by shutdown"
             );
         }
@@ -163,7 +174,7 @@ pub async fn run(
             stats.failed.fetch_add(1, Ordering::Relaxed);
             tracing::error!(
                 task = %def.name, outcome = last.outcome.label(), reason = failure_reason(&last),
-                duration_ms, late_ms, attempts, exit, stdout = output(&last.stdout), stderr = output(&last.stderr),
+                duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting, stdout = output(&last.stdout), stderr = output(&last.stderr),
                 "task run failed"
             );
         }
