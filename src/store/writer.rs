@@ -37,7 +37,7 @@ type Reply<T> = oneshot::Sender<T>;
 enum Request {
     Append {
         stream: String,
-        records: Vec<Vec<u8>>,
+        records: Arc<Vec<Vec<u8>>>,
         checkpoint: Option<(String, Vec<u8>)>,
         deadline: Option<Instant>,
         reply: Reply<Result<Appended, AppendError>>,
@@ -164,18 +164,19 @@ pub fn spawn(
 
 impl StoreHandle {
     /// Appends records and returns once they are durable. Under `when_full: block`, waits for room
-    /// up to `wait` (None: fail at once when full).
+    /// up to `wait` (None: fail at once when full). Records may come shared (`Arc`), so a producer
+    /// that must send them again after a refusal keeps them without a copy.
     pub async fn append(
         &self,
         stream: &str,
-        records: Vec<Vec<u8>>,
+        records: impl Into<Arc<Vec<Vec<u8>>>>,
         checkpoint: Option<(String, Vec<u8>)>,
         wait: Option<Duration>,
     ) -> Result<Appended, AppendError> {
         let (reply, rx) = oneshot::channel();
         let req = Request::Append {
             stream: stream.to_string(),
-            records,
+            records: records.into(),
             checkpoint,
             deadline: wait.map(|w| Instant::now() + w),
             reply,
@@ -319,7 +320,7 @@ struct Parked {
     /// Why the stream was full when this append was last tried.
     reason: super::FullReason,
     stream: String,
-    records: Vec<Vec<u8>>,
+    records: Arc<Vec<Vec<u8>>>,
     checkpoint: Option<(String, Vec<u8>)>,
     deadline: Instant,
     reply: Reply<Result<Appended, AppendError>>,
@@ -731,7 +732,7 @@ fn run_tx(
             .checkpoint
             .as_ref()
             .map(|(s, c)| (s.as_str(), c.as_slice()));
-        match tx.append(&p.stream, &p.records, cp, now) {
+        match tx.append(&p.stream, &p.records[..], cp, now) {
             Err(AppendError::Full { reason, .. }) => still_parked.push_back(Parked { reason, ..p }),
             result => {
                 requests += 1;
@@ -758,7 +759,7 @@ fn run_tx(
                     }),
                     None => {
                         let cp = checkpoint.as_ref().map(|(s, c)| (s.as_str(), c.as_slice()));
-                        tx.append(&stream, &records, cp, now)
+                        tx.append(&stream, &records[..], cp, now)
                     }
                 };
                 match (result, deadline) {

@@ -303,7 +303,7 @@ struct InFlight {
 }
 
 struct Resend {
-    records: Vec<Vec<u8>>,
+    records: Arc<Vec<Vec<u8>>>,
     checkpoint: Option<(String, Vec<u8>)>,
     wait: Duration,
 }
@@ -413,29 +413,35 @@ impl Driver {
     }
 
     /// Sends `batch` to the store; `wait`: how long it may wait for room in a full `block` stream
-    /// (then a copy is kept to send again if the stream stays full that long).
+    /// (the records are kept, shared with the request, to send again if it stays full that long).
     fn start_append(&self, batch: Batch, wait: Option<Duration>) -> InFlight {
         let checkpoint = batch.checkpoint.map(|c| (self.cfg.name.clone(), c));
+        let records = Arc::new(batch.records);
         let again = wait.map(|wait| Resend {
-            records: batch.records.clone(),
+            records: Arc::clone(&records),
             checkpoint: checkpoint.clone(),
             wait,
         });
-        let mut f = self.send(batch.records, checkpoint, wait, Duration::ZERO);
+        let mut f = self.send(records, checkpoint, wait, Duration::ZERO);
         f.again = again;
         f
     }
 
     /// Sends again what stayed refused as full (nothing was stored), after `delay`.
     fn resend(&self, r: Resend, delay: Duration) -> InFlight {
-        let mut f = self.send(r.records.clone(), r.checkpoint.clone(), Some(r.wait), delay);
+        let mut f = self.send(
+            Arc::clone(&r.records),
+            r.checkpoint.clone(),
+            Some(r.wait),
+            delay,
+        );
         f.again = Some(r);
         f
     }
 
     fn send(
         &self,
-        recs: Vec<Vec<u8>>,
+        recs: Arc<Vec<Vec<u8>>>,
         checkpoint: Option<(String, Vec<u8>)>,
         wait: Option<Duration>,
         delay: Duration,
