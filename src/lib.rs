@@ -7,6 +7,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod delivery;
+pub mod files;
 pub mod ingest;
 pub mod link;
 pub mod logging;

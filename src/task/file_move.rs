@@ -11,21 +11,15 @@
 //! run's outcome (that is `task::run`), and it never creates `from` or `to`.
 
 use std::ffi::{OsStr, OsString};
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::PermissionsExt;
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use super::{Attempt, Outcome, RunContext};
-
-/// Numbered names tried under `on_conflict: rename` before the file counts as failed.
-const MAX_RENAME: u32 = 10_000;
-/// Copy chunk; the stop flag is checked between chunks.
-const COPY_CHUNK: usize = 256 * 1024;
+use crate::files::{copy_to_temp, exists, fsync_dir, place_numbered, rename_noreplace};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnConflict {
@@ -277,27 +271,11 @@ impl FileMove {
         if self.on_conflict == OnConflict::Skip && exists(&self.to.join(&c.name))? {
             return Ok(Step::Skipped); // no copy for nothing
         }
-        let mut tmp_name = OsString::from(".");
-        tmp_name.push(&c.name);
-        tmp_name.push(".colibri-tmp");
-        let tmp = self.to.join(tmp_name);
+        // A left-over temporary file (a crash mid-copy) is overwritten by this attempt.
+        let Some(tmp) = copy_to_temp(&src_path, &self.to, stop)? else {
+            return Ok(Step::Stopped);
+        };
         let result = (|| {
-            let mut src = File::open(&src_path)?;
-            let meta = src.metadata()?;
-            let mut out = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)?;
-            if !copy_until_stopped(&mut src, &mut out, stop)? {
-                return Ok(Step::Stopped);
-            }
-            out.set_permissions(fs::Permissions::from_mode(
-                meta.permissions().mode() & 0o7777,
-            ))?;
-            out.set_modified(c.mtime)?;
-            out.sync_all()?;
-            drop(out);
             // Written to while we copied: not settled after all; try again next run.
             if !Self::unchanged(&src_path, c)? {
                 return Ok(Step::Changed);
@@ -339,107 +317,15 @@ impl FileMove {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
                 r => r.map(|()| Some(dst)),
             },
-            OnConflict::Rename => {
-                for n in 0..=MAX_RENAME {
-                    let dst = if n == 0 {
-                        dst.clone()
-                    } else {
-                        self.to.join(numbered(name, n))
-                    };
-                    match put(&dst, false) {
-                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                        r => return r.map(|()| Some(dst)),
-                    }
-                }
-                Err(io::Error::other(format!(
-                    "no free name in {} after {MAX_RENAME} numbered tries",
-                    self.to.display()
-                )))
-            }
+            OnConflict::Rename => place_numbered(&self.to, name, |dst| put(dst, false)).map(Some),
         }
     }
-}
-
-/// `report.csv` → `report.<n>.csv`; `data` → `data.<n>`; `.hidden` → `.hidden.<n>`.
-fn numbered(name: &OsStr, n: u32) -> OsString {
-    let bytes = name.as_bytes();
-    let (stem, ext) = match bytes.iter().rposition(|b| *b == b'.') {
-        Some(i) if i > 0 => (&bytes[..i], &bytes[i..]),
-        _ => (bytes, &b""[..]),
-    };
-    let mut out = stem.to_vec();
-    out.extend_from_slice(format!(".{n}").as_bytes());
-    out.extend_from_slice(ext);
-    OsString::from_vec(out)
-}
-
-fn exists(path: &Path) -> io::Result<bool> {
-    match fs::symlink_metadata(path) {
-        Ok(_) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-/// Copies all of `src` into `dst`; false when `stop` was raised first.
-fn copy_until_stopped(src: &mut File, dst: &mut File, stop: &AtomicBool) -> io::Result<bool> {
-    let mut buf = vec![0u8; COPY_CHUNK];
-    loop {
-        if stop.load(Ordering::Relaxed) {
-            return Ok(false);
-        }
-        let n = match src.read(&mut buf) {
-            Ok(0) => return Ok(true),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        dst.write_all(&buf[..n])?;
-    }
-}
-
-/// rename(2) that never replaces: `renameat2(RENAME_NOREPLACE)`, or, on a filesystem without it,
-/// a check then a rename (a name created between the two is replaced; rare and documented).
-fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    use std::ffi::CString;
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
-    };
-    let (f, t) = (c(from)?, c(to)?);
-    // SAFETY: both pointers are valid NUL-terminated strings for the duration of the call.
-    let r = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            f.as_ptr(),
-            libc::AT_FDCWD,
-            t.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if r == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::ENOTSUP) => {
-            if exists(to)? {
-                Err(io::ErrorKind::AlreadyExists.into())
-            } else {
-                fs::rename(from, to)
-            }
-        }
-        _ => Err(e),
-    }
-}
-
-fn fsync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
 
     struct Dirs {
         _root: tempfile::TempDir,
@@ -681,14 +567,6 @@ mod tests {
         // A raised flag before the loop leaves every file waiting.
         let r = t.run_blocking(SystemTime::now(), &stop);
         assert_eq!(r.counts.waiting, 1);
-    }
-
-    #[test]
-    fn numbered_names() {
-        assert_eq!(numbered(OsStr::new("a.csv"), 1), "a.1.csv");
-        assert_eq!(numbered(OsStr::new("a.tar.gz"), 2), "a.tar.2.gz");
-        assert_eq!(numbered(OsStr::new("data"), 3), "data.3");
-        assert_eq!(numbered(OsStr::new(".hidden"), 1), ".hidden.1");
     }
 
     #[tokio::test]
