@@ -8,8 +8,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let _ = format::header(data);
     if let Ok(job) = format::decode(data) {
-        let meta = job.meta();
-        let again = format::encode(job.header.created_ms, &meta, &job.records);
+        let again = format::reencode(&job, &job.meta());
         assert_eq!(
             format::decode(&again).as_ref(),
             Ok(&job),

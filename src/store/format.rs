@@ -10,6 +10,16 @@
 //! then   records      (u32 LE length, bytes) x records
 //! ```
 //!
+//! Version 2 is a *file job* (one spooled file, shipped as a whole): the same fields, then the
+//! file's length, so that byte accounting (the stream's and the store's bounds count spooled files)
+//! reads only the header; its one record is a postcard [`FileRef`] naming the file:
+//!
+//! ```text
+//! 0..21  as version 1 (version 2, records = 1)
+//! 21..29 file_len     u64 LE  bytes of the spooled file
+//! 29..   meta, then the one record (a FileRef)
+//! ```
+//!
 //! `Meta` variants:
 //!
 //! ```text
@@ -30,6 +40,24 @@ use serde::{Deserialize, Serialize};
 
 pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 21;
+/// A file job (see the module header).
+pub const VERSION_FILE: u8 = 2;
+pub const HEADER_LEN_FILE: usize = 29;
+
+/// The spooled file a file job ships. Variants are only ever appended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileRef {
+    V1 {
+        /// Where the file waits, relative to the data directory (`spool/<task>/<unique name>`).
+        spool: Vec<u8>,
+        /// The file's name where it was taken from: sent with the upload.
+        name: Vec<u8>,
+        /// Its modification time there, Unix ms.
+        mtime_ms: u64,
+        /// After delivery: moved into this directory (absolute), else deleted.
+        archive: Option<Vec<u8>>,
+    },
+}
 
 /// The parts of a job that change over its life (attempts, errors, offset), as postcard. Variants
 /// are only ever appended: postcard stores the variant's index, so old values stay readable.
@@ -70,6 +98,18 @@ enum MetaRef<'a> {
 pub struct Header {
     pub records: u32,
     pub created_ms: u64,
+    /// For a file job, the spooled file's length.
+    pub file_len: Option<u64>,
+}
+
+impl Header {
+    fn meta_at(&self) -> usize {
+        if self.file_len.is_some() {
+            HEADER_LEN_FILE
+        } else {
+            HEADER_LEN
+        }
+    }
 }
 
 /// A decoded job, borrowing its records from the stored bytes.
@@ -116,9 +156,35 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(a)
 }
 
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
 /// Encodes a job. A job with no settled prefix is written as `V1`, so a previous release (which
 /// knows only `V1`) can still read everything but the rare split job.
 pub fn encode<R: AsRef<[u8]>>(created_ms: u64, meta: &Meta, records: &[R]) -> Vec<u8> {
+    encode_as(None, created_ms, meta, records)
+}
+
+/// Encodes a file job: one spooled file of `file_len` bytes, named by `file`.
+pub fn encode_file(created_ms: u64, meta: &Meta, file: &FileRef, file_len: u64) -> Vec<u8> {
+    let rec = postcard::to_stdvec(file).expect("postcard encodes a plain enum into a Vec");
+    encode_as(Some(file_len), created_ms, meta, &[rec])
+}
+
+/// Encodes a decoded job again with new metadata, as the kind it is (records or a file).
+pub fn reencode(d: &Decoded<'_>, meta: &Meta) -> Vec<u8> {
+    encode_as(d.header.file_len, d.header.created_ms, meta, &d.records)
+}
+
+fn encode_as<R: AsRef<[u8]>>(
+    file_len: Option<u64>,
+    created_ms: u64,
+    meta: &Meta,
+    records: &[R],
+) -> Vec<u8> {
     let meta_bytes = match meta {
         Meta::V2 {
             attempts,
@@ -134,14 +200,21 @@ pub fn encode<R: AsRef<[u8]>>(created_ms: u64, meta: &Meta, records: &[R]) -> Ve
     }
     .expect("postcard encodes a plain enum into a Vec");
     let body: usize = records.iter().map(|r| 4 + r.as_ref().len()).sum();
-    let mut out = Vec::with_capacity(HEADER_LEN + meta_bytes.len() + body);
-    out.push(VERSION);
+    let mut out = Vec::with_capacity(HEADER_LEN_FILE + meta_bytes.len() + body);
+    out.push(if file_len.is_some() {
+        VERSION_FILE
+    } else {
+        VERSION
+    });
     let count = u32::try_from(records.len()).expect("a job holds at most u32::MAX records");
     out.extend_from_slice(&count.to_le_bytes());
     out.extend_from_slice(&created_ms.to_le_bytes());
     out.extend_from_slice(&[0; 4]); // crc, filled below
     let meta_len = u32::try_from(meta_bytes.len()).expect("metadata is small");
     out.extend_from_slice(&meta_len.to_le_bytes());
+    if let Some(len) = file_len {
+        out.extend_from_slice(&len.to_le_bytes());
+    }
     out.extend_from_slice(&meta_bytes);
     for r in records {
         let r = r.as_ref();
@@ -152,6 +225,13 @@ pub fn encode<R: AsRef<[u8]>>(created_ms: u64, meta: &Meta, records: &[R]) -> Ve
     let crc = checksum(&out);
     out[13..17].copy_from_slice(&crc.to_le_bytes());
     out
+}
+
+/// What a stored value occupies: its own bytes and, for a file job, the spooled file's. The bounds
+/// (`max_bytes`, `storage.max_bytes`) and the byte counters count this.
+pub fn stored_len(b: &[u8]) -> u64 {
+    let file = header(b).ok().and_then(|h| h.file_len).unwrap_or(0);
+    (b.len() as u64).saturating_add(file)
 }
 
 /// CRC-32 of the value without its own checksum field.
@@ -167,14 +247,16 @@ pub fn header(b: &[u8]) -> Result<Header, FormatError> {
     if b.len() < HEADER_LEN {
         return Err(FormatError::Short(b.len()));
     }
-    if b[0] != VERSION {
-        return Err(FormatError::Version(b[0]));
-    }
-    let mut created = [0u8; 8];
-    created.copy_from_slice(&b[5..13]);
+    let file_len = match b[0] {
+        VERSION => None,
+        VERSION_FILE if b.len() >= HEADER_LEN_FILE => Some(u64_at(b, 21)),
+        VERSION_FILE => return Err(FormatError::Short(b.len())),
+        v => return Err(FormatError::Version(v)),
+    };
     Ok(Header {
         records: u32_at(b, 1),
-        created_ms: u64::from_le_bytes(created),
+        created_ms: u64_at(b, 5),
+        file_len,
     })
 }
 
@@ -187,11 +269,12 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
         return Err(FormatError::Checksum { stored, computed });
     }
     let meta_len = u32_at(b, 17) as usize;
-    let meta_end = HEADER_LEN
+    let meta_at = header.meta_at();
+    let meta_end = meta_at
         .checked_add(meta_len)
         .filter(|e| *e <= b.len())
         .ok_or(FormatError::Records("metadata runs past the end"))?;
-    let (meta, rest): (Meta, &[u8]) = postcard::take_from_bytes(&b[HEADER_LEN..meta_end])
+    let (meta, rest): (Meta, &[u8]) = postcard::take_from_bytes(&b[meta_at..meta_end])
         .map_err(|e| FormatError::Meta(e.to_string()))?;
     if !rest.is_empty() {
         return Err(FormatError::Meta(format!(
@@ -233,6 +316,13 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
     if !walk.rest.is_empty() {
         return Err(FormatError::Records("bytes left after the last record"));
     }
+    if header.file_len.is_some() {
+        // A file job is one file, never split: exactly one record, a FileRef.
+        if records.len() != 1 || offset != 0 {
+            return Err(FormatError::Records("a file job holds one file reference"));
+        }
+        file_ref(records[0])?;
+    }
     Ok(Decoded {
         header,
         attempts,
@@ -243,13 +333,22 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
     })
 }
 
+/// The file reference of a file job's one record.
+pub fn file_ref(record: &[u8]) -> Result<FileRef, FormatError> {
+    match postcard::take_from_bytes::<FileRef>(record) {
+        Ok((f, [])) => Ok(f),
+        Ok(_) => Err(FormatError::Records("stray bytes after the file reference")),
+        Err(e) => Err(FormatError::Meta(format!("bad file reference: {e}"))),
+    }
+}
+
 /// The records of a value, as slices of it, without verifying the checksum again: for a value that
 /// [`decode`] accepted (a delivery reads each record once, with no copy). A malformed value simply
 /// ends early.
 pub fn records(b: &[u8]) -> Records<'_> {
     let empty = Records { rest: &[], left: 0 };
     let Ok(h) = header(b) else { return empty };
-    let start = HEADER_LEN.saturating_add(u32_at(b, 17) as usize);
+    let start = h.meta_at().saturating_add(u32_at(b, 17) as usize);
     match b.get(start..) {
         Some(rest) => Records {
             rest,
@@ -289,7 +388,7 @@ pub fn with_meta(
     meta: impl FnOnce(&Decoded<'_>) -> Meta,
 ) -> Result<Vec<u8>, FormatError> {
     let d = decode(b)?;
-    Ok(encode(d.header.created_ms, &meta(&d), &d.records))
+    Ok(reencode(&d, &meta(&d)))
 }
 
 #[cfg(test)]
@@ -338,7 +437,8 @@ mod tests {
             d.header,
             Header {
                 records: 3,
-                created_ms: 1_700_000_000_000
+                created_ms: 1_700_000_000_000,
+                file_len: None,
             }
         );
         assert_eq!(d.attempts, 2);
@@ -420,6 +520,53 @@ mod tests {
         ));
     }
 
+    fn file() -> FileRef {
+        FileRef::V1 {
+            spool: b"spool/ship/0000000000007-0000002a-scan.pdf".to_vec(),
+            name: b"scan.pdf".to_vec(),
+            mtime_ms: 99,
+            archive: Some(b"/srv/archive".to_vec()),
+        }
+    }
+
+    #[test]
+    fn a_file_job_round_trips_and_counts_its_file() {
+        let m = Meta::V2 {
+            attempts: 1,
+            last_error: Some("503".into()),
+            last_failed_ms: 42,
+            offset: 0,
+        };
+        let v = encode_file(7, &m, &file(), 50 << 20);
+        let d = decode(&v).unwrap();
+        assert_eq!(d.header.file_len, Some(50 << 20));
+        assert_eq!(d.header.records, 1);
+        assert_eq!(file_ref(d.records[0]).unwrap(), file());
+        assert_eq!(stored_len(&v), v.len() as u64 + (50 << 20));
+        assert_eq!(stored_len(&encode(7, &meta(0), &[b"x"])), {
+            encode(7, &meta(0), &[b"x"]).len() as u64
+        });
+        // Re-encoded with new metadata it stays a file job.
+        let again = with_meta(&v, |d| Meta::V2 {
+            attempts: d.attempts + 1,
+            last_error: None,
+            last_failed_ms: 0,
+            offset: 0,
+        })
+        .unwrap();
+        let d2 = decode(&again).unwrap();
+        assert_eq!((d2.header.file_len, d2.attempts), (Some(50 << 20), 2));
+        assert_eq!(records(&again).collect::<Vec<_>>(), d2.records);
+        for i in 0..v.len() {
+            let mut c = v.clone();
+            c[i] ^= 0x10;
+            assert!(decode(&c).is_err(), "byte {i} flipped and still decoded");
+        }
+        for n in 0..v.len() {
+            assert!(decode(&v[..n]).is_err(), "a {n}-byte prefix decoded");
+        }
+    }
+
     #[test]
     fn every_flipped_bit_is_detected() {
         let v = encode(7, &meta(0), &[b"hello".as_slice(), b"world"]);
@@ -491,7 +638,11 @@ mod tests {
             let records: Vec<Vec<u8>> = (0..rng.usize(0..4))
                 .map(|_| vec![rng.u8(..); rng.usize(0..4)])
                 .collect();
-            let mut b = encode(rng.u64(..), &meta, &records);
+            let mut b = if rng.u8(..) < 64 {
+                encode_file(rng.u64(..), &meta, &file(), rng.u64(..))
+            } else {
+                encode(rng.u64(..), &meta, &records)
+            };
             for _ in 0..rng.usize(0..3) {
                 let at = rng.usize(1..b.len());
                 b[at] = rng.u8(..);
@@ -502,7 +653,7 @@ mod tests {
                 Ok(d) => {
                     decoded += 1;
                     assert!(d.offset.checked_add(d.header.records).is_some());
-                    let again = encode(d.header.created_ms, &d.meta(), &d.records);
+                    let again = reencode(&d, &d.meta());
                     assert_eq!(decode(&again).as_ref(), Ok(&d), "re-encodes unchanged");
                 }
                 Err(_) => refused += 1,
