@@ -256,6 +256,8 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
                 }
             }
             progress.done();
+            // Purged file jobs take their spooled files with them.
+            s.dispose_now()?;
             println!(
                 "purged {jobs} dead jobs ({records} records) of stream {:?}",
                 target.stream

@@ -14,8 +14,16 @@
 //! A job may be settled in parts ([`Tx::settle_prefix`], for a sink that splits a job): its first
 //! records are delivered or dead-lettered and cut from it, and its `offset` says how many, so a
 //! record is never counted (or sent) twice.
+//!
+//! A *file job* ships one file that a `file_move` task spooled into `data_dir/spool/` (see
+//! [`spool`]): the job refers to the file, and its bytes count towards the bounds. The SPOOL table
+//! follows each spooled file: queued while a job refers to it, then, in the same transaction that
+//! removes the job (delivered, dropped, expired, purged), to be disposed of (deleted, or moved to
+//! the task's `archive` after delivery); the entry is forgotten once that is done on disk, so a crash
+//! at any point neither re-sends a delivered file nor loses a queued one.
 
 pub mod format;
+pub mod spool;
 pub mod writer;
 
 use std::collections::{BTreeMap, HashSet};
@@ -51,6 +59,48 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const COUNTERS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counters");
 const CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("checkpoints");
 const QUARANTINE: TableDefinition<u64, &[u8]> = TableDefinition::new("quarantine");
+/// Spooled files by their path relative to the data directory: a postcard [`SpoolEntry`].
+const SPOOL: TableDefinition<&[u8], &[u8]> = TableDefinition::new("spool");
+
+/// What became of a spooled file. Variants are only ever appended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+enum SpoolEntry {
+    /// A job (ready, retry or dead) ships it.
+    Queued { stream: String, job: u64 },
+    /// Its job left the store: the file is to be deleted, or moved into `archive` (delivered).
+    Dispose {
+        name: Vec<u8>,
+        archive: Option<Vec<u8>>,
+    },
+}
+
+fn spool_entry(bytes: &[u8]) -> Option<SpoolEntry> {
+    postcard::from_bytes(bytes).ok()
+}
+
+fn spool_bytes(e: &SpoolEntry) -> Vec<u8> {
+    postcard::to_stdvec(e).expect("postcard encodes a plain enum into a Vec")
+}
+
+/// A spooled file whose job left the store, to delete or archive (see [`spool::dispose`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disposal {
+    /// Relative to the data directory.
+    pub spool: Vec<u8>,
+    /// Its original name (kept when archived).
+    pub name: Vec<u8>,
+    /// Delivered, and to be moved into this directory; otherwise deleted.
+    pub archive: Option<Vec<u8>>,
+}
+
+/// What `append_file` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileAppend {
+    /// A new job ships the file.
+    Queued { id: u64 },
+    /// The file was known already (queued, or delivered and being disposed of): nothing added.
+    Known,
+}
 
 /// What a stream may hold and how it behaves when full. Built by `config::compile`.
 #[derive(Debug, Clone, PartialEq)]
@@ -231,9 +281,26 @@ pub struct Job {
     pub offset: u32,
     /// The stored value (one copy out of the database, verified); records are read from it in place.
     value: Vec<u8>,
+    /// For a file job, the spooled file it ships.
+    file: Option<FileJob>,
+}
+
+/// The file a file job ships.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileJob {
+    /// Where it is spooled (absolute).
+    pub path: PathBuf,
+    /// Its name where it was taken from.
+    pub name: std::ffi::OsString,
+    pub len: u64,
 }
 
 impl Job {
+    /// For a file job: the file to ship instead of records.
+    pub fn file(&self) -> Option<&FileJob> {
+        self.file.as_ref()
+    }
+
     /// The job's records, as they were appended, without copying them.
     pub fn records(&self) -> format::Records<'_> {
         format::records(&self.value)
@@ -243,9 +310,9 @@ impl Job {
         format::header(&self.value).map_or(0, |h| h.records as usize)
     }
 
-    /// Size of the stored value.
+    /// Bytes the job occupies: its value and, for a file job, the file.
     pub fn bytes(&self) -> u64 {
-        self.value.len() as u64
+        format::stored_len(&self.value)
     }
 
     /// A job as `take` would hand it out (tests of the parts downstream of the store).
@@ -258,6 +325,7 @@ impl Job {
             last_error: None,
             offset: 0,
             value: format::encode(0, &fresh_meta(0), records),
+            file: None,
         }
     }
 }
@@ -512,6 +580,11 @@ pub struct Store {
     stale: bool,
     /// See [`Store::id`].
     id: u64,
+    /// The data directory: spooled files are relative to it.
+    data_dir: PathBuf,
+    /// Spooled files whose jobs left the store in committed transactions (or before the last
+    /// crash), not yet disposed of: the owner takes them with [`Store::take_disposals`].
+    disposals: Vec<Disposal>,
     /// Test seam: commit without waiting for the disk (the planted bug the power-loss test must catch).
     #[cfg(test)]
     pub unsafe_no_fsync: bool,
@@ -565,6 +638,7 @@ fn create_fresh(path: &Path) -> Result<(), StoreError> {
             txn.open_table(COUNTERS).map_err(io)?;
             txn.open_table(CHECKPOINTS).map_err(io)?;
             txn.open_table(QUARANTINE).map_err(io)?;
+            txn.open_table(SPOOL).map_err(io)?;
         }
         txn.commit().map_err(io)?;
     }
@@ -644,8 +718,11 @@ impl Store {
         streams: &[StreamConfig],
         opts: OpenOptions,
     ) -> Result<Store, StoreError> {
+        let data_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let mut store = Store {
             db,
+            data_dir,
+            disposals: Vec::new(),
             path,
             streams: streams
                 .iter()
@@ -666,7 +743,75 @@ impl Store {
         }
         store.id = store.read_id()?;
         store.load_counters()?;
+        if !opts.read_only {
+            // Files whose jobs left the store before the last stop, not yet deleted or archived.
+            store.disposals = store.pending_disposals()?;
+        }
         Ok(store)
+    }
+
+    fn pending_disposals(&self) -> Result<Vec<Disposal>, StoreError> {
+        let rtx = self.db.begin_read()?;
+        let t = match rtx.open_table(SPOOL) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(io(e)),
+        };
+        let mut out = Vec::new();
+        for e in t.iter().map_err(io)? {
+            let (k, v) = e.map_err(io)?;
+            if let Some(SpoolEntry::Dispose { name, archive }) = spool_entry(v.value()) {
+                out.push(Disposal {
+                    spool: k.value().to_vec(),
+                    name,
+                    archive,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Spooled files to delete or archive now: their jobs left the store in committed
+    /// transactions. Once done on disk, [`Tx::forget_spool`] removes them from the SPOOL table.
+    pub fn take_disposals(&mut self) -> Vec<Disposal> {
+        std::mem::take(&mut self.disposals)
+    }
+
+    /// Disposes of spooled files now and forgets them, for an operator's command on a stopped agent
+    /// (a running agent's writer does this on its own thread). Returns how many were disposed of.
+    pub fn dispose_now(&mut self) -> Result<usize, StoreError> {
+        let mut done = Vec::new();
+        for d in self.take_disposals() {
+            match spool::dispose(&self.data_dir, &d) {
+                Ok(()) => done.push(d.spool),
+                Err(e) => tracing::error!(
+                    file = %String::from_utf8_lossy(&d.spool),
+                    error = %e,
+                    "cannot dispose of a spooled file; tried again at the next start"
+                ),
+            }
+        }
+        if !done.is_empty() {
+            let mut tx = self.transaction()?;
+            tx.forget_spool(&done)?;
+            tx.commit()?;
+        }
+        Ok(done.len())
+    }
+
+    /// Whether the store knows this spooled file (queued, or delivered and being disposed of).
+    pub fn spool_known(&self, spool: &[u8]) -> Result<bool, StoreError> {
+        let rtx = self.db.begin_read()?;
+        match rtx.open_table(SPOOL) {
+            Ok(t) => Ok(t.get(spool).map_err(io)?.is_some()),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+            Err(e) => Err(io(e)),
+        }
+    }
+
+    /// The data directory (spooled files are relative to it).
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
     }
 
     /// The store id from META; 0 when there is none (a read-only open of a file written before ids,
@@ -740,6 +885,8 @@ impl Store {
             fed: HashSet::new(),
             taken: Vec::new(),
             free_disk: None,
+            disposals: Vec::new(),
+            touched: false,
         })
     }
 
@@ -941,12 +1088,23 @@ impl Peeked {
                 last_error: d.last_error,
                 last_failed_ms: d.last_failed_ms,
                 offset: d.offset,
-                bytes: v.len() as u64,
-                records: Ok(d
-                    .records
-                    .iter()
-                    .map(|r| String::from_utf8_lossy(r).into_owned())
-                    .collect()),
+                bytes: format::stored_len(v),
+                records: Ok(match d.header.file_len {
+                    // A file job: what it ships, readably.
+                    Some(len) => vec![match format::file_ref(d.records[0]) {
+                        Ok(format::FileRef::V1 { spool, name, .. }) => format!(
+                            "file {:?} ({len} bytes), spooled as {}",
+                            String::from_utf8_lossy(&name),
+                            String::from_utf8_lossy(&spool)
+                        ),
+                        Err(e) => e.to_string(),
+                    }],
+                    None => d
+                        .records
+                        .iter()
+                        .map(|r| String::from_utf8_lossy(r).into_owned())
+                        .collect(),
+                }),
             },
             Err(e) => Peeked {
                 table,
@@ -974,6 +1132,10 @@ pub struct Tx<'s> {
     /// Leases handed out in this transaction: released again if it does not commit.
     taken: Vec<(String, u64)>,
     free_disk: Option<u64>,
+    /// Spooled files whose jobs this transaction removes: handed to the store once it commits.
+    disposals: Vec<Disposal>,
+    /// Something besides a stream changed (the SPOOL table): the transaction must commit.
+    touched: bool,
 }
 
 impl Drop for Tx<'_> {
@@ -1040,6 +1202,7 @@ impl<'s> Tx<'s> {
         txn.open_table(COUNTERS).map_err(io)?;
         txn.open_table(CHECKPOINTS).map_err(io)?;
         txn.open_table(QUARANTINE).map_err(io)?;
+        txn.open_table(SPOOL).map_err(io)?;
         for st in self.store.streams.values() {
             txn.open_table(st.ready_def()).map_err(io)?;
             txn.open_table(st.retry_def()).map_err(io)?;
@@ -1058,11 +1221,12 @@ impl<'s> Tx<'s> {
         free.saturating_sub(bytes) < self.store.storage.min_free
     }
 
-    /// Checks the bounds for adding `jobs`/`bytes` to `stream`.
-    fn full(&mut self, stream: &str, jobs: u64, bytes: u64) -> Option<FullReason> {
+    /// Checks the bounds for adding `jobs`/`bytes` to `stream`, of which `disk` bytes are still to
+    /// be written (a spooled file is on the disk already; only its job's value is not).
+    fn full(&mut self, stream: &str, jobs: u64, bytes: u64, disk: u64) -> Option<FullReason> {
         // The disk first: when it is what is exhausted, that is what a producer must be told
         // (and no amount of dropping old jobs helps).
-        if self.below_min_free(bytes) {
+        if self.below_min_free(disk) {
             return Some(FullReason::MinFree);
         }
         if self.store.stored_bytes() + bytes > self.store.storage.max_bytes {
@@ -1152,7 +1316,7 @@ impl<'s> Tx<'s> {
             });
         }
         let mut dropped_oldest = 0;
-        if let Some(reason) = self.full(stream, n_jobs, bytes) {
+        if let Some(reason) = self.full(stream, n_jobs, bytes, bytes) {
             match when_full {
                 WhenFull::Block => {
                     return Err(AppendError::Full {
@@ -1172,8 +1336,8 @@ impl<'s> Tx<'s> {
                     });
                 }
                 WhenFull::DropOldest => {
-                    dropped_oldest = self.drop_oldest_until_fits(stream, n_jobs, bytes)?;
-                    if let Some(reason) = self.full(stream, n_jobs, bytes) {
+                    dropped_oldest = self.drop_oldest_until_fits(stream, n_jobs, bytes, bytes)?;
+                    if let Some(reason) = self.full(stream, n_jobs, bytes, bytes) {
                         // Not enough old jobs to delete (in flight, or other streams fill the disk).
                         return Err(AppendError::Full {
                             stream: stream.into(),
@@ -1223,10 +1387,11 @@ impl<'s> Tx<'s> {
         stream: &str,
         jobs: u64,
         bytes: u64,
+        disk: u64,
     ) -> Result<u64, StoreError> {
         // Deleting jobs frees no filesystem space (redb keeps the pages), so it cannot help with
         // min_free: do not throw old data away for that.
-        if self.below_min_free(bytes) {
+        if self.below_min_free(disk) {
             return Ok(0);
         }
         let stored_elsewhere =
@@ -1260,8 +1425,8 @@ impl<'s> Tx<'s> {
                 continue;
             }
             let recs = format::header(v.value()).map_or(0, |h| u64::from(h.records));
-            let len = v.value().len() as u64;
-            victims.push((id, recs, len));
+            let len = format::stored_len(v.value());
+            victims.push((id, recs, len, file_value(v.value())));
             q_jobs -= 1;
             q_bytes = q_bytes.saturating_sub(len);
             all_bytes = all_bytes.saturating_sub(len);
@@ -1270,11 +1435,17 @@ impl<'s> Tx<'s> {
             return Ok(0);
         }
         let mut dropped = 0u64;
-        for (id, recs, len) in victims {
+        let mut files = Vec::new();
+        for (id, recs, len, file) in victims {
             ready.remove(id).map_err(io)?;
             let recs = st.c.remove_job(Table::Ready, recs, len);
             st.c.dropped_oldest_records += recs;
             dropped += recs;
+            files.extend(file);
+        }
+        drop(ready);
+        for raw in files {
+            self.job_left(&raw, false)?;
         }
         if dropped > 0 {
             tracing::warn!(
@@ -1297,6 +1468,7 @@ impl<'s> Tx<'s> {
     ) -> Result<Vec<Job>, StoreError> {
         self.stream(stream)?;
         let store_id = self.store.id;
+        let data_dir = self.store.data_dir.clone();
         let txn = self.txn.as_ref().expect("present until commit");
         let st = self.store.streams.get_mut(stream).expect("checked above");
         let mut out = Vec::new();
@@ -1312,7 +1484,7 @@ impl<'s> Tx<'s> {
                 if st.in_flight.contains(&id) {
                     continue;
                 }
-                match job_from(store_id, stream, id, Some(due), v.value()) {
+                match job_from(store_id, &data_dir, stream, id, Some(due), v.value()) {
                     Ok(job) => out.push(job),
                     Err(e) => bad.push((Table::Retry, id, Some(due), v.value().to_vec(), e)),
                 }
@@ -1329,7 +1501,7 @@ impl<'s> Tx<'s> {
                 if st.in_flight.contains(&id) {
                     continue;
                 }
-                match job_from(store_id, stream, id, None, v.value()) {
+                match job_from(store_id, &data_dir, stream, id, None, v.value()) {
                     Ok(job) => out.push(job),
                     Err(e) => bad.push((Table::Ready, id, None, v.value().to_vec(), e)),
                 }
@@ -1505,7 +1677,7 @@ impl<'s> Tx<'s> {
             id: lease.id,
         })?;
         let recs = format::header(&raw).map_or(0, |h| u64::from(h.records));
-        let len = raw.len() as u64;
+        let len = format::stored_len(&raw);
         st.c.remove_job(table, recs, len);
         self.dirty.insert(lease.stream.clone());
         Ok((raw, table))
@@ -1521,8 +1693,8 @@ impl<'s> Tx<'s> {
             .expect("removed above");
         st.c.delivered_jobs += 1;
         st.c.delivered_records += format::header(&raw).map_or(0, |h| u64::from(h.records));
-        st.c.delivered_bytes += raw.len() as u64;
-        Ok(())
+        st.c.delivered_bytes += format::stored_len(&raw);
+        self.job_left(&raw, true)
     }
 
     /// An attempt failed: the job goes to retry (same transaction) or, when the failure is
@@ -1556,9 +1728,9 @@ impl<'s> Tx<'s> {
             last_failed_ms: now_ms,
             offset: d.offset,
         };
-        let value = format::encode(d.header.created_ms, &meta, &d.records);
+        let value = format::reencode(&d, &meta);
         let recs = u64::from(d.header.records);
-        let len = value.len() as u64;
+        let len = format::stored_len(&value);
         let txn = self.txn.as_ref().expect("present until commit");
         let st = self
             .store
@@ -1722,6 +1894,7 @@ impl<'s> Tx<'s> {
             last_error: d.last_error,
             offset,
             value: rest,
+            file: None,
         })
     }
 
@@ -1737,20 +1910,27 @@ impl<'s> Tx<'s> {
             return Ok(());
         }
         let mut dead = txn.open_table(st.dead_def()).map_err(io)?;
+        let mut files = Vec::new();
         while st.c.dead_jobs > st.cfg.dead_max_jobs {
             let Some((_, v)) = dead.pop_first().map_err(io)? else {
                 break;
             };
             let recs = format::header(v.value()).map_or(0, |h| u64::from(h.records));
-            let recs = st.c.remove_job(Table::Dead, recs, v.value().len() as u64);
+            let recs =
+                st.c.remove_job(Table::Dead, recs, format::stored_len(v.value()));
             st.c.dropped_dead_full_records += recs;
+            files.extend(file_value(v.value()));
             tracing::warn!(
                 stream,
                 records = recs,
                 "dead-letter table full: oldest dead job dropped"
             );
         }
+        drop(dead);
         self.dirty.insert(stream.into());
+        for raw in files {
+            self.job_left(&raw, false)?;
+        }
         Ok(())
     }
 
@@ -1758,6 +1938,7 @@ impl<'s> Tx<'s> {
     pub fn expire(&mut self, now_ms: u64) -> Result<u64, StoreError> {
         let txn = self.txn.as_ref().expect("present until commit");
         let mut total = 0;
+        let mut files = Vec::new();
         for st in self.store.streams.values_mut() {
             let Some(ttl) = st.cfg.ttl else { continue };
             let cutoff = now_ms.saturating_sub(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
@@ -1774,7 +1955,12 @@ impl<'s> Tx<'s> {
                         break; // ids follow creation order
                     }
                     if !st.in_flight.contains(&k.value()) {
-                        victims.push((k.value(), u64::from(h.records), v.value().len() as u64));
+                        victims.push((
+                            k.value(),
+                            u64::from(h.records),
+                            format::stored_len(v.value()),
+                        ));
+                        files.extend(file_value(v.value()));
                     }
                     if victims.len() >= EXPIRE_CHUNK {
                         break;
@@ -1794,7 +1980,12 @@ impl<'s> Tx<'s> {
                         continue;
                     };
                     if h.created_ms <= cutoff && !st.in_flight.contains(&k.value().1) {
-                        victims.push((k.value(), u64::from(h.records), v.value().len() as u64));
+                        victims.push((
+                            k.value(),
+                            u64::from(h.records),
+                            format::stored_len(v.value()),
+                        ));
+                        files.extend(file_value(v.value()));
                     }
                     if victims.len() >= EXPIRE_CHUNK {
                         break;
@@ -1811,6 +2002,9 @@ impl<'s> Tx<'s> {
                 self.dirty.insert(st.cfg.name.clone());
                 total += expired;
             }
+        }
+        for raw in files {
+            self.job_left(&raw, false)?;
         }
         Ok(total)
     }
@@ -1857,7 +2051,7 @@ impl<'s> Tx<'s> {
             };
             let raw = v.value().to_vec();
             drop(v);
-            let old_len = raw.len() as u64;
+            let old_len = format::stored_len(&raw);
             // Attempts start over; the offset stays, as the records before it are still settled.
             let value = match format::with_meta(&raw, |d| fresh_meta(d.offset)) {
                 Ok(v) => v,
@@ -1870,7 +2064,7 @@ impl<'s> Tx<'s> {
             dead.remove(k).map_err(io)?;
             ready.insert(k, value.as_slice()).map_err(io)?;
             let recs = st.c.remove_job(Table::Dead, recs, old_len);
-            st.c.add_job(Table::Ready, recs, value.len() as u64);
+            st.c.add_job(Table::Ready, recs, format::stored_len(&value));
             st.c.replayed_records += recs;
             jobs += 1;
             records += recs;
@@ -1907,24 +2101,35 @@ impl<'s> Tx<'s> {
             }
             if failed_before_ms.is_none_or(|t| failed_ms < t) {
                 let recs = format::header(v.value()).map_or(0, |h| u64::from(h.records));
-                victims.push((k.value(), recs, v.value().len() as u64));
+                victims.push((
+                    k.value(),
+                    recs,
+                    format::stored_len(v.value()),
+                    file_value(v.value()),
+                ));
             }
         }
         let (mut jobs, mut records) = (0, 0);
-        for (id, recs, len) in victims {
+        let mut files = Vec::new();
+        for (id, recs, len, file) in victims {
             dead.remove(id).map_err(io)?;
             let recs = st.c.remove_job(Table::Dead, recs, len);
             st.c.dropped_purged_records += recs;
             jobs += 1;
             records += recs;
+            files.extend(file);
         }
+        drop(dead);
         self.dirty.insert(stream.into());
+        for raw in files {
+            self.job_left(&raw, false)?;
+        }
         Ok((jobs, records))
     }
 
     /// Whether anything in this transaction changes the disk (so closing it commits).
     pub fn is_dirty(&self) -> bool {
-        !self.dirty.is_empty()
+        !self.dirty.is_empty() || self.touched
     }
 
     /// Streams this transaction appended to (or replayed into): what a delivery worker waits for.
@@ -1935,7 +2140,7 @@ impl<'s> Tx<'s> {
     /// Commits when anything changed; otherwise ends the transaction without a commit (no fsync),
     /// keeping the leases it handed out: a `take` changes nothing on disk.
     pub fn close(mut self) -> Result<(), StoreError> {
-        if !self.dirty.is_empty() {
+        if self.is_dirty() {
             return self.commit();
         }
         let txn = self.txn.take().expect("present until commit or close");
@@ -1978,9 +2183,172 @@ impl<'s> Tx<'s> {
                     st.in_flight.remove(&id);
                 }
             }
+        } else {
+            // Durable now: the files of the jobs it removed may go.
+            self.store.disposals.append(&mut self.disposals);
         }
         result
     }
+
+    /// A job left the store (`delivered`: acknowledged; otherwise dropped, expired or purged). For
+    /// a file job, its spooled file is marked for disposal in this transaction (archived when
+    /// delivered and the task asked for it, deleted otherwise) and handed out once it commits.
+    fn job_left(&mut self, raw: &[u8], delivered: bool) -> Result<(), StoreError> {
+        if format::header(raw).map_or(true, |h| h.file_len.is_none()) {
+            return Ok(());
+        }
+        let file = format::decode(raw).and_then(|d| format::file_ref(d.records[0]));
+        let format::FileRef::V1 {
+            spool,
+            name,
+            archive,
+            ..
+        } = match file {
+            Ok(f) => f,
+            Err(e) => {
+                // Verified when taken; only a value that went bad since gets here. Its file stays
+                // (an operator finds it in the spool directory).
+                tracing::error!(error = %e, "a file job's reference cannot be read; its spooled file is left in place");
+                return Ok(());
+            }
+        };
+        let archive = if delivered { archive } else { None };
+        let entry = SpoolEntry::Dispose {
+            name: name.clone(),
+            archive: archive.clone(),
+        };
+        let txn = self.txn.as_ref().expect("present until commit");
+        txn.open_table(SPOOL)
+            .map_err(io)?
+            .insert(spool.as_slice(), spool_bytes(&entry).as_slice())
+            .map_err(io)?;
+        self.touched = true;
+        self.disposals.push(Disposal {
+            spool,
+            name,
+            archive,
+        });
+        Ok(())
+    }
+
+    /// Appends a file job for a file already in the spool (`spool`: its path relative to the data
+    /// directory; `len`: its size). Bounds count the file; `min_free` counts only the job's value, as
+    /// the file is on the disk already. A stream that is full refuses it whatever its `when_full`,
+    /// except that `drop_oldest` first makes room: the caller keeps the file (nothing is counted).
+    /// A file the store knows already (a retry after a lost reply, or the recovery after a crash)
+    /// adds nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn append_file(
+        &mut self,
+        stream: &str,
+        spool: &[u8],
+        name: &[u8],
+        len: u64,
+        mtime_ms: u64,
+        archive: Option<&[u8]>,
+        now_ms: u64,
+    ) -> Result<FileAppend, AppendError> {
+        let st = self.stream(stream)?;
+        let (max_bytes, when_full) = (st.cfg.max_bytes, st.cfg.when_full);
+        let known = {
+            let t = self.txn().open_table(SPOOL).map_err(io)?;
+            t.get(spool).map_err(io)?.map(|v| spool_entry(v.value()))
+        };
+        if let Some(entry) = known {
+            if let Some(SpoolEntry::Dispose { name, archive }) = entry {
+                // Delivered already and back on disk (a disposal lost to a crash): dispose again.
+                self.disposals.push(Disposal {
+                    spool: spool.to_vec(),
+                    name,
+                    archive,
+                });
+            }
+            return Ok(FileAppend::Known);
+        }
+        let file = format::FileRef::V1 {
+            spool: spool.to_vec(),
+            name: name.to_vec(),
+            mtime_ms,
+            archive: archive.map(<[u8]>::to_vec),
+        };
+        let value = format::encode_file(now_ms, &fresh_meta(0), &file, len);
+        let bytes = format::stored_len(&value);
+        let disk = value.len() as u64;
+        let storage_max = self.store.storage.max_bytes;
+        if bytes > max_bytes || bytes > storage_max {
+            let (max, bound) = if bytes > max_bytes {
+                (max_bytes, "the stream's max_bytes")
+            } else {
+                (storage_max, "storage.max_bytes")
+            };
+            return Err(AppendError::TooLarge {
+                stream: stream.into(),
+                size: bytes,
+                max,
+                why: format!(
+                    "a file of {len} bytes can never fit in stream {stream:?} ({bound} is {max} bytes)"
+                ),
+            });
+        }
+        if let Some(reason) = self.full(stream, 1, bytes, disk)
+            && (when_full != WhenFull::DropOldest
+                || self.drop_oldest_until_fits(stream, 1, bytes, disk)? == 0
+                || self.full(stream, 1, bytes, disk).is_some())
+        {
+            return Err(AppendError::Full {
+                stream: stream.into(),
+                reason,
+            });
+        }
+        let txn = self.txn.as_ref().expect("present until commit");
+        let st = self.store.streams.get_mut(stream).expect("checked above");
+        let id = st.c.next_id;
+        txn.open_table(st.ready_def())
+            .map_err(io)?
+            .insert(id, value.as_slice())
+            .map_err(io)?;
+        let entry = SpoolEntry::Queued {
+            stream: stream.to_string(),
+            job: id,
+        };
+        txn.open_table(SPOOL)
+            .map_err(io)?
+            .insert(spool, spool_bytes(&entry).as_slice())
+            .map_err(io)?;
+        st.c.next_id += 1;
+        st.c.add_job(Table::Ready, 1, bytes);
+        st.c.appended_jobs += 1;
+        st.c.appended_records += 1;
+        self.dirty.insert(stream.into());
+        self.fed.insert(stream.into());
+        if let Some(free) = self.free_disk.as_mut() {
+            *free = free.saturating_sub(disk);
+        }
+        Ok(FileAppend::Queued { id })
+    }
+
+    /// Forgets spooled files that were disposed of on disk (see [`Store::take_disposals`]).
+    pub fn forget_spool(&mut self, spools: &[Vec<u8>]) -> Result<(), StoreError> {
+        let txn = self.txn.as_ref().expect("present until commit");
+        let mut t = txn.open_table(SPOOL).map_err(io)?;
+        for key in spools {
+            let disposed = t.get(key.as_slice()).map_err(io)?.is_some_and(|v| {
+                matches!(spool_entry(v.value()), Some(SpoolEntry::Dispose { .. }))
+            });
+            if disposed {
+                t.remove(key.as_slice()).map_err(io)?;
+                self.touched = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The value itself when it is a file job (whose file must be disposed of when it leaves).
+fn file_value(v: &[u8]) -> Option<Vec<u8>> {
+    format::header(v)
+        .is_ok_and(|h| h.file_len.is_some())
+        .then(|| v.to_vec())
 }
 
 /// Jobs, verified records and bytes of one table: values that fail their checksum count as jobs and
@@ -1992,7 +2360,7 @@ fn recount<K: redb::Key + 'static>(
     for e in t.iter().map_err(io)? {
         let (_, v) = e.map_err(io)?;
         jobs += 1;
-        bytes += v.value().len() as u64;
+        bytes += format::stored_len(v.value());
         if let Ok(d) = format::decode(v.value()) {
             records += u64::from(d.header.records);
         }
@@ -2019,9 +2387,30 @@ fn new_store_id() -> u64 {
     fastrand::u64(1..)
 }
 
-fn job_from(store: u64, stream: &str, id: u64, due: Option<u64>, v: &[u8]) -> Result<Job, String> {
+fn job_from(
+    store: u64,
+    data_dir: &Path,
+    stream: &str,
+    id: u64,
+    due: Option<u64>,
+    v: &[u8],
+) -> Result<Job, String> {
     let d = format::decode(v).map_err(|e| e.to_string())?;
+    let file = match d.header.file_len {
+        None => None,
+        Some(len) => {
+            use std::os::unix::ffi::OsStringExt;
+            let format::FileRef::V1 { spool, name, .. } =
+                format::file_ref(d.records[0]).map_err(|e| e.to_string())?;
+            Some(FileJob {
+                path: data_dir.join(std::ffi::OsString::from_vec(spool)),
+                name: std::ffi::OsString::from_vec(name),
+                len,
+            })
+        }
+    };
     Ok(Job {
+        file,
         lease: Lease {
             stream: stream.to_string(),
             id,

@@ -7,6 +7,9 @@
 //! passes. A failed commit fails every request in it (nothing is acknowledged) and the store is
 //! reopened with backoff, since redb refuses work after an I/O error. When the store has been idle
 //! for a while with nothing queued, the file is compacted so a drained backlog gives its disk back.
+//! Spooled files whose jobs left the store are deleted or archived by a second thread (a copy to an
+//! archive on another filesystem must not hold up commits), which reports back so their SPOOL
+//! entries are forgotten in a later transaction.
 //! Called by `agent` (and benchmarks); it does not decide what to deliver or when.
 
 use std::collections::{HashMap, VecDeque};
@@ -19,8 +22,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, oneshot};
 
 use super::{
-    AppendError, Appended, Counters, Failed, Failure, Job, Lease, Settle, Store, StoreError,
-    StreamConfig, now_ms,
+    AppendError, Appended, Counters, Disposal, Failed, Failure, FileAppend, Job, Lease, Settle,
+    Store, StoreError, StreamConfig, now_ms,
 };
 
 /// Requests taken into one transaction at most.
@@ -41,6 +44,19 @@ enum Request {
         checkpoint: Option<(String, Vec<u8>)>,
         deadline: Option<Instant>,
         reply: Reply<Result<Appended, AppendError>>,
+    },
+    AppendFile {
+        stream: String,
+        file: SpooledFile,
+        reply: Reply<Result<FileAppend, AppendError>>,
+    },
+    SpoolKnown {
+        spool: Vec<u8>,
+        reply: Reply<Result<bool, StoreError>>,
+    },
+    /// Disposed of on disk by the disposal thread: forget them.
+    SpoolForget {
+        spools: Vec<Vec<u8>>,
     },
     Take {
         stream: String,
@@ -79,6 +95,17 @@ enum Request {
     Shutdown {
         reply: Reply<()>,
     },
+}
+
+/// A file in the spool, to be queued as a file job (see [`super::Tx::append_file`]).
+#[derive(Debug, Clone)]
+pub struct SpooledFile {
+    /// Relative to the data directory.
+    pub spool: Vec<u8>,
+    pub name: Vec<u8>,
+    pub len: u64,
+    pub mtime_ms: u64,
+    pub archive: Option<Vec<u8>>,
 }
 
 /// Counters of every stream and of the writer itself, at one moment.
@@ -183,6 +210,37 @@ impl StoreHandle {
         };
         self.tx.send(req).map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
+    }
+
+    /// Queues a spooled file as a file job, from a thread outside the event loop (a task's file
+    /// work on the blocking pool); returns once that is durable.
+    pub fn append_file_blocking(
+        &self,
+        stream: &str,
+        file: SpooledFile,
+    ) -> Result<FileAppend, AppendError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::AppendFile {
+                stream: stream.to_string(),
+                file,
+                reply,
+            })
+            .map_err(|_| gone())?;
+        rx.blocking_recv().map_err(|_| gone())?
+    }
+
+    /// Whether the store knows a spooled file (queued, or delivered and being disposed of), from a
+    /// thread outside the event loop.
+    pub fn spool_known_blocking(&self, spool: &[u8]) -> Result<bool, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::SpoolKnown {
+                spool: spool.to_vec(),
+                reply,
+            })
+            .map_err(|_| gone())?;
+        rx.blocking_recv().map_err(|_| gone())?
     }
 
     pub async fn take(&self, stream: &str, max_jobs: usize) -> Result<Vec<Job>, StoreError> {
@@ -342,6 +400,10 @@ enum Pending {
         Result<Failed, StoreError>,
     ),
     Settle(Reply<Result<Job, StoreError>>, Result<Job, StoreError>),
+    AppendFile(
+        Reply<Result<FileAppend, AppendError>>,
+        Result<FileAppend, AppendError>,
+    ),
 }
 
 impl Pending {
@@ -360,6 +422,8 @@ impl Pending {
             (Pending::Fail(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
             (Pending::Settle(r, v), Ok(())) => drop(r.send(v)),
             (Pending::Settle(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
+            (Pending::AppendFile(r, v), Ok(())) => drop(r.send(v)),
+            (Pending::AppendFile(r, _), Err(e)) => drop(r.send(Err(AppendError::Store(failed(e))))),
         }
     }
 }
@@ -380,6 +444,12 @@ struct Writer {
     notifiers: Arc<HashMap<String, Arc<Notify>>>,
     /// Shared with every handle: set on each reopen.
     store_id: Arc<AtomicU64>,
+    /// The disposal thread, started at the first spooled file to delete or archive.
+    janitor: Option<mpsc::Sender<Vec<Disposal>>>,
+    /// What it reports done.
+    disposed: Option<mpsc::Receiver<Vec<Vec<u8>>>>,
+    /// Disposals handed to it and not yet reported.
+    disposing: usize,
 }
 
 impl Writer {
@@ -404,10 +474,78 @@ impl Writer {
             compacted: false,
             reopen_backoff: Duration::from_millis(100),
             carried_in_flight: Vec::new(),
+            janitor: None,
+            disposed: None,
+            disposing: 0,
         }
     }
 
+    /// Hands the spooled files of jobs that left the store to the disposal thread.
+    fn dispose(&mut self) {
+        let Some(store) = self.store.as_mut() else {
+            return;
+        };
+        let batch = store.take_disposals();
+        if batch.is_empty() {
+            return;
+        }
+        if self.janitor.is_none() {
+            let (tx, rx) = mpsc::channel::<Vec<Disposal>>();
+            let (done_tx, done_rx) = mpsc::channel();
+            let data_dir = store.data_dir().to_path_buf();
+            let started = std::thread::Builder::new()
+                .name("colibri-spool".into())
+                .spawn(move || {
+                    // Ends when the writer drops its sender (shutdown).
+                    for batch in rx {
+                        let mut done = Vec::with_capacity(batch.len());
+                        for d in batch {
+                            match super::spool::dispose(&data_dir, &d) {
+                                Ok(()) => done.push(d.spool),
+                                Err(e) => tracing::error!(
+                                    file = %String::from_utf8_lossy(&d.spool),
+                                    archive = d.archive.as_deref().map(String::from_utf8_lossy).as_deref(),
+                                    error = %e,
+                                    "cannot dispose of a spooled file; tried again at the next start"
+                                ),
+                            }
+                        }
+                        if done_tx.send(done).is_err() {
+                            return;
+                        }
+                    }
+                });
+            match started {
+                Ok(_) => {
+                    self.janitor = Some(tx);
+                    self.disposed = Some(done_rx);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the spool disposal thread; spooled files are disposed of at the next start");
+                    return;
+                }
+            }
+        }
+        if let Some(j) = &self.janitor {
+            self.disposing += batch.len();
+            let _ = j.send(batch);
+        }
+    }
+
+    /// Spooled files the disposal thread finished with, to forget in the next transaction.
+    fn disposed(&mut self) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        if let Some(rx) = &self.disposed {
+            while let Ok(mut done) = rx.try_recv() {
+                out.append(&mut done);
+            }
+        }
+        out
+    }
+
     fn run(mut self, rx: mpsc::Receiver<Request>) {
+        // Files whose jobs left the store before the last stop.
+        self.dispose();
         loop {
             let timeout = self.next_timeout();
             let first = match rx.recv_timeout(timeout) {
@@ -490,6 +628,10 @@ impl Writer {
         if self.store.is_none() {
             t = t.min(self.reopen_backoff);
         }
+        // Disposed files are forgotten soon, even when nothing else happens.
+        if self.disposing > 0 {
+            t = t.min(Duration::from_millis(200));
+        }
         // Parked appends are retried at least this often, so room made elsewhere is noticed.
         if !self.parked.is_empty() {
             t = t.min(Duration::from_millis(50));
@@ -526,9 +668,21 @@ impl Writer {
                     };
                     let _ = reply.send(due);
                 }
+                Request::SpoolKnown { spool, reply } => {
+                    let known = match &self.store {
+                        Some(s) => s.spool_known(&spool),
+                        None => Err(StoreError::Io("the store is unavailable".into())),
+                    };
+                    let _ = reply.send(known);
+                }
                 Request::Shutdown { reply } => shutdown = Some(reply),
                 other => work.push(other),
             }
+        }
+        let forget = self.disposed();
+        if !forget.is_empty() {
+            self.disposing = self.disposing.saturating_sub(forget.len());
+            work.push(Request::SpoolForget { spools: forget });
         }
         if work.is_empty() && self.parked.is_empty() {
             return shutdown;
@@ -571,6 +725,7 @@ impl Writer {
                         n.notify_one();
                     }
                 }
+                self.dispose();
             }
             TxResult::Nothing => {}
             TxResult::StoreLost => self.lose_store(),
@@ -605,6 +760,7 @@ impl Writer {
                 }
                 self.store = Some(s);
                 self.reopen_backoff = Duration::from_millis(100);
+                self.dispose();
                 true
             }
             Err(e) => {
@@ -805,10 +961,34 @@ fn run_tx(
                 let r = tx.settle_prefix(&lease, n, &outcome, now);
                 pending.push(Pending::Settle(reply, r));
             }
+            Request::AppendFile {
+                stream,
+                file,
+                reply,
+            } => {
+                let r = tx.append_file(
+                    &stream,
+                    &file.spool,
+                    &file.name,
+                    file.len,
+                    file.mtime_ms,
+                    file.archive.as_deref(),
+                    now,
+                );
+                pending.push(Pending::AppendFile(reply, r));
+            }
+            Request::SpoolForget { spools } => {
+                // Only lost if the transaction fails: then they are disposed of (harmlessly, the
+                // files being gone) and forgotten after the next start.
+                if let Err(e) = tx.forget_spool(&spools) {
+                    tracing::warn!(error = %e, "cannot forget disposed spool files");
+                }
+            }
             Request::Release { .. }
             | Request::Snapshot { .. }
             | Request::Checkpoint { .. }
             | Request::NextDue { .. }
+            | Request::SpoolKnown { .. }
             | Request::Shutdown { .. } => {
                 unreachable!("handled before the transaction")
             }
@@ -851,10 +1031,13 @@ fn fail_with(req: Request, e: &StoreError) {
         Request::Ack { reply, .. } => drop(reply.send(Err(err()))),
         Request::Fail { reply, .. } => drop(reply.send(Err(err()))),
         Request::Settle { reply, .. } => drop(reply.send(Err(err()))),
+        Request::AppendFile { reply, .. } => drop(reply.send(Err(AppendError::Store(err())))),
+        Request::SpoolKnown { reply, .. } => drop(reply.send(Err(err()))),
         Request::Release { .. }
         | Request::Snapshot { .. }
         | Request::Checkpoint { .. }
         | Request::NextDue { .. }
+        | Request::SpoolForget { .. }
         | Request::Shutdown { .. } => {}
     }
 }
