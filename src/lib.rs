@@ -13,6 +13,7 @@ pub mod link;
 pub mod logging;
 pub mod schedule;
 pub mod scheduler;
+pub mod scrape;
 pub mod sink;
 pub mod store;
 pub mod tail;
