@@ -34,6 +34,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         stopping: Default::default(),
         abort: Default::default(),
         groups: Default::default(),
+        store: store_handle.clone(),
     };
     let clock_set = Arc::new(Notify::new());
     if let Err(e) = clock::watch_wall_clock(Arc::clone(&clock_set)) {

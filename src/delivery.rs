@@ -335,6 +335,7 @@ async fn deliver_job(
             end: job.offset + end as u32,
             whole: job.offset == 0 && start == 0 && end == n,
             records: part,
+            file: job.file(),
             store_id: store.store_id(),
         };
         let result = tokio::select! {
@@ -469,6 +470,17 @@ async fn send_paced(
     batch: &Batch<'_>,
     replaying: &AtomicBool,
 ) -> Result<u64, DeliveryError> {
+    if let Some(file) = batch.file {
+        // A file job: streamed from the spool, paced by the file's size.
+        if let Some(p) = &rt.pacer
+            && replaying.load(Relaxed)
+        {
+            pace(p, file.len).await;
+        }
+        let _permit = rt.in_flight.acquire().await;
+        rt.sink.send_file(batch, file).await?;
+        return Ok(file.len);
+    }
     let body = rt.sink.body(batch).await?;
     let len = body.len() as u64;
     if let Some(p) = &rt.pacer

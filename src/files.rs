@@ -91,6 +91,18 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     }
 }
 
+/// Bytes available to unprivileged writers on the filesystem holding `dir` (statvfs).
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: zeroed is a valid bit pattern for this plain C struct.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `s` a valid statvfs owned by this frame.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
+    // The field types differ between targets (u64 on x86_64 glibc, u32 elsewhere).
+    #[allow(clippy::useless_conversion)]
+    (rc == 0).then(|| u64::from(s.f_bavail).saturating_mul(u64::from(s.f_frsize)))
+}
+
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }

@@ -482,13 +482,26 @@ pub struct FileMoveSpec {
     #[serde(default)]
     pub exclude: Vec<String>,
     /// The directory files are moved into. Must exist when the config is loaded and differ from
-    /// `from`. Relative paths are read from the config file's directory.
-    pub to: String,
+    /// `from`. Relative paths are read from the config file's directory. Either this or
+    /// `to_stream`.
+    #[serde(default)]
+    pub to: Option<String>,
+    /// Instead of `to`: ship each file upstream through this stream. The file is moved into the
+    /// data directory's spool (`spool/<task>/`, counted in the stream's and the store's byte
+    /// bounds) and queued as one job; its sink uploads it whole as the request body, streamed from
+    /// disk, with its name in `Content-Disposition`. After delivery it is deleted, or moved to
+    /// `archive`. A full stream leaves files in `from`.
+    #[serde(default)]
+    pub to_stream: Option<String>,
+    /// With `to_stream`: delivered files are moved into this directory (a name already there gets
+    /// a number) instead of being deleted. Must exist when the config is loaded.
+    #[serde(default)]
+    pub archive: Option<String>,
     /// Only files whose modification time is at least this old are moved, so a file still being
     /// written is never taken. Default 30s.
     #[serde(default)]
     pub settle: Option<Dur>,
-    /// When the name already exists in `to`: `rename` (default) moves the file as `name.1.ext`,
+    /// When the name already exists in `to` (not used with `to_stream`): `rename` (default) moves the file as `name.1.ext`,
     /// `name.2.ext`, ...; `overwrite` replaces the existing file; `skip` leaves the file in `from`.
     #[serde(default)]
     pub on_conflict: Option<OnConflictSpec>,
@@ -786,6 +799,15 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
             Vec::new()
         }
     };
+    let data_dir = base.join(&spec.data_dir);
+    let ctx = TaskCtx {
+        base,
+        grace,
+        data_dir: &data_dir,
+        streams: &streams,
+        sinks: &sinks,
+        storage,
+    };
     let mut tasks = Vec::with_capacity(task_values.len());
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (i, value) in task_values.into_iter().enumerate() {
@@ -807,14 +829,14 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
                 seen.insert(n.clone(), i);
             }
         }
-        if let Some(task) = compile_task(value, &at, base, grace, problems) {
+        if let Some(task) = compile_task(value, &at, &ctx, problems) {
             tasks.push(Arc::new(task));
         }
     }
 
     Some(Config {
         source: source.to_path_buf(),
-        data_dir: base.join(&spec.data_dir),
+        data_dir,
         workers: spec.workers as usize,
         shutdown_grace: grace,
         log_level: spec.log.level,
@@ -1148,13 +1170,42 @@ fn compile_stream(
     })
 }
 
+/// What a task's checks need from the rest of the file.
+struct TaskCtx<'a> {
+    /// The config file's directory.
+    base: &'a Path,
+    grace: Duration,
+    data_dir: &'a Path,
+    streams: &'a [StreamConfig],
+    #[allow(dead_code)] // read by http_scrape (next)
+    sinks: &'a [Arc<SinkConfig>],
+    storage: StorageConfig,
+}
+
+impl TaskCtx<'_> {
+    /// Checks that `name` is a configured stream.
+    fn stream(&self, name: &str) -> Result<&StreamConfig, String> {
+        self.streams.iter().find(|s| s.name == name).ok_or_else(|| {
+            let known: Vec<&str> = self.streams.iter().map(|s| s.name.as_str()).collect();
+            format!(
+                "stream {name:?} is not defined under streams: (defined: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )
+        })
+    }
+}
+
 fn compile_task(
     value: Value,
     at: &str,
-    base: &Path,
-    grace: Duration,
+    ctx: &TaskCtx<'_>,
     problems: &mut Vec<Problem>,
 ) -> Option<TaskDef> {
+    let (base, grace) = (ctx.base, ctx.grace);
     let mut err = |path: &str, message: String| {
         let path = if path.is_empty() {
             at.to_string()
@@ -1299,7 +1350,9 @@ fn compile_task(
 
     let action = match kind? {
         TaskKind::Exec(spec) => compile_exec(spec, base, &mut err).map(Action::Exec),
-        TaskKind::FileMove(spec) => compile_file_move(spec, base, &mut err).map(Action::FileMove),
+        TaskKind::FileMove(spec) => {
+            compile_file_move(spec, &common.name, ctx, &mut err).map(Action::FileMove)
+        }
     };
     Some(TaskDef {
         name: common.name,
@@ -1373,9 +1426,11 @@ fn compile_exec(spec: ExecSpec, base: &Path, err: &mut dyn FnMut(&str, String)) 
 
 fn compile_file_move(
     spec: FileMoveSpec,
-    base: &Path,
+    task: &str,
+    ctx: &TaskCtx<'_>,
     err: &mut dyn FnMut(&str, String),
 ) -> Option<FileMove> {
+    let base = ctx.base;
     let mut ok = true;
     let dir = |field: &str, text: &str, err: &mut dyn FnMut(&str, String)| {
         if text.is_empty() {
@@ -1396,8 +1451,68 @@ fn compile_file_move(
         }
     };
     let from = dir("from", &spec.from, err);
-    let to = dir("to", &spec.to, err);
-    if let (Some(f), Some(t)) = (&from, &to) {
+    let (to, ship) = match (&spec.to, &spec.to_stream) {
+        (Some(_), Some(_)) => {
+            err("to_stream", "is instead of to; set one of them".into());
+            (None, None)
+        }
+        (None, None) => {
+            err(
+                "",
+                "needs to (a directory) or to_stream (a stream to ship the files through)".into(),
+            );
+            (None, None)
+        }
+        (Some(to), None) => {
+            if spec.archive.is_some() {
+                err("archive", "only applies to to_stream".into());
+                ok = false;
+            }
+            (dir("to", to, err), None)
+        }
+        (None, Some(stream)) => {
+            if spec.on_conflict.is_some() {
+                err(
+                    "on_conflict",
+                    "only applies to to; spooled files get unique names".into(),
+                );
+                ok = false;
+            }
+            let max_bytes = match ctx.stream(stream) {
+                Ok(s) => s.max_bytes.min(ctx.storage.max_bytes),
+                Err(m) => {
+                    err("to_stream", m);
+                    ok = false;
+                    0
+                }
+            };
+            let archive = match &spec.archive {
+                None => None,
+                Some(a) => {
+                    let d = dir("archive", a, err);
+                    if d.is_none() {
+                        ok = false;
+                    }
+                    d
+                }
+            };
+            let spool_rel = crate::store::spool::task_dir(task);
+            let spool_dir = ctx.data_dir.join(&spool_rel);
+            let ship = crate::task::file_move::Ship {
+                stream: stream.clone(),
+                spool_dir: spool_dir.clone(),
+                spool_rel,
+                archive,
+                min_free: ctx.storage.min_free,
+                max_bytes,
+                recovered: Default::default(),
+            };
+            (Some(spool_dir), Some(ship))
+        }
+    };
+    if let (Some(f), Some(t)) = (&from, &to)
+        && ship.is_none()
+    {
         let same = match (std::fs::canonicalize(f), std::fs::canonicalize(t)) {
             (Ok(a), Ok(b)) => a == b,
             _ => f == t,
@@ -1462,6 +1577,7 @@ fn compile_file_move(
     ok.then_some(FileMove {
         from,
         to,
+        ship,
         pattern,
         exclude,
         settle,

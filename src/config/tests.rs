@@ -688,5 +688,53 @@ fn file_move_problems_are_all_reported() {
         p.iter().any(|x| x.contains("same directory as from")),
         "{p:#?}"
     );
-    assert!(p.iter().any(|x| x.contains("missing field `to`")), "{p:#?}");
+    assert!(
+        p.iter()
+            .any(|x| x.contains("needs to (a directory) or to_stream")),
+        "{p:#?}"
+    );
+}
+
+#[test]
+fn to_stream_problems_are_all_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let p = problems(&format!(
+        "streams: {{ files: {{}} }}\n\
+         tasks:\n\
+         - {{ name: a, type: file_move, every: 1s, from: {d:?}, to_stream: nope, pattern: [\"*\"], on_conflict: skip, archive: /nonexistent/arch }}\n\
+         - {{ name: b, type: file_move, every: 1s, from: {d:?}, to: /tmp, to_stream: files, pattern: [\"*\"] }}\n\
+         - {{ name: c, type: file_move, every: 1s, from: {d:?}, to: /tmp, archive: /tmp, pattern: [\"*\"] }}"
+    ));
+    let expect = [
+        "tasks[0] \"a\": on_conflict: only applies to to",
+        "tasks[0] \"a\": to_stream: stream \"nope\" is not defined under streams: (defined: files)",
+        "tasks[0] \"a\": archive: /nonexistent/arch: no such file",
+        "tasks[1] \"b\": to_stream: is instead of to",
+        "tasks[2] \"c\": archive: only applies to to_stream",
+    ];
+    for e in expect {
+        assert!(
+            p.iter().any(|x| x.starts_with(e)),
+            "missing {e:?} in {p:#?}"
+        );
+    }
+    assert_eq!(p.len(), expect.len(), "{p:#?}");
+    // A valid one: the spool lives in the data directory, under the task's name.
+    let c = crate::config::load_str(
+        &format!(
+            "data_dir: {d:?}\nstreams: {{ files: {{}} }}\ntasks:\n  - {{ name: ship-scans, type: file_move, every: 1s, from: {d:?}, to_stream: files, archive: {d:?}, pattern: [\"*.pdf\"] }}\n"
+        ),
+        &dir.path().join("c.yaml"),
+        &|_| None,
+    )
+    .unwrap();
+    let Action::FileMove(m) = &c.tasks[0].action else {
+        panic!("not file_move")
+    };
+    let ship = m.ship.as_ref().expect("ships");
+    assert_eq!(ship.stream, "files");
+    assert_eq!(ship.spool_dir, dir.path().join("spool/ship-scans"));
+    assert_eq!(m.to, ship.spool_dir);
+    assert_eq!(ship.archive.as_deref(), Some(dir.path()));
 }

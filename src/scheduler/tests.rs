@@ -359,6 +359,7 @@ fn ctx() -> RunContext {
         stopping: Default::default(),
         abort: Default::default(),
         groups: Default::default(),
+        store: None,
     }
 }
 

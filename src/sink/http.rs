@@ -10,7 +10,8 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use reqwest::header::{
-    CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER,
+    CONTENT_DISPOSITION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderName,
+    HeaderValue, RETRY_AFTER,
 };
 use reqwest::{Client, Method, Url};
 
@@ -318,7 +319,48 @@ impl HttpSink {
         if let Some(enc) = &self.content_encoding {
             req = req.header(CONTENT_ENCODING, enc.clone());
         }
-        let resp = match req.body(body).send().await {
+        self.exchange(req.body(body)).await
+    }
+
+    /// Uploads a spooled file as the request body, streamed from disk, with its length and its
+    /// name (`Content-Disposition`); never compressed. A file that is gone from the spool can never
+    /// be delivered: permanent.
+    pub async fn send_file(
+        &self,
+        key: &str,
+        path: &std::path::Path,
+        name: &std::ffi::OsStr,
+        len: u64,
+    ) -> Result<(), DeliveryError> {
+        let body = match super::file_body::FileBody::open(path, len) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(DeliveryError::Permanent(format!(
+                    "the spooled file {} is missing",
+                    path.display()
+                )));
+            }
+            Err(e) => {
+                return Err(DeliveryError::Transient {
+                    reason: format!("cannot read the spooled file {}: {e}", path.display()),
+                    retry_after: None,
+                });
+            }
+        };
+        let req = self
+            .client
+            .request(self.method.clone(), self.url.clone())
+            .header(CONTENT_TYPE, "application/octet-stream")
+            .header(CONTENT_LENGTH, len)
+            .header(CONTENT_DISPOSITION, content_disposition(name))
+            .header("idempotency-key", key)
+            .body(reqwest::Body::wrap(body));
+        self.exchange(req).await
+    }
+
+    /// Sends a request and classifies the outcome.
+    async fn exchange(&self, req: reqwest::RequestBuilder) -> Result<(), DeliveryError> {
+        let resp = match req.send().await {
             Ok(r) => r,
             // No response at all: refused, reset, DNS, TLS handshake, timeout, closed mid-response.
             Err(e) => {
@@ -455,6 +497,29 @@ pub fn shown_url(url: &Url) -> String {
     u.to_string()
 }
 
+/// `attachment; filename="<ASCII>"; filename*=UTF-8''<percent-encoded>` (RFC 6266): the plain
+/// form for simple receivers (other bytes become `_`), the encoded one exact for any name.
+pub fn content_disposition(name: &std::ffi::OsStr) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let b = name.as_bytes();
+    let plain: String = b
+        .iter()
+        .map(|&c| match c {
+            b' '..=b'~' if c != b'"' && c != b'\\' => c as char,
+            _ => '_',
+        })
+        .collect();
+    let mut encoded = String::with_capacity(b.len() * 3);
+    for &c in b {
+        if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
+            encoded.push(c as char);
+        } else {
+            encoded.push_str(&format!("%{c:02X}"));
+        }
+    }
+    format!("attachment; filename=\"{plain}\"; filename*=UTF-8''{encoded}")
+}
+
 /// Encodes records as one body.
 pub fn encode(encoding: Encoding, records: &[&[u8]]) -> Vec<u8> {
     let len: usize = records.iter().map(|r| r.len() + 1).sum::<usize>() + 2;
@@ -589,6 +654,21 @@ mod tests {
         );
         let plain: Url = "http://127.0.0.1:8428/write".parse().unwrap();
         assert_eq!(shown_url(&plain), "http://127.0.0.1:8428/write");
+    }
+
+    #[test]
+    fn file_names_travel_in_content_disposition() {
+        use std::os::unix::ffi::OsStrExt;
+        assert_eq!(
+            content_disposition(std::ffi::OsStr::new("scan-01.pdf")),
+            "attachment; filename=\"scan-01.pdf\"; filename*=UTF-8''scan-01.pdf"
+        );
+        assert_eq!(
+            content_disposition(std::ffi::OsStr::new("Prüf \"1\".csv")),
+            "attachment; filename=\"Pr__f _1_.csv\"; filename*=UTF-8''Pr%C3%BCf%20%221%22.csv"
+        );
+        let raw = std::ffi::OsStr::from_bytes(b"a\xffb");
+        assert!(content_disposition(raw).ends_with("UTF-8''a%FFb"));
     }
 
     #[test]

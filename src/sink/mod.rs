@@ -9,6 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod file_body;
 pub mod http;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,6 +109,8 @@ pub struct Batch<'a> {
     pub end: u32,
     pub whole: bool,
     pub records: &'a [&'a [u8]],
+    /// For a file job: the file it ships (`records` then holds only its reference).
+    pub file: Option<&'a crate::store::FileJob>,
     /// The store file's id: job ids restart in a new file, keys must not.
     pub store_id: u64,
 }
@@ -235,6 +238,68 @@ impl Sink {
         }
     }
 
+    /// Delivers the file of a file job (`batch.file`), streamed from disk.
+    pub async fn send_file(
+        &self,
+        batch: &Batch<'_>,
+        file: &crate::store::FileJob,
+    ) -> Result<(), DeliveryError> {
+        match &self.config.kind {
+            SinkKind::Http(_) => {
+                let h = self.http.as_ref().expect("built with the sink");
+                h.send_file(&batch.idempotency_key(), &file.path, &file.name, file.len)
+                    .await
+            }
+            SinkKind::File { dir } => {
+                use std::os::unix::ffi::OsStrExt;
+                let mut name = format!("{}-{:020}-", batch.stream, batch.job).into_bytes();
+                name.extend_from_slice(file.name.as_bytes());
+                let (dir, src, len) = (dir.clone(), file.path.clone(), file.len);
+                let written = tokio::task::spawn_blocking(move || {
+                    copy_atomically(&src, len, &dir, std::ffi::OsStr::from_bytes(&name))
+                })
+                .await
+                .map_err(|e| {
+                    DeliveryError::transient(format!("{}: writer stopped: {e}", self.describe()))
+                })?;
+                self.file_outcome(written, &file.path)
+            }
+            SinkKind::Stdout => {
+                let (src, len) = (file.path.clone(), file.len);
+                let written = tokio::task::spawn_blocking(move || {
+                    let mut f = std::fs::File::open(&src)?;
+                    let mut out = std::io::stdout().lock();
+                    let n = std::io::copy(&mut std::io::Read::take(&mut f, len), &mut out)?;
+                    out.flush()?;
+                    short(n, len)
+                })
+                .await
+                .map_err(|e| {
+                    DeliveryError::transient(format!("{}: writer stopped: {e}", self.describe()))
+                })?;
+                self.file_outcome(written, &file.path)
+            }
+        }
+    }
+
+    /// A file job's delivery to a local sink: a missing spooled file is permanent, a missing
+    /// directory an outage, anything else may pass.
+    fn file_outcome(&self, r: std::io::Result<()>, src: &Path) -> Result<(), DeliveryError> {
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !src.exists() => Err(
+                DeliveryError::Permanent(format!("the spooled file {} is missing", src.display())),
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(DeliveryError::Unavailable(
+                format!("{}: {e}", self.describe()),
+            )),
+            Err(e) => Err(DeliveryError::transient(format!(
+                "{}: {e}",
+                self.describe()
+            ))),
+        }
+    }
+
     /// Whether the destination can be reached again, for the link monitor.
     pub async fn probe(&self) -> Result<(), String> {
         match (&self.config.kind, &self.http) {
@@ -280,6 +345,52 @@ impl SinkConfig {
     }
 }
 
+fn short(n: u64, len: u64) -> std::io::Result<()> {
+    if n < len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "the spooled file ended {} bytes short of its recorded length",
+                len - n
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Copies the first `len` bytes of `src` to `dir/name` the way [`write_atomically`] writes: whole
+/// or not at all, durable before it counts as delivered.
+fn copy_atomically(
+    src: &Path,
+    len: u64,
+    dir: &Path,
+    name: &std::ffi::OsStr,
+) -> std::io::Result<()> {
+    if !dir.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "the directory does not exist (colibri does not create it)",
+        ));
+    }
+    let mut input = std::fs::File::open(src)?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(".tmp");
+    let tmp = dir.join(tmp_name);
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        let n = std::io::copy(&mut std::io::Read::take(&mut input, len), &mut f)?;
+        short(n, len)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, dir.join(name))?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
 /// Writes `dir/name` so that it appears whole or not at all, and stays after a power cut: a
 /// temporary file, fsync, rename over the final name, fsync of the directory.
 fn write_atomically(dir: &Path, name: &str, body: &[u8]) -> std::io::Result<()> {
@@ -315,6 +426,7 @@ mod tests {
             end: records.len() as u32,
             whole: true,
             records,
+            file: None,
             store_id: 0xabc,
         }
     }

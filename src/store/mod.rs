@@ -1153,15 +1153,7 @@ impl Drop for Tx<'_> {
 }
 
 fn free_disk_bytes(path: &Path) -> Option<u64> {
-    let dir = path.parent()?;
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated path and `s` a valid statvfs owned by this frame; zeroed is a
-    // valid bit pattern for this plain C struct.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
-    // The field types differ between targets (u64 on x86_64 glibc, u32 elsewhere).
-    #[allow(clippy::useless_conversion)]
-    (rc == 0).then(|| u64::from(s.f_bavail).saturating_mul(u64::from(s.f_frsize)))
+    crate::files::free_bytes(path.parent()?)
 }
 
 impl<'s> Tx<'s> {

@@ -342,6 +342,7 @@ mod tests {
             stopping: Default::default(),
             abort: Default::default(),
             groups: Default::default(),
+            store: None,
         }
     }
 

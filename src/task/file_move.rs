@@ -8,7 +8,12 @@
 //! rename into place, fsync `to`, remove the source, fsync `from`. The file work is synchronous and
 //! runs on the blocking pool; a timeout or shutdown stops it between files (or between chunks of a
 //! copy, whose temporary file is then removed). Called by `task::run`; it does not retry or log the
-//! run's outcome (that is `task::run`), and it never creates `from` or `to`.
+//! run's outcome (that is `task::run`), and it never creates `from` or `to`. With `to_stream`
+//! instead of `to`, files go into the data directory's spool and are queued for delivery
+//! ([`ship`]).
+
+mod ship;
+pub use ship::Ship;
 
 use std::ffi::{OsStr, OsString};
 use std::fs;
@@ -20,6 +25,7 @@ use std::time::{Duration, SystemTime};
 
 use super::{Attempt, Outcome, RunContext};
 use crate::files::{copy_to_temp, exists, fsync_dir, place_numbered, rename_noreplace};
+use crate::store::writer::StoreHandle;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnConflict {
@@ -34,7 +40,10 @@ pub enum OnConflict {
 #[derive(Debug, Clone)]
 pub struct FileMove {
     pub from: PathBuf,
+    /// The destination directory (with `ship`: the spool directory).
     pub to: PathBuf,
+    /// Set for `to_stream`: files are spooled and queued instead of moved.
+    pub ship: Option<Ship>,
     /// On the file name; any match takes the file.
     pub pattern: Vec<glob::Pattern>,
     pub exclude: Vec<glob::Pattern>,
@@ -73,6 +82,8 @@ enum Step {
     Changed,
     /// The stop flag was raised during a copy.
     Stopped,
+    /// The stream (or the disk) has no room for it: it waits in `from`.
+    NoRoom(String),
 }
 
 /// What the blocking part reports.
@@ -83,6 +94,8 @@ struct Report {
     scan_error: Option<String>,
     /// The first file that failed, and why.
     first_failure: Option<String>,
+    /// Why files had to wait for room in the stream, when they did.
+    no_room: Option<String>,
 }
 
 impl FileMove {
@@ -92,8 +105,10 @@ impl FileMove {
         let job = self.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
-        let mut work =
-            tokio::task::spawn_blocking(move || job.run_blocking(SystemTime::now(), &flag));
+        let store = ctx.store.clone();
+        let mut work = tokio::task::spawn_blocking(move || {
+            job.run_blocking(SystemTime::now(), &flag, store.as_ref())
+        });
         let (kind, joined) = tokio::select! {
             r = &mut work => (None, r),
             _ = tokio::time::sleep(timeout) => {
@@ -121,6 +136,14 @@ impl FileMove {
                 c.failed,
                 c.failed + c.moved
             )),
+            // Back-pressure: nothing could be queued; the files wait in `from`.
+            (None, None, None) if c.moved == 0 && report.no_room.is_some() => {
+                Outcome::Failed(format!(
+                    "{}; {} files wait",
+                    report.no_room.unwrap_or_default(),
+                    c.waiting
+                ))
+            }
             (None, None, None) => Outcome::Ok,
         };
         Attempt {
@@ -134,8 +157,31 @@ impl FileMove {
     }
 
     /// The synchronous run: scan, then move each candidate until done or `stop`.
-    fn run_blocking(&self, now: SystemTime, stop: &AtomicBool) -> Report {
+    fn run_blocking(
+        &self,
+        now: SystemTime,
+        stop: &AtomicBool,
+        store: Option<&StoreHandle>,
+    ) -> Report {
         let mut report = Report::default();
+        let ship = match (&self.ship, store) {
+            (None, _) => None,
+            (Some(s), Some(store)) => Some((s, store)),
+            (Some(_), None) => {
+                report.scan_error = Some("the store is not open".into());
+                return report;
+            }
+        };
+        if let Some((s, store)) = ship
+            && !s.recovered.load(Ordering::Relaxed)
+            && let Err(e) = ship::recover(self, s, store, stop)
+        {
+            report.scan_error = Some(format!(
+                "cannot check the spool {}: {e}",
+                s.spool_dir.display()
+            ));
+            return report;
+        }
         let (candidates, waiting) = match self.scan(now) {
             Ok(s) => s,
             Err(e) => {
@@ -150,13 +196,24 @@ impl FileMove {
                 break;
             }
             rest -= 1;
-            match self.move_one(c, stop) {
+            let step = match ship {
+                Some((s, store)) => ship::ship_one(self, s, c, store, stop),
+                None => self.move_one(c, stop),
+            };
+            match step {
                 Ok(Step::Moved(dst)) => {
                     report.counts.moved += 1;
                     tracing::debug!(from = %self.from.join(&c.name).display(), to = %dst.display(), "file moved");
                 }
                 Ok(Step::Skipped) => report.counts.skipped += 1,
                 Ok(Step::Changed) | Ok(Step::Stopped) => report.counts.waiting += 1,
+                Ok(Step::NoRoom(why)) => {
+                    // The rest would not fit either: they wait for the next run.
+                    report.counts.waiting += 1 + rest;
+                    rest = 0;
+                    report.no_room = Some(why);
+                    break;
+                }
                 Err(e) => {
                     report.counts.failed += 1;
                     if report.first_failure.is_none() {
@@ -348,6 +405,7 @@ mod tests {
 
     fn task(d: &Dirs, pattern: &[&str], on_conflict: OnConflict) -> FileMove {
         FileMove {
+            ship: None,
             from: d.from.clone(),
             to: d.to.clone(),
             pattern: pattern
@@ -381,7 +439,7 @@ mod tests {
     }
 
     fn run(t: &FileMove) -> Report {
-        t.run_blocking(SystemTime::now(), &AtomicBool::new(false))
+        t.run_blocking(SystemTime::now(), &AtomicBool::new(false), None)
     }
 
     #[test]
@@ -565,7 +623,7 @@ mod tests {
         assert!(names(&d.to).is_empty());
         assert_eq!(names(&d.from), ["a"]);
         // A raised flag before the loop leaves every file waiting.
-        let r = t.run_blocking(SystemTime::now(), &stop);
+        let r = t.run_blocking(SystemTime::now(), &stop, None);
         assert_eq!(r.counts.waiting, 1);
     }
 
@@ -578,6 +636,7 @@ mod tests {
             stopping: Default::default(),
             abort: Default::default(),
             groups: Default::default(),
+            store: None,
         };
         let a = t.run(Duration::from_secs(5), &ctx).await;
         assert_eq!(a.outcome, Outcome::Ok);

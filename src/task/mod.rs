@@ -107,6 +107,8 @@ pub struct RunContext {
     pub abort: CancellationToken,
     /// Every live process group, so a second signal can kill them all at once.
     pub groups: Arc<exec::ProcessGroups>,
+    /// The store, when streams are configured: where scrapes and shipped files are queued.
+    pub store: Option<crate::store::writer::StoreHandle>,
 }
 
 /// Runs one scheduled occurrence of `def`: attempts with retries, then one log event. `due` is the

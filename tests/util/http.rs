@@ -6,7 +6,8 @@
 //! answers is set with [`Receiver::set_mode`]; every request is recorded as a [`Received`], and the
 //! records of accepted requests can be awaited with [`Receiver::wait_records`] (a condition
 //! variable, no polling). [`Receiver::start_counting`] keeps no bodies at all, only counters, for
-//! benchmarks.
+//! benchmarks. [`Receiver::start_digesting`] streams each body through SHA-256 and keeps only the
+//! digest and the length, for uploads of large files.
 //!
 //! Standalone on purpose: it uses std and the dev-dependencies only, so a bench can include it
 //! with `#[path = "../tests/util/http.rs"] mod http;`.
@@ -94,6 +95,8 @@ pub struct Received {
     pub wire_len: usize,
     /// Set when the body could not be decoded (the answer was then 400 or 415 in the accepting modes).
     pub decode_error: Option<String>,
+    /// For a digesting receiver: the SHA-256 of the body (hex); `body` is then empty.
+    pub sha256: Option<String>,
     pub at: Instant,
 }
 
@@ -144,11 +147,20 @@ impl Receiver {
         Receiver::launch(None, true)
     }
 
+    /// Plain HTTP that keeps every request but not its body: the body is streamed through SHA-256
+    /// ([`Received::sha256`]) without being held in memory, for large uploads.
+    pub fn start_digesting() -> Receiver {
+        let r = Receiver::launch(None, false);
+        r.shared.digesting.store(true, Ordering::SeqCst);
+        r
+    }
+
     fn launch(tls: Option<rustls::ServerConfig>, counting: bool) -> Receiver {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             cond: Condvar::new(),
             counting,
+            digesting: AtomicBool::new(false),
         });
         let is_tls = tls.is_some();
         let acceptor = tls.map(|c| TlsAcceptor::from(Arc::new(c)));
@@ -338,6 +350,7 @@ struct Shared {
     state: Mutex<State>,
     cond: Condvar,
     counting: bool,
+    digesting: AtomicBool,
 }
 
 #[derive(Default)]
@@ -548,10 +561,27 @@ async fn handle(
     ctx: Ctx,
     cut: Arc<AtomicBool>,
 ) -> Result<Response<Full<Bytes>>, Close> {
-    let (parts, body) = req.into_parts();
-    let wire = match body.collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(_) => return Err(Close("the request body could not be read")),
+    let (parts, mut body) = req.into_parts();
+    let mut sha256 = None;
+    let mut streamed = 0usize;
+    let wire = if ctx.shared.digesting.load(Ordering::SeqCst) {
+        let mut h = ring::digest::Context::new(&ring::digest::SHA256);
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else {
+                return Err(Close("the request body could not be read"));
+            };
+            if let Some(d) = frame.data_ref() {
+                h.update(d);
+                streamed += d.len();
+            }
+        }
+        sha256 = Some(hex(h.finish().as_ref()));
+        Bytes::new()
+    } else {
+        match body.collect().await {
+            Ok(c) => c.to_bytes(),
+            Err(_) => return Err(Close("the request body could not be read")),
+        }
     };
     let at = Instant::now();
     let (generation, mode) = *ctx.mode.borrow();
@@ -563,7 +593,7 @@ async fn handle(
     };
     let content_type = header("content-type");
     let content_encoding = header("content-encoding");
-    let wire_len = wire.len();
+    let wire_len = wire.len().max(streamed);
     let (body, decode_error) = match decode(content_encoding.as_deref(), wire.clone()) {
         Ok(b) => (b, None),
         Err(e) => (wire, Some(e)),
@@ -597,7 +627,7 @@ async fn handle(
         state.total_requests += 1;
         if accepted {
             state.accepted_requests += 1;
-            state.accepted_bytes += body.len() as u64;
+            state.accepted_bytes += body.len().max(streamed) as u64;
         }
         if ctx.shared.counting {
             if accepted {
@@ -632,6 +662,7 @@ async fn handle(
                 body: body.to_vec(),
                 wire_len,
                 decode_error,
+                sha256,
                 at,
             });
         }
@@ -665,6 +696,11 @@ async fn handle(
         }
         (_, None) => Err(Close("no answer")),
     }
+}
+
+/// Lower-case hex.
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn default_text(status: u16) -> String {
