@@ -10,6 +10,8 @@ APT_NEEDS=(
   "sh:dash"
   "sleep:coreutils"
   "date:coreutils"
+  "victoria-metrics:victoria-metrics"   # tests/tsdb.rs: scrapes delivered to a real time-series database
+  "mount:mount"                         # tests/file_move.rs: a tmpfs for the cross-filesystem test (as root)
 )
 missing=()
 for pair in "${APT_NEEDS[@]}"; do

@@ -111,6 +111,12 @@ pub struct HttpSinkSpec {
     /// How records become a body; they are passed through as stored. Default `ndjson`.
     #[serde(default)]
     pub encoding: Option<EncodingSpec>,
+    /// With `encoding: influx_line`: the unit of the records' timestamps, sent as the request's
+    /// `precision` parameter (`u` for microseconds on `/write`, as InfluxDB 1.x and VictoriaMetrics
+    /// expect; `us` on `/api/v2/write`). `http_scrape` tasks writing to a stream of this sink
+    /// timestamp their records in it. Default `ns`.
+    #[serde(default)]
+    pub precision: Option<PrecisionSpec>,
     /// Body compression (`Content-Encoding`). Default `none`.
     #[serde(default)]
     pub compression: Option<CompressionSpec>,
@@ -152,6 +158,27 @@ pub enum EncodingSpec {
     JsonArray,
     /// A record per line, `text/plain` (InfluxDB / VictoriaMetrics `/write`).
     InfluxLine,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PrecisionSpec {
+    Ns,
+    Us,
+    Ms,
+    S,
+}
+
+impl PrecisionSpec {
+    fn compile(self) -> crate::scrape::lineproto::Precision {
+        use crate::scrape::lineproto::Precision;
+        match self {
+            PrecisionSpec::Ns => Precision::Ns,
+            PrecisionSpec::Us => Precision::Us,
+            PrecisionSpec::Ms => Precision::Ms,
+            PrecisionSpec::S => Precision::S,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
@@ -445,11 +472,89 @@ pub enum TaskKind {
     /// Run a program. No shell is involved unless the command names one (`["sh", "-c", "..."]`).
     Exec(ExecSpec),
     /// Move settled files from one directory to another: rename(2) on one filesystem; across
-    /// filesystems copy, fsync, rename into place, then remove the source.
+    /// filesystems copy, fsync, rename into place, then remove the source. Or, with `to_stream`,
+    /// ship them upstream.
     FileMove(FileMoveSpec),
+    /// GET a (local) endpoint and turn the answer into records of a stream, each carrying the
+    /// scrape's time: Prometheus text (a line-protocol record per sample, labels as tags), JSON
+    /// (line-protocol records through a mapping), or the raw body.
+    HttpScrape(Box<HttpScrapeSpec>),
 }
 
-const TASK_TYPES: &str = "exec, file_move";
+const TASK_TYPES: &str = "exec, file_move, http_scrape";
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HttpScrapeSpec {
+    /// What to GET: an `http://` or `https://` URL.
+    pub url: String,
+    /// How the answer becomes records: `prometheus` (text exposition format: each sample becomes an
+    /// InfluxDB line-protocol record `<measurement>,<labels> <metric>=<value> <time>`), `json`
+    /// (line-protocol records through `json:`), or `raw` (one JSON record per answer:
+    /// `{"time_ms", "task", "url", "status", "body"}`).
+    pub format: ScrapeFormatSpec,
+    /// The stream the records go to. Line-protocol timestamps are written in the `precision` of
+    /// the stream's sink (ns when it has none).
+    pub stream: String,
+    /// Extra request headers, e.g. `Authorization: "Bearer ${TOKEN}"`. Values are never logged.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The line-protocol measurement (`prometheus`, `json`). Default: the task's name.
+    #[serde(default)]
+    pub measurement: Option<String>,
+    /// Tags added to every line-protocol record; they win over labels of the same name.
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    /// Answers larger than this fail the scrape. Default 16MiB.
+    #[serde(default)]
+    pub max_body: Option<Size>,
+    /// With `format: json`: which parts of the document become records, fields and tags.
+    #[serde(default)]
+    pub json: Option<JsonMappingSpec>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ScrapeFormatSpec {
+    Prometheus,
+    Json,
+    Raw,
+}
+
+/// How a JSON answer becomes line-protocol records. Pointers are RFC 6901 (`/data/items`, `~1` for a
+/// `/` in a key).
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JsonMappingSpec {
+    /// Pointer to an array (one record per element) or to one object. Default: the whole document
+    /// is one record.
+    #[serde(default)]
+    pub records: Option<String>,
+    /// Field name -> pointer within a record. Numbers (always written as floats), booleans and
+    /// strings. Default: every top-level number and boolean of the record.
+    #[serde(default)]
+    pub fields: BTreeMap<String, String>,
+    /// Tag name -> pointer within a record (strings, or numbers and booleans as text).
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    /// Pointer to the record's own timestamp. Default: the scrape's time.
+    #[serde(default)]
+    pub time: Option<String>,
+    /// The unit of `time`: `s`, `ms` (default), `ns` or `rfc3339`.
+    #[serde(default)]
+    pub time_unit: Option<TimeUnitSpec>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeUnitSpec {
+    S,
+    Ms,
+    Ns,
+    Rfc3339,
+}
+
+const DEFAULT_SCRAPE_MAX_BODY: u64 = 16 << 20;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -964,13 +1069,38 @@ fn compile_http(
     base: &Path,
     err: &mut impl FnMut(&str, String),
 ) -> Option<SinkKind> {
-    let url = match parse_http_url(&spec.url) {
+    let mut url = match parse_http_url(&spec.url) {
         Ok(u) => u,
         Err(m) => {
             err("url", m);
             return None;
         }
     };
+    let influx = matches!(spec.encoding, Some(EncodingSpec::InfluxLine));
+    let precision = match (influx, spec.precision) {
+        (false, Some(_)) => {
+            err("precision", "only applies to encoding: influx_line".into());
+            None
+        }
+        (false, None) => None,
+        (true, p) => Some(p.unwrap_or(PrecisionSpec::Ns).compile()),
+    };
+    if let Some(p) = precision {
+        if url.query_pairs().any(|(k, _)| k == "precision") {
+            err(
+                "url",
+                "names a precision: set the precision setting instead (it is added to every request)"
+                    .into(),
+            );
+        }
+        // InfluxDB 1.x (and VictoriaMetrics' /write) call microseconds `u`; 2.x calls them `us`.
+        let v2 = url.path().trim_end_matches('/').ends_with("/api/v2/write");
+        let value = match p {
+            crate::scrape::lineproto::Precision::Us if !v2 => "u",
+            p => p.name(),
+        };
+        url.query_pairs_mut().append_pair("precision", value);
+    }
     let mut headers_ok = true;
     let mut seen = std::collections::HashSet::new();
     for (k, v) in &spec.headers {
@@ -1021,6 +1151,7 @@ fn compile_http(
             Some(EncodingSpec::JsonArray) => crate::sink::http::Encoding::JsonArray,
             Some(EncodingSpec::InfluxLine) => crate::sink::http::Encoding::InfluxLine,
         },
+        precision,
         compression: match spec.compression {
             None | Some(CompressionSpec::None) => crate::sink::http::Compression::None,
             Some(CompressionSpec::Gzip) => crate::sink::http::Compression::Gzip,
@@ -1177,7 +1308,6 @@ struct TaskCtx<'a> {
     grace: Duration,
     data_dir: &'a Path,
     streams: &'a [StreamConfig],
-    #[allow(dead_code)] // read by http_scrape (next)
     sinks: &'a [Arc<SinkConfig>],
     storage: StorageConfig,
 }
@@ -1352,6 +1482,9 @@ fn compile_task(
         TaskKind::Exec(spec) => compile_exec(spec, base, &mut err).map(Action::Exec),
         TaskKind::FileMove(spec) => {
             compile_file_move(spec, &common.name, ctx, &mut err).map(Action::FileMove)
+        }
+        TaskKind::HttpScrape(spec) => {
+            compile_scrape(*spec, &common.name, ctx, &mut err).map(Action::HttpScrape)
         }
     };
     Some(TaskDef {
@@ -1583,6 +1716,144 @@ fn compile_file_move(
         settle,
         on_conflict,
         max_files: max_files as usize,
+    })
+}
+
+fn compile_scrape(
+    spec: HttpScrapeSpec,
+    task: &str,
+    ctx: &TaskCtx<'_>,
+    err: &mut dyn FnMut(&str, String),
+) -> Option<crate::task::scrape::Scrape> {
+    use crate::scrape::json::{JsonMapping, TimeUnit, check_pointer};
+    use crate::scrape::lineproto::Precision;
+    use crate::task::scrape::{Format, Scrape};
+    let mut ok = true;
+    let url = match parse_http_url(&spec.url) {
+        Ok(u) => Some(u),
+        Err(m) => {
+            err("url", m);
+            None
+        }
+    };
+    // The precision of the stream's sink, so timestamps mean what the write URL says.
+    let precision = match ctx.stream(&spec.stream) {
+        Err(m) => {
+            err("stream", m);
+            ok = false;
+            Precision::Ns
+        }
+        Ok(st) => st
+            .sink
+            .as_deref()
+            .and_then(|name| ctx.sinks.iter().find(|s| s.name == name))
+            .and_then(|s| match &s.kind {
+                SinkKind::Http(h) => h.precision,
+                _ => None,
+            })
+            .unwrap_or(Precision::Ns),
+    };
+    let measurement = spec.measurement.unwrap_or_else(|| task.to_string());
+    let line_protocol = !matches!(spec.format, ScrapeFormatSpec::Raw);
+    if line_protocol && let Err(m) = crate::scrape::lineproto::check_measurement(&measurement) {
+        err("measurement", m);
+        ok = false;
+    }
+    if !line_protocol && !spec.tags.is_empty() {
+        err(
+            "tags",
+            "only apply to line protocol (format: prometheus or json)".into(),
+        );
+        ok = false;
+    }
+    let mut headers = Vec::with_capacity(spec.headers.len());
+    for (k, v) in spec.headers {
+        if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
+            err(&format!("headers.{k}"), "is not a valid header name".into());
+            ok = false;
+        } else if reqwest::header::HeaderValue::from_str(&v).is_err() {
+            err(
+                &format!("headers.{k}"),
+                "the value has characters a header cannot carry (control characters or non-ASCII)"
+                    .into(),
+            );
+            ok = false;
+        }
+        headers.push((k, v));
+    }
+    let max_body = spec.max_body.map_or(DEFAULT_SCRAPE_MAX_BODY, |s| s.0);
+    if max_body == 0 {
+        err("max_body", "must be positive".into());
+        ok = false;
+    }
+    let format = match (spec.format, spec.json) {
+        (ScrapeFormatSpec::Json, j) => {
+            let j = j.unwrap_or_default();
+            let mut pointer = |field: &str, p: &str| {
+                if let Err(m) = check_pointer(p) {
+                    err(field, format!("{p:?}: {m}"));
+                    ok = false;
+                }
+            };
+            if let Some(r) = &j.records {
+                pointer("json.records", r);
+            }
+            for (name, p) in &j.fields {
+                pointer(&format!("json.fields.{name}"), p);
+            }
+            for (name, p) in &j.tags {
+                pointer(&format!("json.tags.{name}"), p);
+            }
+            if let Some(t) = &j.time {
+                pointer("json.time", t);
+            }
+            if j.time.is_none() && j.time_unit.is_some() {
+                err("json.time_unit", "only applies with json.time".into());
+                ok = false;
+            }
+            let unit = match j.time_unit.unwrap_or(TimeUnitSpec::Ms) {
+                TimeUnitSpec::S => TimeUnit::S,
+                TimeUnitSpec::Ms => TimeUnit::Ms,
+                TimeUnitSpec::Ns => TimeUnit::Ns,
+                TimeUnitSpec::Rfc3339 => TimeUnit::Rfc3339,
+            };
+            Format::Json(JsonMapping {
+                records: j.records,
+                measurement: measurement.clone(),
+                fields: j.fields.into_iter().collect(),
+                tags: j.tags.into_iter().collect(),
+                time: j.time.map(|t| (t, unit)),
+            })
+        }
+        (f, Some(_)) => {
+            err(
+                "json",
+                format!(
+                    "only applies to format: json (this task is format: {})",
+                    match f {
+                        ScrapeFormatSpec::Prometheus => "prometheus",
+                        _ => "raw",
+                    }
+                ),
+            );
+            ok = false;
+            Format::Raw
+        }
+        (ScrapeFormatSpec::Prometheus, None) => Format::Prometheus,
+        (ScrapeFormatSpec::Raw, None) => Format::Raw,
+    };
+    let url = url?;
+    ok.then(|| {
+        Scrape::new(
+            url,
+            headers,
+            format,
+            spec.stream,
+            measurement,
+            spec.tags.into_iter().collect(),
+            precision,
+            max_body,
+        )
     })
 }
 

@@ -195,7 +195,7 @@ tasks:
     let expect = [
         r#"tasks[0] "rotate": schedule "61 * * * *": minute 61 out of range 0-59"#,
         r#"tasks[1] "rotate": duplicate name (first used by tasks[0])"#,
-        r#"tasks[2] "beam": type: unknown type "teleport" (one of: exec, file_move)"#,
+        r#"tasks[2] "beam": type: unknown type "teleport" (one of: exec, file_move, http_scrape)"#,
         r#"tasks[3] "zero": timeout: must be positive"#,
         r#"tasks[4] "long": timeout: 11s must be shorter than shutdown_grace (11s)"#,
         r#"tasks[5] "gone": command[0]: /nonexistent/bin/tool: no such file"#,
@@ -737,4 +737,89 @@ fn to_stream_problems_are_all_reported() {
     assert_eq!(ship.spool_dir, dir.path().join("spool/ship-scans"));
     assert_eq!(m.to, ship.spool_dir);
     assert_eq!(ship.archive.as_deref(), Some(dir.path()));
+}
+
+#[test]
+fn http_scrape_problems_are_all_reported() {
+    let p = problems(
+        r##"
+sinks:
+  v1: { type: http, url: "http://127.0.0.1:8428/write?precision=s", encoding: influx_line }
+  nd: { type: http, url: "http://127.0.0.1:9/x", precision: ms }
+streams: { m: { sink: v1 } }
+tasks:
+  - { name: a, type: http_scrape, every: 1s, url: "ftp://x/", format: prometheus, stream: nope }
+  - { name: b, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: prometheus, stream: m, json: { records: /a } }
+  - { name: c, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: json, stream: m, json: { records: "a", fields: { t: "x~2" }, time_unit: s } }
+  - { name: d, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: raw, stream: m, tags: { a: b }, max_body: 0B }
+  - { name: e, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: prometheus, stream: m, measurement: "#x", headers: { "bad header": v } }
+"##,
+    );
+    let expect = [
+        "sinks.v1.url: names a precision",
+        "sinks.nd.precision: only applies to encoding: influx_line",
+        "tasks[0] \"a\": url: \"ftp://x/\": the scheme must be http or https",
+        "tasks[0] \"a\": stream: stream \"nope\" is not defined",
+        "tasks[1] \"b\": json: only applies to format: json",
+        "tasks[2] \"c\": json.records: \"a\"",
+        "tasks[2] \"c\": json.fields.t: \"x~2\"",
+        "tasks[2] \"c\": json.time_unit: only applies with json.time",
+        "tasks[3] \"d\": tags: only apply to line protocol",
+        "tasks[3] \"d\": max_body: must be positive",
+        "tasks[4] \"e\": measurement: ",
+        "tasks[4] \"e\": headers.bad header: is not a valid header name",
+    ];
+    for e in expect {
+        assert!(
+            p.iter().any(|x| x.starts_with(e)),
+            "missing {e:?} in {p:#?}"
+        );
+    }
+    assert_eq!(p.len(), expect.len(), "{p:#?}");
+}
+
+#[test]
+fn a_scrape_takes_its_precision_from_the_sink_and_the_request_names_it() {
+    let c = load(
+        r#"
+sinks:
+  v1: { type: http, url: "http://127.0.0.1:8428/write?db=plant", encoding: influx_line, precision: us }
+  v2: { type: http, url: "http://127.0.0.1:8086/api/v2/write?org=o&bucket=b", encoding: influx_line, precision: us }
+  vm: { type: http, url: "http://127.0.0.1:8428/write", encoding: influx_line }
+streams: { a: { sink: v1 }, b: { sink: v2 }, c: { sink: vm }, d: {} }
+tasks:
+  - { name: a, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: prometheus, stream: a }
+  - { name: c, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: prometheus, stream: c, measurement: plc }
+  - { name: d, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: json, stream: d }
+"#,
+    )
+    .unwrap();
+    use crate::scrape::lineproto::Precision;
+    let url = |name: &str| match &c.sinks.iter().find(|s| s.name == name).unwrap().kind {
+        SinkKind::Http(h) => h.url.to_string(),
+        _ => unreachable!(),
+    };
+    // InfluxDB 1.x and VictoriaMetrics say `u`, 2.x says `us`; the default is explicit too.
+    assert_eq!(
+        url("v1"),
+        "http://127.0.0.1:8428/write?db=plant&precision=u"
+    );
+    assert_eq!(
+        url("v2"),
+        "http://127.0.0.1:8086/api/v2/write?org=o&bucket=b&precision=us"
+    );
+    assert_eq!(url("vm"), "http://127.0.0.1:8428/write?precision=ns");
+    let scrape = |i: usize| match &c.tasks[i].action {
+        Action::HttpScrape(s) => s,
+        _ => unreachable!(),
+    };
+    assert_eq!(scrape(0).precision, Precision::Us);
+    assert_eq!(scrape(0).measurement, "a", "the task's name by default");
+    assert_eq!(scrape(1).precision, Precision::Ns);
+    assert_eq!(scrape(1).measurement, "plc");
+    assert_eq!(
+        scrape(2).precision,
+        Precision::Ns,
+        "a stream without a sink"
+    );
 }

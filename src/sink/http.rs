@@ -30,6 +30,8 @@ pub struct HttpSpec {
     pub url: Url,
     pub method: HttpMethod,
     pub encoding: Encoding,
+    /// For `influx_line`: the records' timestamp unit, already in `url` as `precision=`.
+    pub precision: Option<crate::scrape::lineproto::Precision>,
     pub compression: Compression,
     /// Extra request headers. Values may hold credentials: never logged, redacted in `Debug`.
     pub headers: Vec<(String, String)>,
@@ -52,6 +54,7 @@ impl std::fmt::Debug for HttpSpec {
             .field("url", &self.url.as_str())
             .field("method", &self.method)
             .field("encoding", &self.encoding)
+            .field("precision", &self.precision)
             .field("compression", &self.compression)
             .field("headers", &headers)
             .field("timeout", &self.timeout)

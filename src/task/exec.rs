@@ -112,6 +112,7 @@ impl Exec {
                     stdout: String::new(),
                     stderr: String::new(),
                     files: None,
+                    records: None,
                 };
             }
         };
@@ -159,6 +160,7 @@ impl Exec {
             stdout,
             stderr,
             files: None,
+            records: None,
         }
     }
 }

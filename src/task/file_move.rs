@@ -153,6 +153,7 @@ impl FileMove {
             stdout: String::new(),
             stderr: String::new(),
             files: Some(c),
+            records: None,
         }
     }
 

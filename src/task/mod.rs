@@ -5,6 +5,7 @@
 
 pub mod exec;
 pub mod file_move;
+pub mod scrape;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +41,7 @@ pub struct RetryPolicy {
 pub enum Action {
     Exec(exec::Exec),
     FileMove(file_move::FileMove),
+    HttpScrape(scrape::Scrape),
 }
 
 impl Action {
@@ -47,6 +49,7 @@ impl Action {
         match self {
             Action::Exec(_) => "exec",
             Action::FileMove(_) => "file_move",
+            Action::HttpScrape(_) => "http_scrape",
         }
     }
 }
@@ -96,6 +99,8 @@ pub struct Attempt {
     pub stderr: String,
     /// File counts, for handlers that move files.
     pub files: Option<file_move::Counts>,
+    /// Records stored, for handlers that produce them.
+    pub records: Option<u64>,
 }
 
 /// What a run needs from its surroundings.
@@ -126,6 +131,7 @@ pub async fn run(
         let attempt = match &def.action {
             Action::Exec(e) => e.run(&def.name, due, def.timeout, ctx).await,
             Action::FileMove(m) => m.run(def.timeout, ctx).await,
+            Action::HttpScrape(s) => s.run(&def.name, def.timeout, ctx).await,
         };
         let retryable = matches!(attempt.outcome, Outcome::Failed(_) | Outcome::TimedOut);
         if !retryable || attempt_no >= def.retry.max_retry || ctx.stopping.is_cancelled() {
@@ -157,18 +163,19 @@ pub async fn run(
     let files_skipped = last.files.map(|c| c.skipped);
     let files_failed = last.files.map(|c| c.failed);
     let files_waiting = last.files.map(|c| c.waiting);
+    let records = last.records;
     match &last.outcome {
         Outcome::Ok => {
             stats.ok.fetch_add(1, Ordering::Relaxed);
             tracing::info!(
-                task = %def.name, outcome = "ok", duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting,
+                task = %def.name, outcome = "ok", duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting, records,
                 stdout = output(&last.stdout), stderr = output(&last.stderr), "task run finished"
             );
         }
         Outcome::Cancelled => {
             stats.cancelled.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
-                task = %def.name, outcome = "cancelled", duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting,
+                task = %def.name, outcome = "cancelled", duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting, records,
                 stdout = output(&last.stdout), stderr = output(&last.stderr), "task run cancelled by shutdown"
             );
         }
@@ -176,7 +183,7 @@ pub async fn run(
             stats.failed.fetch_add(1, Ordering::Relaxed);
             tracing::error!(
                 task = %def.name, outcome = last.outcome.label(), reason = failure_reason(&last),
-                duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting, stdout = output(&last.stdout), stderr = output(&last.stderr),
+                duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting, records, stdout = output(&last.stdout), stderr = output(&last.stderr),
                 "task run failed"
             );
         }

@@ -1,0 +1,214 @@
+//! The `http_scrape` handler: one GET of a (local) endpoint per run, its answer turned into records
+//! (`scrape::prometheus`, `scrape::json`, or the raw body in a JSON envelope), all carrying the
+//! scrape's time, and appended to the task's stream in one append: a scrape is stored whole or not
+//! at all, and acknowledged only once durable. A failed scrape (no answer, a status other than 2xx,
+//! an answer over `max_body`, a malformed body, a full stream) is a failed attempt with the reason;
+//! `task::run` logs, counts and retries it. It does not decide where records go after the stream
+//! (the sink does) nor when to run (the scheduler). Built by `config`, called by `task::run`.
+
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::{Attempt, Outcome, RunContext};
+use crate::scrape::json::JsonMapping;
+use crate::scrape::lineproto::Precision;
+use crate::scrape::{json, prometheus};
+
+/// How an answer becomes records.
+#[derive(Debug, Clone)]
+pub enum Format {
+    Prometheus,
+    Json(JsonMapping),
+    Raw,
+}
+
+#[derive(Debug)]
+pub struct Scrape {
+    pub url: reqwest::Url,
+    headers: Vec<(String, String)>,
+    pub format: Format,
+    pub stream: String,
+    pub measurement: String,
+    pub tags: Vec<(String, String)>,
+    /// The timestamp unit of line-protocol records (the stream's sink's `precision`).
+    pub precision: Precision,
+    pub max_body: u64,
+    /// Built at the first run (connection pool and all), then reused.
+    client: OnceLock<Result<reqwest::Client, String>>,
+}
+
+impl Scrape {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        url: reqwest::Url,
+        headers: Vec<(String, String)>,
+        format: Format,
+        stream: String,
+        measurement: String,
+        tags: Vec<(String, String)>,
+        precision: Precision,
+        max_body: u64,
+    ) -> Scrape {
+        Scrape {
+            url,
+            headers,
+            format,
+            stream,
+            measurement,
+            tags,
+            precision,
+            max_body,
+            client: OnceLock::new(),
+        }
+    }
+
+    fn client(&self) -> Result<&reqwest::Client, String> {
+        self.client
+            .get_or_init(|| {
+                crate::sink::http::install_crypto_provider();
+                let mut headers = reqwest::header::HeaderMap::new();
+                for (k, v) in &self.headers {
+                    let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+                        .map_err(|_| format!("headers.{k}: not a valid header name"))?;
+                    let mut value = reqwest::header::HeaderValue::from_str(v)
+                        .map_err(|_| format!("headers.{k}: not a valid header value"))?;
+                    value.set_sensitive(true);
+                    headers.insert(name, value);
+                }
+                reqwest::Client::builder()
+                    .no_proxy()
+                    .user_agent(crate::sink::http::USER_AGENT)
+                    .default_headers(headers)
+                    .redirect(reqwest::redirect::Policy::limited(3))
+                    .pool_max_idle_per_host(1)
+                    .build()
+                    .map_err(|e| format!("cannot build the HTTP client: {e}"))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// One scrape: GET, parse, append; within `timeout` and until colibri aborts runs.
+    pub async fn run(&self, task: &str, timeout: Duration, ctx: &RunContext) -> Attempt {
+        let started = tokio::time::Instant::now();
+        let outcome = tokio::select! {
+            r = tokio::time::timeout(timeout, self.scrape(task, started + timeout, ctx)) => match r {
+                Ok(Ok(records)) => (Outcome::Ok, Some(records)),
+                Ok(Err(reason)) => (Outcome::Failed(reason), None),
+                Err(_) => (Outcome::TimedOut, None),
+            },
+            _ = ctx.abort.cancelled() => (Outcome::Cancelled, None),
+        };
+        Attempt {
+            outcome: outcome.0,
+            exit: None,
+            pid: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            files: None,
+            records: outcome.1,
+        }
+    }
+
+    async fn scrape(
+        &self,
+        task: &str,
+        deadline: tokio::time::Instant,
+        ctx: &RunContext,
+    ) -> Result<u64, String> {
+        let store = ctx.store.as_ref().ok_or("the store is not open")?;
+        // The time the measurement was taken: what every record carries, however late it is
+        // delivered.
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|_| "the clock is before 1970")?;
+        let ts_ns = i64::try_from(now.as_nanos()).map_err(|_| "the clock is past 2262")?;
+        let shown = crate::sink::http::shown_url(&self.url);
+        let mut resp = self
+            .client()?
+            .get(self.url.clone())
+            .send()
+            .await
+            .map_err(|e| format!("GET {shown}: {}", chain(&e.without_url())))?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(format!("GET {shown} answered {status}"));
+        }
+        if resp.content_length().is_some_and(|l| l > self.max_body) {
+            return Err(format!(
+                "GET {shown}: the answer is over max_body ({} bytes)",
+                self.max_body
+            ));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| {
+            format!(
+                "GET {shown}: reading the answer: {}",
+                chain(&e.without_url())
+            )
+        })? {
+            if (body.len() + chunk.len()) as u64 > self.max_body {
+                return Err(format!(
+                    "GET {shown}: the answer is over max_body ({} bytes)",
+                    self.max_body
+                ));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let mut records = Vec::new();
+        match &self.format {
+            Format::Prometheus => {
+                let text = std::str::from_utf8(&body)
+                    .map_err(|e| format!("GET {shown}: the answer is not UTF-8: {e}"))?;
+                let opts = prometheus::PromOptions {
+                    measurement: &self.measurement,
+                    extra_tags: &self.tags,
+                    scrape_ts_ns: ts_ns,
+                    precision: self.precision,
+                };
+                prometheus::to_lines(text, &opts, &mut records)
+                    .map_err(|e| format!("GET {shown}: not Prometheus text: {e}"))?;
+            }
+            Format::Json(m) => {
+                json::to_lines(&body, m, &self.tags, ts_ns, self.precision, &mut records)
+                    .map_err(|e| format!("GET {shown}: {e}"))?;
+            }
+            Format::Raw => {
+                let envelope = serde_json::json!({
+                    "time_ms": ts_ns / 1_000_000,
+                    "task": task,
+                    "url": shown,
+                    "status": status.as_u16(),
+                    "body": String::from_utf8_lossy(&body),
+                });
+                records.push(envelope.to_string().into_bytes());
+            }
+        }
+        let n = records.len() as u64;
+        if n == 0 {
+            return Ok(0);
+        }
+        // Under `when_full: block` wait for room, but not past this attempt's timeout.
+        let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+        store
+            .append(&self.stream, records, None, Some(wait))
+            .await
+            .map_err(|e| format!("{n} records not stored: {e}"))?;
+        Ok(n)
+    }
+}
+
+/// An error and its causes on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
