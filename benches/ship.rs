@@ -69,7 +69,10 @@ fn main() {
     wait_log(&logs, "colibri started", Duration::from_secs(60));
     let spooled = Instant::now();
     while std::fs::read_dir(&from).map_or(0, |d| d.count()) > 0 {
-        assert!(spooled.elapsed() < Duration::from_secs(300), "files not spooled");
+        assert!(
+            spooled.elapsed() < Duration::from_secs(300),
+            "files not spooled"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     println!(
@@ -106,7 +109,10 @@ fn main() {
         let name = cd[start..start + cd[start..].find('"').expect("quote")].to_string();
         got.insert(name, (r.wire_len as u64, r.sha256.clone().expect("digest")));
     }
-    let intact = expected.iter().filter(|(n, v)| got.get(*n) == Some(v)).count();
+    let intact = expected
+        .iter()
+        .filter(|(n, v)| got.get(*n) == Some(v))
+        .count();
     let refused = rx
         .requests()
         .iter()

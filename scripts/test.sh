@@ -18,6 +18,8 @@ for pair in "${APT_NEEDS[@]}"; do
   cmd="${pair%%:*}" pkg="${pair##*:}"
   command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# Named time zones are read from the system's tz database (the schedule and zone tests use it).
+[[ -e /usr/share/zoneinfo/Europe/Berlin ]] || missing+=("tzdata")
 if ((${#missing[@]})); then
   echo "==> installing Debian packages: ${missing[*]}"
   SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"

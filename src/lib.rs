@@ -18,3 +18,4 @@ pub mod sink;
 pub mod store;
 pub mod tail;
 pub mod task;
+pub mod zone;

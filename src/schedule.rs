@@ -32,11 +32,12 @@ pub enum Offset {
 }
 
 /// The time zone a cron expression is read in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Zone {
     /// The machine's zone (`TZ`, else `/etc/localtime`).
     Local,
-    Named(chrono_tz::Tz),
+    /// A zone of the tz database, read once at load time.
+    Named(crate::zone::NamedZone),
 }
 
 /// A validated crontab expression. Only the text is kept: a parsed `croner::Cron` holds about 6 KB
@@ -62,13 +63,13 @@ impl CronSchedule {
         // Parsed successfully when the config was compiled, so this cannot fail; None is the safe
         // answer regardless ("never due").
         let cron: Cron = parser().parse(&self.expr).ok()?;
-        match self.zone {
+        match &self.zone {
             Zone::Local => cron
                 .find_next_occurrence(&after.with_timezone(&Local), false)
                 .ok()
                 .map(|t| t.with_timezone(&Utc)),
             Zone::Named(tz) => cron
-                .find_next_occurrence(&after.with_timezone(&tz), false)
+                .find_next_occurrence(&after.with_timezone(tz), false)
                 .ok()
                 .map(|t| t.with_timezone(&Utc)),
         }
@@ -95,7 +96,7 @@ impl Offset {
 impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Schedule::Cron(c) => match c.zone {
+            Schedule::Cron(c) => match &c.zone {
                 Zone::Local => write!(f, "{}", c.text),
                 Zone::Named(tz) => write!(f, "{} ({tz})", c.text),
             },
@@ -209,10 +210,12 @@ fn check_field(field: &str, name: &str, lo: u32, hi: u32) -> Result<(), String> 
 mod tests {
     use super::*;
     use chrono::{Datelike, TimeZone, Timelike, Weekday};
-    use chrono_tz::{America::New_York, Europe::Berlin};
+    fn zone(name: &str) -> crate::zone::NamedZone {
+        crate::zone::NamedZone::load(name).expect("the machine's tz database has it")
+    }
 
-    fn cron(text: &str, tz: chrono_tz::Tz) -> CronSchedule {
-        match parse_cron(text, Zone::Named(tz)).unwrap() {
+    fn cron(text: &str, tz: &str) -> CronSchedule {
+        match parse_cron(text, Zone::Named(zone(tz))).unwrap() {
             Schedule::Cron(c) => c,
             other => panic!("not a cron schedule: {other:?}"),
         }
@@ -242,17 +245,17 @@ mod tests {
     fn weekday_numbers_follow_crontab() {
         // 2026-11-30 is a Monday.
         let start = utc(2026, 11, 29, 12, 0, 0); // Sunday noon UTC
-        let mon = cron("0 0 * * 1", chrono_tz::UTC).next_after(start).unwrap();
+        let mon = cron("0 0 * * 1", "UTC").next_after(start).unwrap();
         assert_eq!(mon.weekday(), Weekday::Mon);
         for sunday in ["0 0 * * 0", "0 0 * * 7", "0 0 * * SUN", "0 0 * * sun"] {
-            let t = cron(sunday, chrono_tz::UTC).next_after(start).unwrap();
+            let t = cron(sunday, "UTC").next_after(start).unwrap();
             assert_eq!(t.weekday(), Weekday::Sun, "{sunday}");
         }
     }
 
     #[test]
     fn names_and_ranges() {
-        let c = cron("30 8 * * MON-FRI", chrono_tz::UTC);
+        let c = cron("30 8 * * MON-FRI", "UTC");
         let days: Vec<Weekday> = fires(&c, utc(2026, 11, 30, 0, 0, 0), utc(2026, 12, 7, 0, 0, 0))
             .iter()
             .map(|t| t.weekday())
@@ -267,7 +270,7 @@ mod tests {
                 Weekday::Fri
             ]
         );
-        let c = cron("0 0 1 JAN,jul *", chrono_tz::UTC);
+        let c = cron("0 0 1 JAN,jul *", "UTC");
         let t = c.next_after(utc(2026, 2, 1, 0, 0, 0)).unwrap();
         assert_eq!((t.month(), t.day()), (7, 1));
     }
@@ -275,7 +278,7 @@ mod tests {
     #[test]
     fn day_of_month_or_day_of_week_as_in_crontab() {
         // crontab(5): when both are restricted, either matching is enough.
-        let c = cron("0 0 13 * FRI", chrono_tz::UTC);
+        let c = cron("0 0 13 * FRI", "UTC");
         let f = fires(&c, utc(2026, 11, 1, 0, 0, 0), utc(2026, 12, 1, 0, 0, 0));
         // Fridays in Nov 2026: 6, 13, 20, 27; plus the 13th (itself a Friday).
         let days: Vec<u32> = f.iter().map(|t| t.day()).collect();
@@ -285,16 +288,16 @@ mod tests {
     #[test]
     fn macros() {
         let start = utc(2026, 11, 30, 10, 20, 0);
-        let h = cron("@hourly", chrono_tz::UTC).next_after(start).unwrap();
+        let h = cron("@hourly", "UTC").next_after(start).unwrap();
         assert_eq!(h, utc(2026, 11, 30, 11, 0, 0));
-        let d = cron("@daily", chrono_tz::UTC).next_after(start).unwrap();
+        let d = cron("@daily", "UTC").next_after(start).unwrap();
         assert_eq!(d, utc(2026, 12, 1, 0, 0, 0));
-        assert_eq!(cron("@midnight", chrono_tz::UTC).next_after(start), Some(d));
-        let w = cron("@weekly", chrono_tz::UTC).next_after(start).unwrap();
+        assert_eq!(cron("@midnight", "UTC").next_after(start), Some(d));
+        let w = cron("@weekly", "UTC").next_after(start).unwrap();
         assert_eq!(w, utc(2026, 12, 6, 0, 0, 0));
-        let m = cron("@monthly", chrono_tz::UTC).next_after(start).unwrap();
+        let m = cron("@monthly", "UTC").next_after(start).unwrap();
         assert_eq!(m, utc(2026, 12, 1, 0, 0, 0));
-        let y = cron("@yearly", chrono_tz::UTC).next_after(start).unwrap();
+        let y = cron("@yearly", "UTC").next_after(start).unwrap();
         assert_eq!(y, utc(2027, 1, 1, 0, 0, 0));
         assert!(matches!(
             parse_cron("@reboot", Zone::Local),
@@ -309,7 +312,7 @@ mod tests {
 
     #[test]
     fn optional_seconds_field() {
-        let c = cron("*/15 * * * * *", chrono_tz::UTC);
+        let c = cron("*/15 * * * * *", "UTC");
         let f = fires(&c, utc(2026, 1, 1, 0, 0, 0), utc(2026, 1, 1, 0, 1, 0));
         let secs: Vec<u32> = f.iter().map(|t| t.second()).collect();
         assert_eq!(secs, [0, 15, 30, 45]);
@@ -339,7 +342,7 @@ mod tests {
     /// Europe/Berlin springs forward on 2026-03-29 at 02:00 CET (01:00 UTC) to 03:00 CEST.
     #[test]
     fn berlin_spring_forward_runs_a_skipped_time_once() {
-        let c = cron("30 2 * * *", Berlin);
+        let c = cron("30 2 * * *", "Europe/Berlin");
         let f = fires(&c, utc(2026, 3, 28, 0, 0, 0), utc(2026, 3, 31, 0, 0, 0));
         assert_eq!(
             f,
@@ -354,7 +357,7 @@ mod tests {
     /// Europe/Berlin falls back on 2026-10-25 at 03:00 CEST (01:00 UTC) to 02:00 CET.
     #[test]
     fn berlin_fall_back_runs_a_repeated_time_once() {
-        let c = cron("30 2 * * *", Berlin);
+        let c = cron("30 2 * * *", "Europe/Berlin");
         let f = fires(&c, utc(2026, 10, 24, 0, 0, 0), utc(2026, 10, 27, 0, 0, 0));
         assert_eq!(
             f,
@@ -365,7 +368,7 @@ mod tests {
             ]
         );
         // A job that runs every 30 minutes keeps running every 30 real minutes through the repeat.
-        let c = cron("*/30 * * * *", Berlin);
+        let c = cron("*/30 * * * *", "Europe/Berlin");
         let f = fires(&c, utc(2026, 10, 24, 23, 0, 0), utc(2026, 10, 25, 2, 0, 0));
         let gaps: Vec<i64> = f.windows(2).map(|w| (w[1] - w[0]).num_minutes()).collect();
         assert_eq!(f.len(), 6);
@@ -375,7 +378,7 @@ mod tests {
     /// America/New_York springs forward on 2026-03-08 at 02:00 EST (07:00 UTC) to 03:00 EDT.
     #[test]
     fn new_york_spring_forward() {
-        let c = cron("30 2 * * *", New_York);
+        let c = cron("30 2 * * *", "America/New_York");
         let f = fires(&c, utc(2026, 3, 7, 0, 0, 0), utc(2026, 3, 10, 0, 0, 0));
         assert_eq!(
             f,
@@ -386,11 +389,11 @@ mod tests {
             ]
         );
         // A daily job outside the gap is not disturbed.
-        let c = cron("0 9 * * *", New_York);
+        let c = cron("0 9 * * *", "America/New_York");
         let f = fires(&c, utc(2026, 3, 7, 0, 0, 0), utc(2026, 3, 10, 0, 0, 0));
         let local: Vec<u32> = f
             .iter()
-            .map(|t| t.with_timezone(&New_York).hour())
+            .map(|t| t.with_timezone(&zone("America/New_York")).hour())
             .collect();
         assert_eq!(local, [9, 9, 9]);
     }
@@ -398,7 +401,7 @@ mod tests {
     /// America/New_York falls back on 2026-11-01 at 02:00 EDT (06:00 UTC) to 01:00 EST.
     #[test]
     fn new_york_fall_back() {
-        let c = cron("30 1 * * *", New_York);
+        let c = cron("30 1 * * *", "America/New_York");
         let f = fires(&c, utc(2026, 10, 31, 0, 0, 0), utc(2026, 11, 3, 0, 0, 0));
         assert_eq!(
             f,

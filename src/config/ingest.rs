@@ -4,10 +4,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::units::{Dur, Size, de_opt_u32, u32_schema};
+#[cfg(feature = "schema")]
+use super::units::u32_schema;
+use super::units::{Dur, Size, de_opt_u32};
 use crate::ingest::{IngestConfig, Token};
 
 /// Defaults, also named in the field docs below and in `schemas/openapi.yaml`.
@@ -29,7 +30,8 @@ const MAX_WAIT: Duration = Duration::from_secs(60);
 /// The local ingest API: programs on this machine POST records to streams over HTTP
 /// (`POST /v1/streams/{stream}/records`, see schemas/openapi.yaml). Off unless `listen` is set.
 /// A request is answered 200 only once its records are on disk.
-#[derive(Default, Deserialize, JsonSchema)]
+#[derive(Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct IngestSpec {
     /// Address to listen on, e.g. `127.0.0.1:9465` or `[::1]:9465`. Unset or empty: ingest is off.
@@ -46,12 +48,12 @@ pub struct IngestSpec {
     pub token: Option<String>,
     /// Open client connections at most; more wait in the listen backlog. Default 256.
     #[serde(default, deserialize_with = "de_opt_u32")]
-    #[schemars(schema_with = "u32_schema")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_connections: Option<u32>,
     /// Requests read and stored at once (each holds up to about twice `max_body` in memory); more
     /// wait for a turn without being read. Default 16.
     #[serde(default, deserialize_with = "de_opt_u32")]
-    #[schemars(schema_with = "u32_schema")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_requests: Option<u32>,
     /// Longest time a client may take to send a request's headers, and then its body; also how
     /// long an idle kept-alive connection stays open. A request whose body is slower gets 408; a

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "schema")]
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
@@ -29,22 +30,25 @@ use crate::sink::{LinkSpec, Probe, SinkConfig, SinkKind, SinkRetry};
 use crate::store::{BatchConfig, StorageConfig, StreamConfig, WhenFull};
 use crate::task::file_move::{FileMove, OnConflict};
 use crate::task::{Action, RetryPolicy, TaskDef, exec::Exec};
-use units::{Dur, Size, de_u32, u32_schema};
+#[cfg(feature = "schema")]
+use units::u32_schema;
+use units::{Dur, Size, de_u32};
 
 // ---------------------------------------------------------------------------------------------------
 // The file's shape. Field docs become the schema's descriptions, which editors show on hover.
 
 /// colibri's configuration file.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
-#[schemars(title = "colibri configuration")]
+#[cfg_attr(feature = "schema", schemars(title = "colibri configuration"))]
 pub struct FileSpec {
     /// Directory for colibri's queues and state. Relative paths are read from the config file's directory.
     #[serde(default = "default_data_dir")]
     pub data_dir: String,
     /// How many task runs may execute at once; runs that find every worker busy wait for one.
     #[serde(default = "default_workers", deserialize_with = "de_u32")]
-    #[schemars(schema_with = "u32_schema")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub workers: u32,
     /// On SIGTERM, how long running tasks may take to finish before they are killed. Every task's
     /// timeout must be shorter.
@@ -75,7 +79,8 @@ pub struct FileSpec {
 }
 
 /// A destination for a stream's jobs.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SinkSpec {
     /// Each job becomes one file in `path` (`<stream>-<job id>.ndjson`, a record per line), written
@@ -100,7 +105,8 @@ pub enum SinkSpec {
 }
 
 /// `type: http` settings.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct HttpSinkSpec {
     /// Where requests go: an `http://` or `https://` URL.
@@ -128,7 +134,7 @@ pub struct HttpSinkSpec {
     pub timeout: Option<Dur>,
     /// Requests in flight at once, 1-64. Default 1, which keeps strict order.
     #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[schemars(schema_with = "u32_schema")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub concurrency: Option<u32>,
     #[serde(default)]
     pub tls: TlsSpec,
@@ -142,14 +148,16 @@ pub struct HttpSinkSpec {
     pub replay_rate: Option<Size>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum HttpMethodSpec {
     Post,
     Put,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum EncodingSpec {
     /// A record per line, `application/x-ndjson`.
@@ -160,7 +168,8 @@ pub enum EncodingSpec {
     InfluxLine,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum PrecisionSpec {
     Ns,
@@ -181,7 +190,8 @@ impl PrecisionSpec {
     }
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum CompressionSpec {
     None,
@@ -190,7 +200,8 @@ pub enum CompressionSpec {
 }
 
 /// TLS for `https://` URLs (rustls; the system's roots unless `ca_file` is set).
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TlsSpec {
     /// PEM bundle of the CAs to trust instead of the system's. Relative to the config file.
@@ -208,7 +219,8 @@ pub struct TlsSpec {
 }
 
 /// When the destination counts as unreachable and how it is probed until it answers.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LinkSpecFile {
     /// `tcp` (default: connect to the URL's host and port) or `http` (a GET of `probe_url`, or of
@@ -220,7 +232,7 @@ pub struct LinkSpecFile {
     pub probe_url: Option<String>,
     /// Consecutive requests without an answer that turn the link down. Default 3.
     #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[schemars(schema_with = "u32_schema")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub down_after: Option<u32>,
     /// First probe delay; then doubling with jitter. Default 1s.
     #[serde(default)]
@@ -230,7 +242,8 @@ pub struct LinkSpecFile {
     pub backoff_cap: Option<Dur>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ProbeSpec {
     Tcp,
@@ -238,7 +251,8 @@ pub enum ProbeSpec {
 }
 
 /// How failed deliveries are retried.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RetrySpec {
     /// First retry delay; attempt n waits `base * 2^n * (0.5 + random)`, at most `cap`. Default 1s.
@@ -249,12 +263,13 @@ pub struct RetrySpec {
     pub cap: Option<Dur>,
     /// Attempts before a job goes to the dead letters. Default 8.
     #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[schemars(schema_with = "u32_schema")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_attempts: Option<u32>,
 }
 
 /// Global storage limits.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct StorageSpec {
     /// Most bytes of queued jobs (ready, retry and dead, all streams together). Default 2GiB.
@@ -267,7 +282,8 @@ pub struct StorageSpec {
 }
 
 /// One stream: a bounded, durable FIFO of transfer jobs.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct StreamSpec {
     /// The sink the stream is delivered to (a name under `sinks:`). A stream without one only queues.
@@ -278,7 +294,7 @@ pub struct StreamSpec {
     pub batch: BatchSpec,
     /// Most jobs queued (ready and retry). Default 100000.
     #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[schemars(schema_with = "u32_schema")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_jobs: Option<u32>,
     /// Most bytes queued (ready and retry). Default 256MiB.
     #[serde(default)]
@@ -295,12 +311,13 @@ pub struct StreamSpec {
     pub dead_letter: DeadLetterSpec,
 }
 
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct BatchSpec {
     /// Most records in one job. Default 1000.
     #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[schemars(schema_with = "u32_schema")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_records: Option<u32>,
     /// Most bytes of records in one job. Default 1MiB.
     #[serde(default)]
@@ -310,7 +327,8 @@ pub struct BatchSpec {
     pub linger: Option<Dur>,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum WhenFullSpec {
     #[default]
@@ -319,12 +337,13 @@ pub enum WhenFullSpec {
     DropNewest,
 }
 
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DeadLetterSpec {
     /// Most dead jobs kept; beyond it the oldest is deleted and counted. Default 10000.
     #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[schemars(schema_with = "u32_schema")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_jobs: Option<u32>,
 }
 
@@ -339,7 +358,8 @@ fn default_grace() -> Dur {
 }
 
 /// Logging settings.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LogSpec {
     /// The least severe level written.
@@ -350,7 +370,8 @@ pub struct LogSpec {
     pub format: LogFormat,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum LogLevel {
     Error,
@@ -361,7 +382,8 @@ pub enum LogLevel {
     Trace,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
@@ -372,7 +394,8 @@ pub enum LogFormat {
 /// One scheduled task: the fields every task has, plus those of its `type`.
 // `compile_task` reads the two halves separately so each can reject unknown keys, which `flatten`
 // cannot; this struct exists for the schema.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TaskSpec {
     #[serde(flatten)]
     pub common: TaskCommon,
@@ -381,7 +404,8 @@ pub struct TaskSpec {
 }
 
 /// Fields shared by every task type. Keep [`COMMON_KEYS`] in step (a test checks).
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TaskCommon {
     /// Unique name: letters, digits, `-`, `_` and `.`. It appears in every log line of the task.
@@ -408,7 +432,7 @@ pub struct TaskCommon {
     pub timeout: Option<Dur>,
     /// Extra attempts after a failure (non-zero exit, timeout). Default 0.
     #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[schemars(schema_with = "u32_schema")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_retry: Option<u32>,
     /// First retry delay; attempt n waits `retry_base * 2^n * (0.5 + random)`, at most `retry_cap`.
     /// Default 1s.
@@ -455,6 +479,7 @@ impl<'de> Deserialize<'de> for OffsetSpec {
     }
 }
 
+#[cfg(feature = "schema")]
 impl JsonSchema for OffsetSpec {
     fn schema_name() -> std::borrow::Cow<'static, str> {
         "Offset".into()
@@ -466,7 +491,8 @@ impl JsonSchema for OffsetSpec {
 }
 
 /// The task types. A closed set: each variant is a handler in `task::`.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TaskKind {
     /// Run a program. No shell is involved unless the command names one (`["sh", "-c", "..."]`).
@@ -483,7 +509,8 @@ pub enum TaskKind {
 
 const TASK_TYPES: &str = "exec, file_move, http_scrape";
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct HttpScrapeSpec {
     /// What to GET: an `http://` or `https://` URL.
@@ -513,7 +540,8 @@ pub struct HttpScrapeSpec {
     pub json: Option<JsonMappingSpec>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ScrapeFormatSpec {
     Prometheus,
@@ -523,7 +551,8 @@ pub enum ScrapeFormatSpec {
 
 /// How a JSON answer becomes line-protocol records. Pointers are RFC 6901 (`/data/items`, `~1` for a
 /// `/` in a key).
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct JsonMappingSpec {
     /// Pointer to an array (one record per element) or to one object. Default: the whole document
@@ -545,7 +574,8 @@ pub struct JsonMappingSpec {
     pub time_unit: Option<TimeUnitSpec>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum TimeUnitSpec {
     S,
@@ -556,7 +586,8 @@ pub enum TimeUnitSpec {
 
 const DEFAULT_SCRAPE_MAX_BODY: u64 = 16 << 20;
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ExecSpec {
     /// The program and its arguments. A program named by an absolute path must exist and be
@@ -573,7 +604,8 @@ pub struct ExecSpec {
     pub cwd: Option<String>,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct FileMoveSpec {
     /// The directory files are taken from (not recursive). Must exist when the config is loaded.
@@ -612,11 +644,12 @@ pub struct FileMoveSpec {
     pub on_conflict: Option<OnConflictSpec>,
     /// At most this many files per run (oldest first); the rest wait for the next run. Default 1000.
     #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[schemars(schema_with = "u32_schema")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_files: Option<u32>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum OnConflictSpec {
     Rename,
@@ -644,6 +677,7 @@ impl<'de> Deserialize<'de> for Scalar {
     }
 }
 
+#[cfg(feature = "schema")]
 impl JsonSchema for Scalar {
     fn schema_name() -> std::borrow::Cow<'static, str> {
         "Scalar".into()
@@ -653,12 +687,22 @@ impl JsonSchema for Scalar {
     }
 }
 
-/// The JSON Schema of the file, as committed in `schemas/colibri.schema.json`.
+/// The JSON Schema of the file, as committed in `schemas/colibri.schema.json`: generated from the
+/// types above.
+#[cfg(feature = "schema")]
 pub fn json_schema() -> String {
     let schema = schemars::schema_for!(FileSpec);
     let mut text = serde_json::to_string_pretty(&schema).expect("a schema is plain JSON");
     text.push('\n');
     text
+}
+
+/// The JSON Schema of the file. A build without the `schema` feature (the release binary, to stay
+/// within its size budget) carries the committed copy, which a test keeps identical to the generated
+/// one.
+#[cfg(not(feature = "schema"))]
+pub fn json_schema() -> String {
+    include_str!("../../schemas/colibri.schema.json").to_string()
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1387,15 +1431,10 @@ fn compile_task(
 
     let zone = match &common.tz {
         None => Zone::Local,
-        Some(tz) => match tz.parse::<chrono_tz::Tz>() {
+        Some(tz) => match crate::zone::NamedZone::load(tz) {
             Ok(z) => Zone::Named(z),
-            Err(_) => {
-                err(
-                    "tz",
-                    format!(
-                        "unknown time zone {tz:?} (use an IANA name such as Europe/Berlin or UTC)"
-                    ),
-                );
+            Err(m) => {
+                err("tz", m);
                 Zone::Local
             }
         },

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::units::{Dur, Size, de_opt_u32, u32_schema};
+#[cfg(feature = "schema")]
+use super::units::u32_schema;
+use super::units::{Dur, Size, de_opt_u32};
 use crate::tail::lines::MultilineConfig;
 use crate::tail::record::{Filter, Level};
 use crate::tail::{Exclude, StartAt, TailConfig, WatchMode};
@@ -18,7 +19,8 @@ use crate::tail::{Exclude, StartAt, TailConfig, WatchMode};
 const MAX_LINE_LIMIT: u64 = 16 << 20;
 
 /// Something that produces records for a stream on its own.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceSpec {
     /// Follows log files: each line (or multiline group) becomes one JSON record
@@ -28,7 +30,8 @@ pub enum SourceSpec {
     Tail(Box<TailSpec>),
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TailSpec {
     /// The stream the lines go to.
@@ -92,7 +95,8 @@ fn yes() -> bool {
     true
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum StartAtSpec {
     #[default]
@@ -100,7 +104,8 @@ pub enum StartAtSpec {
     End,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum WatchSpec {
     #[default]
@@ -108,7 +113,8 @@ pub enum WatchSpec {
     Poll,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum LevelSpec {
     Trace,
@@ -120,7 +126,8 @@ pub enum LevelSpec {
 }
 
 /// Lines that belong together.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct MultilineSpec {
     /// A regular expression: a line matching it starts a new record; lines that do not are added to
@@ -128,7 +135,7 @@ pub struct MultilineSpec {
     pub start: String,
     /// Most lines in one record; further lines start the next record. Default 500.
     #[serde(default, deserialize_with = "de_opt_u32")]
-    #[schemars(schema_with = "u32_schema")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_lines: Option<u32>,
     /// Most bytes in one record; a line that would pass it starts the next record. Default 1MiB.
     #[serde(default)]

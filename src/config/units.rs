@@ -6,6 +6,7 @@
 use std::fmt;
 use std::time::Duration;
 
+#[cfg(feature = "schema")]
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer};
 
@@ -168,6 +169,7 @@ impl<'de> Deserialize<'de> for Dur {
     }
 }
 
+#[cfg(feature = "schema")]
 impl JsonSchema for Dur {
     fn schema_name() -> std::borrow::Cow<'static, str> {
         "Duration".into()
@@ -198,6 +200,7 @@ impl<'de> Deserialize<'de> for Size {
     }
 }
 
+#[cfg(feature = "schema")]
 impl JsonSchema for Size {
     fn schema_name() -> std::borrow::Cow<'static, str> {
         "Size".into()
@@ -232,6 +235,7 @@ pub fn de_opt_u32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Err
 }
 
 /// Schema of a field read by [`de_u32`]: an integer, or a string holding `${VAR}`.
+#[cfg(feature = "schema")]
 pub fn u32_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "anyOf": [

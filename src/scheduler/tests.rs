@@ -36,7 +36,11 @@ fn every(secs: u64) -> Schedule {
 }
 
 fn cron(expr: &str) -> Schedule {
-    parse_cron(expr, Zone::Named(chrono_tz::UTC)).unwrap()
+    parse_cron(
+        expr,
+        Zone::Named(crate::zone::NamedZone::load("UTC").unwrap()),
+    )
+    .unwrap()
 }
 
 /// A pair of clock readings that advance together, with a wall clock that can jump.
