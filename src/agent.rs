@@ -97,7 +97,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         second = async { tokio::select! { _ = sigterm.recv() => "SIGTERM", _ = sigint.recv() => "SIGINT" } } => {
             let n = ctx.groups.signal_all(libc::SIGKILL);
             tracing::error!(signal = second, killed_groups = n, "second signal: exiting now");
-            std::process::exit(EXIT_FORCED);
+            crate::logging::exit(EXIT_FORCED);
         }
     }
 }

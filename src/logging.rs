@@ -1,14 +1,33 @@
-//! Logging through `tracing` to stderr: text for a person at a terminal (colour only when stderr is a
-//! terminal), JSON lines for machines and journald pipelines. Installed once by the CLI before the agent
-//! starts; everything else only emits events.
+//! Logging through `tracing`: to stderr by default (text for a person at a terminal, colour only
+//! when stderr is a terminal; JSON lines for machines and journald pipelines), or, with `log.file`,
+//! to a file that a thread of its own writes and rotates (`file`), for boxes without journald.
+//! Installed once by the CLI before the agent starts, together with a panic hook that logs the panic
+//! and flushes; `flush` and `exit` make sure the last events are in the file before the process
+//! ends. Everything else only emits events; this module does not decide what is logged.
+
+mod file;
 
 use std::io::IsTerminal;
+use std::sync::OnceLock;
+use std::time::Duration;
 
+use tracing::Dispatch;
 use tracing::level_filters::LevelFilter;
+use tracing_subscriber::fmt::MakeWriter;
 
 use crate::config::{LogFormat, LogLevel};
 
-pub fn init(level: LogLevel, format: LogFormat) {
+pub use file::LogFile;
+
+/// The longest [`flush`] waits for the writer thread: a stop must not hang on a dead disk.
+const FLUSH_WAIT: Duration = Duration::from_secs(2);
+
+/// The file writer of the installed subscriber, when `log.file` is set.
+static FILE: OnceLock<file::FileWriter> = OnceLock::new();
+
+/// Installs the subscriber and the panic hook. With `file`, events go there only; the error is
+/// the file's (or the writer thread's) that could not be opened (started).
+pub fn init(level: LogLevel, format: LogFormat, file: Option<&LogFile>) -> std::io::Result<()> {
     let level = match level {
         LogLevel::Error => LevelFilter::ERROR,
         LogLevel::Warn => LevelFilter::WARN,
@@ -16,26 +35,86 @@ pub fn init(level: LogLevel, format: LogFormat) {
         LogLevel::Debug => LevelFilter::DEBUG,
         LogLevel::Trace => LevelFilter::TRACE,
     };
-    let builder = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(std::io::stderr)
-        .with_target(false);
     JSON.store(
         format == LogFormat::Json,
         std::sync::atomic::Ordering::Relaxed,
     );
-    // A second init (tests that run the agent in-process) keeps the first subscriber.
-    let _ = match format {
-        LogFormat::Text => builder
-            .with_ansi(std::io::stderr().is_terminal())
-            .try_init(),
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
-            .try_init(),
+    let (subscriber, writer) = match file {
+        None => (
+            dispatch(
+                level,
+                format,
+                std::io::stderr().is_terminal(),
+                std::io::stderr,
+            ),
+            None,
+        ),
+        Some(spec) => {
+            let writer = file::start(spec.clone(), format, file::CAPACITY)?;
+            (dispatch(level, format, false, writer.clone()), Some(writer))
+        }
     };
+    // A second init (tests that run the agent in-process) keeps the first subscriber.
+    if tracing::dispatcher::set_global_default(subscriber).is_ok()
+        && let Some(w) = writer
+    {
+        let _ = FILE.set(w);
+    }
+    install_panic_hook(file.is_some());
+    Ok(())
+}
+
+/// The subscriber for `format`; `ansi` (colour) only applies to text.
+fn dispatch<W>(level: LevelFilter, format: LogFormat, ansi: bool, writer: W) -> Dispatch
+where
+    W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(writer)
+        .with_target(false);
+    match format {
+        LogFormat::Text => Dispatch::new(builder.with_ansi(ansi).finish()),
+        LogFormat::Json => Dispatch::new(
+            builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false)
+                .finish(),
+        ),
+    }
+}
+
+/// A panic (redb on a damaged page, or a bug) is logged like any other event, so JSON logs stay
+/// one object per line, and flushed, so it is in the file even when the process dies of it. With
+/// a file, Rust's default hook runs afterwards and prints it on stderr too (the supervisor's log);
+/// without one stderr is the log, and gets the event only.
+fn install_panic_hook(to_file: bool) {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let backtrace = std::backtrace::Backtrace::capture();
+        // `info` reads "panicked at <file>:<line>:<column>:\n<message>".
+        tracing::error!(panic = %info, backtrace = %backtrace, "panic");
+        flush();
+        if to_file {
+            default(info);
+        }
+    }));
+}
+
+/// Writes out every event queued so far and fdatasyncs the log file, waiting for it at most 2 s.
+/// Does nothing when logs go to stderr (unbuffered). Called before every exit of `colibri run`.
+pub fn flush() {
+    if let Some(w) = FILE.get() {
+        w.flush(FLUSH_WAIT);
+    }
+}
+
+/// [`flush`], then `std::process::exit(code)`: for exits that skip the normal return path.
+pub fn exit(code: i32) -> ! {
+    flush();
+    std::process::exit(code)
 }
 
 static JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

@@ -87,41 +87,53 @@ pub fn main() -> ExitCode {
             }
         },
         Command::Run(args) => {
-            let config = match config::load(&args.config) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            crate::logging::init(config.log_level, config.log_format);
-            // A panic (redb on a damaged page, or a bug) is logged like any other event, so JSON
-            // logs stay one object per line.
-            std::panic::set_hook(Box::new(|info| {
-                let backtrace = std::backtrace::Backtrace::capture();
-                tracing::error!(panic = %info, backtrace = %backtrace, "panic");
-            }));
-            release_freed_memory();
-            // One thread: task runs are child processes and timers, so a single event loop keeps
-            // memory and idle wake-ups at their minimum.
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("error: cannot start the async runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(crate::agent::run(config)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!("{e:#}");
-                    eprintln!("error: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            let code = run(&args);
+            // Every return of `run` passes here, so the last events (an ERROR before the stop
+            // included) are in the log file before the process ends.
+            crate::logging::flush();
+            code
+        }
+    }
+}
+
+/// `colibri run`. The runtime is dropped before this returns, so what its shutdown logs is
+/// flushed too.
+fn run(args: &ConfigArg) -> ExitCode {
+    let config = match config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = crate::logging::init(
+        config.log_level,
+        config.log_format,
+        config.log_file.as_ref(),
+    ) {
+        // Only a log file can fail (to open, or its writer thread to start).
+        eprintln!("error: log.file: {e}");
+        return ExitCode::FAILURE;
+    }
+    release_freed_memory();
+    // One thread: task runs are child processes and timers, so a single event loop keeps
+    // memory and idle wake-ups at their minimum.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(crate::agent::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -147,7 +159,16 @@ pub fn summary(c: &Config) -> String {
     let _ = writeln!(out, "  data_dir        {}", c.data_dir.display());
     let _ = writeln!(out, "  workers         {}", c.workers);
     let _ = writeln!(out, "  shutdown_grace  {}", fmt_duration(c.shutdown_grace));
-    let log = format!("{:?}, {:?}", c.log_level, c.log_format).to_lowercase();
+    let mut log = format!("{:?}, {:?}", c.log_level, c.log_format).to_lowercase();
+    if let Some(f) = &c.log_file {
+        let _ = write!(
+            log,
+            ", to {} (rotated at {}, {} kept)",
+            f.path.display(),
+            fmt_size(f.max_size),
+            f.max_files
+        );
+    }
     let _ = writeln!(out, "  log             {log}");
     if !c.streams.is_empty() {
         let _ = writeln!(

@@ -25,6 +25,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
+use crate::logging::LogFile;
 use crate::schedule::{self, Offset, Schedule, Zone};
 use crate::sink::{LinkSpec, Probe, SinkConfig, SinkKind, SinkRetry};
 use crate::store::{BatchConfig, StorageConfig, StreamConfig, WhenFull};
@@ -54,7 +55,7 @@ pub struct FileSpec {
     /// timeout must be shorter.
     #[serde(default = "default_grace")]
     pub shutdown_grace: Dur,
-    /// Logging to stderr.
+    /// Logging: to stderr, or to a file colibri rotates by size.
     #[serde(default)]
     pub log: LogSpec,
     /// The data directory's disk budget, shared by every stream.
@@ -368,7 +369,25 @@ pub struct LogSpec {
     /// `text` for people at a terminal, `json` (one object per line) for machines.
     #[serde(default)]
     pub format: LogFormat,
+    /// Write events to this file instead of stderr, for machines without journald. The directory
+    /// must exist: colibri does not create it. The file is created with mode 0640 and appended to.
+    /// Relative paths are read from the config file's directory.
+    #[serde(default)]
+    pub file: Option<String>,
+    /// With `file`: rotate when the next event would take the file past this size (at least
+    /// 64KiB). Default 50MiB.
+    #[serde(default)]
+    pub max_size: Option<Size>,
+    /// With `file`: rotated files kept, `<file>.1` the newest to `<file>.<max_files>` the oldest;
+    /// older ones are deleted. Default 10.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub max_files: Option<u32>,
 }
+
+const DEFAULT_LOG_MAX_SIZE: u64 = 50 << 20;
+const MIN_LOG_MAX_SIZE: u64 = 64 << 10;
+const DEFAULT_LOG_MAX_FILES: u32 = 10;
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -717,6 +736,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     pub log_level: LogLevel,
     pub log_format: LogFormat,
+    /// Where events go instead of stderr, and its rotation.
+    pub log_file: Option<LogFile>,
     pub storage: StorageConfig,
     pub sinks: Vec<Arc<SinkConfig>>,
     pub streams: Vec<StreamConfig>,
@@ -867,6 +888,8 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
         top("shutdown_grace", "must be positive".into());
     }
 
+    let log_file = compile_log(&spec.log, base, &mut top);
+
     let storage = StorageConfig {
         max_bytes: spec.storage.max_bytes.map_or(2 << 30, |s| s.0),
         min_free: spec.storage.min_free.map_or(256 << 20, |s| s.0),
@@ -990,12 +1013,71 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
         shutdown_grace: grace,
         log_level: spec.log.level,
         log_format: spec.log.format,
+        log_file,
         storage,
         sinks,
         streams,
         tasks,
         ingest,
         sources,
+    })
+}
+
+/// `log.file` and its rotation; `None` when events go to stderr.
+fn compile_log(spec: &LogSpec, base: &Path, err: &mut dyn FnMut(&str, String)) -> Option<LogFile> {
+    let Some(file) = &spec.file else {
+        for (key, set) in [
+            ("log.max_size", spec.max_size.is_some()),
+            ("log.max_files", spec.max_files.is_some()),
+        ] {
+            if set {
+                err(
+                    key,
+                    "only applies with log.file (without it events go to stderr)".into(),
+                );
+            }
+        }
+        return None;
+    };
+    let max_size = spec.max_size.map_or(DEFAULT_LOG_MAX_SIZE, |s| s.0);
+    let max_files = spec.max_files.unwrap_or(DEFAULT_LOG_MAX_FILES);
+    if max_size < MIN_LOG_MAX_SIZE {
+        err("log.max_size", "must be at least 64KiB".into());
+    }
+    if max_files == 0 {
+        err("log.max_files", "must be at least 1".into());
+    }
+    if file.trim().is_empty() {
+        err("log.file", "must name a file".into());
+        return None;
+    }
+    let path = base.join(file);
+    // The directory must be there already, as for every other path: a missing one usually means
+    // an unmounted disk, which should not be filled from the root filesystem.
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Err(e) => err(
+            "log.file",
+            format!(
+                "directory {}: {} (colibri does not create it)",
+                dir.display(),
+                io_reason(&e)
+            ),
+        ),
+        Ok(m) if !m.is_dir() => err("log.file", format!("{} is not a directory", dir.display())),
+        Ok(_) => {
+            if path.is_dir() {
+                err("log.file", format!("{} is a directory", path.display()));
+            }
+        }
+    }
+    Some(LogFile {
+        path,
+        max_size,
+        max_files,
     })
 }
 
