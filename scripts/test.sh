@@ -20,6 +20,8 @@ for pair in "${APT_NEEDS[@]}"; do
 done
 # Named time zones are read from the system's tz database (the schedule and zone tests use it).
 [[ -e /usr/share/zoneinfo/Europe/Berlin ]] || missing+=("tzdata")
+# tests/operate.rs parses /metrics with the reference Prometheus text parser (Debian's python3).
+/usr/bin/python3 -c 'import prometheus_client.parser' >/dev/null 2>&1 || missing+=("python3-prometheus-client")
 if ((${#missing[@]})); then
   echo "==> installing Debian packages: ${missing[*]}"
   SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"

@@ -1,34 +1,56 @@
-//! `colibri run`: wires the parts together for one life of the process. It creates the data directory,
-//! opens the store (when streams are configured) and starts its writer, starts the wall-clock watcher
-//! and the scheduler, and turns signals into the stop sequence: the first SIGTERM or SIGINT stops
-//! scheduling and gives running tasks `shutdown_grace`, then closes the store cleanly and exits 0; a
-//! second signal kills every task's process group and exits at once. It owns no policy of its own.
+//! `colibri run`: wires the parts together for one life of the process and owns them while it
+//! runs. It creates the data directory, opens the store (when streams are configured) and starts its
+//! writer, starts the sinks (a link monitor and upload workers each), the producers (ingest, tail
+//! sources), the wall-clock watcher, the scheduler and the admin endpoint, tells systemd it is
+//! ready, and then runs the main loop: signals, reloads (SIGHUP or `POST /-/reload`) and the
+//! systemd watchdog.
+//!
+//! A reload loads and checks the whole file; any problem keeps the running config (every problem
+//! logged, `colibri_config_last_reload_successful 0`). A valid file is applied by difference
+//! ([`crate::reload::plan`]): changed and added tasks are re-planned (a run in progress finishes
+//! with its old definition), removed ones forgotten; changed sinks and sources are stopped (their
+//! requests in progress and checkpoints finish) and started again with the new settings, untouched
+//! ones keep running; settings that shape storage or listeners log "needs restart" and keep their
+//! values. Stream data is never touched by a reload.
+//!
+//! The stop: the first SIGTERM or SIGINT stops intake and scheduling (ingest answers 503, sources
+//! commit their checkpoints), gives running tasks and requests in progress `shutdown_grace`,
+//! leaves the rest queued, closes the store cleanly, flushes the log and exits 0; a second signal
+//! kills every task's process group and exits at once. It owns no policy of its own.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
+use crate::admin::{AgentState, Live, ReloadReport, ReloadResult};
 use crate::clock::{self, SystemClock};
 use crate::config::{Config, units::fmt_duration};
-use crate::delivery::SinkRuntime;
-use crate::scheduler::Scheduler;
+use crate::delivery::{SinkRuntime, SinkStats};
+use crate::notify::notify;
+use crate::scheduler::{Change, Scheduler, SchedulerHandle};
 use crate::store::{self, OpenOptions, Store, StoreError, writer};
 use crate::task::RunContext;
-use tokio::task::JoinHandle;
 
 /// Exit status after a second stop signal cut the grace short.
 pub const EXIT_FORCED: i32 = 1;
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
-    let store_handle = open_store(&config)?;
+    // Signals first: a SIGTERM during start-up then stops colibri cleanly instead of killing it.
     let mut sigterm =
         signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
     let mut sigint =
         signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+    let mut sighup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
+    let store_handle = open_store(&config)?;
 
     let ctx = RunContext {
         stopping: Default::default(),
@@ -40,9 +62,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Err(e) = clock::watch_wall_clock(Arc::clone(&clock_set)) {
         tracing::warn!(error = %e, "cannot watch for wall-clock changes; jumps are noticed within an hour");
     }
-    let delivery = start_delivery(&config, store_handle.as_ref(), &ctx.stopping)?;
-    let producers = start_producers(&config, store_handle.as_ref(), &ctx.stopping).await?;
-    let (scheduler, _handle) = Scheduler::new(
+    let config = Arc::new(config);
+    let parts = Parts::start(&config, store_handle.clone(), &ctx.stopping).await?;
+    let (scheduler, tasks) = Scheduler::new(
         &config.tasks,
         Arc::new(SystemClock),
         ctx.clone(),
@@ -50,55 +72,431 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.shutdown_grace,
         clock_set,
     );
-    tracing::info!(
-        version = env!("CARGO_PKG_VERSION"),
-        config = %config.source.display(),
-        tasks = config.tasks.len(),
-        workers = config.workers,
-        "colibri started"
-    );
-    let scheduler = scheduler.run();
-    tokio::pin!(scheduler);
-
-    let first = tokio::select! {
-        _ = sigterm.recv() => "SIGTERM",
-        _ = sigint.recv() => "SIGINT",
-        _ = &mut scheduler => anyhow::bail!("the scheduler stopped on its own"),
+    let (reload_tx, mut reload_rx) = mpsc::channel(4);
+    let state = Arc::new(AgentState::new(
+        Arc::clone(&config),
+        parts.runtimes(),
+        store_handle.clone(),
+        reload_tx,
+    ));
+    let admin_stop = CancellationToken::new();
+    let admin = match &config.admin {
+        Some(a) => Some(
+            crate::admin::start(a.clone(), Arc::clone(&state), admin_stop.clone())
+                .await?
+                .1,
+        ),
+        None => None,
+    };
+    let mut agent = Agent {
+        config,
+        parts,
+        tasks,
+        state: Arc::clone(&state),
+        store: store_handle.clone(),
+        stopping: ctx.stopping.clone(),
     };
     tracing::info!(
-        signal = first,
-        grace = %fmt_duration(config.shutdown_grace),
-        "stopping: no new task runs; a second signal kills running tasks at once"
+        version = env!("CARGO_PKG_VERSION"),
+        config = %agent.config.source.display(),
+        tasks = agent.config.tasks.len(),
+        workers = agent.config.workers,
+        "colibri started"
     );
-    ctx.stopping.cancel();
-    tokio::select! {
-        drained = &mut scheduler => {
-            // Deliveries in progress finish (each is one job); then the store closes cleanly.
-            // Intake stops first (ingest answers 503, sources commit their checkpoints), then
-            // deliveries in progress finish, then the store closes.
-            for p in producers {
-                let _ = p.await;
+    notify("READY=1\nSTATUS=serving");
+    let scheduler = scheduler.run();
+    tokio::pin!(scheduler);
+    let watchdog = crate::notify::watchdog_interval();
+    let mut beat = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
+
+    let first = loop {
+        tokio::select! {
+            _ = sigterm.recv() => break "SIGTERM",
+            _ = sigint.recv() => break "SIGINT",
+            _ = sighup.recv() => {
+                let _ = agent.reload().await;
             }
-            for t in delivery.tasks {
-                let _ = t.await;
+            Some(req) = reload_rx.recv() => {
+                let r = agent.reload().await;
+                let _ = req.reply.send(r);
             }
-            if let Some(handle) = &store_handle {
-                let snap = handle.snapshot().await.unwrap_or_default();
-                for rt in &delivery.sinks {
-                    log_summary(rt, &snap);
+            _ = beat.tick(), if watchdog.is_some() => {
+                if agent.state.not_ready().await.is_none() {
+                    notify("WATCHDOG=1");
                 }
             }
-            if let Some(handle) = &store_handle {
-                handle.shutdown().await;
+            _ = &mut scheduler => {
+                state.scheduler_running.store(false, Relaxed);
+                anyhow::bail!("the scheduler stopped on its own");
             }
-            tracing::info!(killed = drained.killed, "colibri stopped");
-            Ok(())
         }
-        second = async { tokio::select! { _ = sigterm.recv() => "SIGTERM", _ = sigint.recv() => "SIGINT" } } => {
-            let n = ctx.groups.signal_all(libc::SIGKILL);
-            tracing::error!(signal = second, killed_groups = n, "second signal: exiting now");
-            crate::logging::exit(EXIT_FORCED);
+    };
+    state.stopping.store(true, Relaxed);
+    notify("STOPPING=1\nSTATUS=stopping");
+    let grace = agent.config.shutdown_grace;
+    tracing::info!(
+        signal = first,
+        grace = %fmt_duration(grace),
+        "stopping: no new task runs or intake; a second signal kills running tasks at once"
+    );
+    ctx.stopping.cancel();
+    let stop = async {
+        let drained = (&mut scheduler).await;
+        // Intake has stopped (ingest answers 503, sources commit their checkpoints); requests in
+        // progress finish within the grace; then the store closes cleanly.
+        let runtimes = agent.parts.runtimes();
+        agent.parts.join().await;
+        if let Some(handle) = &store_handle {
+            let snap = handle.snapshot().await.unwrap_or_default();
+            for rt in &runtimes {
+                log_summary(rt, &snap);
+            }
+            handle.shutdown().await;
         }
+        admin_stop.cancel();
+        if let Some(a) = admin {
+            let _ = a.await;
+        }
+        drained
+    };
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            drained = &mut stop => {
+                tracing::info!(killed = drained.killed, "colibri stopped");
+                return Ok(());
+            }
+            second = async { tokio::select! { _ = sigterm.recv() => "SIGTERM", _ = sigint.recv() => "SIGINT" } } => {
+                let n = ctx.groups.signal_all(libc::SIGKILL);
+                tracing::error!(signal = second, killed_groups = n, "second signal: exiting now");
+                crate::logging::exit(EXIT_FORCED);
+            }
+            // A stop within the grace is still a live process: systemd must not kill it for it.
+            _ = beat.tick(), if watchdog.is_some() => notify("WATCHDOG=1"),
+        }
+    }
+}
+
+/// The running parts the main loop owns and a reload changes.
+struct Agent {
+    /// What runs now (the file as last applied, with restart-only settings as started).
+    config: Arc<Config>,
+    parts: Parts,
+    tasks: SchedulerHandle,
+    state: Arc<AgentState>,
+    store: Option<writer::StoreHandle>,
+    stopping: CancellationToken,
+}
+
+impl Agent {
+    /// Loads the file again and applies what changed, all or nothing.
+    async fn reload(&mut self) -> ReloadResult {
+        crate::notify::reloading();
+        let result = self.try_reload().await;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        match &result {
+            Ok(report) => {
+                self.state.last_reload_ok.store(true, Relaxed);
+                self.state.last_success_s.store(now, Relaxed);
+                tracing::info!(
+                    generation = report.generation,
+                    changes = report.changes.len(),
+                    sha256 = %self.config.sha256,
+                    "config reloaded"
+                );
+            }
+            Err(problems) => {
+                self.state.last_reload_ok.store(false, Relaxed);
+                self.state.last_failure_s.store(now, Relaxed);
+                tracing::error!(
+                    config = %self.config.source.display(),
+                    problems = %problems,
+                    "reload refused: the running config stays"
+                );
+            }
+        }
+        notify("READY=1\nSTATUS=serving");
+        result
+    }
+
+    async fn try_reload(&mut self) -> ReloadResult {
+        let new = crate::config::load(&self.config.source).map_err(|e| e.to_string())?;
+        let plan = crate::reload::plan(&self.config, new);
+        let effective = Arc::new(plan.effective);
+        let mut changes = Vec::new();
+        for key in &plan.needs_restart {
+            tracing::warn!(setting = %key, "changed in the file, needs restart: the running value stays until then");
+            changes.push(format!("{key}: needs restart (the running value stays)"));
+        }
+        for name in &plan.tasks.removed {
+            self.tasks.send(Change::Remove(name.clone()));
+            crate::task::forget_stats(name);
+            changes.push(format!("task {name}: removed"));
+        }
+        for (what, defs) in [
+            ("added", &plan.tasks.added),
+            ("changed", &plan.tasks.changed),
+        ] {
+            for def in defs {
+                self.tasks.send(Change::Upsert(Arc::clone(def)));
+                changes.push(format!("task {}: {what}", def.name));
+            }
+        }
+        if let Some(store) = &self.store {
+            for name in &plan.sinks.removed {
+                self.parts.stop_sink(name);
+                changes.push(format!("sink {name}: stopped"));
+            }
+            for (what, names) in [
+                ("started", &plan.sinks.added),
+                ("restarted", &plan.sinks.changed),
+            ] {
+                for name in names {
+                    self.parts
+                        .start_sink(&effective, name, store, &self.stopping)
+                        .map_err(|e| format!("sinks.{name}: {e}"))?;
+                    changes.push(format!("sink {name}: {what}"));
+                }
+            }
+            for name in &plan.sources.removed {
+                self.parts.stop_source(name);
+                changes.push(format!("source {name}: stopped"));
+            }
+            for (what, names) in [
+                ("started", &plan.sources.added),
+                ("restarted", &plan.sources.changed),
+            ] {
+                for name in names {
+                    self.parts
+                        .start_source(&effective, name, store, &self.stopping);
+                    changes.push(format!("source {name}: {what}"));
+                }
+            }
+        }
+        let generation = self.state.generation.fetch_add(1, Relaxed) + 1;
+        self.config = Arc::clone(&effective);
+        self.state.live.store(Arc::new(Live {
+            config: effective,
+            sinks: self.parts.runtimes(),
+        }));
+        for c in &changes {
+            tracing::info!(generation, change = %c, "reload");
+        }
+        Ok(ReloadReport {
+            generation,
+            changes,
+        })
+    }
+}
+
+/// One sink at run time: its runtime (shared with the metrics) and the task that runs its link
+/// monitor and workers until its own stop (a child of colibri's).
+struct SinkGroup {
+    rt: Arc<SinkRuntime>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+struct SourceGroup {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// Everything that runs beside the scheduler.
+#[derive(Default)]
+struct Parts {
+    sinks: BTreeMap<String, SinkGroup>,
+    sources: BTreeMap<String, SourceGroup>,
+    ingest: Option<JoinHandle<()>>,
+    /// Groups stopped by a reload, still finishing their work: awaited at the stop.
+    retired: Vec<JoinHandle<()>>,
+}
+
+impl Parts {
+    async fn start(
+        config: &Config,
+        store: Option<writer::StoreHandle>,
+        stopping: &CancellationToken,
+    ) -> anyhow::Result<Parts> {
+        let mut parts = Parts::default();
+        let Some(store) = store else {
+            return Ok(parts);
+        };
+        for sink in &config.sinks {
+            parts
+                .start_sink(config, &sink.name, &store, stopping)
+                .map_err(|e| anyhow::anyhow!("sinks.{}: {e}", sink.name))?;
+        }
+        // The ingest API is bound now, so a taken port stops the start.
+        if let Some(ingest) = &config.ingest {
+            let listen = ingest.listen;
+            parts.ingest = Some(
+                crate::ingest::start(ingest.clone(), store.clone(), stopping.clone())
+                    .await
+                    .with_context(|| format!("cannot start the ingest API on {listen}"))?,
+            );
+        }
+        for source in &config.sources {
+            parts.start_source(config, &source.name, &store, stopping);
+        }
+        Ok(parts)
+    }
+
+    fn runtimes(&self) -> Vec<Arc<SinkRuntime>> {
+        self.sinks.values().map(|g| Arc::clone(&g.rt)).collect()
+    }
+
+    /// Starts (or, when it runs, restarts) the sink `name` of `config` with the streams that
+    /// deliver to it; a sink no stream uses is not started. A restarted sink's workers begin once
+    /// the old ones have finished their requests; its counters carry over.
+    fn start_sink(
+        &mut self,
+        config: &Config,
+        name: &str,
+        store: &writer::StoreHandle,
+        stopping: &CancellationToken,
+    ) -> Result<(), String> {
+        let Some(cfg) = config.sinks.iter().find(|s| s.name == name) else {
+            self.stop_sink(name);
+            return Ok(());
+        };
+        let streams: Vec<String> = config
+            .streams
+            .iter()
+            .filter(|s| s.sink.as_deref() == Some(name))
+            .map(|s| s.name.clone())
+            .collect();
+        if streams.is_empty() {
+            self.stop_sink(name);
+            return Ok(());
+        }
+        let sink = crate::sink::Sink::new(Arc::clone(cfg)).map_err(|e| e.to_string())?;
+        let (stats, before) = match self.sinks.remove(name) {
+            Some(old) => {
+                old.stop.cancel();
+                old.rt
+                    .stats
+                    .transitions_before
+                    .store(old.rt.transitions(), Relaxed);
+                (Arc::clone(&old.rt.stats), Some(old.task))
+            }
+            None => (Arc::new(SinkStats::default()), None),
+        };
+        let rt = Arc::new(SinkRuntime::new(
+            Arc::new(sink),
+            streams,
+            config.shutdown_grace,
+            stats,
+        ));
+        let stop = stopping.child_token();
+        let task = tokio::spawn(run_sink(
+            Arc::clone(&rt),
+            store.clone(),
+            stop.clone(),
+            before,
+        ));
+        self.sinks
+            .insert(name.to_string(), SinkGroup { rt, stop, task });
+        Ok(())
+    }
+
+    fn stop_sink(&mut self, name: &str) {
+        if let Some(old) = self.sinks.remove(name) {
+            old.stop.cancel();
+            self.retired.push(old.task);
+        }
+    }
+
+    /// Starts (or restarts) the tail source `name` of `config`: a restarted one begins after the
+    /// old one has committed its checkpoint, and reads on from it.
+    fn start_source(
+        &mut self,
+        config: &Config,
+        name: &str,
+        store: &writer::StoreHandle,
+        stopping: &CancellationToken,
+    ) {
+        let before = self.sources.remove(name).map(|old| {
+            old.stop.cancel();
+            old.task
+        });
+        let Some(cfg) = config.sources.iter().find(|s| s.name == name) else {
+            self.retired.extend(before);
+            return;
+        };
+        let stop = stopping.child_token();
+        let (cfg, store, token) = (Arc::clone(cfg), store.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            if let Some(old) = before {
+                let _ = old.await;
+            }
+            crate::tail::run(cfg, store, token).await;
+        });
+        self.sources
+            .insert(name.to_string(), SourceGroup { stop, task });
+    }
+
+    fn stop_source(&mut self, name: &str) {
+        if let Some(old) = self.sources.remove(name) {
+            old.stop.cancel();
+            self.retired.push(old.task);
+        }
+    }
+
+    /// Waits for everything to end (after colibri's stop was cancelled): intake first (ingest,
+    /// sources), then the sinks' requests in progress.
+    async fn join(&mut self) {
+        if let Some(i) = self.ingest.take() {
+            let _ = i.await;
+        }
+        for (_, g) in std::mem::take(&mut self.sources) {
+            let _ = g.task.await;
+        }
+        for (_, g) in std::mem::take(&mut self.sinks) {
+            let _ = g.task.await;
+        }
+        for t in self.retired.drain(..) {
+            let _ = t.await;
+        }
+    }
+}
+
+/// One sink's life: after its previous runtime (a reload) has finished, its link monitor and
+/// `concurrency` workers per stream, until `stop`.
+async fn run_sink(
+    rt: Arc<SinkRuntime>,
+    store: writer::StoreHandle,
+    stop: CancellationToken,
+    before: Option<JoinHandle<()>>,
+) {
+    if let Some(old) = before {
+        let _ = old.await;
+    }
+    if stop.is_cancelled() {
+        return;
+    }
+    let mut tasks = vec![tokio::spawn(crate::link::monitor(
+        Arc::clone(&rt.link),
+        Arc::clone(&rt.sink),
+        store.clone(),
+        rt.streams.clone(),
+        stop.clone(),
+    ))];
+    for stream in &rt.streams {
+        tracing::info!(stream, sink = %rt.sink.describe(), concurrency = rt.sink.concurrency(), "delivery started");
+        for _ in 0..rt.sink.concurrency() {
+            tasks.push(tokio::spawn(crate::delivery::run(
+                stream.clone(),
+                Arc::clone(&rt),
+                store.clone(),
+                stop.clone(),
+            )));
+        }
+    }
+    for t in tasks {
+        let _ = t.await;
     }
 }
 
@@ -181,93 +579,6 @@ fn open_or_replace(
     }
 }
 
-/// Builds every sink that a stream uses and starts its link monitor and its workers (`concurrency`
-/// per stream).
-fn start_delivery(
-    config: &Config,
-    store: Option<&writer::StoreHandle>,
-    stopping: &tokio_util::sync::CancellationToken,
-) -> anyhow::Result<Delivery> {
-    let Some(store) = store else {
-        return Ok(Delivery::default());
-    };
-    let (mut sinks, mut tasks) = (Vec::new(), Vec::new());
-    for sink_cfg in &config.sinks {
-        let streams: Vec<String> = config
-            .streams
-            .iter()
-            .filter(|s| s.sink.as_deref() == Some(sink_cfg.name.as_str()))
-            .map(|s| s.name.clone())
-            .collect();
-        if streams.is_empty() {
-            continue;
-        }
-        let sink = crate::sink::Sink::new(Arc::clone(sink_cfg))
-            .map_err(|e| anyhow::anyhow!("sinks.{}: {e}", sink_cfg.name))?;
-        let rt = Arc::new(SinkRuntime::new(
-            Arc::new(sink),
-            streams,
-            config.shutdown_grace,
-        ));
-        tasks.push(tokio::spawn(crate::link::monitor(
-            Arc::clone(&rt.link),
-            Arc::clone(&rt.sink),
-            store.clone(),
-            rt.streams.clone(),
-            stopping.clone(),
-        )));
-        for stream in &rt.streams {
-            tracing::info!(stream, sink = %rt.sink.describe(), concurrency = rt.sink.concurrency(), "delivery started");
-            for _ in 0..rt.sink.concurrency() {
-                tasks.push(tokio::spawn(crate::delivery::run(
-                    stream.clone(),
-                    Arc::clone(&rt),
-                    store.clone(),
-                    stopping.clone(),
-                )));
-            }
-        }
-        sinks.push(rt);
-    }
-    Ok(Delivery { sinks, tasks })
-}
-
-/// Starts what appends on its own: the ingest API (bound now, so a taken port stops the start) and
-/// every source.
-async fn start_producers(
-    config: &Config,
-    store: Option<&writer::StoreHandle>,
-    stopping: &tokio_util::sync::CancellationToken,
-) -> anyhow::Result<Vec<JoinHandle<()>>> {
-    let Some(store) = store else {
-        return Ok(Vec::new());
-    };
-    let mut tasks = Vec::new();
-    if let Some(ingest) = &config.ingest {
-        let listen = ingest.listen;
-        tasks.push(
-            crate::ingest::start(ingest.clone(), store.clone(), stopping.clone())
-                .await
-                .with_context(|| format!("cannot start the ingest API on {listen}"))?,
-        );
-    }
-    for source in &config.sources {
-        tasks.push(tokio::spawn(crate::tail::run(
-            Arc::clone(source),
-            store.clone(),
-            stopping.clone(),
-        )));
-    }
-    Ok(tasks)
-}
-
-/// The running delivery side: each sink's shared state and every worker and monitor task.
-#[derive(Default)]
-struct Delivery {
-    sinks: Vec<Arc<SinkRuntime>>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
 /// What a sink did in this life of the process, logged at stop (the metrics endpoint will expose
 /// the same counters).
 fn log_summary(rt: &SinkRuntime, snap: &store::writer::Snapshot) {
@@ -285,7 +596,7 @@ fn log_summary(rt: &SinkRuntime, snap: &store::writer::Snapshot) {
         records_delivered = s.records_delivered.load(Relaxed),
         bytes_delivered = s.bytes_delivered.load(Relaxed),
         link_up = rt.link.is_up(),
-        link_transitions = rt.link.transitions.load(Relaxed),
+        link_transitions = rt.transitions(),
         replay_backlog = rt.replay_backlog(snap),
         "delivery summary"
     );

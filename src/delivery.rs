@@ -44,8 +44,8 @@ const TAKE_SEQUENTIAL: usize = 4;
 /// A peer's `Retry-After` is honoured up to this.
 const RETRY_AFTER_MAX: Duration = Duration::from_secs(24 * 3600);
 
-/// Delivery counters of one sink, kept for the metrics endpoint.
-#[derive(Debug, Default)]
+/// Delivery counters of one sink, for the metrics endpoint; a sink restarted by a reload keeps them.
+#[derive(Debug)]
 pub struct SinkStats {
     /// Requests answered with 2xx.
     pub requests_ok: AtomicU64,
@@ -64,13 +64,37 @@ pub struct SinkStats {
     pub records_delivered: AtomicU64,
     /// Request body bytes delivered (as sent: after compression).
     pub bytes_delivered: AtomicU64,
+    /// Requests from the first byte sent to the answer (or the failure), whatever the outcome.
+    pub request_duration: crate::metrics::Histogram,
+    /// Link up/down transitions of earlier runtimes of this sink (before a reload restarted it).
+    pub transitions_before: AtomicU64,
+}
+
+impl Default for SinkStats {
+    fn default() -> Self {
+        let zero = || AtomicU64::new(0);
+        SinkStats {
+            requests_ok: zero(),
+            requests_transport: zero(),
+            requests_retryable: zero(),
+            requests_too_large: zero(),
+            requests_rejected: zero(),
+            attempts_failed: zero(),
+            dead_lettered_jobs: zero(),
+            dead_lettered_records: zero(),
+            records_delivered: zero(),
+            bytes_delivered: zero(),
+            request_duration: crate::metrics::Histogram::new(crate::metrics::REQUEST_BUCKETS),
+            transitions_before: zero(),
+        }
+    }
 }
 
 /// A sink at run time: shared by its workers and its link monitor.
 pub struct SinkRuntime {
     pub sink: Arc<Sink>,
     pub link: Arc<Link>,
-    pub stats: SinkStats,
+    pub stats: Arc<SinkStats>,
     /// The streams delivered to this sink.
     pub streams: Vec<String>,
     /// Per stream (same order): set after a link comes back (and at start) until a worker finds
@@ -86,7 +110,14 @@ pub struct SinkRuntime {
 }
 
 impl SinkRuntime {
-    pub fn new(sink: Arc<Sink>, streams: Vec<String>, grace: Duration) -> SinkRuntime {
+    /// `stats` carries the counters of the sink's previous runtime across a reload (or starts
+    /// fresh).
+    pub fn new(
+        sink: Arc<Sink>,
+        streams: Vec<String>,
+        grace: Duration,
+        stats: Arc<SinkStats>,
+    ) -> SinkRuntime {
         // A trial must outlast a request that is slow to fail, or the link would be declared up
         // while the trial's request is still on its way to a timeout.
         let trial_quiet = sink
@@ -103,12 +134,17 @@ impl SinkRuntime {
             in_flight: Semaphore::new(sink.concurrency()),
             link,
             sink,
-            stats: SinkStats::default(),
+            stats,
             replaying: streams.iter().map(|_| AtomicBool::new(true)).collect(),
             streams,
             grace,
             give_up_at: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Link transitions over the sink's life in this process, restarts included.
+    pub fn transitions(&self) -> u64 {
+        self.stats.transitions_before.load(Relaxed) + self.link.transitions.load(Relaxed)
     }
 
     /// The replay backlog: records waiting in this sink's streams whose backlog is being replayed
@@ -478,7 +514,10 @@ async fn send_paced(
             pace(p, file.len).await;
         }
         let _permit = rt.in_flight.acquire().await;
-        rt.sink.send_file(batch, file).await?;
+        let started = Instant::now();
+        let sent = rt.sink.send_file(batch, file).await;
+        rt.stats.request_duration.observe(started.elapsed());
+        sent?;
         return Ok(file.len);
     }
     let body = rt.sink.body(batch).await?;
@@ -489,7 +528,10 @@ async fn send_paced(
         pace(p, len).await;
     }
     let _permit = rt.in_flight.acquire().await;
-    rt.sink.send(batch, body).await?;
+    let started = Instant::now();
+    let sent = rt.sink.send(batch, body).await;
+    rt.stats.request_duration.observe(started.elapsed());
+    sent?;
     Ok(len)
 }
 

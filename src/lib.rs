@@ -1,6 +1,7 @@
 //! colibri: a resident agent for edge machines. This crate is the whole agent; `main.rs` only calls
 //! [`cli::main`]. See ARCHITECTURE.md for the map of modules and the invariants between them.
 
+pub mod admin;
 pub mod agent;
 pub mod backoff;
 pub mod cli;
@@ -11,6 +12,9 @@ pub mod files;
 pub mod ingest;
 pub mod link;
 pub mod logging;
+pub mod metrics;
+pub mod notify;
+pub mod reload;
 pub mod schedule;
 pub mod scheduler;
 pub mod scrape;

@@ -141,7 +141,7 @@ impl Plan {
             None => {
                 self.slots.push(Some(Slot {
                     def: Arc::clone(&def),
-                    stats: Arc::default(),
+                    stats: task::stats(&def.name),
                     generation: 0,
                     running: false,
                 }));

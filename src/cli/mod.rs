@@ -181,6 +181,23 @@ pub fn summary(c: &Config) -> String {
             let sinks: Vec<String> = c.sinks.iter().map(|k| k.describe()).collect();
             let _ = writeln!(out, "  sinks           {}", sinks.join(", "));
         }
+        match &c.admin {
+            Some(a) => {
+                let _ = writeln!(
+                    out,
+                    "  admin           http://{}/metrics, /healthz, /readyz, POST /-/reload{}",
+                    a.listen,
+                    if a.token.is_some() {
+                        ", bearer token required"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            None => {
+                let _ = writeln!(out, "  admin           off");
+            }
+        }
         if let Some(i) = &c.ingest {
             let _ = writeln!(out, "  ingest          {}", i.describe());
         }

@@ -74,9 +74,49 @@ pub struct FileSpec {
     /// The local ingest API (off unless `listen` is set).
     #[serde(default)]
     pub ingest: Option<ingest::IngestSpec>,
+    /// The admin endpoint: `GET /metrics` (Prometheus text), `/healthz`, `/readyz`, `POST /-/reload`.
+    /// On by default, on 127.0.0.1:9464.
+    #[serde(default)]
+    pub admin: Option<AdminSpec>,
     /// Producers of records that run on their own (log tailing), by name.
     #[serde(default)]
     pub sources: BTreeMap<String, sources::SourceSpec>,
+}
+
+/// `admin:` settings.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AdminSpec {
+    /// Serve the admin endpoint. Default true.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// `address:port` to listen on. Default `127.0.0.1:9464`. An address other than loopback
+    /// (127.0.0.0/8, ::1) needs `allow_remote: true` and a `token`.
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// Allow a non-loopback `listen` address (then `token` is required). Default false.
+    #[serde(default)]
+    pub allow_remote: bool,
+    /// When set, `GET /metrics` and `POST /-/reload` need `Authorization: Bearer <token>`
+    /// (`/healthz` and `/readyz` never do). Never logged.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// What each entry of the file said (after `${VAR}` expansion), to tell what a reload changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// Top-level settings other than the four maps below (`data_dir`, `log`, `ingest`, ...).
+    pub top: BTreeMap<String, String>,
+    pub tasks: BTreeMap<String, String>,
+    pub sinks: BTreeMap<String, String>,
+    pub streams: BTreeMap<String, String>,
+    pub sources: BTreeMap<String, String>,
 }
 
 /// A destination for a stream's jobs.
@@ -744,6 +784,12 @@ pub struct Config {
     pub tasks: Vec<Arc<TaskDef>>,
     pub ingest: Option<crate::ingest::IngestConfig>,
     pub sources: Vec<Arc<crate::tail::TailConfig>>,
+    /// `None`: switched off.
+    pub admin: Option<crate::admin::AdminConfig>,
+    /// Per entry, what the file said: a reload compares these.
+    pub fingerprint: Fingerprint,
+    /// SHA-256 of the file's bytes (hex).
+    pub sha256: String,
 }
 
 /// One problem in the file: where, and what is wrong.
@@ -820,7 +866,11 @@ pub fn load_str(
         .map(|(path, message)| Problem { path, message })
         .collect();
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let config = compile(root, path, &base, &mut problems);
+    let config = compile(root, path, &base, &mut problems).map(|mut c| {
+        let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+        c.sha256 = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        c
+    });
     match config {
         Some(c) if problems.is_empty() => Ok(c),
         _ => Err(ConfigError::Invalid {
@@ -852,6 +902,27 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
     let streams_value = map.remove("streams");
     let sinks_value = map.remove("sinks");
     let sources_value = map.remove("sources");
+    let entries = |v: &Option<Value>| match v {
+        Some(Value::Object(m)) => m.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
+        _ => BTreeMap::new(),
+    };
+    let mut fingerprint = Fingerprint {
+        top: map
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect(),
+        tasks: BTreeMap::new(),
+        sinks: entries(&sinks_value),
+        streams: entries(&streams_value),
+        sources: entries(&sources_value),
+    };
+    if let Some(Value::Array(items)) = &tasks_value {
+        for v in items {
+            if let Some(name) = v.get("name").and_then(Value::as_str) {
+                fingerprint.tasks.insert(name.to_string(), v.to_string());
+            }
+        }
+    }
     // Each top-level key on its own first, so one bad setting neither hides another nor stops the
     // tasks from being checked; bad keys are left out and their defaults stand in.
     let mut good = serde_json::Map::new();
@@ -962,6 +1033,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
             message,
         })
     };
+    let admin = compile_admin(spec.admin, &mut top);
 
     let task_values = match tasks_value {
         None | Some(Value::Null) => Vec::new(),
@@ -1020,6 +1092,59 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
         tasks,
         ingest,
         sources,
+        admin,
+        fingerprint,
+        sha256: String::new(),
+    })
+}
+
+fn compile_admin(
+    spec: Option<AdminSpec>,
+    err: &mut impl FnMut(&str, String),
+) -> Option<crate::admin::AdminConfig> {
+    let spec = spec.unwrap_or(AdminSpec {
+        enabled: true,
+        listen: None,
+        allow_remote: false,
+        token: None,
+    });
+    if !spec.enabled {
+        return None;
+    }
+    let text = spec
+        .listen
+        .as_deref()
+        .unwrap_or(crate::admin::DEFAULT_LISTEN);
+    let listen: std::net::SocketAddr = match text.parse() {
+        Ok(a) => a,
+        Err(_) => {
+            err(
+                "admin.listen",
+                format!("{text:?} is not an address:port such as 127.0.0.1:9464"),
+            );
+            return None;
+        }
+    };
+    if !listen.ip().is_loopback() && !spec.allow_remote {
+        err(
+            "admin.listen",
+            format!(
+                "{listen} is not a loopback address: set admin.allow_remote: true (and a token) to serve metrics and reload beyond this machine"
+            ),
+        );
+    }
+    if spec.allow_remote && spec.token.as_deref().is_none_or(str::is_empty) {
+        err(
+            "admin.token",
+            "is required with allow_remote: true (Authorization: Bearer <token>)".into(),
+        );
+    }
+    Some(crate::admin::AdminConfig {
+        listen,
+        token: spec
+            .token
+            .filter(|t| !t.is_empty())
+            .map(crate::ingest::Token::new),
     })
 }
 

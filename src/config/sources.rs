@@ -69,7 +69,7 @@ pub struct TailSpec {
     #[serde(default)]
     pub multiline: Option<MultilineSpec>,
     /// Add the machine's host name as `host`. Default true.
-    #[serde(default = "yes")]
+    #[serde(default = "super::yes")]
     pub host: bool,
     /// Fields added to every record under `labels`.
     #[serde(default)]
@@ -89,10 +89,6 @@ pub struct TailSpec {
     /// lines its writer adds before reopening are still read. Default 5s.
     #[serde(default)]
     pub rotate_wait: Option<Dur>,
-}
-
-fn yes() -> bool {
-    true
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -150,7 +150,7 @@ pub async fn start(
     Ok(tokio::spawn(serve(listener, shared)))
 }
 
-fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {

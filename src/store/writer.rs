@@ -118,13 +118,29 @@ pub struct Snapshot {
 }
 
 /// Writer statistics, readable without a round trip.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct WriterStats {
     /// Commits that reached the disk (each one fsync).
     pub commits: AtomicU64,
     /// Requests applied in those commits.
     pub requests: AtomicU64,
     pub failed_commits: AtomicU64,
+    /// Commits that wrote something, from the start of the commit to its return (the fsync).
+    pub commit_duration: crate::metrics::Histogram,
+    /// The writer holds an open store (false while it reopens one after an I/O error).
+    pub store_open: std::sync::atomic::AtomicBool,
+}
+
+impl Default for WriterStats {
+    fn default() -> Self {
+        WriterStats {
+            commits: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            failed_commits: AtomicU64::new(0),
+            commit_duration: crate::metrics::Histogram::new(crate::metrics::COMMIT_BUCKETS),
+            store_open: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -736,6 +752,7 @@ impl Writer {
     /// Drops the store after a failure, keeping its leases: jobs handed out before must not be
     /// handed out again (or expired, or dropped) by the reopened store while they are being sent.
     fn lose_store(&mut self) {
+        self.stats.store_open.store(false, Ordering::Relaxed);
         if let Some(s) = self.store.take() {
             self.carried_in_flight = s.in_flight_leases();
         }
@@ -759,6 +776,7 @@ impl Writer {
                     s.restore_in_flight(carried);
                 }
                 self.store = Some(s);
+                self.stats.store_open.store(true, Ordering::Relaxed);
                 self.reopen_backoff = Duration::from_millis(100);
                 self.dispose();
                 true
@@ -1002,11 +1020,13 @@ fn run_tx(
     let (dirty, fed) = (tx.is_dirty(), tx.fed_streams());
     // Only a transaction that changed something commits (and fsyncs); a take that found nothing,
     // or only handed out leases, does not touch the disk.
+    let started = Instant::now();
     let commit = tx.close();
     let result = match &commit {
         Ok(()) => {
             if dirty {
                 stats.commits.fetch_add(1, Ordering::Relaxed);
+                stats.commit_duration.observe(started.elapsed());
             }
             stats.requests.fetch_add(requests, Ordering::Relaxed);
             TxResult::Committed(fed)

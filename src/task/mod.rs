@@ -54,16 +54,65 @@ impl Action {
     }
 }
 
-/// Counters of one task, kept across its runs (and, later, exposed as metrics).
-#[derive(Debug, Default)]
+/// Counters of one task, kept across its runs and across reloads (by name; see [`stats`]), and
+/// exposed as metrics.
+#[derive(Debug)]
 pub struct TaskStats {
     pub ok: AtomicU64,
+    /// Runs whose last attempt failed (not by timing out).
     pub failed: AtomicU64,
+    /// Runs whose last attempt timed out.
+    pub timeouts: AtomicU64,
     pub cancelled: AtomicU64,
     /// Due while the previous run was still going: skipped, never stacked.
     pub skipped: AtomicU64,
     /// Attempts after the first.
     pub retries: AtomicU64,
+    /// Whole runs, retries included.
+    pub duration: crate::metrics::Histogram,
+}
+
+impl Default for TaskStats {
+    fn default() -> Self {
+        TaskStats {
+            ok: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            duration: crate::metrics::Histogram::new(crate::metrics::TASK_BUCKETS),
+        }
+    }
+}
+
+fn registry() -> &'static std::sync::Mutex<std::collections::BTreeMap<String, Arc<TaskStats>>> {
+    static REGISTRY: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::BTreeMap<String, Arc<TaskStats>>>,
+    > = std::sync::OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// The counters of the task `name`, created on first use; a task changed by a reload keeps them.
+pub fn stats(name: &str) -> Arc<TaskStats> {
+    let mut all = registry().lock().unwrap_or_else(|e| e.into_inner());
+    Arc::clone(all.entry(name.to_string()).or_default())
+}
+
+/// Every task's counters, by name.
+pub fn all_stats() -> Vec<(String, Arc<TaskStats>)> {
+    let all = registry().lock().unwrap_or_else(|e| e.into_inner());
+    all.iter()
+        .map(|(k, v)| (k.clone(), Arc::clone(v)))
+        .collect()
+}
+
+/// Drops the counters of a task a reload removed, so its series leave the metrics.
+pub fn forget_stats(name: &str) {
+    registry()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(name);
 }
 
 /// How one attempt ended.
@@ -154,6 +203,7 @@ pub async fn run(
         attempt_no += 1;
         stats.retries.fetch_add(1, Ordering::Relaxed);
     };
+    stats.duration.observe(started.elapsed());
     let duration_ms = started.elapsed().as_millis() as u64;
     let late_ms = late.as_millis() as u64;
     let attempts = attempt_no + 1;
@@ -180,7 +230,11 @@ pub async fn run(
             );
         }
         Outcome::Failed(_) | Outcome::TimedOut => {
-            stats.failed.fetch_add(1, Ordering::Relaxed);
+            if last.outcome == Outcome::TimedOut {
+                stats.timeouts.fetch_add(1, Ordering::Relaxed);
+            } else {
+                stats.failed.fetch_add(1, Ordering::Relaxed);
+            }
             tracing::error!(
                 task = %def.name, outcome = last.outcome.label(), reason = failure_reason(&last),
                 duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting, records, stdout = output(&last.stdout), stderr = output(&last.stderr),

@@ -51,10 +51,18 @@ impl Sandbox {
         self.dir.path().join(name)
     }
 
-    /// Writes `colibri.yaml` and returns its path.
+    /// Writes `colibri.yaml` and returns its path. A config without an `admin:` section gets one
+    /// on a free port (`127.0.0.1:0`; the log's "admin endpoint listening" names it), so tests
+    /// running side by side do not fight over the default 9464.
     pub fn write_config(&self, yaml: &str) -> PathBuf {
         let path = self.file("colibri.yaml");
-        std::fs::write(&path, yaml).expect("write the config");
+        let has_admin = yaml.lines().any(|l| l.starts_with("admin:"));
+        let text = if has_admin {
+            yaml.to_string()
+        } else {
+            format!("{yaml}\nadmin: {{ listen: \"127.0.0.1:0\" }}\n")
+        };
+        std::fs::write(&path, text).expect("write the config");
         path
     }
 

@@ -1,0 +1,237 @@
+//! What a reload changes: [`plan`] compares the running config with a newly loaded one, entry by
+//! entry (by what the file said for each task, sink, stream and source, after `${VAR}`
+//! expansion), and says what to start, restart and stop, and which settings need a restart of the
+//! process (they shape storage or listeners: `data_dir`, `storage`, `streams`, `ingest`, `admin`,
+//! `log`, `workers`, `shutdown_grace`); those keep their running values, so the config the plan
+//! hands back (`effective`) is the new file with them put back. Pure: the agent applies the plan.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::task::{Action, TaskDef};
+
+/// Top-level settings a running process cannot change.
+const RESTART_ONLY: &[&str] = &[
+    "data_dir",
+    "storage",
+    "ingest",
+    "admin",
+    "log",
+    "workers",
+    "shutdown_grace",
+];
+
+#[derive(Debug, Default)]
+pub struct Changes<T> {
+    pub added: Vec<T>,
+    pub changed: Vec<T>,
+    pub removed: Vec<String>,
+}
+
+impl<T> Changes<T> {
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
+    }
+}
+
+pub struct Plan {
+    pub tasks: Changes<Arc<TaskDef>>,
+    /// Sink names (their config is in `effective`).
+    pub sinks: Changes<String>,
+    pub sources: Changes<String>,
+    /// Settings that changed in the file but keep their running value until a restart.
+    pub needs_restart: Vec<String>,
+    pub effective: Config,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+            && self.sinks.is_empty()
+            && self.sources.is_empty()
+            && self.needs_restart.is_empty()
+    }
+}
+
+fn diff(
+    old: &std::collections::BTreeMap<String, String>,
+    new: &std::collections::BTreeMap<String, String>,
+) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let mut added = Vec::new();
+    let mut changed = Vec::new();
+    for (k, v) in new {
+        match old.get(k) {
+            None => added.push(k.clone()),
+            Some(o) if o != v => changed.push(k.clone()),
+            Some(_) => {}
+        }
+    }
+    let removed = old
+        .keys()
+        .filter(|k| !new.contains_key(*k))
+        .cloned()
+        .collect();
+    (added, changed, removed)
+}
+
+/// Compares `old` (running) with `new` (just loaded and valid).
+pub fn plan(old: &Config, mut new: Config) -> Plan {
+    let (of, nf) = (&old.fingerprint, &new.fingerprint);
+    let mut needs_restart = Vec::new();
+    let keys: BTreeSet<&String> = of.top.keys().chain(nf.top.keys()).collect();
+    for k in keys {
+        if of.top.get(k) != nf.top.get(k) && RESTART_ONLY.contains(&k.as_str()) {
+            needs_restart.push(k.clone());
+        }
+    }
+    let (sa, sc, sr) = diff(&of.streams, &nf.streams);
+    needs_restart.extend(
+        sa.iter()
+            .chain(&sc)
+            .chain(&sr)
+            .map(|s| format!("streams.{s}")),
+    );
+
+    // Sinks: only those a running stream delivers to matter (streams keep their running shape).
+    let used: BTreeSet<&str> = old
+        .streams
+        .iter()
+        .filter_map(|s| s.sink.as_deref())
+        .collect();
+    let (ka, kc, kr) = diff(&of.sinks, &nf.sinks);
+    let sinks = Changes {
+        added: ka
+            .into_iter()
+            .filter(|s| used.contains(s.as_str()))
+            .collect(),
+        changed: kc
+            .into_iter()
+            .filter(|s| used.contains(s.as_str()))
+            .collect(),
+        removed: kr,
+    };
+    // A sink that comes back changed may say something its scrapes depend on (the precision
+    // their timestamps are written in): those tasks are re-made too.
+    let touched: BTreeSet<&str> = sinks
+        .added
+        .iter()
+        .chain(&sinks.changed)
+        .map(String::as_str)
+        .collect();
+    let sink_of = |stream: &str| {
+        old.streams
+            .iter()
+            .find(|s| s.name == stream)
+            .and_then(|s| s.sink.as_deref())
+    };
+    let (ta, tc, tr) = diff(&of.tasks, &nf.tasks);
+    let mut tasks = Changes {
+        added: Vec::new(),
+        changed: Vec::new(),
+        removed: tr,
+    };
+    for def in &new.tasks {
+        let depends = match &def.action {
+            Action::HttpScrape(s) => sink_of(&s.stream).is_some_and(|k| touched.contains(k)),
+            _ => false,
+        };
+        if ta.contains(&def.name) {
+            tasks.added.push(Arc::clone(def));
+        } else if tc.contains(&def.name) || depends {
+            tasks.changed.push(Arc::clone(def));
+        }
+    }
+    let (ca, cc, cr) = diff(&of.sources, &nf.sources);
+    let sources = Changes {
+        added: ca,
+        changed: cc,
+        removed: cr,
+    };
+
+    // What cannot change now keeps its running value.
+    new.data_dir = old.data_dir.clone();
+    new.workers = old.workers;
+    new.shutdown_grace = old.shutdown_grace;
+    new.log_level = old.log_level;
+    new.log_format = old.log_format;
+    new.log_file = old.log_file.clone();
+    new.storage = old.storage;
+    new.streams = old.streams.clone();
+    new.ingest = old.ingest.clone();
+    new.admin = old.admin.clone();
+    for k in RESTART_ONLY {
+        match old.fingerprint.top.get(*k) {
+            Some(v) => new.fingerprint.top.insert(k.to_string(), v.clone()),
+            None => new.fingerprint.top.remove(*k),
+        };
+    }
+    new.fingerprint.streams = old.fingerprint.streams.clone();
+    Plan {
+        tasks,
+        sinks,
+        sources,
+        needs_restart,
+        effective: new,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn load(dir: &Path, yaml: &str) -> Config {
+        crate::config::load_str(yaml, &dir.join("c.yaml"), &|_| None).expect("valid")
+    }
+
+    const BASE: &str = r#"
+data_dir: data
+sinks:
+  a: { type: http, url: "http://127.0.0.1:1/a" }
+  tsdb: { type: http, url: "http://127.0.0.1:1/write", encoding: influx_line, precision: ms }
+streams: { logs: { sink: a }, metrics: { sink: tsdb } }
+tasks:
+  - { name: keep, type: exec, every: 1m, command: ["/bin/true"] }
+  - { name: edit, type: exec, every: 1m, command: ["/bin/true"] }
+  - { name: drop, type: exec, every: 1m, command: ["/bin/true"] }
+  - { name: scrape, type: http_scrape, every: 1m, url: "http://127.0.0.1:1/m", format: prometheus, stream: metrics }
+"#;
+
+    #[test]
+    fn only_what_changed_is_touched_and_storage_waits_for_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = load(dir.path(), BASE);
+        let edited = BASE
+            .replace(
+                "{ name: edit, type: exec, every: 1m,",
+                "{ name: edit, type: exec, every: 5m,",
+            )
+            .replace(
+                "  - { name: drop, type: exec, every: 1m, command: [\"/bin/true\"] }\n",
+                "  - { name: new, type: exec, every: 1m, command: [\"/bin/true\"] }\n",
+            )
+            .replace("data_dir: data", "data_dir: elsewhere\nworkers: 3")
+            .replace("precision: ms", "precision: s")
+            .replace("logs: { sink: a }", "logs: { sink: a, max_jobs: 5 }");
+        let p = plan(&old, load(dir.path(), &edited));
+        let names = |v: &[Arc<TaskDef>]| v.iter().map(|d| d.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&p.tasks.added), ["new"]);
+        // The scrape's own entry is the same, but its sink's precision is not.
+        assert_eq!(names(&p.tasks.changed), ["edit", "scrape"]);
+        assert_eq!(p.tasks.removed, ["drop"]);
+        assert_eq!(p.sinks.changed, ["tsdb"]);
+        assert!(p.sinks.added.is_empty() && p.sinks.removed.is_empty());
+        assert_eq!(p.needs_restart, ["data_dir", "workers", "streams.logs"]);
+        // Those keep their running values.
+        assert_eq!(p.effective.data_dir, old.data_dir);
+        assert_eq!(p.effective.workers, old.workers);
+        assert_eq!(p.effective.streams, old.streams);
+        // A second reload of the same file finds only the same restart-only settings changed.
+        let again = plan(&p.effective, load(dir.path(), &edited));
+        assert!(again.tasks.is_empty() && again.sinks.is_empty());
+        assert_eq!(again.needs_restart, ["data_dir", "workers", "streams.logs"]);
+        // And the unchanged file changes nothing at all.
+        assert!(plan(&old, load(dir.path(), BASE)).is_empty());
+    }
+}
