@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what colibri's tests need (Debian packages, when missing) and runs every check CI runs:
-# formatting, clippy, unit tests and integration tests against the real binary.
+# formatting, clippy, unit tests and integration tests against the real binary, then the binary as
+# shipped: the static release build, the Debian package and the deployment files (deploy/).
 # Usage: scripts/test.sh            (from anywhere; needs Rust stable with rustfmt and clippy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,11 @@ APT_NEEDS=(
   "date:coreutils"
   "victoria-metrics:victoria-metrics"   # tests/tsdb.rs: scrapes delivered to a real time-series database
   "mount:mount"                         # tests/file_move.rs: a tmpfs for the cross-filesystem test (as root)
+  "file:file"                           # the release binary is checked to be statically linked
+  "dpkg-deb:dpkg"                       # scripts/package.sh: builds and inspects the .deb
+  "cmp:diffutils"                       # scripts/package.sh: packaged files against their sources
+  "systemd-analyze:systemd"             # scripts/check-deploy.sh: verify the unit (no running systemd needed)
+  "python3:python3"                     # scripts/check-deploy.sh: the Grafana dashboard's JSON and queries
 )
 missing=()
 for pair in "${APT_NEEDS[@]}"; do
@@ -55,6 +61,35 @@ else
   echo "==> no nightly toolchain: building the fuzz targets on stable, uninstrumented"
   CARGO_TARGET_DIR=target cargo build --locked --manifest-path fuzz/Cargo.toml --bins
 fi
+
+# The binary as shipped (a fat-LTO release build into its own target dir: ~3.5 minutes on 2 cores),
+# its Debian package and the deployment files that go with it.
+echo "==> scripts/build-static.sh target/static"
+scripts/build-static.sh target/static
+static_bin=target/static/x86_64-unknown-linux-gnu/release/colibri
+if [[ -x scripts/release.sh ]]; then
+  scripts/release.sh --check target/static
+else
+  # Until scripts/release.sh carries the release checks: static, runs, within its size budget.
+  echo "==> checking $static_bin"
+  file -b "$static_bin" | grep -q 'statically linked' \
+    || { echo "error: $static_bin is not statically linked: $(file -b "$static_bin")" >&2; exit 1; }
+  "$static_bin" version
+  size="$(stat -c %s "$static_bin")"
+  budget=8000000   # bytes, stripped (../shared/DESIGN.md, BENCHMARKS.md)
+  echo "static binary: $size bytes (budget $budget)"
+  ((size <= budget)) || { echo "error: $static_bin is $size bytes, over the $budget-byte budget" >&2; exit 1; }
+fi
+# cargo-deb from crates.io (~40 s to build here), like cargo-fuzz above; pinned: its asset and
+# maintainer-script handling is what scripts/package.sh checks.
+if ! command -v cargo-deb >/dev/null 2>&1; then
+  echo "==> installing cargo-deb"
+  cargo install --locked cargo-deb --version 3.8.0   # the version scripts/package.sh was written against
+fi
+echo "==> scripts/package.sh target/static"
+scripts/package.sh target/static
+echo "==> scripts/check-deploy.sh $static_bin"
+scripts/check-deploy.sh "$static_bin"
 
 # One closing line for the whole run (cargo's last block is the doc-tests, usually empty).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1); if ($i ~ /^ignored;?$/) s += $(i-1) } }
