@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Release builds of colibri: the static x86_64 binary (glibc static, not PIE, stripped, size-optimised;
+# see scripts/build-static.sh and BENCHMARKS.md) and, where rustup can add the target and Debian's
+# cross compiler is installed, a static aarch64 one. Each is checked: statically linked, runs
+# `colibri version` (the aarch64 one under qemu-user when it is installed), within the size budget.
+#
+# Usage:
+#   scripts/release.sh [target-dir]           build both (aarch64 when possible), check, copy to dist/
+#   scripts/release.sh --check [target-dir]   only check the x86_64 binary already built there (CI)
+# target-dir defaults to target/static. Needs for aarch64: `rustup target add
+# aarch64-unknown-linux-gnu` and Debian's gcc-aarch64-linux-gnu + libc6-dev-arm64-cross
+# (qemu-user-static to run it); without them the aarch64 build is skipped with the reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+check_only=false
+if [[ "${1:-}" == "--check" ]]; then
+  check_only=true
+  shift
+fi
+target_dir=${1:-target/static}
+# Bytes, stripped (../shared/DESIGN.md's budget; BENCHMARKS.md has the history).
+budget=8000000
+
+check() { # <binary> <arch label> [runner...]
+  local bin=$1 arch=$2
+  shift 2
+  [[ -x "$bin" ]] || { echo "error: $bin does not exist (build it first)" >&2; exit 1; }
+  local kind
+  kind=$(file -b "$bin")
+  [[ "$kind" == *"statically linked"* ]] \
+    || { echo "error: $bin ($arch) is not statically linked: $kind" >&2; exit 1; }
+  local size
+  size=$(stat -c %s "$bin")
+  if (($# > 0)) || [[ "$arch" == x86_64 ]]; then
+    local v
+    v=$("$@" "$bin" version) || { echo "error: $bin ($arch) does not run" >&2; exit 1; }
+    echo "$arch: $v"
+  else
+    echo "$arch: not run (no qemu-aarch64-static)"
+  fi
+  echo "$arch: $size bytes, static (budget $budget)"
+  ((size <= budget)) || { echo "error: $bin ($arch) is $size bytes, over the $budget-byte budget" >&2; exit 1; }
+}
+
+x86="$target_dir/x86_64-unknown-linux-gnu/release/colibri"
+if $check_only; then
+  check "$x86" x86_64
+  exit 0
+fi
+
+scripts/build-static.sh "$target_dir" >/dev/null
+check "$x86" x86_64
+mkdir -p dist
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+cp "$x86" "dist/colibri-$version-x86_64-linux"
+
+arm_target=aarch64-unknown-linux-gnu
+if ! rustup target list --installed 2>/dev/null | grep -qx "$arm_target"; then
+  rustup target add "$arm_target" >/dev/null 2>&1 || true
+fi
+if ! rustup target list --installed 2>/dev/null | grep -qx "$arm_target"; then
+  echo "aarch64: skipped (rustup cannot add $arm_target here)"
+elif ! command -v aarch64-linux-gnu-gcc >/dev/null 2>&1; then
+  echo "aarch64: skipped (no aarch64-linux-gnu-gcc: apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross)"
+else
+  # The same flags as the x86_64 build; ring's C and assembly are built by the cross compiler.
+  CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
+  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+  RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static" \
+    cargo build --release --locked --no-default-features --target "$arm_target" --target-dir "$target_dir"
+  arm="$target_dir/$arm_target/release/colibri"
+  if command -v qemu-aarch64-static >/dev/null 2>&1; then
+    check "$arm" aarch64 qemu-aarch64-static
+  else
+    check "$arm" aarch64
+  fi
+  cp "$arm" "dist/colibri-$version-aarch64-linux"
+fi
+ls -l dist/
