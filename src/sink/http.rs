@@ -592,7 +592,7 @@ pub fn parse_retry_after(v: &HeaderValue) -> Option<Duration> {
 
 /// An error and its causes on one line: reqwest's own message alone says little ("error sending
 /// request"); the cause says "connection refused" or "invalid peer certificate: UnknownIssuer".
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

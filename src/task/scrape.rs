@@ -13,6 +13,7 @@ use super::{Attempt, Outcome, RunContext};
 use crate::scrape::json::JsonMapping;
 use crate::scrape::lineproto::Precision;
 use crate::scrape::{json, prometheus};
+use crate::sink::http::chain;
 
 /// How an answer becomes records.
 #[derive(Debug, Clone)]
@@ -196,19 +197,4 @@ impl Scrape {
             .map_err(|e| format!("{n} records not stored: {e}"))?;
         Ok(n)
     }
-}
-
-/// An error and its causes on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
 }
