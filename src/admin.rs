@@ -108,8 +108,8 @@ impl AgentState {
         }
     }
 
-    /// Why colibri is not ready, if it is not.
-    pub async fn not_ready(&self) -> Option<String> {
+    /// Why colibri is not ready, if it is not; the store writer must answer within `wait`.
+    pub async fn not_ready(&self, wait: Duration) -> Option<String> {
         if self.stopping.load(Relaxed) {
             return Some("stopping".into());
         }
@@ -120,13 +120,10 @@ impl AgentState {
             if !store.stats().store_open.load(Relaxed) {
                 return Some("the store is not open (reopening after an i/o error)".into());
             }
-            if tokio::time::timeout(STORE_ANSWER, store.snapshot())
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout(wait, store.snapshot()).await.is_err() {
                 return Some(format!(
-                    "the store writer did not answer within {}s",
-                    STORE_ANSWER.as_secs()
+                    "the store writer did not answer within {} ms",
+                    wait.as_millis()
                 ));
             }
         }
@@ -256,7 +253,7 @@ async fn handle(
     }
     match path.as_str() {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
-        "/readyz" => match state.not_ready().await {
+        "/readyz" => match state.not_ready(STORE_ANSWER).await {
             None => text(StatusCode::OK, "ready\n".into()),
             Some(why) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -674,7 +671,7 @@ fn sink_metrics(
     t.family(
         "colibri_sink_link_transitions_total",
         Kind::Counter,
-        "Times the link went down.",
+        "Link state changes, down and up (an outage counts two once it is over).",
     );
     for rt in sinks {
         t.sample(

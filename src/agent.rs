@@ -40,6 +40,10 @@ use crate::task::RunContext;
 
 /// Exit status after a second stop signal cut the grace short.
 pub const EXIT_FORCED: i32 = 1;
+/// How long a watchdog check waits for the store writer's answer.
+const WATCHDOG_STORE_WAIT: Duration = Duration::from_millis(500);
+/// How long the stop waits for the store writer's final counters (for the delivery summary).
+const SUMMARY_WAIT: Duration = Duration::from_secs(5);
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // Signals first: a SIGTERM during start-up then stops colibri cleanly instead of killing it.
@@ -121,7 +125,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 let _ = req.reply.send(r);
             }
             _ = beat.tick(), if watchdog.is_some() => {
-                if agent.state.not_ready().await.is_none() {
+                // Bounded, so signals and reloads are never held up for long: a writer that
+                // misses one beat is retried at the next, and one that is stuck for WatchdogSec
+                // gets colibri restarted.
+                if agent.state.not_ready(WATCHDOG_STORE_WAIT).await.is_none() {
                     notify("WATCHDOG=1");
                 }
             }
@@ -147,7 +154,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let runtimes = agent.parts.runtimes();
         agent.parts.join().await;
         if let Some(handle) = &store_handle {
-            let snap = handle.snapshot().await.unwrap_or_default();
+            let snap = tokio::time::timeout(SUMMARY_WAIT, handle.snapshot())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
             for rt in &runtimes {
                 log_summary(rt, &snap);
             }
@@ -225,6 +236,18 @@ impl Agent {
         let new = crate::config::load(&self.config.source).map_err(|e| e.to_string())?;
         let plan = crate::reload::plan(&self.config, new);
         let effective = Arc::new(plan.effective);
+        // Everything that can still fail comes first (building a sink reads its TLS files), so a
+        // refused reload has changed nothing.
+        let mut built = BTreeMap::new();
+        if self.store.is_some() {
+            for name in plan.sinks.added.iter().chain(&plan.sinks.changed) {
+                if let Some(cfg) = effective.sinks.iter().find(|s| &s.name == name) {
+                    let sink = crate::sink::Sink::new(Arc::clone(cfg))
+                        .map_err(|e| format!("sinks.{name}: {e}"))?;
+                    built.insert(name.clone(), sink);
+                }
+            }
+        }
         let mut changes = Vec::new();
         for key in &plan.needs_restart {
             tracing::warn!(setting = %key, "changed in the file, needs restart: the running value stays until then");
@@ -254,9 +277,13 @@ impl Agent {
                 ("restarted", &plan.sinks.changed),
             ] {
                 for name in names {
-                    self.parts
-                        .start_sink(&effective, name, store, &self.stopping)
-                        .map_err(|e| format!("sinks.{name}: {e}"))?;
+                    match built.remove(name) {
+                        Some(sink) => {
+                            self.parts
+                                .start_sink(&effective, sink, store, &self.stopping)
+                        }
+                        None => self.parts.stop_sink(name),
+                    }
                     changes.push(format!("sink {name}: {what}"));
                 }
             }
@@ -324,10 +351,10 @@ impl Parts {
         let Some(store) = store else {
             return Ok(parts);
         };
-        for sink in &config.sinks {
-            parts
-                .start_sink(config, &sink.name, &store, stopping)
-                .map_err(|e| anyhow::anyhow!("sinks.{}: {e}", sink.name))?;
+        for cfg in &config.sinks {
+            let sink = crate::sink::Sink::new(Arc::clone(cfg))
+                .map_err(|e| anyhow::anyhow!("sinks.{}: {e}", cfg.name))?;
+            parts.start_sink(config, sink, &store, stopping);
         }
         // The ingest API is bound now, so a taken port stops the start.
         if let Some(ingest) = &config.ingest {
@@ -348,20 +375,18 @@ impl Parts {
         self.sinks.values().map(|g| Arc::clone(&g.rt)).collect()
     }
 
-    /// Starts (or, when it runs, restarts) the sink `name` of `config` with the streams that
-    /// deliver to it; a sink no stream uses is not started. A restarted sink's workers begin once
-    /// the old ones have finished their requests; its counters carry over.
+    /// Starts (or, when it runs, restarts) `sink` with the streams of `config` that deliver to it;
+    /// a sink no stream uses is not started. A restarted sink's workers begin once the old ones
+    /// have finished their requests; its counters carry over.
     fn start_sink(
         &mut self,
         config: &Config,
-        name: &str,
+        sink: crate::sink::Sink,
         store: &writer::StoreHandle,
         stopping: &CancellationToken,
-    ) -> Result<(), String> {
-        let Some(cfg) = config.sinks.iter().find(|s| s.name == name) else {
-            self.stop_sink(name);
-            return Ok(());
-        };
+    ) {
+        let name = sink.name().to_string();
+        let name = name.as_str();
         let streams: Vec<String> = config
             .streams
             .iter()
@@ -370,9 +395,8 @@ impl Parts {
             .collect();
         if streams.is_empty() {
             self.stop_sink(name);
-            return Ok(());
+            return;
         }
-        let sink = crate::sink::Sink::new(Arc::clone(cfg)).map_err(|e| e.to_string())?;
         let (stats, before) = match self.sinks.remove(name) {
             Some(old) => {
                 old.stop.cancel();
@@ -399,7 +423,6 @@ impl Parts {
         ));
         self.sinks
             .insert(name.to_string(), SinkGroup { rt, stop, task });
-        Ok(())
     }
 
     fn stop_sink(&mut self, name: &str) {

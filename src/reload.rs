@@ -78,7 +78,7 @@ fn diff(
 /// Compares `old` (running) with `new` (just loaded and valid).
 pub fn plan(old: &Config, mut new: Config) -> Plan {
     let (of, nf) = (&old.fingerprint, &new.fingerprint);
-    let mut needs_restart = Vec::new();
+    let mut needs_restart: Vec<String> = Vec::new();
     let keys: BTreeSet<&String> = of.top.keys().chain(nf.top.keys()).collect();
     for k in keys {
         if of.top.get(k) != nf.top.get(k) && RESTART_ONLY.contains(&k.as_str()) {
@@ -131,14 +131,45 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
         changed: Vec::new(),
         removed: tr,
     };
+    // A task compiled against settings that need a restart (a stream that is not running, a
+    // spool under a new data_dir or new storage bounds) waits for the restart too: run now, it
+    // would spool or store where nothing delivers.
+    let storage_changed = needs_restart
+        .iter()
+        .any(|k| k == "data_dir" || k == "storage");
+    let mut held: Vec<String> = Vec::new();
     for def in &new.tasks {
-        let depends = match &def.action {
-            Action::HttpScrape(s) => sink_of(&s.stream).is_some_and(|k| touched.contains(k)),
-            _ => false,
+        let (stream, spools) = match &def.action {
+            Action::HttpScrape(s) => (Some(s.stream.as_str()), false),
+            Action::FileMove(m) => match &m.ship {
+                Some(ship) => (Some(ship.stream.as_str()), true),
+                None => (None, false),
+            },
+            Action::Exec(_) => (None, false),
         };
-        if ta.contains(&def.name) {
+        let depends = stream
+            .and_then(sink_of)
+            .is_some_and(|k| touched.contains(k))
+            && matches!(def.action, Action::HttpScrape(_));
+        let is_new = ta.contains(&def.name);
+        if !(is_new || tc.contains(&def.name) || depends) {
+            continue;
+        }
+        let waits = match stream {
+            Some(st) if !old.streams.iter().any(|s| s.name == st) => {
+                Some(format!("its stream {st:?} is not running"))
+            }
+            Some(_) if spools && storage_changed => {
+                Some("it spools under data_dir, whose settings changed".to_string())
+            }
+            _ => None,
+        };
+        if let Some(why) = waits {
+            needs_restart.push(format!("tasks.{} ({why})", def.name));
+            held.push(def.name.clone());
+        } else if is_new {
             tasks.added.push(Arc::clone(def));
-        } else if tc.contains(&def.name) || depends {
+        } else {
             tasks.changed.push(Arc::clone(def));
         }
     }
@@ -167,6 +198,17 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
         };
     }
     new.fingerprint.streams = old.fingerprint.streams.clone();
+    // Held tasks keep running as they are (or stay absent), so the next reload sees them again.
+    for name in &held {
+        new.tasks.retain(|t| &t.name != name);
+        if let Some(t) = old.tasks.iter().find(|t| &t.name == name) {
+            new.tasks.push(Arc::clone(t));
+        }
+        match old.fingerprint.tasks.get(name) {
+            Some(v) => new.fingerprint.tasks.insert(name.clone(), v.clone()),
+            None => new.fingerprint.tasks.remove(name),
+        };
+    }
     Plan {
         tasks,
         sinks,
@@ -233,5 +275,29 @@ tasks:
         assert_eq!(again.needs_restart, ["data_dir", "workers", "streams.logs"]);
         // And the unchanged file changes nothing at all.
         assert!(plan(&old, load(dir.path(), BASE)).is_empty());
+    }
+
+    #[test]
+    fn a_task_on_a_stream_that_is_not_running_waits_for_the_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = load(dir.path(), BASE);
+        let edited = BASE.replace(
+            "streams: { logs: { sink: a }, metrics: { sink: tsdb } }",
+            "streams: { logs: { sink: a }, metrics: { sink: tsdb }, more: {} }",
+        ) + "  - { name: late, type: http_scrape, every: 1m, url: \"http://127.0.0.1:1/m\", format: raw, stream: more }\n";
+        let p = plan(&old, load(dir.path(), &edited));
+        assert!(p.tasks.is_empty(), "nothing applied: {:?}", p.tasks.added);
+        assert_eq!(
+            p.needs_restart,
+            [
+                "streams.more",
+                "tasks.late (its stream \"more\" is not running)"
+            ]
+        );
+        assert!(p.effective.tasks.iter().all(|t| t.name != "late"));
+        // The next reload of the same file holds it again (until the restart).
+        let again = plan(&p.effective, load(dir.path(), &edited));
+        assert!(again.tasks.is_empty());
+        assert_eq!(again.needs_restart.len(), 2);
     }
 }

@@ -357,3 +357,42 @@ fn kill_9_while_spooling_and_uploading_loses_no_file_and_archives_each_once() {
     let s = stats(&config);
     assert_eq!(s["streams"][0]["balanced"], true, "{s:#}");
 }
+
+#[test]
+fn a_spooled_file_that_shrank_is_dead_lettered_not_retried_forever() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start_digesting();
+    rx.set_mode(Mode::Refuse);
+    let config = config(&sb, &rx.url("/upload"), "");
+    make_files(&sb.file("in"), 1, 100_000, 100_001, 3);
+    let mut agent = Proc::run(&config);
+    let spool = sb.file("data/spool/ship-scans");
+    agent.wait_until(secs(20), "the file spooled", || names(&spool).len() == 1);
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
+    // Damage the spooled copy: it now holds fewer bytes than its job recorded.
+    let spooled = spool.join(&names(&spool)[0]);
+    File::options()
+        .write(true)
+        .open(&spooled)
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    rx.set_mode(Mode::Accept);
+    let mut agent = Proc::run(&config);
+    let dead = agent.wait_for_event(secs(30), "the job dead-lettered", |e| {
+        field(e, "message") == "delivery failed for good; job moved to the dead letters"
+    });
+    assert!(
+        field(&dead, "error").contains("no longer holds its 100000 bytes"),
+        "{dead}"
+    );
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
+    let s = stats(&config);
+    assert_eq!(s["streams"][0]["counters"]["dead_records"], 1, "{s:#}");
+    assert!(
+        rx.requests().iter().all(|r| r.status != Some(200)),
+        "nothing half-delivered"
+    );
+}

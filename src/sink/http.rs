@@ -23,6 +23,10 @@ pub const USER_AGENT: &str = concat!("colibri/", env!("CARGO_PKG_VERSION"));
 const BODY_PREFIX: usize = 256;
 /// Bodies at least this large are compressed off the event loop.
 const COMPRESS_INLINE_MAX: usize = 64 << 10;
+/// The slowest upload rate a file is allowed before its request counts as stalled: the sink's
+/// `timeout` covers the answer, and a file's body gets this much more time (a 50 MB scan on a
+/// 64 KiB/s uplink takes 13 minutes and must not be cut at the 10 s default).
+const MIN_UPLOAD_RATE: u64 = 64 << 10;
 
 /// The compiled `type: http` settings.
 #[derive(Clone, PartialEq, Eq)]
@@ -353,12 +357,25 @@ impl HttpSink {
         let req = self
             .client
             .request(self.method.clone(), self.url.clone())
+            .timeout(self.timeout + Duration::from_secs(len / MIN_UPLOAD_RATE))
             .header(CONTENT_TYPE, "application/octet-stream")
             .header(CONTENT_LENGTH, len)
             .header(CONTENT_DISPOSITION, content_disposition(name))
             .header("idempotency-key", key)
             .body(reqwest::Body::wrap(body));
-        self.exchange(req).await
+        match self.exchange(req).await {
+            // A failure that came from reading the file, not from the peer, is not an outage: a
+            // spooled file that shrank or vanished can never be sent whole.
+            Err(DeliveryError::Unavailable(reason))
+                if std::fs::metadata(path).map_or(true, |m| m.len() < len) =>
+            {
+                Err(DeliveryError::Permanent(format!(
+                    "the spooled file {} no longer holds its {len} bytes ({reason})",
+                    path.display()
+                )))
+            }
+            other => other,
+        }
     }
 
     /// Sends a request and classifies the outcome.

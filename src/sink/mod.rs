@@ -253,7 +253,10 @@ impl Sink {
             SinkKind::File { dir } => {
                 use std::os::unix::ffi::OsStrExt;
                 let mut name = format!("{}-{:020}-", batch.stream, batch.job).into_bytes();
-                name.extend_from_slice(file.name.as_bytes());
+                // Cut so the name (and its temporary `.<name>.tmp`) stays within NAME_MAX (255).
+                let original = file.name.as_bytes();
+                let room = 250usize.saturating_sub(name.len() + 5);
+                name.extend_from_slice(&original[..original.len().min(room)]);
                 let (dir, src, len) = (dir.clone(), file.path.clone(), file.len);
                 let written = tokio::task::spawn_blocking(move || {
                     copy_atomically(&src, len, &dir, std::ffi::OsStr::from_bytes(&name))

@@ -1583,6 +1583,26 @@ impl<'s> Tx<'s> {
         let mut q = txn.open_table(QUARANTINE).map_err(io)?;
         let key = q.last().map_err(io)?.map_or(1, |(k, _)| k.value() + 1);
         q.insert(key, bytes.as_slice()).map_err(io)?;
+        drop(q);
+        // A file job's file is intact even when its job is not: forget that this job ships it, so
+        // its task's recovery queues the file again instead of leaving it in the spool for good.
+        // Rare (a damaged value), so a scan of the spool table is fine.
+        if matches!(raw.first(), Some(&format::VERSION_FILE)) {
+            let mut spool = txn.open_table(SPOOL).map_err(io)?;
+            let mut mine = Vec::new();
+            for e in spool.iter().map_err(io)? {
+                let (k, v) = e.map_err(io)?;
+                if let Some(SpoolEntry::Queued { stream: s, job }) = spool_entry(v.value())
+                    && s == stream
+                    && job == id
+                {
+                    mine.push(k.value().to_vec());
+                }
+            }
+            for k in mine {
+                spool.remove(k.as_slice()).map_err(io)?;
+            }
+        }
         tracing::error!(
             stream,
             table = table.name(),
@@ -2249,7 +2269,8 @@ impl<'s> Tx<'s> {
         if let Some(entry) = known {
             if let Some(SpoolEntry::Dispose { name, archive }) = entry {
                 // Delivered already and back on disk (a disposal lost to a crash): dispose again.
-                self.disposals.push(Disposal {
+                // The entry is durable already, so this needs no commit of its own.
+                self.store.disposals.push(Disposal {
                     spool: spool.to_vec(),
                     name,
                     archive,

@@ -3642,3 +3642,38 @@ fn dead_file_jobs_are_replayed_with_their_file_and_purged_with_it() {
     assert!(!path.exists(), "a purged file job takes its file along");
     assert!(spool_entries(&s).is_empty());
 }
+
+#[test]
+fn a_damaged_file_job_is_quarantined_and_its_intact_file_can_be_queued_again() {
+    let d = Dir::new(vec![stream(S)]);
+    let mut s = d.open();
+    let key = spool_file(&d, "x", 100);
+    append_file(&mut s, S, &key, 100, None).unwrap();
+    // Flip a byte of the stored value (bit rot on the card).
+    {
+        let Db::Rw(db) = &s.db else {
+            panic!("writable")
+        };
+        let txn = db.begin_write().unwrap();
+        {
+            let st = &s.streams[S];
+            let mut t = txn.open_table(st.ready_def()).unwrap();
+            let mut v = t.get(1).unwrap().unwrap().value().to_vec();
+            let last = v.len() - 1;
+            v[last] ^= 0xff;
+            t.insert(1, v.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let jobs = take(&mut s, S, 10, T0);
+    assert!(jobs.is_empty());
+    let c = counters(&s, S);
+    assert_eq!((c.quarantined_records, c.ready_jobs), (1, 0));
+    assert!(!s.spool_known(&key).unwrap(), "the spool entry is released");
+    // The task's recovery queues the same file again, as a new job.
+    assert_eq!(
+        append_file(&mut s, S, &key, 100, None).unwrap(),
+        FileAppend::Queued { id: 2 }
+    );
+    assert!(counters(&s, S).balanced());
+}

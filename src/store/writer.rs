@@ -462,8 +462,8 @@ struct Writer {
     store_id: Arc<AtomicU64>,
     /// The disposal thread, started at the first spooled file to delete or archive.
     janitor: Option<mpsc::Sender<Vec<Disposal>>>,
-    /// What it reports done.
-    disposed: Option<mpsc::Receiver<Vec<Vec<u8>>>>,
+    /// What it reports: the spool keys it disposed of, and how many it handled (failures too).
+    disposed: Option<mpsc::Receiver<(Vec<Vec<u8>>, usize)>>,
     /// Disposals handed to it and not yet reported.
     disposing: usize,
 }
@@ -514,6 +514,7 @@ impl Writer {
                 .spawn(move || {
                     // Ends when the writer drops its sender (shutdown).
                     for batch in rx {
+                        let handled = batch.len();
                         let mut done = Vec::with_capacity(batch.len());
                         for d in batch {
                             match super::spool::dispose(&data_dir, &d) {
@@ -526,7 +527,7 @@ impl Writer {
                                 ),
                             }
                         }
-                        if done_tx.send(done).is_err() {
+                        if done_tx.send((done, handled)).is_err() {
                             return;
                         }
                     }
@@ -548,12 +549,14 @@ impl Writer {
         }
     }
 
-    /// Spooled files the disposal thread finished with, to forget in the next transaction.
+    /// Spooled files the disposal thread disposed of, to forget in the next transaction (those
+    /// it could not are tried again at the next start).
     fn disposed(&mut self) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         if let Some(rx) = &self.disposed {
-            while let Ok(mut done) = rx.try_recv() {
+            while let Ok((mut done, handled)) = rx.try_recv() {
                 out.append(&mut done);
+                self.disposing = self.disposing.saturating_sub(handled);
             }
         }
         out
@@ -697,7 +700,6 @@ impl Writer {
         }
         let forget = self.disposed();
         if !forget.is_empty() {
-            self.disposing = self.disposing.saturating_sub(forget.len());
             work.push(Request::SpoolForget { spools: forget });
         }
         if work.is_empty() && self.parked.is_empty() {
@@ -827,6 +829,8 @@ impl Writer {
                 self.lose_store();
                 return;
             }
+            // Expired file jobs take their spooled files with them.
+            self.dispose();
         }
         let store = self.store.as_mut().expect("checked above");
         let idle = self.last_request.elapsed() >= COMPACT_AFTER_IDLE;
@@ -835,7 +839,9 @@ impl Writer {
             .all(|(cfg, c)| c.ready_jobs + c.retry_jobs == 0 && store.in_flight(&cfg.name) == 0);
         if idle && drained && !self.compacted && self.parked.is_empty() {
             self.compacted = true;
-            if store.file_bytes() > store.stored_bytes() + COMPACT_SLACK {
+            // redb's own count of free pages: stored_bytes counts spooled files, which are not in
+            // the database file.
+            if store.reclaimable_bytes().unwrap_or(0) > COMPACT_SLACK {
                 let started = Instant::now();
                 match store.compact() {
                     Ok(freed) => tracing::info!(

@@ -173,6 +173,18 @@ impl FileMove {
                 return report;
             }
         };
+        let _claim = match ship {
+            Some((s, _)) => match ship::claim(&s.spool_dir) {
+                Some(c) => Some(c),
+                None => {
+                    report.scan_error = Some(
+                        "a run of this task from before a reload is still going; this run waits for the next".into(),
+                    );
+                    return report;
+                }
+            },
+            None => None,
+        };
         if let Some((s, store)) = ship
             && !s.recovered.load(Ordering::Relaxed)
             && let Err(e) = ship::recover(self, s, store, stop)

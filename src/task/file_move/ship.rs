@@ -46,6 +46,32 @@ pub struct Ship {
     pub recovered: Arc<AtomicBool>,
 }
 
+/// Spool directories a run is working in (this process is the only writer of its data_dir).
+static BUSY: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// A run's hold on its spool directory: two runs of one task never overlap (the scheduler sees to
+/// that) unless a reload removed the task and added it again while a run went on; the second must
+/// then wait, or its recovery would take the first run's copy for a leftover.
+pub struct Claim(PathBuf);
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        BUSY.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|p| p != &self.0);
+    }
+}
+
+/// Claims `dir`, or `None` while another run holds it.
+pub fn claim(dir: &Path) -> Option<Claim> {
+    let mut busy = BUSY.lock().unwrap_or_else(|e| e.into_inner());
+    if busy.iter().any(|p| p == dir) {
+        return None;
+    }
+    busy.push(dir.to_path_buf());
+    Some(Claim(dir.to_path_buf()))
+}
+
 fn ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -177,10 +203,16 @@ pub fn ship_one(
     }
     let spooled = spool::new_name(&c.name, ms(SystemTime::now()));
     let dst = ship.spool_dir.join(&spooled);
+    // From the moment the file is in the spool, an error leaves it there unqueued: the next run's
+    // recovery must look (it queues it, or removes a copy whose source is still in `from`).
+    let rearm = |e: io::Error| {
+        ship.recovered.store(false, Ordering::Relaxed);
+        e
+    };
     let copied = match rename_noreplace(&src, &dst) {
         Ok(()) => {
-            fsync_dir(&ship.spool_dir)?;
-            fsync_dir(&m.from)?;
+            fsync_dir(&ship.spool_dir).map_err(rearm)?;
+            fsync_dir(&m.from).map_err(rearm)?;
             false
         }
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
@@ -207,7 +239,7 @@ pub fn ship_one(
                     return Ok(Some(Step::Changed));
                 }
                 fs::rename(&part, &dst)?;
-                fsync_dir(&ship.spool_dir)?;
+                fsync_dir(&ship.spool_dir).map_err(rearm)?;
                 Ok(None)
             })();
             match copy {
@@ -239,21 +271,22 @@ pub fn ship_one(
     match ship.queue(store, &spooled, &c.name, c.len, c.mtime) {
         Ok(_) => {
             if copied {
-                // Queued durably: only now does the source go.
-                fs::remove_file(&src)?;
-                fsync_dir(&m.from)?;
+                // Queued durably: only now does the source go (a failure leaves both copies:
+                // recovery removes the source of a queued copy).
+                fs::remove_file(&src).map_err(rearm)?;
+                fsync_dir(&m.from).map_err(rearm)?;
             }
             Ok(Step::Moved(dst))
         }
         Err(AppendError::Full { reason, .. }) => {
-            undo()?;
+            undo().map_err(rearm)?;
             Ok(Step::NoRoom(format!(
                 "stream {:?} is full: {reason}",
                 ship.stream
             )))
         }
         Err(AppendError::TooLarge { why, .. }) => {
-            undo()?;
+            undo().map_err(rearm)?;
             Err(io::Error::other(why))
         }
         Err(e) => {
