@@ -378,22 +378,13 @@ tasks:
     push.args(["queue", "push", "--config"])
         .arg(&config)
         .arg("logs");
-    // The store is created by the first run; a short life creates it.
-    {
-        let agent = Proc::run(&config);
-        agent.wait_for_event(secs(20), "the start", |e| {
-            field(e, "message") == "colibri started"
-        });
-        drop(agent);
-    }
-    rx.set_mode(Mode::Refuse);
+    // The store is created by the first run: a short life (stopped cleanly) creates it.
     let mut first = Proc::run(&config);
     first.wait_for_event(secs(20), "the start", |e| {
         field(e, "message") == "colibri started"
     });
     first.signal(libc::SIGTERM);
-    first.wait_exit(secs(20));
-    rx.set_mode(Mode::Accept);
+    assert_code(first.wait_exit(secs(20)), 0, &first.stderr());
     let pushed = {
         use std::io::Write;
         let mut child = push
