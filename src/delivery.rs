@@ -506,22 +506,17 @@ async fn send_paced(
     batch: &Batch<'_>,
     replaying: &AtomicBool,
 ) -> Result<u64, DeliveryError> {
-    if let Some(file) = batch.file {
-        // A file job: streamed from the spool, paced by the file's size.
-        if let Some(p) = &rt.pacer
-            && replaying.load(Relaxed)
-        {
-            pace(p, file.len).await;
-        }
-        let _permit = rt.in_flight.acquire().await;
-        let started = Instant::now();
-        let sent = rt.sink.send_file(batch, file).await;
-        rt.stats.request_duration.observe(started.elapsed());
-        sent?;
-        return Ok(file.len);
-    }
-    let body = rt.sink.body(batch).await?;
-    let len = body.len() as u64;
+    // A file job is streamed from the spool (its size is what goes over the wire); records are
+    // encoded (and compressed) into a body first.
+    let body = match batch.file {
+        Some(_) => None,
+        None => Some(rt.sink.body(batch).await?),
+    };
+    let len = match (&body, batch.file) {
+        (Some(b), _) => b.len() as u64,
+        (None, Some(f)) => f.len,
+        (None, None) => 0,
+    };
     if let Some(p) = &rt.pacer
         && replaying.load(Relaxed)
     {
@@ -529,7 +524,11 @@ async fn send_paced(
     }
     let _permit = rt.in_flight.acquire().await;
     let started = Instant::now();
-    let sent = rt.sink.send(batch, body).await;
+    let sent = match (body, batch.file) {
+        (Some(body), _) => rt.sink.send(batch, body).await,
+        (None, Some(file)) => rt.sink.send_file(batch, file).await,
+        (None, None) => Ok(()),
+    };
     rt.stats.request_duration.observe(started.elapsed());
     sent?;
     Ok(len)

@@ -205,15 +205,13 @@ impl Sink {
             SinkKind::File { dir } => {
                 let (dir, name) = (dir.clone(), batch.file_name());
                 // Off the event loop: a stat of a stale network mount can block for minutes.
-                let written =
-                    tokio::task::spawn_blocking(move || write_atomically(&dir, &name, &body))
-                        .await
-                        .map_err(|e| {
-                            DeliveryError::transient(format!(
-                                "{}: writer stopped: {e}",
-                                self.describe()
-                            ))
-                        })?;
+                let written = tokio::task::spawn_blocking(move || {
+                    write_atomically(&dir, name.as_ref(), |f| f.write_all(&body))
+                })
+                .await
+                .map_err(|e| {
+                    DeliveryError::transient(format!("{}: writer stopped: {e}", self.describe()))
+                })?;
                 match written {
                     Ok(()) => Ok(()),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(
@@ -259,7 +257,9 @@ impl Sink {
                 name.extend_from_slice(&original[..original.len().min(room)]);
                 let (dir, src, len) = (dir.clone(), file.path.clone(), file.len);
                 let written = tokio::task::spawn_blocking(move || {
-                    copy_atomically(&src, len, &dir, std::ffi::OsStr::from_bytes(&name))
+                    write_atomically(&dir, std::ffi::OsStr::from_bytes(&name), |f| {
+                        copy_exactly(&src, len, f)
+                    })
                 })
                 .await
                 .map_err(|e| {
@@ -361,13 +361,13 @@ fn short(n: u64, len: u64) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Copies the first `len` bytes of `src` to `dir/name` the way [`write_atomically`] writes: whole
-/// or not at all, durable before it counts as delivered.
-fn copy_atomically(
-    src: &Path,
-    len: u64,
+/// Writes `dir/name` so that it appears whole or not at all, and stays after a power cut: `fill`
+/// writes a temporary file, which is fsync'd and renamed over the final name, then the directory is
+/// fsync'd. The directory must exist (a missing one is `NotFound`: an outage, not created).
+fn write_atomically(
     dir: &Path,
     name: &std::ffi::OsStr,
+    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
     if !dir.is_dir() {
         return Err(std::io::Error::new(
@@ -375,15 +375,13 @@ fn copy_atomically(
             "the directory does not exist (colibri does not create it)",
         ));
     }
-    let mut input = std::fs::File::open(src)?;
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(name);
     tmp_name.push(".tmp");
     let tmp = dir.join(tmp_name);
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
-        let n = std::io::copy(&mut std::io::Read::take(&mut input, len), &mut f)?;
-        short(n, len)?;
+        fill(&mut f)?;
         f.sync_all()?;
         std::fs::rename(&tmp, dir.join(name))?;
         std::fs::File::open(dir)?.sync_all()
@@ -394,27 +392,11 @@ fn copy_atomically(
     result
 }
 
-/// Writes `dir/name` so that it appears whole or not at all, and stays after a power cut: a
-/// temporary file, fsync, rename over the final name, fsync of the directory.
-fn write_atomically(dir: &Path, name: &str, body: &[u8]) -> std::io::Result<()> {
-    if !dir.is_dir() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "the directory does not exist (colibri does not create it)",
-        ));
-    }
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(body)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, dir.join(name))?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+/// The first `len` bytes of the file at `src`, copied into `out`.
+fn copy_exactly(src: &Path, len: u64, out: &mut std::fs::File) -> std::io::Result<()> {
+    let mut input = std::fs::File::open(src)?;
+    let n = std::io::copy(&mut std::io::Read::take(&mut input, len), out)?;
+    short(n, len)
 }
 
 #[cfg(test)]
