@@ -17,10 +17,11 @@
 //!
 //! A *file job* ships one file that a `file_move` task spooled into `data_dir/spool/` (see
 //! [`spool`]): the job refers to the file, and its bytes count towards the bounds. The SPOOL table
-//! follows each spooled file: queued while a job refers to it, then, in the same transaction that
-//! removes the job (delivered, dropped, expired, purged), to be disposed of (deleted, or moved to
-//! the task's `archive` after delivery); the entry is forgotten once that is done on disk, so a crash
-//! at any point neither re-sends a delivered file nor loses a queued one.
+//! lists each spooled file while a job refers to it; the transaction that removes the job
+//! (delivered, dropped, expired, purged) moves its entry to DISPOSE (delete the file, or move it to
+//! the task's `archive` after delivery), and the entry is forgotten once that is done on disk, so a
+//! crash at any point neither re-sends a delivered file nor loses a queued one. Start-up reads only
+//! DISPOSE (normally empty), never the list of queued files.
 
 pub mod format;
 pub mod spool;
@@ -59,8 +60,11 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const COUNTERS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counters");
 const CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("checkpoints");
 const QUARANTINE: TableDefinition<u64, &[u8]> = TableDefinition::new("quarantine");
-/// Spooled files by their path relative to the data directory: a postcard [`SpoolEntry`].
+/// Spooled files a job ships, by their path relative to the data directory: a postcard
+/// [`SpoolEntry::Queued`].
 const SPOOL: TableDefinition<&[u8], &[u8]> = TableDefinition::new("spool");
+/// Spooled files whose jobs left the store, not yet deleted or archived: [`SpoolEntry::Dispose`].
+const DISPOSE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("spool_dispose");
 
 /// What became of a spooled file. Variants are only ever appended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -639,6 +643,7 @@ fn create_fresh(path: &Path) -> Result<(), StoreError> {
             txn.open_table(CHECKPOINTS).map_err(io)?;
             txn.open_table(QUARANTINE).map_err(io)?;
             txn.open_table(SPOOL).map_err(io)?;
+            txn.open_table(DISPOSE).map_err(io)?;
         }
         txn.commit().map_err(io)?;
     }
@@ -752,7 +757,7 @@ impl Store {
 
     fn pending_disposals(&self) -> Result<Vec<Disposal>, StoreError> {
         let rtx = self.db.begin_read()?;
-        let t = match rtx.open_table(SPOOL) {
+        let t = match rtx.open_table(DISPOSE) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
             Err(e) => return Err(io(e)),
@@ -772,7 +777,7 @@ impl Store {
     }
 
     /// Spooled files to delete or archive now: their jobs left the store in committed
-    /// transactions. Once done on disk, [`Tx::forget_spool`] removes them from the SPOOL table.
+    /// transactions. Once done on disk, [`Tx::forget_spool`] removes them from the DISPOSE table.
     pub fn take_disposals(&mut self) -> Vec<Disposal> {
         std::mem::take(&mut self.disposals)
     }
@@ -802,11 +807,14 @@ impl Store {
     /// Whether the store knows this spooled file (queued, or delivered and being disposed of).
     pub fn spool_known(&self, spool: &[u8]) -> Result<bool, StoreError> {
         let rtx = self.db.begin_read()?;
-        match rtx.open_table(SPOOL) {
-            Ok(t) => Ok(t.get(spool).map_err(io)?.is_some()),
-            Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
-            Err(e) => Err(io(e)),
+        for table in [SPOOL, DISPOSE] {
+            match rtx.open_table(table) {
+                Ok(t) if t.get(spool).map_err(io)?.is_some() => return Ok(true),
+                Ok(_) | Err(redb::TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(io(e)),
+            }
         }
+        Ok(false)
     }
 
     /// The data directory (spooled files are relative to it).
@@ -1195,6 +1203,7 @@ impl<'s> Tx<'s> {
         txn.open_table(CHECKPOINTS).map_err(io)?;
         txn.open_table(QUARANTINE).map_err(io)?;
         txn.open_table(SPOOL).map_err(io)?;
+        txn.open_table(DISPOSE).map_err(io)?;
         for st in self.store.streams.values() {
             txn.open_table(st.ready_def()).map_err(io)?;
             txn.open_table(st.retry_def()).map_err(io)?;
@@ -1460,7 +1469,7 @@ impl<'s> Tx<'s> {
     ) -> Result<Vec<Job>, StoreError> {
         self.stream(stream)?;
         let store_id = self.store.id;
-        let data_dir = self.store.data_dir.clone();
+        let data_dir = self.store.data_dir.as_path();
         let txn = self.txn.as_ref().expect("present until commit");
         let st = self.store.streams.get_mut(stream).expect("checked above");
         let mut out = Vec::new();
@@ -1476,7 +1485,7 @@ impl<'s> Tx<'s> {
                 if st.in_flight.contains(&id) {
                     continue;
                 }
-                match job_from(store_id, &data_dir, stream, id, Some(due), v.value()) {
+                match job_from(store_id, data_dir, stream, id, Some(due), v.value()) {
                     Ok(job) => out.push(job),
                     Err(e) => bad.push((Table::Retry, id, Some(due), v.value().to_vec(), e)),
                 }
@@ -1493,7 +1502,7 @@ impl<'s> Tx<'s> {
                 if st.in_flight.contains(&id) {
                     continue;
                 }
-                match job_from(store_id, &data_dir, stream, id, None, v.value()) {
+                match job_from(store_id, data_dir, stream, id, None, v.value()) {
                     Ok(job) => out.push(job),
                     Err(e) => bad.push((Table::Ready, id, None, v.value().to_vec(), e)),
                 }
@@ -2232,6 +2241,10 @@ impl<'s> Tx<'s> {
         let txn = self.txn.as_ref().expect("present until commit");
         txn.open_table(SPOOL)
             .map_err(io)?
+            .remove(spool.as_slice())
+            .map_err(io)?;
+        txn.open_table(DISPOSE)
+            .map_err(io)?
             .insert(spool.as_slice(), spool_bytes(&entry).as_slice())
             .map_err(io)?;
         self.touched = true;
@@ -2262,11 +2275,18 @@ impl<'s> Tx<'s> {
     ) -> Result<FileAppend, AppendError> {
         let st = self.stream(stream)?;
         let (max_bytes, when_full) = (st.cfg.max_bytes, st.cfg.when_full);
-        let known = {
+        let queued = {
             let t = self.txn().open_table(SPOOL).map_err(io)?;
+            t.get(spool).map_err(io)?.is_some()
+        };
+        if queued {
+            return Ok(FileAppend::Known);
+        }
+        let disposing = {
+            let t = self.txn().open_table(DISPOSE).map_err(io)?;
             t.get(spool).map_err(io)?.map(|v| spool_entry(v.value()))
         };
-        if let Some(entry) = known {
+        if let Some(entry) = disposing {
             if let Some(SpoolEntry::Dispose { name, archive }) = entry {
                 // Delivered already and back on disk (a disposal lost to a crash): dispose again.
                 // The entry is durable already, so this needs no commit of its own.
@@ -2343,13 +2363,9 @@ impl<'s> Tx<'s> {
     /// Forgets spooled files that were disposed of on disk (see [`Store::take_disposals`]).
     pub fn forget_spool(&mut self, spools: &[Vec<u8>]) -> Result<(), StoreError> {
         let txn = self.txn.as_ref().expect("present until commit");
-        let mut t = txn.open_table(SPOOL).map_err(io)?;
+        let mut t = txn.open_table(DISPOSE).map_err(io)?;
         for key in spools {
-            let disposed = t.get(key.as_slice()).map_err(io)?.is_some_and(|v| {
-                matches!(spool_entry(v.value()), Some(SpoolEntry::Dispose { .. }))
-            });
-            if disposed {
-                t.remove(key.as_slice()).map_err(io)?;
+            if t.remove(key.as_slice()).map_err(io)?.is_some() {
                 self.touched = true;
             }
         }

@@ -3492,16 +3492,18 @@ fn append_file(
     r
 }
 
+/// Both spool tables: the files jobs ship, then those to dispose of.
 fn spool_entries(store: &Store) -> Vec<(Vec<u8>, SpoolEntry)> {
     let rtx = store.db.begin_read().unwrap();
-    let t = rtx.open_table(SPOOL).unwrap();
-    t.iter()
-        .unwrap()
-        .map(|e| {
+    let mut out = Vec::new();
+    for table in [SPOOL, DISPOSE] {
+        let t = rtx.open_table(table).unwrap();
+        out.extend(t.iter().unwrap().map(|e| {
             let (k, v) = e.unwrap();
             (k.value().to_vec(), spool_entry(v.value()).unwrap())
-        })
-        .collect()
+        }));
+    }
+    out
 }
 
 #[test]
