@@ -175,6 +175,13 @@ fn shipped_files_arrive_whole_once_after_an_outage_and_503s_and_are_archived() {
     let s = stats(&config);
     let st = &s["streams"][0];
     assert_eq!(st["counters"]["delivered_records"], 24, "{s:#}");
+    // Attempts were spent only on the 503s, none during the outage before them.
+    let answered_503 = rx
+        .requests()
+        .iter()
+        .filter(|r| r.status == Some(503))
+        .count();
+    assert_eq!(st["counters"]["retried_attempts"], answered_503, "{s:#}");
     assert_eq!(st["balanced"], true, "{s:#}");
     assert!(
         agent
