@@ -1,8 +1,10 @@
 //! Fuzzes the Prometheus exposition parser: any UTF-8 text, never a panic; on success one record
-//! per counted sample, on error nothing left behind; every record is exactly one line. Run:
+//! per counted sample, on error nothing left behind; every record is exactly one line and a
+//! line-protocol point the checker (`lineparse`) accepts, with a timestamp. Run:
 //! `cargo +nightly fuzz run prometheus` from the repository root.
 #![no_main]
 
+use colibri::scrape::lineparse;
 use colibri::scrape::lineproto::Precision;
 use colibri::scrape::prometheus::{PromOptions, to_lines};
 use libfuzzer_sys::fuzz_target;
@@ -35,6 +37,14 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(out.len(), 1, "records left behind after {e}");
             assert!(e.line >= 1);
         }
+    }
+    for record in &out[1..] {
+        assert_eq!(
+            lineparse::check(record),
+            Ok(true),
+            "{:?}",
+            String::from_utf8_lossy(record)
+        );
     }
     for record in &out {
         assert!(!record.contains(&b'\n'), "a record spans lines: {record:?}");

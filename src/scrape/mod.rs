@@ -7,5 +7,6 @@
 //! appends the records to its stream and counts failed scrapes.
 
 pub mod json;
+pub mod lineparse;
 pub mod lineproto;
 pub mod prometheus;
