@@ -11,7 +11,9 @@
 //! each on a fresh store for BENCH_SECS (10) seconds after a one-second warm-up:
 //! - 1 client, the stream only queues;
 //! - 64 clients, the stream only queues (the budget: >= 100,000 records/s);
-//! - 64 clients, the stream delivered to a local HTTP receiver at the same time.
+//! - 64 clients, the stream delivered to a local HTTP receiver at the same time;
+//! - 64 clients posting line protocol (`text/plain`, each point checked and stamped) to a stream
+//!   whose sink has `encoding: influx_line` (unreachable, so it only queues).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -46,12 +48,19 @@ fn main() {
     );
     println!("binary: {}", bin());
     println!();
-    for (name, clients, deliver) in [
-        ("1 client, queue only", 1, false),
-        ("64 clients, queue only", 64, false),
+    for (name, clients, deliver, lp) in [
+        ("1 client, queue only", 1, false, false),
+        ("64 clients, queue only", 64, false, false),
         (
             "64 clients, delivered to a local receiver meanwhile",
             64,
+            true,
+            false,
+        ),
+        (
+            "64 clients, line protocol into an influx_line stream, queue only",
+            64,
+            false,
             true,
         ),
     ] {
@@ -59,7 +68,16 @@ fn main() {
         std::fs::create_dir_all(&base).expect("create the bench directory");
         let receiver = deliver.then(Receiver::start_counting);
         let port = free_port();
-        let cfg = write_config(&base, port, receiver.as_ref().map(|r| r.url("/in")));
+        let sink = match (&receiver, lp) {
+            (Some(r), _) => Some(format!("{{ type: http, url: \"{}\" }}", r.url("/in"))),
+            // Nothing listens on port 9: the link is down and the stream only queues.
+            (None, true) => Some(
+                "{ type: http, url: \"http://127.0.0.1:9/write\", encoding: influx_line, precision: ms }"
+                    .into(),
+            ),
+            (None, false) => None,
+        };
+        let cfg = write_config(&base, port, sink);
         run(
             name,
             &cfg,
@@ -67,6 +85,7 @@ fn main() {
             clients,
             Duration::from_secs(secs),
             receiver.as_ref(),
+            lp,
         );
     }
     // A scenario leaves a gigabyte or more of queued records behind.
@@ -78,13 +97,10 @@ fn free_port() -> u16 {
     l.local_addr().expect("an address").port()
 }
 
-fn write_config(dir: &Path, port: u16, sink_url: Option<String>) -> PathBuf {
+fn write_config(dir: &Path, port: u16, sink: Option<String>) -> PathBuf {
     let path = dir.join("colibri.yaml");
-    let (sinks, sink) = match sink_url {
-        Some(url) => (
-            format!("sinks:\n  up: {{ type: http, url: \"{url}\" }}\n"),
-            "sink: up, ",
-        ),
+    let (sinks, sink) = match sink {
+        Some(spec) => (format!("sinks:\n  up: {spec}\n"), "sink: up, "),
         None => (String::new(), ""),
     };
     let text = format!(
@@ -101,13 +117,25 @@ fn write_config(dir: &Path, port: u16, sink_url: Option<String>) -> PathBuf {
     path
 }
 
-/// One client's batch: 100 records of 200 bytes (with the client's number and a sequence), NDJSON.
-fn body(client: usize) -> Vec<u8> {
+/// One client's batch: 100 records of 200 bytes (with the client's number and a sequence), NDJSON;
+/// or 100 line-protocol points of 200 bytes without a timestamp (colibri adds one, 14 bytes).
+fn body(client: usize, lp: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(BATCH * (RECORD_BYTES + 1));
     for seq in 0..BATCH {
-        let mut r = format!("{{\"client\":{client},\"seq\":{seq},\"pad\":\"").into_bytes();
-        r.resize(RECORD_BYTES - 2, b'x');
-        r.extend_from_slice(b"\"}");
+        let (head, tail) = if lp {
+            (
+                format!("bench,client={client} seq={seq}i,value=0.5,pad=\""),
+                &b"\""[..],
+            )
+        } else {
+            (
+                format!("{{\"client\":{client},\"seq\":{seq},\"pad\":\""),
+                &b"\"}"[..],
+            )
+        };
+        let mut r = head.into_bytes();
+        r.resize(RECORD_BYTES - tail.len(), b'x');
+        r.extend_from_slice(tail);
         out.extend_from_slice(&r);
         out.push(b'\n');
     }
@@ -125,18 +153,24 @@ struct Seen {
     latencies_us: Vec<u32>,
 }
 
-fn client(i: usize, addr: SocketAddr, measuring: Arc<AtomicBool>, done: Arc<AtomicBool>) -> Seen {
-    let body = body(i);
+fn client(
+    i: usize,
+    addr: SocketAddr,
+    lp: bool,
+    measuring: Arc<AtomicBool>,
+    done: Arc<AtomicBool>,
+) -> Seen {
+    let body = body(i, lp);
+    let ctype = if lp {
+        "text/plain"
+    } else {
+        "application/x-ndjson"
+    };
     let mut c = Client::new(addr);
     let mut seen = Seen::default();
     while !done.load(Ordering::Relaxed) {
         let t = Instant::now();
-        let answer = c.post(
-            &format!("/v1/streams/{STREAM}/records"),
-            "application/x-ndjson",
-            &[],
-            &body,
-        );
+        let answer = c.post(&format!("/v1/streams/{STREAM}/records"), ctype, &[], &body);
         if !measuring.load(Ordering::Relaxed) {
             continue;
         }
@@ -165,6 +199,7 @@ fn run(
     clients: usize,
     window: Duration,
     receiver: Option<&Receiver>,
+    lp: bool,
 ) {
     println!("== {name}");
     let mut child = spawn_run(cfg);
@@ -177,7 +212,7 @@ fn run(
     let threads: Vec<_> = (0..clients)
         .map(|i| {
             let (m, d) = (Arc::clone(&measuring), Arc::clone(&done));
-            std::thread::spawn(move || client(i, addr, m, d))
+            std::thread::spawn(move || client(i, addr, lp, m, d))
         })
         .collect();
     // Warm-up: connections opened, the first commits done.

@@ -2,7 +2,8 @@
 //! learns from the kernel when the wall clock is *set* (an NTP step, an RTC reset on a box without a
 //! battery, an operator's `date -s`) without polling: a `timerfd` armed with `TFD_TIMER_CANCEL_ON_SET`
 //! wakes exactly then. Monotonic time is tokio's `Instant`, which tests pause and advance. Used by the
-//! scheduler; nothing here decides what a jump means.
+//! scheduler; nothing here decides what a jump means. [`unix_ns`] is the plain wall-clock reading the
+//! ingest API and `queue push` stamp line-protocol points with.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
@@ -23,6 +24,15 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn wall(&self) -> DateTime<Utc> {
         Utc::now()
+    }
+}
+
+/// The wall clock as Unix nanoseconds, saturating outside 1677-2262 (the stamp the ingest API and
+/// `queue push` give a line-protocol point that has none).
+pub fn unix_ns() -> i64 {
+    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_nanos()).map_or(i64::MIN, |n| -n),
     }
 }
 

@@ -100,6 +100,48 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
         .filter_map(|s| s.sink.as_deref())
         .collect();
     let (ka, kc, kr) = diff(&of.sinks, &nf.sinks);
+    // A sink whose records change kind (JSON, line protocol, any line) waits for the restart, and
+    // so does what feeds its streams: records checked for one kind must not be sent as the other,
+    // and the ingest API (restart-only) checks bodies against what it started with, stamping
+    // line-protocol points in the precision it started with (so a precision change waits too
+    // while it runs).
+    let carried = |c: &Config, name: &str| {
+        c.sinks
+            .iter()
+            .find(|k| k.name == name)
+            .map(|k| k.record_format())
+    };
+    let mut held_sinks: BTreeSet<String> = BTreeSet::new();
+    for name in kc.iter().filter(|s| used.contains(s.as_str())) {
+        let (Some(was), Some(now)) = (carried(old, name), carried(&new, name)) else {
+            continue;
+        };
+        let kind_changed = std::mem::discriminant(&was) != std::mem::discriminant(&now);
+        if kind_changed || (was != now && old.ingest.is_some()) {
+            needs_restart.push(format!(
+                "sinks.{name} (its streams' records change from {} to {}{})",
+                was.describe(),
+                now.describe(),
+                if kind_changed {
+                    ""
+                } else {
+                    " in another precision"
+                }
+            ));
+            held_sinks.insert(name.clone());
+        }
+    }
+    for name in &held_sinks {
+        if let Some(k) = old.sinks.iter().find(|k| &k.name == name) {
+            new.sinks.retain(|n| &n.name != name);
+            new.sinks.push(Arc::clone(k));
+        }
+        match old.fingerprint.sinks.get(name) {
+            Some(v) => new.fingerprint.sinks.insert(name.clone(), v.clone()),
+            None => new.fingerprint.sinks.remove(name),
+        };
+    }
+    let (of, nf) = (&old.fingerprint, &new.fingerprint);
     let sinks = Changes {
         added: ka
             .into_iter()
@@ -107,7 +149,7 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
             .collect(),
         changed: kc
             .into_iter()
-            .filter(|s| used.contains(s.as_str()))
+            .filter(|s| used.contains(s.as_str()) && !held_sinks.contains(s))
             .collect(),
         removed: kr,
     };
@@ -159,6 +201,9 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
             Some(st) if !old.streams.iter().any(|s| s.name == st) => {
                 Some(format!("its stream {st:?} is not running"))
             }
+            Some(st) if sink_of(st).is_some_and(|k| held_sinks.contains(k)) => Some(format!(
+                "its stream {st:?} is delivered by a sink that waits for the restart"
+            )),
             Some(_) if spools && storage_changed => {
                 Some("it spools under data_dir, whose settings changed".to_string())
             }
@@ -173,7 +218,31 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
             tasks.changed.push(Arc::clone(def));
         }
     }
-    let (ca, cc, cr) = diff(&of.sources, &nf.sources);
+    let (mut ca, mut cc, cr) = diff(&of.sources, &nf.sources);
+    // Sources feeding a held sink's streams wait with it.
+    let mut held_sources: Vec<String> = Vec::new();
+    for src in &new.sources {
+        let touched = ca.contains(&src.name) || cc.contains(&src.name);
+        if touched && sink_of(&src.stream).is_some_and(|k| held_sinks.contains(k)) {
+            needs_restart.push(format!(
+                "sources.{} (its stream {:?} is delivered by a sink that waits for the restart)",
+                src.name, src.stream
+            ));
+            held_sources.push(src.name.clone());
+        }
+    }
+    ca.retain(|n| !held_sources.contains(n));
+    cc.retain(|n| !held_sources.contains(n));
+    for name in &held_sources {
+        new.sources.retain(|s| &s.name != name);
+        if let Some(s) = old.sources.iter().find(|s| &s.name == name) {
+            new.sources.push(Arc::clone(s));
+        }
+        match old.fingerprint.sources.get(name) {
+            Some(v) => new.fingerprint.sources.insert(name.clone(), v.clone()),
+            None => new.fingerprint.sources.remove(name),
+        };
+    }
     let sources = Changes {
         added: ca,
         changed: cc,
@@ -299,5 +368,81 @@ tasks:
         let again = plan(&p.effective, load(dir.path(), &edited));
         assert!(again.tasks.is_empty());
         assert_eq!(again.needs_restart.len(), 2);
+    }
+
+    /// A sink whose records change kind waits for the restart with whatever feeds its streams;
+    /// with the ingest API on, a precision change waits too (ingest stamps points in the
+    /// precision it started with).
+    #[test]
+    fn a_sink_whose_records_change_kind_waits_for_the_restart_with_its_producers() {
+        use crate::sink::RecordFormat;
+        let dir = tempfile::tempdir().unwrap();
+        let base = format!(
+            "{BASE}sources:\n  app: {{ type: tail, paths: [/var/log/a.log], stream: logs }}\n"
+        );
+        let old = load(dir.path(), &base);
+        let edited = base
+            .replace(
+                "a: { type: http, url: \"http://127.0.0.1:1/a\" }",
+                "a: { type: http, url: \"http://127.0.0.1:1/a\", encoding: influx_line }",
+            )
+            .replace(
+                "sources:\n  app: { type: tail, paths: [/var/log/a.log], stream: logs }\n",
+                "",
+            )
+            + "  - { name: lp, type: http_scrape, every: 1m, url: \"http://127.0.0.1:1/m\", format: prometheus, stream: logs }\n";
+        let p = plan(&old, load(dir.path(), &edited));
+        assert!(p.sinks.is_empty(), "{:?}", p.sinks.changed);
+        assert!(p.tasks.added.is_empty(), "nothing applied");
+        assert_eq!(
+            p.needs_restart,
+            [
+                "sinks.a (its streams' records change from JSON records to influx line protocol)",
+                "tasks.lp (its stream \"logs\" is delivered by a sink that waits for the restart)",
+            ]
+        );
+        // The tail source is removed (removing is always safe); the sink keeps running as it was.
+        assert_eq!(p.sources.removed, ["app"]);
+        assert_eq!(p.effective.record_format("logs"), RecordFormat::Json);
+        assert!(p.effective.tasks.iter().all(|t| t.name != "lp"));
+        let again = plan(&p.effective, load(dir.path(), &edited));
+        assert!(again.sinks.is_empty() && again.tasks.is_empty());
+        assert_eq!(again.needs_restart.len(), 2);
+
+        // A changed tail source on a held sink's stream waits as well.
+        let edited = base
+            .replace(
+                "a: { type: http, url: \"http://127.0.0.1:1/a\" }",
+                "a: { type: file, path: /tmp }",
+            )
+            .replace("/var/log/a.log", "/var/log/b.log");
+        let p = plan(&old, load(dir.path(), &edited));
+        assert!(p.sources.is_empty());
+        assert_eq!(
+            p.needs_restart,
+            [
+                "sinks.a (its streams' records change from JSON records to lines)",
+                "sources.app (its stream \"logs\" is delivered by a sink that waits for the restart)",
+            ]
+        );
+        assert_eq!(p.effective.sources[0].paths, ["/var/log/a.log"]);
+
+        // With the ingest API on, a precision change waits; without it, it applies (see above).
+        let with_ingest = format!("{BASE}ingest: {{ listen: \"127.0.0.1:9465\" }}\n");
+        let old = load(dir.path(), &with_ingest);
+        let p = plan(
+            &old,
+            load(
+                dir.path(),
+                &with_ingest.replace("precision: ms", "precision: s"),
+            ),
+        );
+        assert!(p.sinks.is_empty() && p.tasks.is_empty());
+        assert_eq!(
+            p.needs_restart,
+            [
+                "sinks.tsdb (its streams' records change from influx line protocol to influx line protocol in another precision)"
+            ]
+        );
     }
 }

@@ -959,6 +959,67 @@ fn the_openapi_document_and_the_server_agree() {
     );
 }
 
+/// The request body types schemas/openapi.yaml documents are exactly the ones the server takes,
+/// each for the streams it names (`x-colibri-streams`: `json` for a stream without a line-protocol
+/// sink, `influx_line` for one whose sink has `encoding: influx_line`): each documented example is
+/// stored by its kind of stream and refused with 415 by the other, undocumented types by both,
+/// and every answer is `application/json`.
+#[test]
+fn the_server_takes_exactly_the_documented_request_types_per_stream() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/openapi.yaml");
+    let text = std::fs::read_to_string(&file).expect("read schemas/openapi.yaml");
+    let spec: Value = serde_saphyr::from_str(&text).expect("openapi.yaml is YAML");
+    let content = spec["paths"]["/v1/streams/{stream}/records"]["post"]["requestBody"]["content"]
+        .as_object()
+        .expect("request body types")
+        .clone();
+    let s = Setup::new(
+        "",
+        "",
+        "  tsdb: { type: http, url: \"http://127.0.0.1:9/write\", encoding: influx_line, precision: ms }\n",
+        "  json: {}\n  influx_line: { sink: tsdb }\n",
+    );
+    let agent = s.start();
+    let mut c = s.client();
+    let mut stored = BTreeMap::from([("json", 0u64), ("influx_line", 0u64)]);
+    for (ctype, media) in &content {
+        let kind = media["x-colibri-streams"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{ctype}: no x-colibri-streams"));
+        let body = match &media["example"] {
+            Value::String(t) => t.clone(),
+            other => other.to_string(),
+        };
+        for stream in ["json", "influx_line"] {
+            let a = expect_any(c.post(&path(stream), ctype, &[], body.as_bytes()));
+            assert_eq!(a.header("content-type"), Some(JSON), "{ctype} to {stream}");
+            if stream == kind {
+                assert_eq!(a.status, 200, "{ctype} to {stream}: {}", a.text());
+                *stored.get_mut(stream).expect("a stream") +=
+                    a.json()["accepted"].as_u64().expect("accepted");
+            } else {
+                assert_eq!(a.status, 415, "{ctype} to {stream}: {}", a.text());
+            }
+        }
+    }
+    assert!(stored.values().all(|&n| n > 0), "{stored:?}");
+    for ctype in ["text/csv", "application/octet-stream", "application/xml"] {
+        for stream in ["json", "influx_line"] {
+            let a = expect_any(c.post(&path(stream), ctype, &[], b"x v=1\n"));
+            assert_eq!(a.status, 415, "{ctype} to {stream}: {}", a.text());
+        }
+    }
+    let agent = stop(agent);
+    drop(agent);
+    for (stream, n) in stored {
+        assert_eq!(appended(&s.stats(stream)), n, "{stream}");
+    }
+}
+
+fn expect_any(a: std::io::Result<Answer>) -> Answer {
+    a.unwrap_or_else(|e| panic!("no answer: {e}"))
+}
+
 // ---------------------------------------------------------------------------------------------
 // kill -9 under load.
 

@@ -369,10 +369,11 @@ tasks:
         )
     };
     let config = sb.write_config(&template("1h", "20s", ""));
-    // A backlog that takes a while to drain at 2 MiB/s.
+    // A backlog that takes a while to drain at 2 MiB/s. The records are JSON (`queue push` checks
+    // them for a JSON sink): a zero-padded seq is a string, JSON numbers have no leading zeros.
     std::fs::create_dir_all(sb.file("data")).unwrap();
     let lines: String = (0..40_000)
-        .map(|i| format!("{{\"seq\":{i:08},\"pad\":\"{}\"}}\n", "x".repeat(160)))
+        .map(|i| format!("{{\"seq\":\"{i:08}\",\"pad\":\"{}\"}}\n", "x".repeat(160)))
         .collect();
     let mut push = colibri();
     push.args(["queue", "push", "--config"])

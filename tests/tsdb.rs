@@ -6,13 +6,21 @@
 //! the export API must then return every sample once, at the time it was scraped, not delivered.
 //!
 //! Every scrape serves a value that counts the GETs, so a missing, doubled or re-timed sample shows.
+//!
+//! A second test feeds one such stream every way there is (ingest `text/plain`, `queue push`, a
+//! scrape) and reads each back from VictoriaMetrics, while JSON bodies and bad lines are refused
+//! before anything is stored: VictoriaMetrics answers 204 to a line it cannot parse and drops it,
+//! so only colibri can catch them. Its `vm_rows_invalid_total` must stay 0.
 
+#[path = "util/client.rs"]
+mod client;
 #[path = "util/serve.rs"]
 mod serve;
 #[allow(dead_code)] // shared with the other test binaries; each uses its own part of it
 mod util;
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime};
@@ -20,7 +28,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 
 use serve::Endpoint;
-use util::{Proc, Sandbox, assert_code, field, poll, quote};
+use util::{Proc, Sandbox, assert_code, colibri, field, poll, quote};
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -124,6 +132,18 @@ impl Vm {
             s.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
         }
         out
+    }
+}
+
+impl Vm {
+    /// A counter of VictoriaMetrics' own `/metrics`, by its exact name and labels.
+    fn metric(&self, series: &str) -> f64 {
+        let text = self
+            .get("/metrics")
+            .expect("victoria-metrics answers /metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in victoria-metrics' /metrics"))
     }
 }
 
@@ -312,4 +332,213 @@ tasks:
             "booleans too"
         );
     }
+}
+
+/// `colibri queue push <stream>` with `input` on stdin: (exit code, stdout, stderr).
+fn queue_push(config: &Path, stream: &str, input: &str) -> (i32, String, String) {
+    let mut child = colibri()
+        .args(["queue", "push", stream, "--config"])
+        .arg(config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn colibri queue push");
+    let mut stdin = child.stdin.take().expect("piped");
+    stdin.write_all(input.as_bytes()).expect("feed queue push");
+    drop(stdin);
+    let out = child.wait_with_output().expect("queue push ends");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The values of the one series matching `selector`, with their times.
+fn one_series(vm: &Vm, selector: &str) -> Vec<(u64, f64)> {
+    let e = vm.export(selector);
+    assert!(e.len() <= 1, "{selector}: one series at most: {e:?}");
+    e.into_values().next().unwrap_or_default()
+}
+
+/// A stream whose sink has `encoding: influx_line` carries line protocol from every producer:
+/// `text/plain` ingest, `queue push` and a Prometheus scrape all land in a real VictoriaMetrics, a
+/// line without a timestamp at the time colibri accepted it. JSON bodies get 415, a bad line gets
+/// 400 naming it (`queue push`: exit 1 naming it, what came before it kept), and nothing of those
+/// reaches VictoriaMetrics: it counts no invalid row.
+#[test]
+fn line_protocol_from_ingest_push_and_scrape_reaches_victoriametrics() {
+    let sb = Sandbox::new();
+    let vm = Vm::start(&sb.file("vm"), free_port());
+    let endpoint = Endpoint::start(Box::new(|path, n| match path {
+        "/metrics" => (
+            200,
+            "text/plain; version=0.0.4",
+            format!("# TYPE scrapes_total counter\nscrapes_total {n}\n"),
+        ),
+        _ => (404, "text/plain", "no\n".into()),
+    }));
+    let ingest_port = free_port();
+    let config = sb.write_config(&format!(
+        r#"data_dir: data
+log: {{format: json}}
+ingest: {{ listen: "127.0.0.1:{ingest_port}" }}
+sinks:
+  vm:
+    type: http
+    url: {url}
+    encoding: influx_line
+    precision: ms
+    link: {{ down_after: 1, backoff_base: 100ms, backoff_cap: 500ms }}
+  collector: {{ type: http, url: "http://127.0.0.1:9/", link: {{ probe: tcp }} }}
+streams:
+  metrics: {{ sink: vm, batch: {{ linger: 100ms }} }}
+  events: {{ sink: collector }}
+  logs: {{}}
+tasks:
+  - {{ name: plc, type: http_scrape, every: 1s, url: {scrape}, format: prometheus, stream: metrics, timeout: 5s }}
+"#,
+        url = quote(format!("http://127.0.0.1:{}/write?db=edge", vm.port)),
+        scrape = quote(endpoint.url("/metrics")),
+    ));
+    // The store exists once the agent ran.
+    let mut agent = Proc::run(&config);
+    agent.wait_for_event(secs(30), "colibri started", |e| {
+        field(e, "message").starts_with("colibri started")
+    });
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(30)), 0, &agent.stderr());
+
+    // queue push: lines of line protocol, one without a timestamp.
+    let t_given = now_ms() - 60_000;
+    let before_push = now_ms();
+    let (code, out, err) = queue_push(
+        &config,
+        "metrics",
+        &format!("pushed,via=cli value=1 {t_given}\n\npushed,via=cli value=2\n"),
+    );
+    let after_push = now_ms();
+    assert_eq!((code, out.as_str()), (0, "acked 2\n"), "{err}");
+    // A JSON line stops the push at that line; the line before it is stored, the one after is not.
+    let (code, out, err) = queue_push(
+        &config,
+        "metrics",
+        &format!(
+            "pushed,via=cli value=3 {t_given}\n{{\"measurement\":\"pushed\",\"value\":4}}\npushed,via=cli value=5 {t_given}\n"
+        ),
+    );
+    assert_eq!((code, out.as_str()), (1, "acked 1\n"), "{err}");
+    assert!(
+        err.contains("line 2") && err.contains("line protocol"),
+        "names the line and what it should be: {err}"
+    );
+    // A stream with a JSON sink takes JSON lines only; one without a sink takes any line.
+    let (code, out, err) = queue_push(&config, "events", "{\"a\":1}\nm v=1\n");
+    assert_eq!((code, out.as_str()), (1, "acked 1\n"), "{err}");
+    assert!(err.contains("line 2 is not JSON"), "{err}");
+    let (code, out, err) = queue_push(&config, "logs", "{\"a\":1}\nm v=1\n");
+    assert_eq!((code, out.as_str()), (0, "acked 2\n"), "{err}");
+
+    let mut agent = Proc::run(&config);
+    agent.wait_for_event(secs(30), "colibri started", |e| {
+        field(e, "message").starts_with("colibri started")
+    });
+    let mut c = client::Client::new(std::net::SocketAddr::from(([127, 0, 0, 1], ingest_port)));
+    let path = "/v1/streams/metrics/records";
+    let before_post = now_ms();
+    let a = c
+        .post(
+            path,
+            "text/plain; charset=utf-8",
+            &[],
+            format!("ingested,via=api value=10 {t_given}\r\ningested,via=api value=11\n")
+                .as_bytes(),
+        )
+        .expect("an answer");
+    let after_post = now_ms();
+    assert_eq!(
+        (a.status, a.json()),
+        (200, serde_json::json!({"accepted": 2})),
+        "{}",
+        a.text()
+    );
+    for (ctype, body) in [
+        (
+            "application/x-ndjson",
+            "{\"measurement\":\"json_body\",\"value\":1}\n",
+        ),
+        (
+            "application/json",
+            "[{\"measurement\":\"json_body\",\"value\":1}]",
+        ),
+    ] {
+        let a = c
+            .post(path, ctype, &[], body.as_bytes())
+            .expect("an answer");
+        assert_eq!(a.status, 415, "{ctype}: {}", a.text());
+        assert!(
+            a.error().contains("influx line protocol") && a.error().contains("text/plain"),
+            "{ctype}: the reason and what to send: {}",
+            a.text()
+        );
+    }
+    let a = c
+        .post(
+            path,
+            "text/plain",
+            &[],
+            format!("ingested,via=api value=12 {t_given}\n\"ingested,via=api value=13\"\n")
+                .as_bytes(),
+        )
+        .expect("an answer");
+    assert_eq!(a.status, 400, "{}", a.text());
+    assert_eq!(a.json()["line"], 2, "{}", a.text());
+    assert!(a.error().contains("line 2"), "{}", a.text());
+    // A JSON stream still refuses text/plain.
+    let a = c
+        .post("/v1/streams/logs/records", "text/plain", &[], b"m v=1\n")
+        .expect("an answer");
+    assert_eq!(a.status, 415, "{}", a.text());
+
+    agent.wait_until(
+        secs(30),
+        "pushed, ingested and scraped samples in VictoriaMetrics",
+        || {
+            one_series(&vm, r#"{__name__="pushed_value"}"#).len() == 3
+                && one_series(&vm, r#"{__name__="ingested_value"}"#).len() == 2
+                && one_series(&vm, r#"{__name__="plc_scrapes_total"}"#).len() >= 2
+        },
+    );
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(30)), 0, &agent.stderr());
+
+    let pushed = one_series(&vm, r#"{__name__="pushed_value",via="cli",db="edge"}"#);
+    let values: Vec<f64> = pushed.iter().map(|s| s.1).collect();
+    assert_eq!(values, [1.0, 3.0, 2.0], "by time: {pushed:?}");
+    assert_eq!((pushed[0].0, pushed[1].0), (t_given, t_given), "{pushed:?}");
+    assert!(
+        (before_push..=after_push).contains(&pushed[2].0),
+        "a pushed line without a timestamp is stamped when pushed: {pushed:?} not in {before_push}..{after_push}"
+    );
+    let ingested = one_series(&vm, r#"{__name__="ingested_value",via="api",db="edge"}"#);
+    assert_eq!(
+        ingested.iter().map(|s| s.1).collect::<Vec<_>>(),
+        [10.0, 11.0],
+        "{ingested:?}"
+    );
+    assert_eq!(ingested[0].0, t_given);
+    assert!(
+        (before_post..=after_post).contains(&ingested[1].0),
+        "an ingested line without a timestamp is stamped when accepted: {ingested:?} not in {before_post}..{after_post}"
+    );
+    assert!(
+        vm.export(r#"{__name__=~"json_body.*"}"#).is_empty(),
+        "no JSON body was stored"
+    );
+    assert_eq!(
+        vm.metric(r#"vm_rows_invalid_total{type="influx"}"#),
+        0.0,
+        "colibri sent no line VictoriaMetrics could not read"
+    );
 }

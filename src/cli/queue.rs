@@ -12,6 +12,9 @@ use crate::config::{
     self, Config,
     units::{fmt_duration, fmt_size},
 };
+use crate::ingest::body;
+use crate::scrape::lineparse;
+use crate::sink::RecordFormat;
 use crate::store::{self, OpenOptions, Store, StoreError};
 
 #[derive(Debug, Subcommand)]
@@ -43,8 +46,9 @@ pub enum QueueCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Append lines from stdin to a stream, one record per line; prints "acked N" after each durable
-    /// batch (the agent must be stopped)
+    /// Append lines from stdin to a stream, one record per line, checked as the stream's sink needs
+    /// them (JSON, or line protocol); prints "acked N" after each durable batch (the agent must be
+    /// stopped)
     Push {
         #[command(flatten)]
         config: super::ConfigArg,
@@ -373,39 +377,77 @@ fn print_job(out: &mut impl Write, job: &store::Peeked) -> std::io::Result<()> {
 fn push(c: &Config, stream: &str, batch: usize) -> anyhow::Result<()> {
     let mut s = open(c, false)?;
     known(&s, stream)?;
+    // Each line is checked as the stream's sink needs it, as the ingest API checks a body.
+    let carries = c.record_format(stream);
     let stdin = std::io::stdin().lock();
     let mut out = std::io::stdout().lock();
     let mut pending: Vec<Vec<u8>> = Vec::with_capacity(batch);
     let mut acked = 0u64;
-    let mut flush =
-        |s: &mut Store, pending: &mut Vec<Vec<u8>>, out: &mut dyn Write| -> anyhow::Result<()> {
-            if pending.is_empty() {
-                return Ok(());
-            }
-            let mut tx = s.transaction()?;
-            tx.append(stream, pending, None, store::now_ms())?;
-            tx.commit()?;
-            acked += pending.len() as u64;
-            pending.clear();
-            // Printed only after the commit is durable: a line here is a receipt.
-            writeln!(out, "acked {acked}")?;
-            out.flush()?;
-            Ok(())
-        };
-    for line in stdin.split(b'\n') {
+    let flush = |s: &mut Store,
+                 pending: &mut Vec<Vec<u8>>,
+                 acked: &mut u64,
+                 out: &mut dyn Write|
+     -> anyhow::Result<()> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let mut tx = s.transaction()?;
+        tx.append(stream, pending, None, store::now_ms())?;
+        tx.commit()?;
+        *acked += pending.len() as u64;
+        pending.clear();
+        // Printed only after the commit is durable: a line here is a receipt.
+        writeln!(out, "acked {acked}")?;
+        out.flush()?;
+        Ok(())
+    };
+    for (i, line) in stdin.split(b'\n').enumerate() {
         let mut line = line?;
-        if line.last() == Some(&b'\r') {
-            line.pop();
+        let record = match carries {
+            RecordFormat::Lines => {
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+                if line.is_empty() {
+                    continue;
+                }
+                Ok(line)
+            }
+            RecordFormat::Json => match body::json_record(&line) {
+                Ok(None) => continue,
+                Ok(Some(r)) => Ok(r.to_vec()),
+                Err(why) => Err(format!(
+                    "is not JSON: {why} (stream {stream:?}'s sink sends JSON)"
+                )),
+            },
+            // A point without a timestamp gets the time it was read, in the sink's precision.
+            RecordFormat::LineProtocol(p) => {
+                match lineparse::record(&line, p.from_unix_ns(crate::clock::unix_ns())) {
+                    Ok(None) => continue,
+                    Ok(Some(r)) => Ok(r),
+                    Err(e) => Err(format!(
+                        "is not line protocol: {e} (stream {stream:?}'s sink has encoding: influx_line)"
+                    )),
+                }
+            }
+        };
+        match record {
+            Ok(r) => pending.push(r),
+            Err(why) => {
+                // What came before the bad line is stored; nothing from it on.
+                flush(&mut s, &mut pending, &mut acked, &mut out)?;
+                anyhow::bail!(
+                    "stdin line {} {why}; the {acked} records before it are stored, nothing from line {} on",
+                    i + 1,
+                    i + 1
+                );
+            }
         }
-        if line.is_empty() {
-            continue;
-        }
-        pending.push(line);
         if pending.len() >= batch {
-            flush(&mut s, &mut pending, &mut out)?;
+            flush(&mut s, &mut pending, &mut acked, &mut out)?;
         }
     }
-    flush(&mut s, &mut pending, &mut out)?;
+    flush(&mut s, &mut pending, &mut acked, &mut out)?;
     Ok(())
 }
 

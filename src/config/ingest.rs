@@ -10,6 +10,7 @@ use serde::Deserialize;
 use super::units::u32_schema;
 use super::units::{Dur, Size, de_opt_u32};
 use crate::ingest::{IngestConfig, Token};
+use crate::sink::RecordFormat;
 
 /// Defaults, also named in the field docs below and in `schemas/openapi.yaml`.
 pub const DEFAULT_MAX_BODY: u64 = 4 << 20;
@@ -91,7 +92,7 @@ impl std::fmt::Debug for IngestSpec {
 /// relative to `ingest`. Every field is checked even when `listen` is unset.
 pub fn compile(
     spec: IngestSpec,
-    streams: &[&str],
+    streams: &[(&str, RecordFormat)],
     err: &mut impl FnMut(&str, String),
 ) -> Option<IngestConfig> {
     let max_body = spec.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0);
@@ -181,18 +182,20 @@ pub fn compile(
         max_requests,
         read_timeout,
         wait,
-        streams: streams.iter().map(|s| s.to_string()).collect(),
+        streams: streams.iter().map(|&(s, f)| (s.to_string(), f)).collect(),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn compile_yaml(yaml: &str, streams: &[&str]) -> (Option<IngestConfig>, Vec<String>) {
         let spec: IngestSpec = serde_saphyr::from_str(yaml).expect("test yaml");
         let mut problems = Vec::new();
-        let c = compile(spec, streams, &mut |p: &str, m: String| {
+        let streams: Vec<_> = streams.iter().map(|&s| (s, RecordFormat::Json)).collect();
+        let c = compile(spec, &streams, &mut |p: &str, m: String| {
             problems.push(format!("ingest.{p}: {m}"))
         });
         (c, problems)
@@ -209,7 +212,10 @@ mod tests {
         assert_eq!(c.read_timeout, DEFAULT_READ_TIMEOUT);
         assert_eq!(c.wait, DEFAULT_WAIT);
         assert!(c.token.is_none());
-        assert_eq!(c.streams, vec!["logs".to_string()]);
+        assert_eq!(
+            c.streams,
+            BTreeMap::from([("logs".to_string(), RecordFormat::Json)])
+        );
         for off in ["{}", "listen: ''", "max_body: 1MiB"] {
             let (c, p) = compile_yaml(off, &["logs"]);
             assert!(c.is_none() && p.is_empty(), "{off}: {p:?}");

@@ -27,7 +27,7 @@ use serde_json::Value;
 
 use crate::logging::LogFile;
 use crate::schedule::{self, Offset, Schedule, Zone};
-use crate::sink::{LinkSpec, Probe, SinkConfig, SinkKind, SinkRetry};
+use crate::sink::{LinkSpec, Probe, RecordFormat, SinkConfig, SinkKind, SinkRetry};
 use crate::store::{BatchConfig, StorageConfig, StreamConfig, WhenFull};
 use crate::task::file_move::{FileMove, OnConflict};
 use crate::task::{Action, RetryPolicy, TaskDef, exec::Exec};
@@ -201,11 +201,13 @@ pub enum HttpMethodSpec {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum EncodingSpec {
-    /// A record per line, `application/x-ndjson`.
+    /// A record per line, `application/x-ndjson`: the stream's records are JSON values.
     Ndjson,
-    /// One JSON array of the records, `application/json`.
+    /// One JSON array of the records, `application/json`: the stream's records are JSON values.
     JsonArray,
-    /// A record per line, `text/plain` (InfluxDB / VictoriaMetrics `/write`).
+    /// A record per line, `text/plain` (InfluxDB / VictoriaMetrics `/write`): the stream's records
+    /// are line-protocol points (ingest takes `text/plain` for it, `queue push` checks each line;
+    /// tail sources and `format: raw` scrapes cannot feed it).
     InfluxLine,
 }
 
@@ -792,6 +794,27 @@ pub struct Config {
     pub sha256: String,
 }
 
+impl Config {
+    /// What the records of `stream` must be: its sink's format ([`RecordFormat::Lines`] for a
+    /// stream without a sink, or one not defined here).
+    pub fn record_format(&self, stream: &str) -> RecordFormat {
+        stream_format(&self.streams, &self.sinks, stream)
+    }
+}
+
+fn stream_format(
+    streams: &[StreamConfig],
+    sinks: &[Arc<SinkConfig>],
+    stream: &str,
+) -> RecordFormat {
+    streams
+        .iter()
+        .find(|s| s.name == stream)
+        .and_then(|s| s.sink.as_deref())
+        .and_then(|name| sinks.iter().find(|k| k.name == name))
+        .map_or(RecordFormat::Lines, |k| k.record_format())
+}
+
 /// One problem in the file: where, and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
@@ -999,6 +1022,10 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
         }
     };
     let stream_names: Vec<&str> = streams.iter().map(|s| s.name.as_str()).collect();
+    let stream_formats: Vec<(&str, RecordFormat)> = streams
+        .iter()
+        .map(|s| (s.name.as_str(), stream_format(&streams, &sinks, &s.name)))
+        .collect();
     let sources: Vec<Arc<crate::tail::TailConfig>> = match sources_value {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Object(entries)) => entries
@@ -1025,8 +1052,19 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
                 message,
             })
         };
-        ingest::compile(i, &stream_names, &mut err)
+        ingest::compile(i, &stream_formats, &mut err)
     });
+    for src in &sources {
+        if let RecordFormat::LineProtocol(_) = stream_format(&streams, &sinks, &src.stream) {
+            problems.push(Problem {
+                path: format!("sources.{}.stream", src.name),
+                message: format!(
+                    "stream {:?} is delivered as influx line protocol (its sink has encoding: influx_line), but a tail source's records are JSON objects ({{\"line\": ...}}) its sink would send unreadable: send this source to a stream with a JSON or file sink",
+                    src.stream
+                ),
+            });
+        }
+    }
     let mut top = |path: &str, message: String| {
         problems.push(Problem {
             path: path.into(),
@@ -2001,6 +2039,21 @@ fn compile_scrape(
     };
     let measurement = spec.measurement.unwrap_or_else(|| task.to_string());
     let line_protocol = !matches!(spec.format, ScrapeFormatSpec::Raw);
+    // What the scrape writes must be what the stream's sink sends.
+    let carries = stream_format(ctx.streams, ctx.sinks, &spec.stream);
+    let refused = match (line_protocol, carries) {
+        (false, RecordFormat::LineProtocol(_)) => Some(
+            "format: raw writes JSON records, but the stream's sink sends influx line protocol (encoding: influx_line): use format: prometheus or json, or a stream with a JSON sink",
+        ),
+        (true, RecordFormat::Json) => Some(
+            "this format writes influx line protocol, but the stream's sink sends JSON (encoding: ndjson or json_array): use format: raw, or a stream whose sink has encoding: influx_line",
+        ),
+        _ => None,
+    };
+    if let Some(why) = refused {
+        err("stream", format!("{:?}: {why}", spec.stream));
+        ok = false;
+    }
     if line_protocol && let Err(m) = crate::scrape::lineproto::check_measurement(&measurement) {
         err("measurement", m);
         ok = false;

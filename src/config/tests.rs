@@ -769,6 +769,7 @@ tasks:
         "tasks[2] \"c\": json.records: \"a\"",
         "tasks[2] \"c\": json.fields.t: \"x~2\"",
         "tasks[2] \"c\": json.time_unit: only applies with json.time",
+        "tasks[3] \"d\": stream: \"m\": format: raw writes JSON records",
         "tasks[3] \"d\": tags: only apply to line protocol",
         "tasks[3] \"d\": max_body: must be positive",
         "tasks[4] \"e\": measurement: ",
@@ -781,6 +782,80 @@ tasks:
         );
     }
     assert_eq!(p.len(), expect.len(), "{p:#?}");
+}
+
+/// A tail source writes JSON envelopes, a raw scrape JSON, a prometheus or json scrape line
+/// protocol: each is refused where the stream's sink would send them unreadable, and the ingest API
+/// learns what each stream carries.
+#[test]
+fn every_producer_must_write_what_its_stream_sink_sends() {
+    let p = problems(
+        r#"
+sinks:
+  tsdb: { type: http, url: "http://127.0.0.1:8428/write", encoding: influx_line, precision: ms }
+  central: { type: http, url: "http://127.0.0.1:9/x" }
+  arr: { type: http, url: "http://127.0.0.1:9/y", encoding: json_array }
+streams: { metrics: { sink: tsdb }, logs: { sink: central }, arr: { sink: arr } }
+sources:
+  app: { type: tail, paths: [/var/log/app.log], stream: metrics }
+tasks:
+  - { name: raw, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: raw, stream: metrics }
+  - { name: prom, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: prometheus, stream: logs }
+  - { name: mills, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: json, stream: arr }
+"#,
+    );
+    let expect = [
+        "sources.app.stream: stream \"metrics\" is delivered as influx line protocol (its sink has encoding: influx_line), but a tail source's records are JSON objects",
+        "tasks[0] \"raw\": stream: \"metrics\": format: raw writes JSON records, but the stream's sink sends influx line protocol",
+        "tasks[1] \"prom\": stream: \"logs\": this format writes influx line protocol, but the stream's sink sends JSON",
+        "tasks[2] \"mills\": stream: \"arr\": this format writes influx line protocol, but the stream's sink sends JSON",
+    ];
+    for e in expect {
+        assert!(
+            p.iter().any(|x| x.starts_with(e)),
+            "missing {e:?} in {p:#?}"
+        );
+    }
+    assert_eq!(p.len(), expect.len(), "{p:#?}");
+
+    // Where the sink carries them, the same producers are fine; file, stdout and no sink take both.
+    let c = load(
+        r#"
+ingest: { listen: "127.0.0.1:9465" }
+sinks:
+  tsdb: { type: http, url: "http://127.0.0.1:8428/write", encoding: influx_line, precision: ms }
+  central: { type: http, url: "http://127.0.0.1:9/x" }
+  out: { type: file, path: /tmp }
+  console: { type: stdout }
+streams: { metrics: { sink: tsdb }, logs: { sink: central }, files: { sink: out }, con: { sink: console }, q: {} }
+sources:
+  app: { type: tail, paths: [/var/log/app.log], stream: logs }
+  app2: { type: tail, paths: [/var/log/app2.log], stream: files }
+tasks:
+  - { name: raw, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: raw, stream: logs }
+  - { name: prom, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: prometheus, stream: metrics }
+  - { name: p2, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: prometheus, stream: files }
+  - { name: p3, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: prometheus, stream: q }
+  - { name: r2, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: raw, stream: con }
+"#,
+    )
+    .expect("a valid config");
+    use crate::scrape::lineproto::Precision;
+    assert_eq!(
+        c.record_format("metrics"),
+        RecordFormat::LineProtocol(Precision::Ms)
+    );
+    assert_eq!(c.record_format("logs"), RecordFormat::Json);
+    for s in ["files", "con", "q"] {
+        assert_eq!(c.record_format(s), RecordFormat::Lines, "{s}");
+    }
+    let ingest = c.ingest.expect("ingest on");
+    assert_eq!(
+        ingest.streams.get("metrics"),
+        Some(&RecordFormat::LineProtocol(Precision::Ms))
+    );
+    assert_eq!(ingest.streams.get("logs"), Some(&RecordFormat::Json));
+    assert_eq!(ingest.streams.len(), 5);
 }
 
 #[test]

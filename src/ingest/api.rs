@@ -239,16 +239,22 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
             return Err(refuse_early(req, s, r).await);
         }
     }
-    if !cfg.streams.iter().any(|n| n == stream) {
+    let Some(&carries) = cfg.streams.get(stream) else {
+        let names: Vec<&str> = cfg.streams.keys().map(String::as_str).collect();
         let r = Reject::new(
             StatusCode::NOT_FOUND,
-            format!("no stream {stream:?} (defined: {})", cfg.streams.join(", ")),
+            format!("no stream {stream:?} (defined: {})", names.join(", ")),
         );
         return Err(refuse_early(req, s, r).await);
-    }
+    };
     let h = req.headers();
     let encoding = body::encoding_of(header_str(h, header::CONTENT_ENCODING));
-    let format = body::format_of(header_str(h, header::CONTENT_TYPE));
+    // The body must be what the stream's sink sends; a line without a timestamp gets this one.
+    let format = body::format_of(
+        header_str(h, header::CONTENT_TYPE),
+        carries,
+        crate::clock::unix_ns(),
+    );
     let (encoding, format) = match (encoding, format) {
         (Ok(e), Ok(f)) => (e, f),
         (Err(why), _) | (_, Err(why)) => {

@@ -1,11 +1,16 @@
-//! Request bodies: what `Content-Type` and `Content-Encoding` mean here, bounded gzip decompression,
-//! and the split of a body into records (NDJSON lines, or the elements of a JSON array). Pure and
-//! synchronous: the server runs it inline for small bodies and on the blocking pool for large ones.
-//! Every record is checked to be JSON; one bad record refuses the whole body.
+//! Request bodies: what `Content-Type` and `Content-Encoding` mean here for a stream (its sink's
+//! [`RecordFormat`]), bounded gzip decompression, and the split of a body into records (NDJSON
+//! lines, the elements of a JSON array, or line-protocol points for a stream whose sink speaks
+//! InfluxDB line protocol). Pure and synchronous: the server runs it inline for small bodies and on
+//! the blocking pool for large ones. Every record is checked to be what its stream carries (JSON, or
+//! a point by [`crate::scrape::lineparse`]); one bad record refuses the whole body.
 
 use std::io::Read as _;
 
 use serde::de::IgnoredAny;
+
+use crate::scrape::lineparse;
+use crate::sink::RecordFormat;
 
 /// Records one request may carry: each costs a small allocation besides its bytes, so a body of
 /// tiny records (`1\n` over and over) stays within a few MiB of bookkeeping.
@@ -24,6 +29,10 @@ pub enum Format {
     Ndjson,
     /// `application/json`: an array, one record per element (stored compact).
     JsonArray,
+    /// `text/plain`, for a stream whose sink speaks line protocol: a point per non-empty line
+    /// (`#` comments skipped); a point without a timestamp is stored with `stamp` (the request's
+    /// time in the sink's precision).
+    LineProtocol { stamp: i64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,20 +63,51 @@ fn invalid(message: impl Into<String>) -> BadBody {
     }
 }
 
-/// The record format a `Content-Type` names; `Err` (415) explains what is accepted. A `charset`
-/// parameter other than UTF-8 is refused too: JSON is UTF-8.
-pub fn format_of(content_type: Option<&str>) -> Result<Format, String> {
+/// The record format a `Content-Type` names for a stream that carries `carries`; `Err` (415)
+/// explains what is accepted. JSON for every stream but those whose sink speaks line protocol,
+/// which take `text/plain` only (`now_ns`: the request's time, for points without one). A
+/// `charset` parameter other than UTF-8 is refused too: both are UTF-8.
+pub fn format_of(
+    content_type: Option<&str>,
+    carries: RecordFormat,
+    now_ns: i64,
+) -> Result<Format, String> {
     const ACCEPTED: &str =
         "send application/x-ndjson (a record per line) or application/json (an array of records)";
+    const LINES: &str = "send text/plain, a line-protocol point per line";
+    let influx = match carries {
+        RecordFormat::LineProtocol(precision) => Some(precision),
+        RecordFormat::Json | RecordFormat::Lines => None,
+    };
     let Some(ct) = content_type else {
-        return Err(format!("no Content-Type: {ACCEPTED}"));
+        return Err(match influx {
+            Some(_) => {
+                format!("no Content-Type: the stream's sink speaks influx line protocol: {LINES}")
+            }
+            None => format!("no Content-Type: {ACCEPTED}"),
+        });
     };
     let mut parts = ct.split(';');
     let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
-    let format = match media.as_str() {
-        "application/x-ndjson" | "application/ndjson" => Format::Ndjson,
-        "application/json" => Format::JsonArray,
-        _ => {
+    let json = matches!(
+        media.as_str(),
+        "application/x-ndjson" | "application/ndjson" | "application/json"
+    );
+    let format = match (media.as_str(), influx) {
+        ("text/plain", Some(p)) => Format::LineProtocol {
+            stamp: p.from_unix_ns(now_ns),
+        },
+        (_, Some(_)) if json => {
+            return Err(format!(
+                "{media} is not accepted here: the stream's sink speaks influx line protocol (encoding: influx_line) and would send JSON records unreadable: {LINES}"
+            ));
+        }
+        (_, Some(_)) => {
+            return Err(format!("Content-Type {media:?} is not accepted: {LINES}"));
+        }
+        ("application/x-ndjson" | "application/ndjson", None) => Format::Ndjson,
+        ("application/json", None) => Format::JsonArray,
+        (_, None) => {
             return Err(format!(
                 "Content-Type {media:?} is not accepted: {ACCEPTED}"
             ));
@@ -83,7 +123,12 @@ pub fn format_of(content_type: Option<&str>) -> Result<Format, String> {
             && !value.eq_ignore_ascii_case("utf8")
         {
             return Err(format!(
-                "charset {value:?} is not accepted: records are UTF-8 JSON"
+                "charset {value:?} is not accepted: records are UTF-8 {}",
+                if influx.is_some() {
+                    "line protocol"
+                } else {
+                    "JSON"
+                }
             ));
         }
     }
@@ -125,7 +170,46 @@ pub fn records(
     match format {
         Format::Ndjson => ndjson(&body),
         Format::JsonArray => json_array(&body),
+        Format::LineProtocol { stamp } => line_protocol(&body, stamp),
     }
+}
+
+/// One point per non-empty line (`\n`, optionally `\r\n`), trimmed, `#` comments skipped; a point
+/// without a timestamp gets `stamp`.
+fn line_protocol(body: &[u8], stamp: i64) -> Result<Vec<Vec<u8>>, BadBody> {
+    let mut out = Vec::new();
+    for (i, line) in body.split(|&b| b == b'\n').enumerate() {
+        match lineparse::record(line, stamp) {
+            Ok(None) => {}
+            Ok(Some(point)) => {
+                if out.len() == MAX_RECORDS {
+                    return Err(too_many());
+                }
+                out.push(point);
+            }
+            Err(e) => {
+                return Err(BadBody::Invalid {
+                    message: format!("line {} is not line protocol: {e}", i + 1),
+                    line: Some(i as u64 + 1),
+                    index: None,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Checks one line as a JSON record (for `queue push`, line by line as NDJSON bodies are):
+/// surrounding whitespace trimmed, `None` for an empty line.
+pub fn json_record(line: &[u8]) -> Result<Option<&[u8]>, String> {
+    let line = line.trim_ascii();
+    if line.is_empty() {
+        return Ok(None);
+    }
+    let text = std::str::from_utf8(line)
+        .map_err(|e| format!("not UTF-8 at byte {} of the line", e.valid_up_to() + 1))?;
+    serde_json::from_str::<IgnoredAny>(text).map_err(|e| json_error(&e))?;
+    Ok(Some(line))
 }
 
 /// Decompresses one or more gzip members, stopping one byte past `max`: a small body that inflates
@@ -162,22 +246,17 @@ fn json_error(e: &serde_json::Error) -> String {
 fn ndjson(body: &[u8]) -> Result<Vec<Vec<u8>>, BadBody> {
     let mut out = Vec::new();
     for (i, line) in body.split(|&b| b == b'\n').enumerate() {
-        let line = line.trim_ascii();
-        if line.is_empty() {
-            continue;
-        }
-        let at = |message: String| BadBody::Invalid {
-            message: format!("line {} is not JSON: {message}", i + 1),
-            line: Some(i as u64 + 1),
-            index: None,
+        let line = match json_record(line) {
+            Ok(None) => continue,
+            Ok(Some(line)) => line,
+            Err(message) => {
+                return Err(BadBody::Invalid {
+                    message: format!("line {} is not JSON: {message}", i + 1),
+                    line: Some(i as u64 + 1),
+                    index: None,
+                });
+            }
         };
-        let text = std::str::from_utf8(line).map_err(|e| {
-            at(format!(
-                "not UTF-8 at byte {} of the line",
-                e.valid_up_to() + 1
-            ))
-        })?;
-        serde_json::from_str::<IgnoredAny>(text).map_err(|e| at(json_error(&e)))?;
         if out.len() == MAX_RECORDS {
             return Err(too_many());
         }
@@ -330,20 +409,33 @@ mod tests {
         }
     }
 
+    fn json_format(ct: Option<&str>) -> Result<Format, String> {
+        format_of(ct, RecordFormat::Json, 0)
+    }
+
     #[test]
     fn content_types_and_encodings() {
-        assert_eq!(format_of(Some("application/x-ndjson")), Ok(Format::Ndjson));
         assert_eq!(
-            format_of(Some("Application/NDJSON; charset=UTF-8")),
+            json_format(Some("application/x-ndjson")),
             Ok(Format::Ndjson)
         );
         assert_eq!(
-            format_of(Some("application/json;charset=\"utf-8\"")),
+            json_format(Some("Application/NDJSON; charset=UTF-8")),
+            Ok(Format::Ndjson)
+        );
+        assert_eq!(
+            json_format(Some("application/json;charset=\"utf-8\"")),
             Ok(Format::JsonArray)
         );
-        assert!(format_of(None).is_err());
-        assert!(format_of(Some("text/plain")).is_err());
-        assert!(format_of(Some("application/json; charset=latin1")).is_err());
+        assert!(json_format(None).is_err());
+        assert!(json_format(Some("text/plain")).is_err());
+        assert!(json_format(Some("application/json; charset=latin1")).is_err());
+        // A stream without a sink, or with a file or stdout one, takes JSON too.
+        assert_eq!(
+            format_of(Some("application/json"), RecordFormat::Lines, 0),
+            Ok(Format::JsonArray)
+        );
+        assert!(format_of(Some("text/plain"), RecordFormat::Lines, 0).is_err());
         assert_eq!(encoding_of(None), Ok(Encoding::Identity));
         assert_eq!(encoding_of(Some("identity")), Ok(Encoding::Identity));
         assert_eq!(encoding_of(Some("GZIP")), Ok(Encoding::Gzip));
@@ -446,5 +538,78 @@ mod tests {
             100,
         ));
         assert!(m.contains("gzip"), "{m}");
+    }
+
+    #[test]
+    fn a_line_protocol_stream_takes_text_plain_and_refuses_json_with_the_reason() {
+        use crate::scrape::lineproto::Precision;
+        let lp = RecordFormat::LineProtocol(Precision::Ms);
+        let now_ns = 1_700_000_000_123_456_789;
+        let stamp = 1_700_000_000_123;
+        assert_eq!(
+            format_of(Some("text/plain"), lp, now_ns),
+            Ok(Format::LineProtocol { stamp })
+        );
+        assert_eq!(
+            format_of(Some("Text/Plain; charset=utf-8"), lp, now_ns),
+            Ok(Format::LineProtocol { stamp })
+        );
+        for ct in [
+            "application/json",
+            "application/x-ndjson",
+            "application/ndjson",
+        ] {
+            let why = format_of(Some(ct), lp, now_ns).expect_err("JSON is refused");
+            assert!(
+                why.contains("influx line protocol") && why.contains("send text/plain"),
+                "{ct}: {why}"
+            );
+        }
+        let why = format_of(None, lp, now_ns).expect_err("no type");
+        assert!(why.contains("send text/plain"), "{why}");
+        let why = format_of(Some("text/csv"), lp, now_ns).expect_err("csv");
+        assert!(why.contains("send text/plain"), "{why}");
+        let why = format_of(Some("text/plain; charset=latin1"), lp, now_ns).expect_err("latin1");
+        assert!(why.contains("UTF-8 line protocol"), "{why}");
+    }
+
+    #[test]
+    fn line_protocol_bodies_are_points_and_a_bad_line_is_named() {
+        let body = b"# comment\ncpu,host=a v=1 5\r\n\n  cpu v=2  \n".to_vec();
+        let r = records(
+            body,
+            Format::LineProtocol { stamp: 9 },
+            Encoding::Identity,
+            1 << 20,
+        );
+        assert_eq!(texts(r), ["cpu,host=a v=1 5", "cpu v=2 9"]);
+        let (m, line, index) = bad(line_protocol(b"cpu v=1\n{\"v\":1}\n", 0));
+        assert_eq!((line, index), (Some(2), None), "{m}");
+        assert!(m.starts_with("line 2 is not line protocol: "), "{m}");
+        let (m, line, _) = bad(line_protocol(b"cpu v=1\ncpu,host v=1\n", 0));
+        assert_eq!(line, Some(2));
+        assert!(m.contains("tag \"host\" has no value"), "{m}");
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(b"m v=1\nm v=2 3\n").expect("gzip");
+        let r = records(
+            gz.finish().expect("gzip"),
+            Format::LineProtocol { stamp: 1 },
+            Encoding::Gzip,
+            1 << 20,
+        );
+        assert_eq!(texts(r), ["m v=1 1", "m v=2 3"]);
+        let many = "m v=1\n".repeat(MAX_RECORDS + 1);
+        assert!(matches!(
+            line_protocol(many.as_bytes(), 0),
+            Err(BadBody::TooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn json_records_for_queue_push() {
+        assert_eq!(json_record(b"  {\"a\":1}\r"), Ok(Some(&b"{\"a\":1}"[..])));
+        assert_eq!(json_record(b" \r"), Ok(None));
+        assert!(json_record(b"m v=1").is_err());
+        assert!(json_record(b"\"\xff\"").is_err());
     }
 }

@@ -53,8 +53,8 @@ pub struct IngestConfig {
     pub read_timeout: Duration,
     /// How long an append waits for room in a full stream.
     pub wait: Duration,
-    /// The streams requests may name.
-    pub streams: Vec<String>,
+    /// The streams requests may name, and what their records must be (their sinks' formats).
+    pub streams: std::collections::BTreeMap<String, crate::sink::RecordFormat>,
 }
 
 impl IngestConfig {

@@ -27,6 +27,49 @@ pub enum SinkKind {
     Http(Box<http::HttpSpec>),
 }
 
+impl SinkConfig {
+    /// What the records of a stream delivered here must be.
+    pub fn record_format(&self) -> RecordFormat {
+        match &self.kind {
+            SinkKind::Http(h) => match h.encoding {
+                http::Encoding::Ndjson | http::Encoding::JsonArray => RecordFormat::Json,
+                http::Encoding::InfluxLine => RecordFormat::LineProtocol(
+                    h.precision
+                        .unwrap_or(crate::scrape::lineproto::Precision::Ns),
+                ),
+            },
+            SinkKind::File { .. } | SinkKind::Stdout => RecordFormat::Lines,
+        }
+    }
+}
+
+/// What a stream's records must be for its sink to carry them; every producer (ingest, `queue
+/// push`, tail sources, scrapes) writes or checks that format, so a sink is never handed a record it
+/// would send broken (a receiver that answers 2xx and drops what it cannot read loses it silently).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordFormat {
+    /// JSON values: an `http` sink with `encoding: ndjson` or `json_array`.
+    Json,
+    /// One InfluxDB line-protocol point per record, timestamps in this precision: an `http` sink
+    /// with `encoding: influx_line`.
+    LineProtocol(crate::scrape::lineproto::Precision),
+    /// Any single line: `file` and `stdout` sinks write a record per line, and a stream without a
+    /// sink only queues. The ingest API takes JSON for these (its contract); `queue push` and
+    /// scrapes may put other lines there.
+    Lines,
+}
+
+impl RecordFormat {
+    /// For messages: what the records are.
+    pub fn describe(self) -> &'static str {
+        match self {
+            RecordFormat::Json => "JSON records",
+            RecordFormat::LineProtocol(_) => "influx line protocol",
+            RecordFormat::Lines => "lines",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SinkRetry {
     pub base: Duration,
