@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds the Debian package (cargo-deb, [package.metadata.deb] in Cargo.toml) from the static binary
 # that scripts/build-static.sh already built, packaged as it is (no rebuild, no strip), then checks
-# the .deb: its files, modes, control fields, conffiles and maintainer scripts, and runs the packaged
-# binary on the packaged config.
+# the .deb: its files, modes, control fields, conffiles and maintainer scripts, runs the packaged
+# binary on the packaged config, and runs lintian: any error or warning it reports fails, except the
+# ones deploy/debian/lintian-overrides keeps (each with its reason).
 # Usage: scripts/package.sh [static-target-dir]   (default target/static: the dir given to
 #        scripts/build-static.sh, and like there a relative path is read from the repository root;
 #        the .deb goes to <dir>/debian/). Prints the package's path and size.
-# Needs cargo-deb (`cargo install --locked cargo-deb`) and dpkg-deb.
+# Needs cargo-deb (`cargo install --locked cargo-deb`), dpkg-deb and lintian.
 set -euo pipefail
 
 die() { echo "package: $*" >&2; exit 1; }
@@ -21,6 +22,7 @@ bin="$target_dir/$triple/release/colibri"
 [[ -x $bin ]] || die "$bin: missing (run scripts/build-static.sh ${1:-target/static} first)"
 command -v cargo-deb >/dev/null 2>&1 || die "cargo-deb not found: cargo install --locked cargo-deb"
 command -v dpkg-deb >/dev/null 2>&1 || die "dpkg-deb not found: apt-get install dpkg"
+command -v lintian >/dev/null 2>&1 || die "lintian not found: apt-get install lintian"
 
 # The package ships the static binary; a dynamically linked one would need Depends on libc6.
 if command -v file >/dev/null 2>&1; then
@@ -62,6 +64,10 @@ expect_file usr/share/colibri/colibri.schema.json    -rw-r--r--
 expect_file usr/share/doc/colibri/README.md          -rw-r--r--
 expect_file usr/share/doc/colibri/ARCHITECTURE.md    -rw-r--r--
 expect_file usr/share/doc/colibri/copyright          -rw-r--r--
+expect_file usr/share/doc/colibri/changelog.Debian.gz -rw-r--r--
+expect_file usr/share/man/man1/colibri.1.gz          -rw-r--r--
+expect_file usr/share/man/man5/colibri.yaml.5.gz     -rw-r--r--
+expect_file usr/share/lintian/overrides/colibri      -rw-r--r--
 # Files are owned by root in the package; postinst gives the config to group colibri.
 if awk '$2 != "0/0"' <<<"$listing" | grep -q .; then
   fail "files not owned by root/root: $(awk '$2 != "0/0" { print $6 }' <<<"$listing" | tr '\n' ' ')"
@@ -77,6 +83,12 @@ bin_version="$("$bin" version | awk '{ print $2 }')"
 # adduser: postinst creates the system user with it. Nothing else: the binary is static.
 [[ $(field Depends) == adduser ]] || fail "Depends is '$(field Depends)', expected adduser (and nothing else)"
 [[ -n $(field Maintainer) && -n $(field Description) ]] || fail "Maintainer or Description is empty"
+# The changelog's newest entry is this package's version, by the same maintainer.
+changelog_version="$(dpkg-parsechangelog -l deploy/debian/changelog -S Version 2>/dev/null || true)"
+[[ $changelog_version == "$(field Version)" ]] \
+  || fail "deploy/debian/changelog's newest entry is '$changelog_version', the package is '$(field Version)'"
+[[ $(dpkg-parsechangelog -l deploy/debian/changelog -S Maintainer 2>/dev/null) == "$(field Maintainer)" ]] \
+  || fail "deploy/debian/changelog's newest entry is not signed by the Maintainer ($(field Maintainer))"
 
 ctl="$out_dir/control"
 dpkg-deb -e "$deb" "$ctl"
@@ -120,6 +132,12 @@ cmp -s "$root/lib/systemd/system/colibri.service" deploy/colibri.service \
   || fail "/lib/systemd/system/colibri.service differs from deploy/colibri.service"
 cmp -s "$root/usr/share/colibri/colibri.schema.json" schemas/colibri.schema.json \
   || fail "/usr/share/colibri/colibri.schema.json differs from schemas/colibri.schema.json"
+cmp -s "$root/usr/share/doc/colibri/copyright" deploy/debian/copyright \
+  || fail "/usr/share/doc/colibri/copyright differs from deploy/debian/copyright"
+for page in man1/colibri.1 man5/colibri.yaml.5; do
+  gzip -dc "$root/usr/share/man/$page.gz" | cmp -s - "deploy/man/${page#*/}" \
+    || fail "/usr/share/man/$page.gz is not deploy/man/${page#*/}"
+done
 if ! version_out="$("$root/usr/bin/colibri" version 2>&1)"; then
   fail "packaged 'colibri version' failed: $version_out"
 fi
@@ -140,6 +158,14 @@ if ! err="$(UPLINK_TOKEN=t COLIBRI_INGEST_TOKEN=t COLIBRI_ADMIN_TOKEN=t \
 else
   echo "==> the commented examples, uncommented: ok ($(grep -c '^  - name:' "$examples/colibri.yaml") tasks)"
 fi
+
+# --- lintian: Debian's checks. Errors and warnings fail; info lines are shown. -----------------
+echo "==> lintian $deb"
+# lintian warns when run as root (CI containers are root); that notice is not about the package.
+if ! lintian_out="$(lintian --fail-on error,warning --tag-display-limit 0 -I "$deb" 2>&1)"; then
+  fail "lintian reports errors or warnings (fix them, or override one with its reason in deploy/debian/lintian-overrides)"
+fi
+grep -v '^running with root privileges is not recommended!$' <<<"$lintian_out" | sed 's/^/  /' || true
 
 if ((${#problems[@]})); then
   printf 'package: %s\n' "${problems[@]}" >&2

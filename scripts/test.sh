@@ -16,6 +16,9 @@ APT_NEEDS=(
   "file:file"                           # the release binary is checked to be statically linked
   "dpkg-deb:dpkg"                       # scripts/package.sh: builds and inspects the .deb
   "cmp:diffutils"                       # scripts/package.sh: packaged files against their sources
+  "lintian:lintian"                     # scripts/package.sh: Debian's checks of the .deb (no E: or W:)
+  "dpkg-parsechangelog:dpkg-dev"        # scripts/package.sh: the changelog's version is the package's
+  "groff:groff-base"                    # tests/man.rs: the generated man pages format without warnings
   "systemd-analyze:systemd"             # scripts/check-deploy.sh: verify the unit (no running systemd needed)
   "python3:python3"                     # scripts/check-deploy.sh: the Grafana dashboard's JSON and queries
 )

@@ -64,6 +64,12 @@ pub(crate) struct ConfigArg {
     pub(crate) config: PathBuf,
 }
 
+/// The command line's definition: what `--help` shows, and what `tests/man.rs` renders colibri(1)
+/// from.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
