@@ -437,7 +437,7 @@ fn push(c: &Config, stream: &str, batch: usize) -> anyhow::Result<()> {
                 // What came before the bad line is stored; nothing from it on.
                 flush(&mut s, &mut pending, &mut acked, &mut out)?;
                 anyhow::bail!(
-                    "stdin line {} {why}; the {acked} records before it are stored, nothing from line {} on",
+                    "stdin line {} {why}; the lines before it are stored (acked {acked}), nothing from line {} on",
                     i + 1,
                     i + 1
                 );
