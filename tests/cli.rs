@@ -373,6 +373,8 @@ tasks:
   - {{name: ghost, type: exec, every: 1s, command: ["/nonexistent/bin"]}}
   - {{name: slow, type: exec, every: 1s, timeout: 15s, command: ["/bin/true"]}}
   - {{name: typo, type: exec, every: 1s, scheduel: "* * * * *", command: ["/bin/true"]}}
+  - {{name: feb30, type: exec, schedule: "0 0 30 2 *", command: ["/bin/true"]}}
+  - {{name: wrap, type: exec, schedule: "0 8 * * FRI-MON", command: ["/bin/true"]}}
   - {{name: fine, type: exec, schedule: "@reboot", command: ["/bin/sh", "-c", "touch \"$MARK\""], env: {{MARK: {marker}}}}}
 "#
     ));
@@ -388,6 +390,14 @@ tasks:
         (r#"tasks[4] "ghost""#, "/nonexistent/bin: no such file"),
         (r#"tasks[5] "slow""#, "must be shorter than shutdown_grace"),
         (r#"tasks[6] "typo""#, "unknown field `scheduel`"),
+        (
+            r#"tasks[7] "feb30""#,
+            "never fires: no date has day of month 30 in month 2",
+        ),
+        (
+            r#"tasks[8] "wrap""#,
+            "day of week range FRI-MON runs backwards (ranges do not wrap around: write FRI-SAT,SUN-MON)",
+        ),
     ];
     let check_lists_all = |what: &str, stderr: &str| {
         for (at, says) in expected {
