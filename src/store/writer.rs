@@ -28,8 +28,18 @@ use super::{
 
 /// Requests taken into one transaction at most.
 const MAX_BATCH: usize = 4096;
-/// How often TTLs are enforced.
+/// How often TTLs are enforced at most: a job past its `ttl` is deleted this long after it at
+/// worst. Shorter TTLs are swept every tenth of the shortest one, but not more often than
+/// [`EXPIRE_MIN`] (README, `ttl`).
 const EXPIRE_EVERY: Duration = Duration::from_secs(30);
+const EXPIRE_MIN: Duration = Duration::from_secs(1);
+
+/// The sweep interval for streams with these TTLs.
+fn expire_interval(ttls: impl Iterator<Item = Duration>) -> Duration {
+    ttls.map(|t| t / 10)
+        .min()
+        .map_or(EXPIRE_EVERY, |t| t.clamp(EXPIRE_MIN, EXPIRE_EVERY))
+}
 /// Quiet time before an idle, drained store is compacted.
 const COMPACT_AFTER_IDLE: Duration = Duration::from_secs(10);
 /// Compaction is worth it when the file is this much larger than what it stores.
@@ -450,6 +460,8 @@ struct Writer {
     opts: WriterOptions,
     stats: Arc<WriterStats>,
     parked: VecDeque<Parked>,
+    /// [`expire_interval`] of the streams' TTLs (streams change only with a restart).
+    expire_every: Duration,
     last_expire: Instant,
     last_request: Instant,
     /// Compaction already ran since the last write.
@@ -477,9 +489,11 @@ impl Writer {
         notifiers: Arc<HashMap<String, Arc<Notify>>>,
         store_id: Arc<AtomicU64>,
     ) -> Self {
+        let expire_every = expire_interval(store.streams().filter_map(|(cfg, _)| cfg.ttl));
         Writer {
             notifiers,
             store_id,
+            expire_every,
             store: Some(store),
             reopen,
             opts,
@@ -636,7 +650,7 @@ impl Writer {
         let now = Instant::now();
         let mut t = Duration::from_secs(24 * 3600);
         if self.needs_expiry() {
-            t = t.min(EXPIRE_EVERY.saturating_sub(now - self.last_expire));
+            t = t.min(self.expire_every.saturating_sub(now - self.last_expire));
         }
         if let Some(d) = self.parked.iter().map(|p| p.deadline).min() {
             t = t.min(d.saturating_duration_since(now));
@@ -809,7 +823,7 @@ impl Writer {
             self.try_reopen();
             return;
         }
-        if self.last_expire.elapsed() >= EXPIRE_EVERY && self.needs_expiry() {
+        if self.last_expire.elapsed() >= self.expire_every && self.needs_expiry() {
             self.last_expire = Instant::now();
             let store = self.store.as_mut().expect("checked above");
             // Bounded transactions (EXPIRE_CHUNK jobs per table each) until nothing more expires.
@@ -1095,6 +1109,52 @@ mod checkpoint_tests {
             ttl: None,
             dead_max_jobs: 10,
         }
+    }
+
+    #[test]
+    fn the_ttl_sweep_runs_every_tenth_of_the_shortest_ttl_within_bounds() {
+        let s = Duration::from_secs;
+        assert_eq!(expire_interval(std::iter::empty()), EXPIRE_EVERY);
+        assert_eq!(expire_interval([s(7 * 86_400)].into_iter()), EXPIRE_EVERY);
+        assert_eq!(expire_interval([s(7 * 86_400), s(60)].into_iter()), s(6));
+        assert_eq!(expire_interval([s(2)].into_iter()), EXPIRE_MIN);
+    }
+
+    /// A job past a short TTL leaves the queue within a few seconds, not at the next 30 s sweep.
+    #[tokio::test]
+    async fn a_job_past_a_short_ttl_expires_within_seconds() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = StorageConfig {
+            max_bytes: 1 << 30,
+            min_free: 0,
+        };
+        let mut short = stream();
+        short.ttl = Some(Duration::from_secs(2));
+        let open = {
+            let dir = dir.path().to_path_buf();
+            move || Store::open(&dir, storage, &[short.clone()], OpenOptions::default())
+        };
+        let handle = spawn(
+            open().unwrap(),
+            Box::new(open.clone()),
+            WriterOptions::default(),
+        )
+        .unwrap();
+        handle
+            .append("s", vec![b"r1".to_vec(), b"r2".to_vec()], None, None)
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        let counters = loop {
+            let snap = handle.snapshot().await.unwrap();
+            let c = snap.streams[0].1.clone();
+            if c.expired_records == 2 || tokio::time::Instant::now() >= deadline {
+                break c;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(counters.expired_records, 2, "{counters:?}");
+        assert_eq!(counters.ready_records, 0, "{counters:?}");
     }
 
     /// A checkpoint saved with an append is read back through the handle, after a restart too.
