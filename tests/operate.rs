@@ -113,52 +113,29 @@ fn scrape(admin: SocketAddr) -> Vec<Sample> {
     parse(&a.text())
 }
 
-/// Every metric the operator's documentation names.
-const NAMES: &[&str] = &[
-    "colibri_build_info",
-    "colibri_process_resident_memory_bytes",
-    "colibri_process_open_fds",
-    "colibri_process_cpu_seconds_total",
-    "colibri_process_start_time_seconds",
-    "colibri_config_generation",
-    "colibri_config_last_reload_successful",
-    "colibri_config_last_reload_success_timestamp_seconds",
-    "colibri_config_last_reload_failure_timestamp_seconds",
-    "colibri_config_info",
-    "colibri_task_runs_total",
-    "colibri_task_skipped_total",
-    "colibri_task_retries_total",
-    "colibri_task_duration_seconds_bucket",
-    "colibri_task_duration_seconds_count",
-    "colibri_stream_jobs",
-    "colibri_stream_records",
-    "colibri_stream_bytes",
-    "colibri_stream_appended_records_total",
-    "colibri_stream_delivered_records_total",
-    "colibri_stream_delivered_bytes_total",
-    "colibri_stream_dropped_records_total",
-    "colibri_stream_expired_records_total",
-    "colibri_stream_quarantined_records_total",
-    "colibri_stream_dead_lettered_records_total",
-    "colibri_stream_retried_attempts_total",
-    "colibri_sink_requests_total",
-    "colibri_sink_failed_attempts_total",
-    "colibri_sink_dead_lettered_records_total",
-    "colibri_sink_delivered_records_total",
-    "colibri_sink_delivered_bytes_total",
-    "colibri_sink_request_duration_seconds_bucket",
-    "colibri_sink_link_up",
-    "colibri_sink_link_transitions_total",
-    "colibri_sink_replay_backlog_records",
-    "colibri_store_commits_total",
-    "colibri_store_failed_commits_total",
-    "colibri_store_commit_duration_seconds_bucket",
-    "colibri_store_file_bytes",
-    "colibri_storage_used_bytes",
-    "colibri_storage_max_bytes",
-    "colibri_storage_free_disk_bytes",
-    "colibri_storage_min_free_bytes",
-];
+/// The families `deploy/prometheus/metrics.txt` documents (the only names alerts and the dashboard
+/// may use), as (name, type).
+fn documented_families() -> BTreeSet<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/prometheus/metrics.txt");
+    std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (name, kind) = l.split_once(' ').expect("a name and a type");
+            (name.to_string(), kind.trim().to_string())
+        })
+        .collect()
+}
+
+/// The families a scrape declares (`# TYPE name type`).
+fn declared_families(text: &str) -> BTreeSet<(String, String)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, kind)| (name.to_string(), kind.to_string()))
+        .collect()
+}
 
 #[test]
 fn one_scrape_after_a_scenario_parses_and_balances_for_every_stream() {
@@ -178,12 +155,16 @@ streams:
   ok: {{ sink: good }}
   rejected: {{ sink: bad }}
   small: {{ batch: {{ max_records: 1 }}, max_jobs: 2, when_full: drop_oldest }}
+  logs: {{}}
+sources:
+  app: {{ type: tail, stream: logs, paths: [{app_log}] }}
 tasks:
   - {{ name: hello, type: exec, every: 200ms, command: ["/bin/true"] }}
   - {{ name: nope, type: exec, every: 200ms, command: ["/bin/false"] }}
 "#,
         good = quote(good.url("/in")),
         bad = quote(bad.url("/in")),
+        app_log = quote_path(&sb.file("app.log")),
     ));
     let agent = Proc::run(&config);
     let admin = listening(&agent, "admin endpoint listening");
@@ -225,12 +206,31 @@ tasks:
     })
     .expect("the rejected records dead-lettered and a failed run counted");
 
-    let names: BTreeSet<&str> = samples.iter().map(|s| s.name.as_str()).collect();
-    for n in NAMES {
-        assert!(names.contains(n), "{n} is missing from the scrape");
+    // The scrape declares exactly the documented families, and each has samples.
+    let text = get(admin, "/metrics", &auth).text();
+    let declared = declared_families(&text);
+    let documented = documented_families();
+    assert_eq!(
+        declared.difference(&documented).collect::<Vec<_>>(),
+        Vec::<&(String, String)>::new(),
+        "exported but not in deploy/prometheus/metrics.txt"
+    );
+    assert_eq!(
+        documented.difference(&declared).collect::<Vec<_>>(),
+        Vec::<&(String, String)>::new(),
+        "in deploy/prometheus/metrics.txt but not exported"
+    );
+    for (family, _) in &documented {
+        assert!(
+            samples
+                .iter()
+                .any(|s| s.name == *family
+                    || s.name.strip_prefix(family.as_str()) == Some("_bucket")),
+            "{family} has no sample in the scrape"
+        );
     }
     // The accounting identity, from this one scrape, for every stream.
-    for stream in ["ok", "rejected", "small"] {
+    for stream in ["ok", "rejected", "small", "logs"] {
         let l = [("stream", stream)];
         let appended = value(&samples, "colibri_stream_appended_records_total", &l);
         let delivered = value(&samples, "colibri_stream_delivered_records_total", &l);
@@ -295,7 +295,7 @@ tasks:
         value(&samples, "colibri_config_info", &[("sha256", &hex)]),
         1.0
     );
-    // Label cardinality: bounded by the config (two tasks, three streams, two sinks).
+    // Label cardinality: bounded by the config (two tasks, four streams, two sinks).
     let tasks: BTreeSet<&str> = samples
         .iter()
         .filter_map(|s| s.labels.get("task").map(String::as_str))
