@@ -507,9 +507,10 @@ tasks:
         out.stdout
     );
 
-    // Unset, with no default: refused, naming the variable and where it is used.
+    // Unset, with no default: `run` refuses, naming the variable and where it is used (`check`
+    // warns and goes on: see read_only_commands_go_on_without_an_unset_variable_and_run_refuses).
     let mut cmd = colibri();
-    cmd.arg("check")
+    cmd.arg("run")
         .arg("--config")
         .arg(&config)
         .env_remove("COLIBRI_TEST_GREETING")
@@ -635,6 +636,45 @@ tasks:
         assert!(
             spans.iter().any(|(s, e)| (*s..=*e).contains(&at)),
             "skipped at {at} with no run going: {spans:?}"
+        );
+    }
+}
+
+#[test]
+fn check_names_the_variable_and_never_prints_its_value() {
+    let sb = Sandbox::new();
+    let config = sb.write_config(
+        "data_dir: data\n\
+         workers: ${IT}\n\
+         shutdown_grace: ${GRACE}\n\
+         log: { level: \"${LEVEL}\" }\n\
+         storage: { max_bytes: \"${SIZE}\" }\n",
+    );
+    let mut cmd = colibri();
+    cmd.arg("check")
+        .arg("--config")
+        .arg(&config)
+        .env("IT", "ITSECRET4")
+        .env("GRACE", "GRACESECRET5")
+        .env("LEVEL", "LEVELSECRET6")
+        .env("SIZE", "SIZESECRET7");
+    let out = finish(cmd, secs(10));
+    assert_code(out.status, 1, &out.stderr);
+    assert!(
+        !out.stderr.contains("SECRET") && !out.stdout.contains("SECRET"),
+        "a value from the environment was printed:\n{}",
+        out.stderr
+    );
+    for says in [
+        "  workers: expected a whole number, found the value of ${IT}",
+        "  shutdown_grace: duration the value of ${GRACE}: ",
+        "  log.level: expected one of `error`, `warn`, `info`, `debug`, `trace`, found the value of ${LEVEL}",
+        "  storage.max_bytes: size the value of ${SIZE}: ",
+    ] {
+        assert!(
+            out.stderr.lines().any(|l| l.starts_with(says)),
+            "no line starting {says:?}:\n{}",
+            out.stderr
         );
     }
 }

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
-    self, Config,
+    self, Config, Unset,
     units::{fmt_duration, fmt_size},
 };
 use crate::schedule::{Offset, Schedule};
@@ -76,16 +76,22 @@ pub fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Queue(cmd) => queue::main(cmd),
-        Command::Check(args) => match config::load(&args.config) {
-            Ok(c) => {
-                print!("{}", summary(&c));
-                ExitCode::SUCCESS
+        // `check` validates the file without running it: an unset variable (a secret that only
+        // the unit's environment file holds) is a warning here, and `run` refuses it.
+        Command::Check(args) => {
+            match config::load_with(&args.config, Unset::Warn { needed: &[] }) {
+                Ok(c) => {
+                    print_warnings(&c.warnings);
+                    print!("{}", summary(&c));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    print_warnings(e.warnings());
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Command::Run(args) => {
             let code = run(&args);
             // Every return of `run` passes here, so the last events (an ERROR before the stop
@@ -135,6 +141,13 @@ fn run(args: &ConfigArg) -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The config's warnings on stderr, one line each.
+pub(crate) fn print_warnings(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("warning: {w}");
     }
 }
 

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use crate::config::{
-    self, Config,
+    self, Config, Unset,
     units::{fmt_duration, fmt_size},
 };
 use crate::store::{self, OpenOptions, Store, StoreError};
@@ -113,8 +113,24 @@ pub fn main(cmd: QueueCommand) -> ExitCode {
     }
 }
 
+/// The file, for a command that does not run it: an unset variable elsewhere than in the
+/// settings of the store (a sink's token, say) is a warning, not an error.
 fn load(arg: &super::ConfigArg) -> anyhow::Result<Config> {
-    Ok(config::load(&arg.config)?)
+    match config::load_with(
+        &arg.config,
+        Unset::Warn {
+            needed: config::QUEUE_NEEDS,
+        },
+    ) {
+        Ok(c) => {
+            super::print_warnings(&c.warnings);
+            Ok(c)
+        }
+        Err(e) => {
+            super::print_warnings(e.warnings());
+            Err(e.into())
+        }
+    }
 }
 
 fn open(c: &Config, read_only: bool) -> anyhow::Result<Store> {
