@@ -678,3 +678,79 @@ fn check_names_the_variable_and_never_prints_its_value() {
         );
     }
 }
+
+#[test]
+fn a_start_up_error_is_printed_once() {
+    let sb = Sandbox::new();
+    std::fs::write(sb.file("taken"), "a file, not a directory").unwrap();
+    let run = |config: &std::path::Path| {
+        let mut cmd = colibri();
+        cmd.arg("run").arg("--config").arg(config);
+        finish(cmd, secs(10))
+    };
+    // Logging to stderr: the ERROR event is the report (under systemd stderr is the journal).
+    let config = sb.write_config("data_dir: taken/data\nstreams:\n  logs: {}\n");
+    let out = run(&config);
+    assert_code(out.status, 1, &out.stderr);
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", out.stderr);
+    assert!(
+        lines[0].contains("ERROR") && lines[0].contains("cannot create data_dir"),
+        "{}",
+        out.stderr
+    );
+    // In JSON, the same one event and nothing that is not JSON.
+    let config =
+        sb.write_config("data_dir: taken/data\nlog: { format: json }\nstreams:\n  logs: {}\n");
+    let out = run(&config);
+    assert_code(out.status, 1, &out.stderr);
+    let events: Vec<Value> = out
+        .stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert_eq!(events.len(), 1, "{}", out.stderr);
+    assert_eq!(events[0]["level"], "ERROR", "{}", events[0]);
+    // Logging to a file: the event goes there, and stderr (the supervisor's log) gets the one
+    // `error:` line.
+    let config = sb.write_config(&format!(
+        "data_dir: taken/data\nlog: {{ file: {} }}\nstreams:\n  logs: {{}}\n",
+        quote_path(&sb.file("colibri.log"))
+    ));
+    let out = run(&config);
+    assert_code(out.status, 1, &out.stderr);
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", out.stderr);
+    assert!(
+        lines[0].starts_with("error: cannot create data_dir"),
+        "{}",
+        out.stderr
+    );
+    let log = sb.read("colibri.log");
+    assert_eq!(
+        log.matches("cannot create data_dir").count(),
+        1,
+        "the log file:\n{log}"
+    );
+}
+
+#[test]
+fn a_missing_config_file_is_reported_once() {
+    for args in [
+        &["check"][..],
+        &["run"],
+        &["queue", "stats"],
+        &["queue", "peek", "logs"],
+    ] {
+        let mut cmd = colibri();
+        cmd.args(args)
+            .args(["--config", "/nonexistent/colibri.yaml"]);
+        let out = finish(cmd, secs(10));
+        assert_code(out.status, 1, &out.stderr);
+        assert_eq!(
+            out.stderr,
+            "error: cannot read config file /nonexistent/colibri.yaml: No such file or directory (os error 2)\n",
+            "{args:?}"
+        );
+    }
+}

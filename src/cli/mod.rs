@@ -134,11 +134,17 @@ fn run(args: &ConfigArg) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let to_file = config.log_file.is_some();
     match runtime.block_on(crate::agent::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // Once: without `log.file` the log is stderr (the journal, under systemd), so the
+            // event is the report; with one, the event goes to the file and stderr (what the
+            // supervisor shows) gets the line too.
             tracing::error!("{e:#}");
-            eprintln!("error: {e:#}");
+            if to_file {
+                eprintln!("error: {e:#}");
+            }
             ExitCode::FAILURE
         }
     }
