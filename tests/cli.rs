@@ -680,6 +680,84 @@ fn check_names_the_variable_and_never_prints_its_value() {
 }
 
 #[test]
+fn read_only_commands_go_on_without_an_unset_variable_and_run_refuses() {
+    let sb = Sandbox::new();
+    let config = sb.write_config(
+        "data_dir: data\n\
+         sinks:\n  up: { type: http, url: \"http://127.0.0.1:9/in\", headers: { Authorization: \"Bearer ${COLIBRI_TEST_UNSET_TOKEN}\" } }\n\
+         streams:\n  logs: { sink: up }\n",
+    );
+    let warning = format!(
+        "warning: ${{COLIBRI_TEST_UNSET_TOKEN}} is not set ({}: sinks.up.headers.Authorization); this command goes on without it, `colibri run` refuses the file until it is set",
+        config.display()
+    );
+    let warned_once = |what: &str, stderr: &str| {
+        assert_eq!(
+            stderr
+                .lines()
+                .filter(|l| l.starts_with("warning:"))
+                .collect::<Vec<_>>(),
+            [warning.as_str()],
+            "{what}: stderr:\n{stderr}"
+        );
+    };
+    let command = |args: &[&str]| {
+        let mut cmd = colibri();
+        cmd.args(args).arg("--config").arg(&config);
+        cmd.env_remove("COLIBRI_TEST_UNSET_TOKEN");
+        cmd
+    };
+
+    let out = finish(command(&["check"]), secs(10));
+    assert_code(out.status, 0, &out.stderr);
+    warned_once("check", &out.stderr);
+    assert!(out.stdout.contains(": ok\n"), "{}", out.stdout);
+
+    // The queue commands work too: they never connect upstream.
+    let mut push = command(&["queue", "push", "logs"]);
+    push.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = push.spawn().expect("spawn colibri");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"r1\n").unwrap();
+    let pushed = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&pushed.stderr);
+    assert_code(pushed.status, 0, &stderr);
+    warned_once("push", &stderr);
+    assert_eq!(String::from_utf8_lossy(&pushed.stdout), "acked 1\n");
+    for args in [&["queue", "stats"][..], &["queue", "peek", "logs"]] {
+        let out = finish(command(args), secs(10));
+        assert_code(out.status, 0, &out.stderr);
+        warned_once(&args.join(" "), &out.stderr);
+    }
+
+    // run does not start without it.
+    let out = finish(command(&["run"]), secs(10));
+    assert_code(out.status, 1, &out.stderr);
+    assert!(
+        out.stderr.contains(
+            "sinks.up.headers.Authorization: environment variable COLIBRI_TEST_UNSET_TOKEN is not set"
+        ),
+        "{}",
+        out.stderr
+    );
+
+    // Where the store is stays an error for the queue commands: they must not guess it.
+    let config =
+        sb.write_config("data_dir: \"${COLIBRI_TEST_UNSET_DIR}/data\"\nstreams:\n  logs: {}\n");
+    let mut cmd = colibri();
+    cmd.args(["queue", "stats", "--config"]).arg(&config);
+    let out = finish(cmd, secs(10));
+    assert_code(out.status, 1, &out.stderr);
+    assert!(
+        out.stderr
+            .contains("data_dir: environment variable COLIBRI_TEST_UNSET_DIR is not set"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
 fn a_start_up_error_is_printed_once() {
     let sb = Sandbox::new();
     std::fs::write(sb.file("taken"), "a file, not a directory").unwrap();
