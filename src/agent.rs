@@ -52,7 +52,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut sigint =
         signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
     let mut sighup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
-    std::fs::create_dir_all(&config.data_dir)
+    store::create_data_dir(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
     let store_handle = open_store(&config)?;
 
@@ -218,22 +218,28 @@ impl Agent {
                     "config reloaded"
                 );
             }
-            Err(problems) => {
+            Err(refusal) => {
                 self.state.last_reload_ok.store(false, Relaxed);
                 self.state.last_failure_s.store(now, Relaxed);
+                // One line in the text format too: a multi-line event would be cut into
+                // unrelated lines by journald and by anything that reads the log line by line.
                 tracing::error!(
                     config = %self.config.source.display(),
-                    problems = %problems,
+                    count = refusal.problems.len(),
+                    problems = %refusal.problems.join("; "),
                     "reload refused: the running config stays"
                 );
             }
         }
         notify("READY=1\nSTATUS=serving");
-        result
+        result.map_err(|r| r.text)
     }
 
-    async fn try_reload(&mut self) -> ReloadResult {
-        let new = crate::config::load(&self.config.source).map_err(|e| e.to_string())?;
+    async fn try_reload(&mut self) -> Result<ReloadReport, Refusal> {
+        let new = crate::config::load(&self.config.source).map_err(|e| Refusal {
+            text: e.to_string(),
+            problems: e.lines(),
+        })?;
         let plan = crate::reload::plan(&self.config, new);
         let effective = Arc::new(plan.effective);
         // Everything that can still fail comes first (building a sink reads its TLS files), so a
@@ -242,8 +248,13 @@ impl Agent {
         if self.store.is_some() {
             for name in plan.sinks.added.iter().chain(&plan.sinks.changed) {
                 if let Some(cfg) = effective.sinks.iter().find(|s| &s.name == name) {
-                    let sink = crate::sink::Sink::new(Arc::clone(cfg))
-                        .map_err(|e| format!("sinks.{name}: {e}"))?;
+                    let sink = crate::sink::Sink::new(Arc::clone(cfg)).map_err(|e| {
+                        let problem = format!("sinks.{name}: {e}");
+                        Refusal {
+                            text: problem.clone(),
+                            problems: vec![problem],
+                        }
+                    })?;
                     built.insert(name.clone(), sink);
                 }
             }
@@ -316,6 +327,13 @@ impl Agent {
             changes,
         })
     }
+}
+
+/// Why a reload was refused: the admin endpoint's answer (the problems a line each) and the
+/// same problems for the log.
+struct Refusal {
+    text: String,
+    problems: Vec<String>,
 }
 
 /// One sink at run time: its runtime (shared with the metrics) and the task that runs its link
@@ -534,8 +552,13 @@ fn open_store(config: &Config) -> anyhow::Result<Option<writer::StoreHandle>> {
         config.storage,
         config.streams.clone(),
     );
-    let opened = open_or_replace(&dir, storage, &streams, false)
-        .with_context(|| format!("cannot open the store in {}", dir.display()))?;
+    let opened = open_or_replace(&dir, storage, &streams, false).map_err(|e| {
+        if e.names_file() {
+            anyhow::Error::from(e)
+        } else {
+            anyhow::Error::from(e).context(format!("cannot open the store in {}", dir.display()))
+        }
+    })?;
     tracing::info!(
         path = %opened.path().display(),
         file_bytes = opened.file_bytes(),

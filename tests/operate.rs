@@ -763,3 +763,69 @@ tasks:
     agent.signal(libc::SIGTERM);
     assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
 }
+
+/// A refused reload in the text log: one line with every problem, and a value from the
+/// environment named by its variable there and in the admin endpoint's answer, never shown.
+#[test]
+fn a_refused_reload_is_one_log_line_that_never_shows_a_secret() {
+    let sb = Sandbox::new();
+    let config = sb.write_config(
+        "data_dir: data\nworkers: 2\ntasks:\n  - { name: tick, type: exec, every: 1h, command: [\"/bin/true\"] }\n",
+    );
+    let mut cmd = colibri();
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&config)
+        .env("COLIBRI_TEST_IT", "ITSECRET4");
+    let mut agent = Proc::spawn(cmd);
+    let line_with = |agent: &Proc, what: &str| {
+        poll(secs(20), || {
+            agent
+                .stderr()
+                .lines()
+                .find(|l| l.contains(what))
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("no line with {what:?}; stderr:\n{}", agent.stderr()))
+    };
+    let listening = line_with(&agent, "admin endpoint listening");
+    let admin: SocketAddr = listening
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("listen="))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no listen= in {listening:?}"));
+    line_with(&agent, "colibri started");
+
+    sb.write_config(
+        "data_dir: data\nworkers: ${COLIBRI_TEST_IT}\ntasks:\n  - { name: tick, type: exec, every: 0s, command: [\"/bin/true\"] }\n",
+    );
+    agent.signal(libc::SIGHUP);
+    let refused = line_with(&agent, "reload refused");
+    for says in [
+        "workers: expected a whole number, found the value of ${COLIBRI_TEST_IT}",
+        "tasks[0] \"tick\": every: must be positive",
+    ] {
+        assert!(refused.contains(says), "{says:?} not in {refused:?}");
+    }
+    // Every line is an event of its own: none continues the one before.
+    for l in agent.stderr().lines() {
+        assert!(
+            l.len() > 20 && l.as_bytes()[..4].iter().all(u8::is_ascii_digit) && &l[10..11] == "T",
+            "not an event line: {l:?}; stderr:\n{}",
+            agent.stderr()
+        );
+    }
+    let answer = post(admin, "/-/reload");
+    assert_eq!(answer.status, 422, "{}", answer.text());
+    assert!(
+        answer
+            .text()
+            .contains("workers: expected a whole number, found the value of ${COLIBRI_TEST_IT}"),
+        "{}",
+        answer.text()
+    );
+    assert!(!answer.text().contains("SECRET"), "{}", answer.text());
+    assert!(!agent.stderr().contains("SECRET"), "{}", agent.stderr());
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
+}

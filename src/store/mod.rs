@@ -190,6 +190,19 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether the message names the database file already, so a caller adding "cannot open
+    /// <file>" would say it twice.
+    pub fn names_file(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Locked { .. }
+                | StoreError::NewerLayout { .. }
+                | StoreError::NeedsRepair { .. }
+        )
+    }
+}
+
 /// Why a stream cannot take more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -592,6 +605,21 @@ pub struct Store {
     /// Test seam: commit without waiting for the disk (the planted bug the power-loss test must catch).
     #[cfg(test)]
     pub unsafe_no_fsync: bool,
+}
+
+/// Mode of a data directory colibri creates (before the umask): the queues may hold anything a
+/// producer sent, so no access for others; the group may read (the package's `StateDirectoryMode`).
+pub const DATA_DIR_MODE: u32 = 0o750;
+
+/// Creates `data_dir` (and missing parents) with [`DATA_DIR_MODE`]; one that exists is left as it
+/// is. Every command that may create the store (`colibri run`, `colibri queue push`) calls this
+/// first, so the directory is the same whichever came first.
+pub fn create_data_dir(data_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DATA_DIR_MODE)
+        .create(data_dir)
 }
 
 pub fn now_ms() -> u64 {
