@@ -46,7 +46,8 @@ pub struct IngestSpec {
     /// time, never logged). Use `${VAR}` to keep it out of the file.
     #[serde(default)]
     pub token: Option<String>,
-    /// Open client connections at most; more wait in the listen backlog. Default 256.
+    /// Open client connections at most; when all are taken, the one idle longest (no complete
+    /// request header yet, or between requests) is closed for a newcomer. Default 256.
     #[serde(default, deserialize_with = "de_opt_u32")]
     #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_connections: Option<u32>,
@@ -55,11 +56,11 @@ pub struct IngestSpec {
     #[serde(default, deserialize_with = "de_opt_u32")]
     #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_requests: Option<u32>,
-    /// Longest time a client may take to send a request's headers, and then its body; also how
-    /// long an idle kept-alive connection stays open. A request whose body is slower gets 408; a
-    /// connection whose headers are slower is closed without an answer (hyper). Default 10s, at
-    /// most 60s. At a stop, requests in progress are waited for up to `read_timeout + wait + 2s`:
-    /// keep that below `shutdown_grace`.
+    /// Longest time a client may take to send a request's body (slower: 408), and to send the
+    /// next request's header after an answer on a kept-alive connection (slower: closed without an
+    /// answer). A new connection's first header must be complete within 5s of accept (or this,
+    /// when shorter). Default 10s, at most 60s. At a stop, requests in progress are waited for up
+    /// to `read_timeout + wait + 2s`: keep that below `shutdown_grace`.
     #[serde(default)]
     pub read_timeout: Option<Dur>,
     /// How long a request waits for room in a full `when_full: block` stream before it is answered

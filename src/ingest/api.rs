@@ -9,7 +9,8 @@
 //! the append: 200 once durable; 429 when a stream's own bound is reached (after `wait` under
 //! `block`, at once under `drop_newest`, whose refused records are counted as dropped, on every
 //! retry too); 507 when the disk budget is; 413 for a record, or a batch, that the stream can never
-//! hold (even empty); 503 when the store cannot commit (nothing acknowledged).
+//! hold (even empty); 503 when the store cannot commit (nothing acknowledged), and when the stop
+//! begins while it waits for room.
 //!
 //! A refusal decided before the body is read still reads (and discards) a body of acceptable
 //! length, within `read_timeout`, so the client sees the answer rather than a reset connection
@@ -319,7 +320,9 @@ struct InProgress<'a>(&'a Shared);
 
 impl Drop for InProgress<'_> {
     fn drop(&mut self) {
-        self.0.in_progress.fetch_sub(1, Ordering::AcqRel);
+        if self.0.in_progress.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.answered.notify_one();
+        }
     }
 }
 
@@ -459,6 +462,8 @@ fn append_error(e: AppendError) -> Reject {
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("{why}; nothing was stored"),
         ),
+        // The stop began while the append waited for room.
+        AppendError::Stopping => stopping(),
         AppendError::Store(StoreError::UnknownStream(stream)) => {
             Reject::new(StatusCode::NOT_FOUND, format!("no stream {stream:?}"))
         }

@@ -247,6 +247,10 @@ pub enum AppendError {
         max: u64,
         why: String,
     },
+    /// colibri is stopping: an append that would wait for room is answered at once instead.
+    /// Nothing was stored.
+    #[error("colibri is stopping: nothing was stored")]
+    Stopping,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
