@@ -1,7 +1,7 @@
 //! Both listeners, the ingest API and the admin endpoint, against careless and hostile clients,
 //! from the real binary: clients that half-close their socket after the request, a thousand idle
-//! sockets, the stop (503 until it ends; appends waiting for room answered at once). Every wait is
-//! bounded and waits for a condition.
+//! sockets, the stop (503 until it ends; appends waiting for room answered at once), request
+//! bodies beyond the memory budget. Every wait is bounded and waits for a condition.
 
 #[path = "util/client.rs"]
 mod client;
@@ -41,8 +41,7 @@ fn is(e: &Value, prefix: &str) -> bool {
 
 /// A running colibri with ingest on a free port and admin on another.
 struct Agent {
-    /// Kept for the life of the agent: its directory.
-    _sb: Sandbox,
+    sb: Sandbox,
     config: PathBuf,
     proc: Proc,
     ingest: SocketAddr,
@@ -69,7 +68,7 @@ fn start(level: &str, ingest: &str, rest: &str) -> Agent {
     proc.wait_for_event(secs(30), "colibri started", |e| is(e, "colibri started"));
     let admin = field(&listening, "listen").parse().expect("an address");
     Agent {
-        _sb: sb,
+        sb,
         config,
         proc,
         ingest: SocketAddr::from(([127, 0, 0, 1], port)),
@@ -369,4 +368,88 @@ fn a_stop_answers_a_waiting_append_at_once() {
     let status = a.proc.wait_exit(secs(20));
     assert_code(status, 0, &a.proc.stderr());
     assert_eq!(a.appended("held"), 1, "the refused request stored nothing");
+}
+
+/// With `max_memory: 9MiB` and `max_body: 1MiB`, a request of 1 MiB reserves most of the budget
+/// (twice its body, plus room for its records) before its body is read: while it is in progress
+/// another 1 MiB request waits `wait`, then gets 503 with Retry-After, nothing stored; a small one
+/// still fits. Once the first is answered, the second goes through. `check` refuses a `max_body`
+/// the budget cannot hold, and a budget over its ceiling.
+#[test]
+fn request_bodies_share_one_memory_budget() {
+    let mut a = start(
+        "info",
+        "max_body: 1MiB, max_memory: 9MiB, wait: 1s, read_timeout: 20s",
+        "streams:\n  logs: { max_bytes: 64MiB, batch: { max_bytes: 1MiB } }\n",
+    );
+    let record = format!("{{\"pad\":\"{}\"}}\n", "x".repeat(1000));
+    let big: String = record.repeat((1 << 20) / record.len());
+    let mut first = a.client();
+    first
+        .send_raw(
+            format!(
+                "POST {} HTTP/1.1\r\nHost: x\r\nContent-Type: {NDJSON}\r\nContent-Length: {}\r\n\r\n",
+                path("logs"),
+                big.len()
+            )
+            .as_bytes(),
+        )
+        .expect("send");
+    first.send_raw(&big.as_bytes()[..1000]).expect("send");
+    // Its headers arrived before this request's: it holds its share once this one is answered.
+    expect(a.client().post(&path("logs"), NDJSON, &[], b""), 200);
+    let refused = expect(
+        a.client().post(&path("logs"), NDJSON, &[], big.as_bytes()),
+        503,
+    );
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert!(
+        refused.error().contains("ingest.max_memory"),
+        "{}",
+        refused.text()
+    );
+    expect(
+        a.client()
+            .post(&path("logs"), NDJSON, &[], b"{\"small\":1}\n"),
+        200,
+    );
+    first
+        .send_raw(&big.as_bytes()[1000..])
+        .expect("send the rest");
+    let n = (big.len() / record.len()) as u64;
+    assert_eq!(expect(first.read_answer(), 200).json()["accepted"], n);
+    expect(
+        a.client().post(&path("logs"), NDJSON, &[], big.as_bytes()),
+        200,
+    );
+    a.stop();
+    assert_eq!(a.appended("logs"), 2 * n + 1);
+
+    let check = |ingest: &str| {
+        let config = a.sb.write_config(&format!(
+            "data_dir: data\ningest: {{ listen: '127.0.0.1:9465', {ingest} }}\nstreams: {{ logs: {{}} }}\n"
+        ));
+        let mut cmd = colibri();
+        cmd.args(["check", "--config"]).arg(&config);
+        finish(cmd, secs(30))
+    };
+    let f = check("max_body: 64MiB");
+    assert_code(f.status, 1, &f.stderr);
+    assert!(
+        f.stderr
+            .contains("ingest.max_body: a request of max_body (64MiB) may hold up to")
+            && f.stderr.contains("more than ingest.max_memory (64MiB)"),
+        "{}",
+        f.stderr
+    );
+    let f = check("max_body: 64MiB, max_memory: 140MiB");
+    assert_code(f.status, 0, &f.stderr);
+    let f = check("max_memory: 256MiB");
+    assert_code(f.status, 1, &f.stderr);
+    assert!(
+        f.stderr
+            .contains("ingest.max_memory: 256MiB is out of range"),
+        "{}",
+        f.stderr
+    );
 }

@@ -4,9 +4,10 @@
 //! `{"error": "..."}`.
 //!
 //! Order: route (404, even while shutting down), then for a known path: shutting down (503),
-//! method (405), token (401), stream (404), encoding and content type (415), length (411, 413), a
-//! turn among `max_requests`, the body within `read_timeout` (408), its records (400, 413), then
-//! the append: 200 once durable; 429 when a stream's own bound is reached (after `wait` under
+//! method (405), token (401), stream (404), encoding and content type (415), length (411, 413),
+//! room in `max_memory` for what the body can cost (503 after `wait`), a turn among
+//! `max_requests`, the body within `read_timeout` (408), its records (400, 413), then the append:
+//! 200 once durable; 429 when a stream's own bound is reached (after `wait` under
 //! `block`, at once under `drop_newest`, whose refused records are counted as dropped, on every
 //! retry too); 507 when the disk budget is; 413 for a record, or a batch, that the stream can never
 //! hold (even empty); 503 when the store cannot commit (nothing acknowledged), and when the stop
@@ -37,6 +38,7 @@ const RETRY_FULL: u64 = 1;
 const RETRY_DISK: u64 = 10;
 const RETRY_STORE: u64 = 1;
 const RETRY_STOPPING: u64 = 5;
+const RETRY_MEMORY: u64 = 1;
 
 pub type Answer = Response<Full<Bytes>>;
 
@@ -189,6 +191,18 @@ fn stopping() -> Reject {
         .routine()
 }
 
+fn no_memory(max_memory: u64) -> Reject {
+    Reject::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "the bodies of other requests hold the memory ingest may use (ingest.max_memory, {}): nothing was stored, send it again",
+            crate::config::units::fmt_size(max_memory)
+        ),
+    )
+    .retry_after(RETRY_MEMORY)
+    .routine()
+}
+
 fn health(req: &Request<Incoming>, s: &Shared) -> Result<Answer, Reject> {
     if s.stopping.is_cancelled() {
         return Err(stopping());
@@ -271,6 +285,21 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
         );
         return Err(r.close());
     }
+    // Room in the memory budget for what this body can cost, before any of it is read: all the
+    // bodies in progress together stay within max_memory. No room within `wait`: 503.
+    let cost = super::body_cost(length, encoding == body::Encoding::Gzip, cfg.max_body)
+        .min(cfg.max_memory);
+    let cost = u32::try_from(cost).expect("max_memory is at most 192MiB");
+    let _memory = tokio::select! {
+        p = tokio::time::timeout(cfg.wait, s.memory.acquire_many(cost)) => match p {
+            Ok(p) => Reserved {
+                _permit: p.expect("never closed"),
+                large: u64::from(cost) > super::TRIM_ABOVE,
+            },
+            Err(_) => return Err(refuse_early(req, s, no_memory(cfg.max_memory)).await),
+        },
+        _ = s.stopping.cancelled() => return Err(refuse_early(req, s, stopping()).await),
+    };
     // A turn: bodies are read and held by at most max_requests requests at once. One still
     // waiting for its turn when the stop comes has not begun: it is refused, so the stop waits
     // for one round of requests at most.
@@ -313,6 +342,22 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
             .map_err(append_error)?;
     }
     Ok(json(StatusCode::OK, &serde_json::json!({ "accepted": n })))
+}
+
+/// A request's share of `max_memory`, held until it is answered. Declared before the body and
+/// its records, it is dropped after them: a large one then gives the freed memory back to the
+/// system, whatever the answer.
+struct Reserved<'a> {
+    _permit: tokio::sync::SemaphorePermit<'a>,
+    large: bool,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if self.large {
+            super::give_back_memory();
+        }
+    }
 }
 
 /// Counts a records request until it is answered (the stop waits for these).

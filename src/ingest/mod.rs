@@ -34,6 +34,8 @@ pub struct IngestConfig {
     pub listen: SocketAddr,
     /// Largest body, on the wire and decompressed.
     pub max_body: u64,
+    /// What the bodies of all requests in progress may hold at once ([`body_cost`] each).
+    pub max_memory: u64,
     pub token: Option<Token>,
     pub max_connections: u32,
     /// Requests whose bodies are read and stored at once.
@@ -51,7 +53,7 @@ impl IngestConfig {
     /// For `colibri check`.
     pub fn describe(&self) -> String {
         format!(
-            "http://{}/v1/streams/{{stream}}/records, {}, bodies <= {}, {} requests / {} connections at once, read timeout {}, waits {} for room",
+            "http://{}/v1/streams/{{stream}}/records, {}, bodies <= {} ({} of memory for all), {} requests / {} connections at once, read timeout {}, waits {} for room",
             self.listen,
             if self.token.is_some() {
                 "bearer token required"
@@ -59,12 +61,46 @@ impl IngestConfig {
                 "no token"
             },
             fmt_size(self.max_body),
+            fmt_size(self.max_memory),
             self.max_requests,
             self.max_connections,
             fmt_duration(self.read_timeout),
             fmt_duration(self.wait),
         )
     }
+}
+
+/// Bytes a parsed record costs beyond its own: its entry in the list of records and the
+/// allocator's rounding.
+const RECORD_OVERHEAD: u64 = 64;
+
+/// The most memory a request's body may hold at once while it is read, decoded, split into records
+/// and stored: twice what it decodes to (the body and its records; the compressed copy is freed
+/// before the split, and the encoded jobs are made from the records once the body is gone) plus
+/// [`RECORD_OVERHEAD`] per record it may hold. A gzip body may decode to `max_body` whatever its
+/// length. A request reserves this much of `max_memory` before its body is read.
+pub fn body_cost(length: u64, gzip: bool, max_body: u64) -> u64 {
+    let decoded = if gzip { max_body } else { length };
+    // A record is at least one byte and a separator.
+    let records = (decoded / 2 + 1).min(body::MAX_RECORDS as u64);
+    decoded.saturating_mul(2) + records * RECORD_OVERHEAD
+}
+
+/// A request that reserved more than this gives the allocator's free memory back to the system
+/// once it is answered (see [`give_back_memory`]).
+pub(crate) const TRIM_ABOVE: u64 = 4 << 20;
+
+/// Returns the free memory of every allocator arena to the system. glibc keeps what a thread
+/// freed in that thread's arena: the records of one large body (parsed on one blocking-pool
+/// thread) and its encoded jobs (on the store writer's) would stay resident beside the next
+/// body, so peak RSS would be about three bodies' worth rather than the two `body_cost` counts.
+/// Runs on the blocking pool (it walks the heaps).
+pub(crate) fn give_back_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    tokio::task::spawn_blocking(|| {
+        // SAFETY: malloc_trim has no preconditions; it only releases free pages of the heaps.
+        unsafe { libc::malloc_trim(0) };
+    });
 }
 
 /// The bearer token: never printed, compared in constant time.
@@ -101,6 +137,8 @@ pub(crate) struct Shared {
     pub stopping: CancellationToken,
     /// `max_requests` permits.
     pub requests: Arc<Semaphore>,
+    /// `max_memory` permits, one per byte: reserved by [`body_cost`] before a body is read.
+    pub memory: Arc<Semaphore>,
     /// Records requests that have not been answered yet.
     pub in_progress: AtomicUsize,
     /// Signalled when one of them is answered (the stop waits for the last).
@@ -155,6 +193,7 @@ pub async fn start(
     };
     let shared = Arc::new(Shared {
         requests: Arc::new(Semaphore::new(config.max_requests as usize)),
+        memory: Arc::new(Semaphore::new(config.max_memory as usize)),
         in_progress: AtomicUsize::new(0),
         answered: tokio::sync::Notify::new(),
         stop_began: std::sync::OnceLock::new(),
