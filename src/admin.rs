@@ -158,12 +158,30 @@ pub async fn start(
         idle_timeout: IDLE_TIMEOUT,
         max_buf: MAX_BUF,
     };
-    let handler = move |req, _peer| {
+    let handler = move |req, peer| {
         let (state, config) = (Arc::clone(&state), Arc::clone(&config));
-        async move { handle(req, &state, &config).await }
+        async move { handle(req, &state, &config, peer).await }
     };
     let task = tokio::spawn(crate::server::serve(listener, limits, stopping, handler));
     Ok((local, task))
+}
+
+/// A request without the token: one WARN, then a count per minute (a scanner trying tokens must
+/// not flood the log).
+fn log_unauthorized(path: &str, peer: SocketAddr) {
+    let first = crate::logging::summary::first("admin 401", 1, Duration::from_secs(60), || {
+        |n, _, window| {
+            tracing::warn!(
+                status = 401,
+                repeated = n,
+                "admin request refused: {n} more like it in the last {}s",
+                crate::logging::summary::secs(window)
+            )
+        }
+    });
+    if first {
+        tracing::warn!(status = 401, path, %peer, reason = "no or wrong bearer token", "admin request refused");
+    }
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<bytes::Bytes>> {
@@ -180,6 +198,7 @@ async fn handle(
     req: Request<Incoming>,
     state: &AgentState,
     config: &AdminConfig,
+    peer: SocketAddr,
 ) -> Response<Full<bytes::Bytes>> {
     let path = req.uri().path().to_string();
     let allowed = match path.as_str() {
@@ -216,6 +235,7 @@ async fn handle(
             .get(hyper::header::AUTHORIZATION)
             .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
         if !given.is_some_and(|g| token.matches(g)) {
+            log_unauthorized(&path, peer);
             let mut r = text(
                 StatusCode::UNAUTHORIZED,
                 "this endpoint needs Authorization: Bearer <admin.token>\n".into(),

@@ -28,10 +28,14 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use super::Shared;
 use super::body::{self, BadBody};
+use crate::logging::summary;
 use crate::store::{AppendError, StoreError};
 
 /// Bodies up to this size are decoded on the event loop; larger ones on the blocking pool.
 const INLINE_MAX: usize = 64 << 10;
+
+/// Repeated refusals of one status are summarised this often.
+const REFUSALS_EVERY: Duration = Duration::from_secs(60);
 
 /// Seconds in `Retry-After`.
 const RETRY_FULL: u64 = 1;
@@ -175,11 +179,26 @@ pub(crate) async fn handle(req: Request<Incoming>, s: &Shared, peer: SocketAddr)
     }
 }
 
+/// Refusals of one status are logged in full the first time, then counted: one line per
+/// [`REFUSALS_EVERY`] says how many more there were (a client retrying a bad request, or a scan
+/// without the token, must not flood the log). Back-pressure stays at DEBUG, one line each.
 fn log_reject(rej: &Reject, stream: &str, path: &str, peer: SocketAddr) {
     let status = rej.status.as_u16();
     if rej.routine {
         tracing::debug!(stream, status, reason = %rej.reason, %peer, path, "ingest request refused");
-    } else {
+        return;
+    }
+    let first = summary::first(&format!("ingest {status}"), 1, REFUSALS_EVERY, || {
+        move |n, _, window| {
+            tracing::warn!(
+                status,
+                repeated = n,
+                "ingest request refused: {n} more like it in the last {}s",
+                summary::secs(window)
+            )
+        }
+    });
+    if first {
         tracing::warn!(stream, status, reason = %rej.reason, %peer, path, "ingest request refused");
     }
 }
