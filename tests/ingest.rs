@@ -1156,7 +1156,7 @@ fn kill_9_under_64_concurrent_clients_loses_no_acknowledged_record() {
 
 /// `colibri check` names every bad `ingest.` field (never the token) and summarises a good
 /// section; a port already taken stops `colibri run` with exit 1; listening beyond loopback
-/// without a token is allowed but warned about.
+/// without a token, allowed by `allow_remote: true`, is warned about.
 #[test]
 fn config_problems_a_taken_port_and_an_open_listener_without_a_token() {
     let sb = Sandbox::new();
@@ -1237,11 +1237,11 @@ fn config_problems_a_taken_port_and_an_open_listener_without_a_token() {
     );
     drop(taken);
 
-    // Every address, no token: served, with a warning.
+    // Every address, no token, allowed in so many words: served, with a warning.
     let port = free_port();
     let config = sb.write_config(&format!(
         "data_dir: data\nlog: {{ format: json }}\n\
-         ingest: {{ listen: '0.0.0.0:{port}' }}\nstreams: {{ logs: {{}} }}\n"
+         ingest: {{ listen: '0.0.0.0:{port}', allow_remote: true }}\nstreams: {{ logs: {{}} }}\n"
     ));
     let agent = Proc::run(&config);
     let warn = agent.wait_for_event(secs(30), "the open-listener warning", |e| {

@@ -1,7 +1,8 @@
 //! Both listeners, the ingest API and the admin endpoint, against careless and hostile clients,
 //! from the real binary: clients that half-close their socket after the request, a thousand idle
 //! sockets, the stop (503 until it ends; appends waiting for room answered at once), request
-//! bodies beyond the memory budget. Every wait is bounded and waits for a condition.
+//! bodies beyond the memory budget, floods of refused requests (the log summarises them), and a
+//! listener beyond loopback without a token. Every wait is bounded and waits for a condition.
 
 #[path = "util/client.rs"]
 mod client;
@@ -368,6 +369,39 @@ fn a_stop_answers_a_waiting_append_at_once() {
     let status = a.proc.wait_exit(secs(20));
     assert_code(status, 0, &a.proc.stderr());
     assert_eq!(a.appended("held"), 1, "the refused request stored nothing");
+}
+
+/// `colibri check` refuses an ingest listener beyond loopback without a token unless
+/// `allow_remote: true` says so; with a token it is fine.
+#[test]
+fn ingest_beyond_loopback_without_a_token_needs_allow_remote() {
+    let sb = Sandbox::new();
+    let check = |ingest: &str| {
+        let config = sb.write_config(&format!(
+            "data_dir: data\ningest: {{ {ingest} }}\nstreams: {{ logs: {{}} }}\n"
+        ));
+        let mut cmd = colibri();
+        cmd.args(["check", "--config"]).arg(&config);
+        finish(cmd, secs(30))
+    };
+    let f = check("listen: '0.0.0.0:9465'");
+    assert_code(f.status, 1, &f.stderr);
+    assert!(
+        f.stderr
+            .contains("ingest.listen: 0.0.0.0:9465 is not a loopback address")
+            && f.stderr.contains("allow_remote: true"),
+        "{}",
+        f.stderr
+    );
+    let f = check("listen: '[::]:9465'");
+    assert_code(f.status, 1, &f.stderr);
+    let f = check("listen: '0.0.0.0:9465', token: 's3cret'");
+    assert_code(f.status, 0, &f.stderr);
+    let f = check("listen: '0.0.0.0:9465', allow_remote: true");
+    assert_code(f.status, 0, &f.stderr);
+    assert!(f.stdout.contains("no token"), "{}", f.stdout);
+    let f = check("listen: '127.0.0.1:9465'");
+    assert_code(f.status, 0, &f.stderr);
 }
 
 /// With `max_memory: 9MiB` and `max_body: 1MiB`, a request of 1 MiB reserves most of the budget

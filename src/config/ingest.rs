@@ -40,9 +40,13 @@ const MAX_WAIT: Duration = Duration::from_secs(60);
 #[serde(deny_unknown_fields)]
 pub struct IngestSpec {
     /// Address to listen on, e.g. `127.0.0.1:9465` or `[::1]:9465`. Unset or empty: ingest is off.
-    /// An address other than loopback without a `token` is allowed but logged as a warning.
+    /// An address other than loopback needs a `token`, or `allow_remote: true`.
     #[serde(default)]
     pub listen: Option<String>,
+    /// Accept a `listen` address other than loopback without a `token`: anyone who can reach the
+    /// port may append records (logged as a warning at start). Default false.
+    #[serde(default)]
+    pub allow_remote: bool,
     /// Largest request body, before and after gzip decompression, e.g. `1MiB`. Default 4MiB. A
     /// request may hold about twice its decompressed size in memory while it is read and stored,
     /// so `max_memory` must have room for one request of `max_body` (with gzip, which may always
@@ -92,6 +96,7 @@ impl std::fmt::Debug for IngestSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IngestSpec")
             .field("listen", &self.listen)
+            .field("allow_remote", &self.allow_remote)
             .field("max_body", &self.max_body)
             .field("max_memory", &self.max_memory)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
@@ -203,6 +208,14 @@ pub fn compile(
             return None;
         }
     };
+    if !listen.ip().is_loopback() && token.is_none() && !spec.allow_remote {
+        err(
+            "listen",
+            format!(
+                "{listen} is not a loopback address and there is no token: anyone who can reach it could append records; set ingest.token, or ingest.allow_remote: true to accept that"
+            ),
+        );
+    }
     if streams.is_empty() {
         err(
             "listen",
@@ -351,6 +364,25 @@ mod tests {
             assert_eq!(p.len(), 1, "{bad}: {p:?}");
             assert!(p[0].starts_with("ingest.max_memory: "), "{p:?}");
         }
+    }
+
+    #[test]
+    fn a_listener_beyond_loopback_needs_a_token_or_allow_remote() {
+        for listen in ["0.0.0.0:1", "[::]:1", "192.0.2.1:1"] {
+            let (c, p) = compile_yaml(&format!("{{ listen: '{listen}' }}"), &["logs"]);
+            assert_eq!(p.len(), 1, "{listen}: {p:?}");
+            assert!(
+                p[0].starts_with("ingest.listen: ") && p[0].contains("allow_remote: true"),
+                "{p:?}"
+            );
+            assert!(c.is_some(), "the rest is still compiled");
+            for ok in ["token: t", "allow_remote: true"] {
+                let (c, p) = compile_yaml(&format!("{{ listen: '{listen}', {ok} }}"), &["logs"]);
+                assert!(p.is_empty() && c.is_some(), "{listen} {ok}: {p:?}");
+            }
+        }
+        let (_, p) = compile_yaml("{ listen: '[::1]:1' }", &["logs"]);
+        assert!(p.is_empty(), "{p:?}");
     }
 
     #[test]
