@@ -62,6 +62,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         groups: Default::default(),
         store: store_handle.clone(),
     };
+    // Summaries of repeated log events (refused requests, dropped dead letters) are written as
+    // their intervals end.
+    tokio::spawn(crate::logging::summary::run());
     let clock_set = Arc::new(Notify::new());
     if let Err(e) = clock::watch_wall_clock(Arc::clone(&clock_set)) {
         tracing::warn!(error = %e, "cannot watch for wall-clock changes; jumps are noticed within an hour");
@@ -147,6 +150,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "stopping: no new task runs or intake; a second signal kills running tasks at once"
     );
     ctx.stopping.cancel();
+    if let Some(handle) = &store_handle {
+        // Appends waiting for room in a full `block` stream are answered "stopping" now rather
+        // than holding the stop for their whole wait.
+        handle.stop_waiting();
+    }
     let stop = async {
         let drained = (&mut scheduler).await;
         // Intake has stopped (ingest answers 503, sources commit their checkpoints); requests in
@@ -164,10 +172,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             }
             handle.shutdown().await;
         }
+        // Until here a new ingest request got 503 rather than a refused connection.
+        agent.parts.close_ingest().await;
         admin_stop.cancel();
         if let Some(a) = admin {
             let _ = a.await;
         }
+        crate::logging::summary::flush();
         drained
     };
     tokio::pin!(stop);
@@ -354,7 +365,7 @@ struct SourceGroup {
 struct Parts {
     sinks: BTreeMap<String, SinkGroup>,
     sources: BTreeMap<String, SourceGroup>,
-    ingest: Option<JoinHandle<()>>,
+    ingest: Option<crate::ingest::Running>,
     /// Groups stopped by a reload, still finishing their work: awaited at the stop.
     retired: Vec<JoinHandle<()>>,
 }
@@ -486,11 +497,12 @@ impl Parts {
         }
     }
 
-    /// Waits for everything to end (after colibri's stop was cancelled): intake first (ingest,
-    /// sources), then the sinks' requests in progress.
+    /// Waits for everything to end (after colibri's stop was cancelled): intake first (ingest's
+    /// requests in progress, sources), then the sinks' requests in progress. The ingest listener
+    /// stays open (answering 503) until [`Parts::close_ingest`].
     async fn join(&mut self) {
-        if let Some(i) = self.ingest.take() {
-            let _ = i.await;
+        if let Some(i) = &self.ingest {
+            i.drained().await;
         }
         for (_, g) in std::mem::take(&mut self.sources) {
             let _ = g.task.await;
@@ -500,6 +512,13 @@ impl Parts {
         }
         for t in self.retired.drain(..) {
             let _ = t.await;
+        }
+    }
+
+    /// The end of the stop: the ingest listener closes.
+    async fn close_ingest(&mut self) {
+        if let Some(i) = self.ingest.take() {
+            i.close().await;
         }
     }
 }

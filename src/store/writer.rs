@@ -102,6 +102,9 @@ enum Request {
         stream: String,
         reply: Reply<Result<Option<u64>, StoreError>>,
     },
+    /// The stop has begun: appends waiting for room are answered [`AppendError::Stopping`] now,
+    /// and later ones do not wait.
+    StopWaiting,
     Shutdown {
         reply: Reply<()>,
     },
@@ -393,6 +396,13 @@ impl StoreHandle {
         &self.stats
     }
 
+    /// The stop has begun: appends waiting for room in a full `block` stream are answered
+    /// [`AppendError::Stopping`] at once (nothing of them stored), and from now on an append that
+    /// finds its stream full gets that answer instead of waiting.
+    pub fn stop_waiting(&self) {
+        let _ = self.tx.send(Request::StopWaiting);
+    }
+
     /// The id of the store behind this handle (see [`Store::id`]), without a round trip. It changes
     /// only when the writer had to replace a corrupted file with a fresh one.
     pub fn store_id(&self) -> u64 {
@@ -462,6 +472,8 @@ struct Writer {
     parked: VecDeque<Parked>,
     /// [`expire_interval`] of the streams' TTLs (streams change only with a restart).
     expire_every: Duration,
+    /// Set by [`Request::StopWaiting`]: nothing waits for room any more.
+    no_wait: bool,
     last_expire: Instant,
     last_request: Instant,
     /// Compaction already ran since the last write.
@@ -499,6 +511,7 @@ impl Writer {
             opts,
             stats,
             parked: VecDeque::new(),
+            no_wait: false,
             last_expire: Instant::now(),
             last_request: Instant::now(),
             compacted: false,
@@ -674,6 +687,18 @@ impl Writer {
 
     /// Applies a batch in one transaction. Returns the shutdown reply when asked to stop.
     fn apply(&mut self, batch: Vec<Request>) -> Option<Reply<()>> {
+        let shutdown = self.apply_batch(batch);
+        if self.no_wait {
+            // Tried once more above (room may have appeared); what still does not fit is not
+            // stored, and says why.
+            for p in self.parked.drain(..) {
+                let _ = p.reply.send(Err(AppendError::Stopping));
+            }
+        }
+        shutdown
+    }
+
+    fn apply_batch(&mut self, batch: Vec<Request>) -> Option<Reply<()>> {
         let mut shutdown = None;
         let mut work = Vec::with_capacity(batch.len());
         for req in batch {
@@ -709,6 +734,7 @@ impl Writer {
                     let _ = reply.send(known);
                 }
                 Request::Shutdown { reply } => shutdown = Some(reply),
+                Request::StopWaiting => self.no_wait = true,
                 other => work.push(other),
             }
         }
@@ -1027,6 +1053,7 @@ fn run_tx(
             | Request::Checkpoint { .. }
             | Request::NextDue { .. }
             | Request::SpoolKnown { .. }
+            | Request::StopWaiting
             | Request::Shutdown { .. } => {
                 unreachable!("handled before the transaction")
             }
@@ -1078,6 +1105,7 @@ fn fail_with(req: Request, e: &StoreError) {
         | Request::Checkpoint { .. }
         | Request::NextDue { .. }
         | Request::SpoolForget { .. }
+        | Request::StopWaiting
         | Request::Shutdown { .. } => {}
     }
 }
@@ -1109,6 +1137,81 @@ mod checkpoint_tests {
             ttl: None,
             dead_max_jobs: 10,
         }
+    }
+
+    /// An append waiting for room in a full `block` stream is answered "stopping" as soon as the
+    /// stop begins, with nothing stored; later ones that find the stream full do not wait either.
+    #[tokio::test]
+    async fn a_waiting_append_is_answered_at_once_when_the_stop_begins() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = StorageConfig {
+            max_bytes: 1 << 30,
+            min_free: 0,
+        };
+        let cfg = StreamConfig {
+            max_jobs: 1,
+            ..stream()
+        };
+        let open = {
+            let dir = dir.path().to_path_buf();
+            move || {
+                Store::open(
+                    &dir,
+                    storage,
+                    std::slice::from_ref(&cfg),
+                    OpenOptions::default(),
+                )
+            }
+        };
+        let handle = spawn(
+            open().unwrap(),
+            Box::new(open.clone()),
+            WriterOptions::default(),
+        )
+        .unwrap();
+        handle
+            .append("s", vec![b"1".to_vec()], None, None)
+            .await
+            .unwrap();
+        let waiting = {
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                handle
+                    .append(
+                        "s",
+                        vec![b"2".to_vec()],
+                        None,
+                        Some(Duration::from_secs(600)),
+                    )
+                    .await
+            })
+        };
+        // The spawned append is sent at its first poll (this runtime has one thread); this one
+        // goes behind it in the writer's queue, so once it is answered the other one waits.
+        tokio::task::yield_now().await;
+        let full = handle.append("s", vec![b"3".to_vec()], None, None).await;
+        assert!(matches!(full, Err(AppendError::Full { .. })), "{full:?}");
+        handle.stop_waiting();
+        let r = tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("answered well before its 600 s wait")
+            .unwrap();
+        assert!(matches!(r, Err(AppendError::Stopping)), "{r:?}");
+        let later = handle
+            .append(
+                "s",
+                vec![b"4".to_vec()],
+                None,
+                Some(Duration::from_secs(600)),
+            )
+            .await;
+        assert!(matches!(later, Err(AppendError::Stopping)), "{later:?}");
+        let snap = handle.snapshot().await.unwrap();
+        assert_eq!(
+            snap.streams[0].1.ready_records, 1,
+            "only the first is stored"
+        );
+        handle.shutdown().await;
     }
 
     #[test]
