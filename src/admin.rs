@@ -4,12 +4,12 @@
 //! SIGHUP; the answer says what happened). A non-loopback address is refused at load unless
 //! `allow_remote: true` and a token; with a token, `/metrics` and `/-/reload` need it (Bearer).
 //!
-//! It owns the listener, the routes and [`render`], which reads every counter colibri keeps (tasks,
-//! streams through a store snapshot, sinks, the store writer, tail sources, the process) into one
-//! page; it changes nothing itself: a reload is a request to the agent's main loop, which owns the
-//! running parts. Started by `agent`.
+//! It owns the routes, the listener's settings (its connections are `crate::server`'s) and
+//! [`render`], which reads every counter colibri keeps (tasks, streams through a store snapshot,
+//! sinks, the store writer, tail sources, the process) into one page; it changes nothing itself:
+//! a reload is a request to the agent's main loop, which owns the running parts. Started by
+//! `agent`.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -19,11 +19,8 @@ use anyhow::Context as _;
 use arc_swap::ArcSwap;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -33,10 +30,16 @@ use crate::metrics::{Kind, Text};
 use crate::store::writer::StoreHandle;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
-/// Connections served at once; more wait in the listen backlog.
-const MAX_CONNECTIONS: usize = 16;
-/// For a request's headers (a scraper that stalls does not hold a connection for long).
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; past that the one idle longest is closed for a newcomer.
+const MAX_CONNECTIONS: usize = 64;
+/// From accept to a complete request header (a scraper that stalls does not hold a slot long).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A kept-alive connection between requests.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// hyper's read buffer per connection: request headers must fit.
+const MAX_BUF: usize = 16 << 10;
+/// The body of `POST /-/reload` is not used: at most this much of it is read.
+const MAX_RELOAD_BODY: usize = 64 << 10;
 /// How long `/readyz` and the metrics wait for the store writer's snapshot.
 const STORE_ANSWER: Duration = Duration::from_secs(5);
 
@@ -141,53 +144,44 @@ pub async fn start(
     state: Arc<AgentState>,
     stopping: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = crate::ingest::bind(config.listen)
+    let listener = crate::server::bind(config.listen)
         .with_context(|| format!("cannot listen on {} (admin.listen)", config.listen))?;
     let local = listener
         .local_addr()
         .context("the listener has no address")?;
     tracing::info!(listen = %local, token = config.token.is_some(), "admin endpoint listening");
     let config = Arc::new(config);
-    let task = tokio::spawn(async move {
-        let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-        loop {
-            let permit = tokio::select! {
-                p = Arc::clone(&connections).acquire_owned() => p.expect("never closed"),
-                _ = stopping.cancelled() => break,
-            };
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                _ = stopping.cancelled() => break,
-            };
-            let Ok((stream, _)) = accepted else {
-                // E.g. out of file descriptors: not fatal, but do not spin.
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            };
-            let (state, config, stop) = (Arc::clone(&state), Arc::clone(&config), stopping.clone());
-            tokio::spawn(async move {
-                let _permit = permit;
-                let service = service_fn(move |req| {
-                    let (state, config) = (Arc::clone(&state), Arc::clone(&config));
-                    async move { Ok::<_, Infallible>(handle(req, &state, &config).await) }
-                });
-                let conn = http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(READ_TIMEOUT)
-                    .keep_alive(true)
-                    .serve_connection(TokioIo::new(stream), service);
-                tokio::pin!(conn);
-                tokio::select! {
-                    _ = conn.as_mut() => {}
-                    _ = stop.cancelled() => {
-                        conn.as_mut().graceful_shutdown();
-                        let _ = tokio::time::timeout(Duration::from_secs(2), conn).await;
-                    }
-                }
-            });
+    let limits = crate::server::Limits {
+        name: "admin",
+        max_connections: MAX_CONNECTIONS,
+        header_timeout: HEADER_TIMEOUT,
+        idle_timeout: IDLE_TIMEOUT,
+        max_buf: MAX_BUF,
+    };
+    let handler = move |req, peer| {
+        let (state, config) = (Arc::clone(&state), Arc::clone(&config));
+        async move { handle(req, &state, &config, peer).await }
+    };
+    let task = tokio::spawn(crate::server::serve(listener, limits, stopping, handler));
+    Ok((local, task))
+}
+
+/// A request without the token: one WARN, then a count per minute (a scanner trying tokens must
+/// not flood the log).
+fn log_unauthorized(path: &str, peer: SocketAddr) {
+    let first = crate::logging::summary::first("admin 401", 1, Duration::from_secs(60), || {
+        |n, _, window| {
+            tracing::warn!(
+                status = 401,
+                repeated = n,
+                "admin request refused: {n} more like it in the last {}s",
+                crate::logging::summary::secs(window)
+            )
         }
     });
-    Ok((local, task))
+    if first {
+        tracing::warn!(status = 401, path, %peer, reason = "no or wrong bearer token", "admin request refused");
+    }
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<bytes::Bytes>> {
@@ -204,6 +198,7 @@ async fn handle(
     req: Request<Incoming>,
     state: &AgentState,
     config: &AdminConfig,
+    peer: SocketAddr,
 ) -> Response<Full<bytes::Bytes>> {
     let path = req.uri().path().to_string();
     let allowed = match path.as_str() {
@@ -240,6 +235,7 @@ async fn handle(
             .get(hyper::header::AUTHORIZATION)
             .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
         if !given.is_some_and(|g| token.matches(g)) {
+            log_unauthorized(&path, peer);
             let mut r = text(
                 StatusCode::UNAUTHORIZED,
                 "this endpoint needs Authorization: Bearer <admin.token>\n".into(),
@@ -270,7 +266,23 @@ async fn handle(
         }
         _ => {
             // The body is not used; read (a little of) it so the connection stays usable.
-            let _ = req.into_body().collect().await;
+            let body = http_body_util::Limited::new(req.into_body(), MAX_RELOAD_BODY);
+            if tokio::time::timeout(IDLE_TIMEOUT, body.collect())
+                .await
+                .map_or(true, |r| r.is_err())
+            {
+                let mut r = text(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "POST /-/reload takes no body (at most {MAX_RELOAD_BODY} bytes of one are read)\n"
+                    ),
+                );
+                r.headers_mut().insert(
+                    hyper::header::CONNECTION,
+                    hyper::header::HeaderValue::from_static("close"),
+                );
+                return r;
+            }
             let (reply, rx) = oneshot::channel();
             if state.reloads.send(ReloadRequest { reply }).await.is_err() {
                 return text(

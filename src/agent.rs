@@ -52,7 +52,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut sigint =
         signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
     let mut sighup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
-    std::fs::create_dir_all(&config.data_dir)
+    store::create_data_dir(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
     let store_handle = open_store(&config)?;
 
@@ -62,6 +62,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         groups: Default::default(),
         store: store_handle.clone(),
     };
+    // Summaries of repeated log events (refused requests, dropped dead letters) are written as
+    // their intervals end.
+    tokio::spawn(crate::logging::summary::run());
     let clock_set = Arc::new(Notify::new());
     if let Err(e) = clock::watch_wall_clock(Arc::clone(&clock_set)) {
         tracing::warn!(error = %e, "cannot watch for wall-clock changes; jumps are noticed within an hour");
@@ -147,6 +150,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "stopping: no new task runs or intake; a second signal kills running tasks at once"
     );
     ctx.stopping.cancel();
+    if let Some(handle) = &store_handle {
+        // Appends waiting for room in a full `block` stream are answered "stopping" now rather
+        // than holding the stop for their whole wait.
+        handle.stop_waiting();
+    }
     let stop = async {
         let drained = (&mut scheduler).await;
         // Intake has stopped (ingest answers 503, sources commit their checkpoints); requests in
@@ -164,10 +172,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             }
             handle.shutdown().await;
         }
+        // Until here a new ingest request got 503 rather than a refused connection.
+        agent.parts.close_ingest().await;
         admin_stop.cancel();
         if let Some(a) = admin {
             let _ = a.await;
         }
+        crate::logging::summary::flush();
         drained
     };
     tokio::pin!(stop);
@@ -218,22 +229,28 @@ impl Agent {
                     "config reloaded"
                 );
             }
-            Err(problems) => {
+            Err(refusal) => {
                 self.state.last_reload_ok.store(false, Relaxed);
                 self.state.last_failure_s.store(now, Relaxed);
+                // One line in the text format too: a multi-line event would be cut into
+                // unrelated lines by journald and by anything that reads the log line by line.
                 tracing::error!(
                     config = %self.config.source.display(),
-                    problems = %problems,
+                    count = refusal.problems.len(),
+                    problems = %refusal.problems.join("; "),
                     "reload refused: the running config stays"
                 );
             }
         }
         notify("READY=1\nSTATUS=serving");
-        result
+        result.map_err(|r| r.text)
     }
 
-    async fn try_reload(&mut self) -> ReloadResult {
-        let new = crate::config::load(&self.config.source).map_err(|e| e.to_string())?;
+    async fn try_reload(&mut self) -> Result<ReloadReport, Refusal> {
+        let new = crate::config::load(&self.config.source).map_err(|e| Refusal {
+            text: e.to_string(),
+            problems: e.lines(),
+        })?;
         let plan = crate::reload::plan(&self.config, new);
         let effective = Arc::new(plan.effective);
         // Everything that can still fail comes first (building a sink reads its TLS files), so a
@@ -242,8 +259,13 @@ impl Agent {
         if self.store.is_some() {
             for name in plan.sinks.added.iter().chain(&plan.sinks.changed) {
                 if let Some(cfg) = effective.sinks.iter().find(|s| &s.name == name) {
-                    let sink = crate::sink::Sink::new(Arc::clone(cfg))
-                        .map_err(|e| format!("sinks.{name}: {e}"))?;
+                    let sink = crate::sink::Sink::new(Arc::clone(cfg)).map_err(|e| {
+                        let problem = format!("sinks.{name}: {e}");
+                        Refusal {
+                            text: problem.clone(),
+                            problems: vec![problem],
+                        }
+                    })?;
                     built.insert(name.clone(), sink);
                 }
             }
@@ -318,6 +340,13 @@ impl Agent {
     }
 }
 
+/// Why a reload was refused: the admin endpoint's answer (the problems a line each) and the
+/// same problems for the log.
+struct Refusal {
+    text: String,
+    problems: Vec<String>,
+}
+
 /// One sink at run time: its runtime (shared with the metrics) and the task that runs its link
 /// monitor and workers until its own stop (a child of colibri's).
 struct SinkGroup {
@@ -336,7 +365,7 @@ struct SourceGroup {
 struct Parts {
     sinks: BTreeMap<String, SinkGroup>,
     sources: BTreeMap<String, SourceGroup>,
-    ingest: Option<JoinHandle<()>>,
+    ingest: Option<crate::ingest::Running>,
     /// Groups stopped by a reload, still finishing their work: awaited at the stop.
     retired: Vec<JoinHandle<()>>,
 }
@@ -468,11 +497,12 @@ impl Parts {
         }
     }
 
-    /// Waits for everything to end (after colibri's stop was cancelled): intake first (ingest,
-    /// sources), then the sinks' requests in progress.
+    /// Waits for everything to end (after colibri's stop was cancelled): intake first (ingest's
+    /// requests in progress, sources), then the sinks' requests in progress. The ingest listener
+    /// stays open (answering 503) until [`Parts::close_ingest`].
     async fn join(&mut self) {
-        if let Some(i) = self.ingest.take() {
-            let _ = i.await;
+        if let Some(i) = &self.ingest {
+            i.drained().await;
         }
         for (_, g) in std::mem::take(&mut self.sources) {
             let _ = g.task.await;
@@ -482,6 +512,13 @@ impl Parts {
         }
         for t in self.retired.drain(..) {
             let _ = t.await;
+        }
+    }
+
+    /// The end of the stop: the ingest listener closes.
+    async fn close_ingest(&mut self) {
+        if let Some(i) = self.ingest.take() {
+            i.close().await;
         }
     }
 }
@@ -534,8 +571,13 @@ fn open_store(config: &Config) -> anyhow::Result<Option<writer::StoreHandle>> {
         config.storage,
         config.streams.clone(),
     );
-    let opened = open_or_replace(&dir, storage, &streams, false)
-        .with_context(|| format!("cannot open the store in {}", dir.display()))?;
+    let opened = open_or_replace(&dir, storage, &streams, false).map_err(|e| {
+        if e.names_file() {
+            anyhow::Error::from(e)
+        } else {
+            anyhow::Error::from(e).context(format!("cannot open the store in {}", dir.display()))
+        }
+    })?;
     tracing::info!(
         path = %opened.path().display(),
         file_bytes = opened.file_bytes(),

@@ -18,6 +18,7 @@ pub mod reload;
 pub mod schedule;
 pub mod scheduler;
 pub mod scrape;
+pub mod server;
 pub mod sink;
 pub mod store;
 pub mod tail;

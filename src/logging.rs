@@ -6,6 +6,7 @@
 //! ends. Everything else only emits events; this module does not decide what is logged.
 
 mod file;
+pub mod summary;
 
 use std::io::IsTerminal;
 use std::sync::OnceLock;
@@ -103,9 +104,11 @@ fn install_panic_hook(to_file: bool) {
     }));
 }
 
-/// Writes out every event queued so far and fdatasyncs the log file, waiting for it at most 2 s.
-/// Does nothing when logs go to stderr (unbuffered). Called before every exit of `colibri run`.
+/// Writes the pending summaries of repeated events ([`summary`]), then every event queued so far,
+/// and fdatasyncs the log file, waiting for it at most 2 s (without `log.file`, stderr is
+/// unbuffered). Called before every exit of `colibri run`.
 pub fn flush() {
+    summary::flush();
     if let Some(w) = FILE.get() {
         w.flush(FLUSH_WAIT);
     }

@@ -1,5 +1,5 @@
 //! When a task is due: crontab expressions (5 fields, or 6 with seconds first; names such as `MON-FRI`;
-//! `@hourly`-style macros; `@reboot`), evaluated in a time zone with crontab(5)'s DST rules, and fixed
+//! `@hourly`-style macros; `@reboot`), evaluated in a time zone with cron(8)'s DST rules (`cron`), and fixed
 //! intervals with a start offset. This module only answers "what is the next fire time after T"; the
 //! scheduler owns the clock, the heap and what happens when a time comes. Parsing is done once, by
 //! `config::compile`.
@@ -7,9 +7,11 @@
 use std::fmt;
 use std::time::Duration;
 
-use chrono::{DateTime, Local, Utc};
+use chrono::{DateTime, Local, NaiveDate, Utc};
 use croner::Cron;
 use croner::parser::{CronParser, Seconds};
+
+mod cron;
 
 /// A compiled schedule.
 #[derive(Debug, Clone)]
@@ -49,30 +51,39 @@ pub struct CronSchedule {
     pub text: String,
     /// The expression croner reads (macros expanded).
     expr: String,
+    /// A day must match both the day-of-month and the day-of-week field: one of them begins with
+    /// `*` (so `*/2` too), as in Vixie cron and cronie. Otherwise either is enough.
+    days_and: bool,
+    /// No second, minute or hour field begins with `*`: DST changes move the job rather than
+    /// skip or repeat it (`cron::next_after`).
+    fixed: bool,
     pub zone: Zone,
 }
 
-fn parser() -> CronParser {
-    CronParser::builder().seconds(Seconds::Optional).build()
+fn parser(days_and: bool) -> CronParser {
+    CronParser::builder()
+        .seconds(Seconds::Optional)
+        .dom_and_dow(days_and)
+        .build()
 }
 
 impl CronSchedule {
     /// The first fire time strictly after `after`, or `None` when the expression never matches again
-    /// (a date such as `0 0 30 2 *`).
+    /// (parsing refuses expressions that never match at all).
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
         // Parsed successfully when the config was compiled, so this cannot fail; None is the safe
         // answer regardless ("never due").
-        let cron: Cron = parser().parse(&self.expr).ok()?;
+        let cron: Cron = parser(self.days_and).parse(&self.expr).ok()?;
+        let times = cron::TimesOfDay::of(&cron.pattern);
         match &self.zone {
-            Zone::Local => cron
-                .find_next_occurrence(&after.with_timezone(&Local), false)
-                .ok()
-                .map(|t| t.with_timezone(&Utc)),
-            Zone::Named(tz) => cron
-                .find_next_occurrence(&after.with_timezone(tz), false)
-                .ok()
-                .map(|t| t.with_timezone(&Utc)),
+            Zone::Local => cron::next_after(&cron.pattern, &times, self.fixed, &Local, after),
+            Zone::Named(tz) => cron::next_after(&cron.pattern, &times, self.fixed, tz, after),
         }
+    }
+
+    /// Whether DST changes move this job (fixed-time) rather than skip or repeat it (wildcard).
+    pub fn is_fixed_time(&self) -> bool {
+        self.fixed
     }
 }
 
@@ -154,19 +165,58 @@ pub fn parse_cron(text: &str, zone: Zone) -> Result<Schedule, String> {
     for (field, (name, lo, hi)) in fields.iter().zip(names) {
         check_field(field, name, *lo, *hi)?;
     }
-    parser().parse(expr).map_err(|e| {
+    // The time fields, then day of month, month, day of week.
+    let (time, days) = fields.split_at(fields.len() - 3);
+    let (dom, month, dow) = (days[0], days[1], days[2]);
+    let unrestricted = |f: &str| f.starts_with(['*', '?']);
+    let days_and = unrestricted(dom) || unrestricted(dow);
+    let fixed = !time.iter().any(|f| f.starts_with('*'));
+    let cron = parser(days_and).parse(expr).map_err(|e| {
         let msg = e.to_string();
         msg.trim_end_matches('.').to_lowercase()
     })?;
+    let epoch = NaiveDate::from_ymd_opt(2000, 1, 1).expect("a valid date");
+    if cron::first_date(&cron.pattern, epoch).is_none() {
+        return Err(if unrestricted(dow) {
+            format!("never fires: no date has day of month {dom} in month {month}")
+        } else {
+            format!(
+                "never fires: no date matches day of month {dom}, month {month} and day of week {dow} together"
+            )
+        });
+    }
     Ok(Schedule::Cron(CronSchedule {
         text: trimmed.to_string(),
         expr: expr.to_string(),
+        days_and,
+        fixed,
         zone,
     }))
 }
 
+/// The number a month or weekday name stands for (`SUN` is 7 at the end of a range, as in
+/// `SAT-SUN`), or the text when it is not a name.
+fn name_value(name: &str, b: &str, range_end: bool) -> Option<u32> {
+    const DAYS: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
+    const MONTHS: [&str; 12] = [
+        "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
+    ];
+    let upper = b.to_ascii_uppercase();
+    match name {
+        "day of week" => DAYS.iter().position(|d| *d == upper).map(|i| match i {
+            0 if range_end => 7,
+            i => i as u32,
+        }),
+        "month" => MONTHS
+            .iter()
+            .position(|m| *m == upper)
+            .map(|i| i as u32 + 1),
+        _ => None,
+    }
+}
+
 /// Range-checks the plain numbers of one field so the message names the field; anything else
-/// (names, `L`, `W`, `#`) is left to croner.
+/// (`L`, `W`, `#`) is left to croner.
 fn check_field(field: &str, name: &str, lo: u32, hi: u32) -> Result<(), String> {
     for item in field.split(',') {
         let (range, step) = match item.split_once('/') {
@@ -196,11 +246,23 @@ fn check_field(field: &str, name: &str, lo: u32, hi: u32) -> Result<(), String> 
                 }
             }
         }
-        if let [a, z] = bounds[..]
-            && let (Ok(a), Ok(z)) = (a.parse::<u32>(), z.parse::<u32>())
-            && a > z
-        {
-            return Err(format!("{name} range {a}-{z} runs backwards"));
+        if let [a, z] = bounds[..] {
+            let value = |b: &str, end: bool| b.parse::<u32>().ok().or(name_value(name, b, end));
+            if let (Some(va), Some(vz)) = (value(a, false), value(z, true))
+                && va > vz
+            {
+                // Ranges do not wrap around (cron(8) refuses them too): say how to write it.
+                let named = a.parse::<u32>().is_err();
+                let (last, first) = match (name, named) {
+                    ("day of week", true) => ("SAT".to_string(), "SUN".to_string()),
+                    ("day of week", false) => ("6".to_string(), "0".to_string()),
+                    ("month", true) => ("DEC".to_string(), "JAN".to_string()),
+                    _ => (hi.to_string(), lo.to_string()),
+                };
+                return Err(format!(
+                    "{name} range {a}-{z} runs backwards (ranges do not wrap around: write {a}-{last},{first}-{z})"
+                ));
+            }
         }
     }
     Ok(())
@@ -331,7 +393,10 @@ mod tests {
             e("*/0 * * * *"),
             "minute step 0 in \"*/0\" (a step must be at least 1)"
         );
-        assert_eq!(e("30-10 * * * *"), "minute range 30-10 runs backwards");
+        assert_eq!(
+            e("30-10 * * * *"),
+            "minute range 30-10 runs backwards (ranges do not wrap around: write 30-59,0-10)"
+        );
         assert!(e("* * *").contains("expected 5 fields"));
         assert!(
             e("* * * * FUNDAY").starts_with("invalid pattern")
@@ -411,6 +476,157 @@ mod tests {
                 utc(2026, 11, 2, 6, 30, 0),  // 01:30 EST
             ]
         );
+    }
+
+    /// The days of the fires in `[from, to)`.
+    fn days(c: &CronSchedule, from: DateTime<Utc>, to: DateTime<Utc>) -> Vec<u32> {
+        fires(c, from, to).iter().map(|t| t.day()).collect()
+    }
+
+    #[test]
+    fn a_list_in_a_skipped_hour_runs_once_after_the_gap() {
+        // New York skips 02:00-03:00 on 2026-03-08 (07:00 UTC).
+        let c = cron("0,30 2 * * *", "America/New_York");
+        assert!(c.is_fixed_time());
+        assert_eq!(
+            c.next_after(utc(2026, 3, 8, 5, 0, 0)),
+            Some(utc(2026, 3, 8, 7, 0, 0))
+        );
+        let f = fires(&c, utc(2026, 3, 8, 5, 0, 0), utc(2026, 3, 10, 0, 0, 0));
+        assert_eq!(
+            f,
+            [
+                utc(2026, 3, 8, 7, 0, 0), // 03:00 EDT, once for both 02:00 and 02:30
+                utc(2026, 3, 9, 6, 0, 0), // 02:00 EDT
+                utc(2026, 3, 9, 6, 30, 0),
+            ]
+        );
+        // A range too, and an hour list reaching into the gap.
+        let c = cron("0 1-3 * * *", "America/New_York");
+        let f = fires(&c, utc(2026, 3, 8, 5, 0, 0), utc(2026, 3, 8, 12, 0, 0));
+        assert_eq!(f, [utc(2026, 3, 8, 6, 0, 0), utc(2026, 3, 8, 7, 0, 0)]);
+    }
+
+    #[test]
+    fn a_list_in_a_repeated_hour_runs_once() {
+        // New York repeats 01:00-02:00 on 2026-11-01 (05:00-06:00 UTC as EDT, then as EST).
+        let c = cron("59 1,3 * * *", "America/New_York");
+        assert_eq!(
+            c.next_after(utc(2026, 11, 1, 6, 0, 0)),
+            Some(utc(2026, 11, 1, 8, 59, 0)) // 03:59 EST; 01:59 ran at 05:59 UTC (EDT)
+        );
+        let f = fires(&c, utc(2026, 11, 1, 4, 0, 0), utc(2026, 11, 1, 12, 0, 0));
+        assert_eq!(f, [utc(2026, 11, 1, 5, 59, 0), utc(2026, 11, 1, 8, 59, 0)]);
+        // Minutes as a list in the repeated hour: each once, in the first 01:xx.
+        let c = cron("10,40 1 * * *", "America/New_York");
+        let f = fires(&c, utc(2026, 11, 1, 4, 0, 0), utc(2026, 11, 1, 12, 0, 0));
+        assert_eq!(f, [utc(2026, 11, 1, 5, 10, 0), utc(2026, 11, 1, 5, 40, 0)]);
+    }
+
+    #[test]
+    fn a_wildcard_hour_follows_real_time_through_dst() {
+        // `0 * * * *`: hourly in real time, so the repeated 01:00 runs twice and the skipped 02:00
+        // never.
+        let c = cron("0 * * * *", "America/New_York");
+        assert!(!c.is_fixed_time());
+        let f = fires(&c, utc(2026, 11, 1, 4, 30, 0), utc(2026, 11, 1, 8, 30, 0));
+        assert_eq!(
+            f,
+            [
+                utc(2026, 11, 1, 5, 0, 0), // 01:00 EDT
+                utc(2026, 11, 1, 6, 0, 0), // 01:00 EST
+                utc(2026, 11, 1, 7, 0, 0), // 02:00 EST
+                utc(2026, 11, 1, 8, 0, 0),
+            ]
+        );
+        let f = fires(&c, utc(2026, 3, 8, 5, 30, 0), utc(2026, 3, 8, 8, 30, 0));
+        assert_eq!(
+            f,
+            [
+                utc(2026, 3, 8, 6, 0, 0), // 01:00 EST
+                utc(2026, 3, 8, 7, 0, 0), // 03:00 EDT
+                utc(2026, 3, 8, 8, 0, 0),
+            ]
+        );
+        // A step in the minute field makes the job a wildcard one: both 01:xx hours run.
+        let c = cron("*/30 1 * * *", "America/New_York");
+        let f = fires(&c, utc(2026, 11, 1, 4, 0, 0), utc(2026, 11, 1, 12, 0, 0));
+        assert_eq!(f.len(), 4, "{f:?}");
+    }
+
+    #[test]
+    fn a_day_field_beginning_with_a_star_restricts_nothing_as_in_cronie() {
+        // `*/2` in day-of-month: Mondays that are odd days, not every odd day plus every Monday.
+        let c = cron("0 0 */2 * 1", "UTC");
+        assert_eq!(
+            days(&c, utc(2026, 11, 1, 0, 0, 0), utc(2027, 1, 1, 0, 0, 0)),
+            [9, 23, 7, 21] // Mondays 2, 9, 16, 23, 30 Nov and 7, 14, 21, 28 Dec: the odd ones
+        );
+        // The same with `*/2` in day-of-week: the 1st when it is Sun, Tue, Thu or Sat.
+        let c = cron("0 0 1 * */2", "UTC");
+        let f = fires(&c, utc(2026, 1, 1, 0, 0, 0), utc(2027, 1, 1, 0, 0, 0));
+        let weekdays: Vec<Weekday> = f.iter().map(|t| t.weekday()).collect();
+        assert!(!f.is_empty());
+        assert!(
+            weekdays.iter().all(|w| w.num_days_from_sunday() % 2 == 0),
+            "{weekdays:?}"
+        );
+        assert!(f.iter().all(|t| t.day() == 1));
+        // Both restricted: either is enough (crontab(5)).
+        let c = cron("0 0 1 * 1", "UTC");
+        assert_eq!(
+            days(&c, utc(2026, 11, 1, 0, 0, 0), utc(2026, 12, 1, 0, 0, 0)),
+            [1, 2, 9, 16, 23, 30]
+        );
+    }
+
+    #[test]
+    fn an_expression_that_never_fires_is_refused_with_the_reason() {
+        let e = |s: &str| parse_cron(s, Zone::Local).unwrap_err();
+        assert_eq!(
+            e("0 0 30 2 *"),
+            "never fires: no date has day of month 30 in month 2"
+        );
+        assert_eq!(
+            e("0 0 31 4 *"),
+            "never fires: no date has day of month 31 in month 4"
+        );
+        assert_eq!(
+            e("0 0 31 APR,JUN *"),
+            "never fires: no date has day of month 31 in month APR,JUN"
+        );
+        // Rare is not never: 29 February, and 29 February on a Monday (every 28 years or so).
+        assert!(parse_cron("0 0 29 2 *", Zone::Local).is_ok());
+        let c = cron("0 0 29 2 +1", "UTC");
+        let n = c.next_after(utc(2026, 1, 1, 0, 0, 0)).unwrap();
+        assert_eq!((n.year(), n.month(), n.day()), (2044, 2, 29));
+    }
+
+    #[test]
+    fn wrap_around_ranges_get_one_clear_message() {
+        let e = |s: &str| parse_cron(s, Zone::Local).unwrap_err();
+        assert_eq!(
+            e("0 0 * * FRI-MON"),
+            "day of week range FRI-MON runs backwards (ranges do not wrap around: write FRI-SAT,SUN-MON)"
+        );
+        assert_eq!(
+            e("0 0 * * 5-1"),
+            "day of week range 5-1 runs backwards (ranges do not wrap around: write 5-6,0-1)"
+        );
+        assert_eq!(
+            e("0 0 * NOV-FEB *"),
+            "month range NOV-FEB runs backwards (ranges do not wrap around: write NOV-DEC,JAN-FEB)"
+        );
+        assert_eq!(
+            e("0 22-2 * * *"),
+            "hour range 22-2 runs backwards (ranges do not wrap around: write 22-23,0-2)"
+        );
+        // Sunday as the end of a range is 7.
+        let c = cron("0 0 * * SAT-SUN", "UTC");
+        let f = fires(&c, utc(2026, 11, 30, 0, 0, 0), utc(2026, 12, 7, 0, 0, 0));
+        let w: Vec<Weekday> = f.iter().map(|t| t.weekday()).collect();
+        assert_eq!(w, [Weekday::Sat, Weekday::Sun]);
+        assert!(parse_cron("0 0 * * fri-sun", Zone::Local).is_ok());
     }
 
     #[test]

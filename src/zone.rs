@@ -1,10 +1,10 @@
 //! Named time zones (`tz: Europe/Berlin`) read from the system's tz database at run time
-//! (`$TZDIR`, else `/usr/share/zoneinfo`), as a `chrono::TimeZone` that croner evaluates cron
+//! (`$TZDIR`, else `/usr/share/zoneinfo`), as a `chrono::TimeZone` that `schedule` evaluates cron
 //! expressions in. TZif files and the POSIX rule in their footer (for dates past the last
 //! transition) are parsed by tz-rs. Embedding the database instead (chrono-tz) costs about 1 MB of
 //! the static binary. It owns loading, caching (one parsed zone per name for the process, however
 //! many tasks use it) and the local-to-UTC mapping across DST gaps and overlaps; it does not decide
-//! what a cron time means in a gap (croner and `schedule` do). Called by `config` (to check and
+//! what a cron time means in a gap (`schedule::cron` does). Called by `config` (to check and
 //! load a `tz:`) and `schedule`.
 
 use std::collections::HashMap;

@@ -373,6 +373,8 @@ tasks:
   - {{name: ghost, type: exec, every: 1s, command: ["/nonexistent/bin"]}}
   - {{name: slow, type: exec, every: 1s, timeout: 15s, command: ["/bin/true"]}}
   - {{name: typo, type: exec, every: 1s, scheduel: "* * * * *", command: ["/bin/true"]}}
+  - {{name: feb30, type: exec, schedule: "0 0 30 2 *", command: ["/bin/true"]}}
+  - {{name: wrap, type: exec, schedule: "0 8 * * FRI-MON", command: ["/bin/true"]}}
   - {{name: fine, type: exec, schedule: "@reboot", command: ["/bin/sh", "-c", "touch \"$MARK\""], env: {{MARK: {marker}}}}}
 "#
     ));
@@ -388,6 +390,14 @@ tasks:
         (r#"tasks[4] "ghost""#, "/nonexistent/bin: no such file"),
         (r#"tasks[5] "slow""#, "must be shorter than shutdown_grace"),
         (r#"tasks[6] "typo""#, "unknown field `scheduel`"),
+        (
+            r#"tasks[7] "feb30""#,
+            "never fires: no date has day of month 30 in month 2",
+        ),
+        (
+            r#"tasks[8] "wrap""#,
+            "day of week range FRI-MON runs backwards (ranges do not wrap around: write FRI-SAT,SUN-MON)",
+        ),
     ];
     let check_lists_all = |what: &str, stderr: &str| {
         for (at, says) in expected {
@@ -507,9 +517,10 @@ tasks:
         out.stdout
     );
 
-    // Unset, with no default: refused, naming the variable and where it is used.
+    // Unset, with no default: `run` refuses, naming the variable and where it is used (`check`
+    // warns and goes on: see read_only_commands_go_on_without_an_unset_variable_and_run_refuses).
     let mut cmd = colibri();
-    cmd.arg("check")
+    cmd.arg("run")
         .arg("--config")
         .arg(&config)
         .env_remove("COLIBRI_TEST_GREETING")
@@ -635,6 +646,200 @@ tasks:
         assert!(
             spans.iter().any(|(s, e)| (*s..=*e).contains(&at)),
             "skipped at {at} with no run going: {spans:?}"
+        );
+    }
+}
+
+#[test]
+fn check_names_the_variable_and_never_prints_its_value() {
+    let sb = Sandbox::new();
+    let config = sb.write_config(
+        "data_dir: data\n\
+         workers: ${IT}\n\
+         shutdown_grace: ${GRACE}\n\
+         log: { level: \"${LEVEL}\" }\n\
+         storage: { max_bytes: \"${SIZE}\" }\n",
+    );
+    let mut cmd = colibri();
+    cmd.arg("check")
+        .arg("--config")
+        .arg(&config)
+        .env("IT", "ITSECRET4")
+        .env("GRACE", "GRACESECRET5")
+        .env("LEVEL", "LEVELSECRET6")
+        .env("SIZE", "SIZESECRET7");
+    let out = finish(cmd, secs(10));
+    assert_code(out.status, 1, &out.stderr);
+    assert!(
+        !out.stderr.contains("SECRET") && !out.stdout.contains("SECRET"),
+        "a value from the environment was printed:\n{}",
+        out.stderr
+    );
+    for says in [
+        "  workers: expected a whole number, found the value of ${IT}",
+        "  shutdown_grace: duration the value of ${GRACE}: ",
+        "  log.level: expected one of `error`, `warn`, `info`, `debug`, `trace`, found the value of ${LEVEL}",
+        "  storage.max_bytes: size the value of ${SIZE}: ",
+    ] {
+        assert!(
+            out.stderr.lines().any(|l| l.starts_with(says)),
+            "no line starting {says:?}:\n{}",
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn read_only_commands_go_on_without_an_unset_variable_and_run_refuses() {
+    let sb = Sandbox::new();
+    let config = sb.write_config(
+        "data_dir: data\n\
+         sinks:\n  up: { type: http, url: \"http://127.0.0.1:9/in\", headers: { Authorization: \"Bearer ${COLIBRI_TEST_UNSET_TOKEN}\" } }\n\
+         streams:\n  logs: { sink: up }\n",
+    );
+    let warning = format!(
+        "warning: ${{COLIBRI_TEST_UNSET_TOKEN}} is not set ({}: sinks.up.headers.Authorization); this command goes on without it, `colibri run` refuses the file until it is set",
+        config.display()
+    );
+    let warned_once = |what: &str, stderr: &str| {
+        assert_eq!(
+            stderr
+                .lines()
+                .filter(|l| l.starts_with("warning:"))
+                .collect::<Vec<_>>(),
+            [warning.as_str()],
+            "{what}: stderr:\n{stderr}"
+        );
+    };
+    let command = |args: &[&str]| {
+        let mut cmd = colibri();
+        cmd.args(args).arg("--config").arg(&config);
+        cmd.env_remove("COLIBRI_TEST_UNSET_TOKEN");
+        cmd
+    };
+
+    let out = finish(command(&["check"]), secs(10));
+    assert_code(out.status, 0, &out.stderr);
+    warned_once("check", &out.stderr);
+    assert!(out.stdout.contains(": ok\n"), "{}", out.stdout);
+
+    // The queue commands work too: they never connect upstream.
+    let mut push = command(&["queue", "push", "logs"]);
+    push.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = push.spawn().expect("spawn colibri");
+    // A JSON record: the stream's sink sends NDJSON, so push checks each line is JSON.
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"{\"r\":1}\n").unwrap();
+    let pushed = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&pushed.stderr);
+    assert_code(pushed.status, 0, &stderr);
+    warned_once("push", &stderr);
+    assert_eq!(String::from_utf8_lossy(&pushed.stdout), "acked 1\n");
+    for args in [&["queue", "stats"][..], &["queue", "peek", "logs"]] {
+        let out = finish(command(args), secs(10));
+        assert_code(out.status, 0, &out.stderr);
+        warned_once(&args.join(" "), &out.stderr);
+    }
+
+    // run does not start without it.
+    let out = finish(command(&["run"]), secs(10));
+    assert_code(out.status, 1, &out.stderr);
+    assert!(
+        out.stderr.contains(
+            "sinks.up.headers.Authorization: environment variable COLIBRI_TEST_UNSET_TOKEN is not set"
+        ),
+        "{}",
+        out.stderr
+    );
+
+    // Where the store is stays an error for the queue commands: they must not guess it.
+    let config =
+        sb.write_config("data_dir: \"${COLIBRI_TEST_UNSET_DIR}/data\"\nstreams:\n  logs: {}\n");
+    let mut cmd = colibri();
+    cmd.args(["queue", "stats", "--config"]).arg(&config);
+    let out = finish(cmd, secs(10));
+    assert_code(out.status, 1, &out.stderr);
+    assert!(
+        out.stderr
+            .contains("data_dir: environment variable COLIBRI_TEST_UNSET_DIR is not set"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn a_start_up_error_is_printed_once() {
+    let sb = Sandbox::new();
+    std::fs::write(sb.file("taken"), "a file, not a directory").unwrap();
+    let run = |config: &std::path::Path| {
+        let mut cmd = colibri();
+        cmd.arg("run").arg("--config").arg(config);
+        finish(cmd, secs(10))
+    };
+    // Logging to stderr: the ERROR event is the report (under systemd stderr is the journal).
+    let config = sb.write_config("data_dir: taken/data\nstreams:\n  logs: {}\n");
+    let out = run(&config);
+    assert_code(out.status, 1, &out.stderr);
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", out.stderr);
+    assert!(
+        lines[0].contains("ERROR") && lines[0].contains("cannot create data_dir"),
+        "{}",
+        out.stderr
+    );
+    // In JSON, the same one event and nothing that is not JSON.
+    let config =
+        sb.write_config("data_dir: taken/data\nlog: { format: json }\nstreams:\n  logs: {}\n");
+    let out = run(&config);
+    assert_code(out.status, 1, &out.stderr);
+    let events: Vec<Value> = out
+        .stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert_eq!(events.len(), 1, "{}", out.stderr);
+    assert_eq!(events[0]["level"], "ERROR", "{}", events[0]);
+    // Logging to a file: the event goes there, and stderr (the supervisor's log) gets the one
+    // `error:` line.
+    let config = sb.write_config(&format!(
+        "data_dir: taken/data\nlog: {{ file: {} }}\nstreams:\n  logs: {{}}\n",
+        quote_path(&sb.file("colibri.log"))
+    ));
+    let out = run(&config);
+    assert_code(out.status, 1, &out.stderr);
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", out.stderr);
+    assert!(
+        lines[0].starts_with("error: cannot create data_dir"),
+        "{}",
+        out.stderr
+    );
+    let log = sb.read("colibri.log");
+    assert_eq!(
+        log.matches("cannot create data_dir").count(),
+        1,
+        "the log file:\n{log}"
+    );
+}
+
+#[test]
+fn a_missing_config_file_is_reported_once() {
+    for args in [
+        &["check"][..],
+        &["run"],
+        &["queue", "stats"],
+        &["queue", "peek", "logs"],
+    ] {
+        let mut cmd = colibri();
+        cmd.args(args)
+            .args(["--config", "/nonexistent/colibri.yaml"]);
+        let out = finish(cmd, secs(10));
+        assert_code(out.status, 1, &out.stderr);
+        assert_eq!(
+            out.stderr,
+            "error: cannot read config file /nonexistent/colibri.yaml: No such file or directory (os error 2)\n",
+            "{args:?}"
         );
     }
 }

@@ -113,52 +113,29 @@ fn scrape(admin: SocketAddr) -> Vec<Sample> {
     parse(&a.text())
 }
 
-/// Every metric the operator's documentation names.
-const NAMES: &[&str] = &[
-    "colibri_build_info",
-    "colibri_process_resident_memory_bytes",
-    "colibri_process_open_fds",
-    "colibri_process_cpu_seconds_total",
-    "colibri_process_start_time_seconds",
-    "colibri_config_generation",
-    "colibri_config_last_reload_successful",
-    "colibri_config_last_reload_success_timestamp_seconds",
-    "colibri_config_last_reload_failure_timestamp_seconds",
-    "colibri_config_info",
-    "colibri_task_runs_total",
-    "colibri_task_skipped_total",
-    "colibri_task_retries_total",
-    "colibri_task_duration_seconds_bucket",
-    "colibri_task_duration_seconds_count",
-    "colibri_stream_jobs",
-    "colibri_stream_records",
-    "colibri_stream_bytes",
-    "colibri_stream_appended_records_total",
-    "colibri_stream_delivered_records_total",
-    "colibri_stream_delivered_bytes_total",
-    "colibri_stream_dropped_records_total",
-    "colibri_stream_expired_records_total",
-    "colibri_stream_quarantined_records_total",
-    "colibri_stream_dead_lettered_records_total",
-    "colibri_stream_retried_attempts_total",
-    "colibri_sink_requests_total",
-    "colibri_sink_failed_attempts_total",
-    "colibri_sink_dead_lettered_records_total",
-    "colibri_sink_delivered_records_total",
-    "colibri_sink_delivered_bytes_total",
-    "colibri_sink_request_duration_seconds_bucket",
-    "colibri_sink_link_up",
-    "colibri_sink_link_transitions_total",
-    "colibri_sink_replay_backlog_records",
-    "colibri_store_commits_total",
-    "colibri_store_failed_commits_total",
-    "colibri_store_commit_duration_seconds_bucket",
-    "colibri_store_file_bytes",
-    "colibri_storage_used_bytes",
-    "colibri_storage_max_bytes",
-    "colibri_storage_free_disk_bytes",
-    "colibri_storage_min_free_bytes",
-];
+/// The families `deploy/prometheus/metrics.txt` documents (the only names alerts and the dashboard
+/// may use), as (name, type).
+fn documented_families() -> BTreeSet<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/prometheus/metrics.txt");
+    std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (name, kind) = l.split_once(' ').expect("a name and a type");
+            (name.to_string(), kind.trim().to_string())
+        })
+        .collect()
+}
+
+/// The families a scrape declares (`# TYPE name type`).
+fn declared_families(text: &str) -> BTreeSet<(String, String)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, kind)| (name.to_string(), kind.to_string()))
+        .collect()
+}
 
 #[test]
 fn one_scrape_after_a_scenario_parses_and_balances_for_every_stream() {
@@ -178,12 +155,16 @@ streams:
   ok: {{ sink: good }}
   rejected: {{ sink: bad }}
   small: {{ batch: {{ max_records: 1 }}, max_jobs: 2, when_full: drop_oldest }}
+  logs: {{}}
+sources:
+  app: {{ type: tail, stream: logs, paths: [{app_log}] }}
 tasks:
   - {{ name: hello, type: exec, every: 200ms, command: ["/bin/true"] }}
   - {{ name: nope, type: exec, every: 200ms, command: ["/bin/false"] }}
 "#,
         good = quote(good.url("/in")),
         bad = quote(bad.url("/in")),
+        app_log = quote_path(&sb.file("app.log")),
     ));
     let agent = Proc::run(&config);
     let admin = listening(&agent, "admin endpoint listening");
@@ -225,12 +206,31 @@ tasks:
     })
     .expect("the rejected records dead-lettered and a failed run counted");
 
-    let names: BTreeSet<&str> = samples.iter().map(|s| s.name.as_str()).collect();
-    for n in NAMES {
-        assert!(names.contains(n), "{n} is missing from the scrape");
+    // The scrape declares exactly the documented families, and each has samples.
+    let text = get(admin, "/metrics", &auth).text();
+    let declared = declared_families(&text);
+    let documented = documented_families();
+    assert_eq!(
+        declared.difference(&documented).collect::<Vec<_>>(),
+        Vec::<&(String, String)>::new(),
+        "exported but not in deploy/prometheus/metrics.txt"
+    );
+    assert_eq!(
+        documented.difference(&declared).collect::<Vec<_>>(),
+        Vec::<&(String, String)>::new(),
+        "in deploy/prometheus/metrics.txt but not exported"
+    );
+    for (family, _) in &documented {
+        assert!(
+            samples
+                .iter()
+                .any(|s| s.name == *family
+                    || s.name.strip_prefix(family.as_str()) == Some("_bucket")),
+            "{family} has no sample in the scrape"
+        );
     }
     // The accounting identity, from this one scrape, for every stream.
-    for stream in ["ok", "rejected", "small"] {
+    for stream in ["ok", "rejected", "small", "logs"] {
         let l = [("stream", stream)];
         let appended = value(&samples, "colibri_stream_appended_records_total", &l);
         let delivered = value(&samples, "colibri_stream_delivered_records_total", &l);
@@ -295,7 +295,7 @@ tasks:
         value(&samples, "colibri_config_info", &[("sha256", &hex)]),
         1.0
     );
-    // Label cardinality: bounded by the config (two tasks, three streams, two sinks).
+    // Label cardinality: bounded by the config (two tasks, four streams, two sinks).
     let tasks: BTreeSet<&str> = samples
         .iter()
         .filter_map(|s| s.labels.get("task").map(String::as_str))
@@ -761,6 +761,72 @@ tasks:
         acked.iter().map(|(_, b)| b.len()).sum::<usize>() > 10,
         "ingest was busy"
     );
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
+}
+
+/// A refused reload in the text log: one line with every problem, and a value from the
+/// environment named by its variable there and in the admin endpoint's answer, never shown.
+#[test]
+fn a_refused_reload_is_one_log_line_that_never_shows_a_secret() {
+    let sb = Sandbox::new();
+    let config = sb.write_config(
+        "data_dir: data\nworkers: 2\ntasks:\n  - { name: tick, type: exec, every: 1h, command: [\"/bin/true\"] }\n",
+    );
+    let mut cmd = colibri();
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&config)
+        .env("COLIBRI_TEST_IT", "ITSECRET4");
+    let mut agent = Proc::spawn(cmd);
+    let line_with = |agent: &Proc, what: &str| {
+        poll(secs(20), || {
+            agent
+                .stderr()
+                .lines()
+                .find(|l| l.contains(what))
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("no line with {what:?}; stderr:\n{}", agent.stderr()))
+    };
+    let listening = line_with(&agent, "admin endpoint listening");
+    let admin: SocketAddr = listening
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("listen="))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no listen= in {listening:?}"));
+    line_with(&agent, "colibri started");
+
+    sb.write_config(
+        "data_dir: data\nworkers: ${COLIBRI_TEST_IT}\ntasks:\n  - { name: tick, type: exec, every: 0s, command: [\"/bin/true\"] }\n",
+    );
+    agent.signal(libc::SIGHUP);
+    let refused = line_with(&agent, "reload refused");
+    for says in [
+        "workers: expected a whole number, found the value of ${COLIBRI_TEST_IT}",
+        "tasks[0] \"tick\": every: must be positive",
+    ] {
+        assert!(refused.contains(says), "{says:?} not in {refused:?}");
+    }
+    // Every line is an event of its own: none continues the one before.
+    for l in agent.stderr().lines() {
+        assert!(
+            l.len() > 20 && l.as_bytes()[..4].iter().all(u8::is_ascii_digit) && &l[10..11] == "T",
+            "not an event line: {l:?}; stderr:\n{}",
+            agent.stderr()
+        );
+    }
+    let answer = post(admin, "/-/reload");
+    assert_eq!(answer.status, 422, "{}", answer.text());
+    assert!(
+        answer
+            .text()
+            .contains("workers: expected a whole number, found the value of ${COLIBRI_TEST_IT}"),
+        "{}",
+        answer.text()
+    );
+    assert!(!answer.text().contains("SECRET"), "{}", answer.text());
+    assert!(!agent.stderr().contains("SECRET"), "{}", agent.stderr());
     agent.signal(libc::SIGTERM);
     assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
 }

@@ -233,8 +233,10 @@ tasks:
     }
     let mut agent = Proc::run(&config);
     // Two 1 MiB files fit in 3 MiB with their job values; the third waits; the 4 MiB one never fits.
-    agent.wait_for_event(secs(20), "a run that reports the full stream", |e| {
-        field(e, "task") == "ship" && field(e, "reason").contains("can never fit in stream")
+    agent.wait_for_event(secs(20), "the report of the file that never fits", |e| {
+        field(e, "message").starts_with("a file too large for its stream")
+            && field(e, "file").ends_with("huge.bin")
+            && field(e, "reason").contains("can never fit in stream")
     });
     agent.wait_for_event(secs(20), "a run that waits for room", |e| {
         field(e, "task") == "ship"

@@ -315,7 +315,7 @@ fn peek_all(config: &Path, stream: &str) -> Vec<String> {
     for line in f.stdout.lines() {
         let job: Value = serde_json::from_str(line)
             .unwrap_or_else(|e| panic!("peek line is not JSON ({e}): {line}"));
-        let records = job["records"]["Ok"]
+        let records = job["records"]
             .as_array()
             .unwrap_or_else(|| panic!("a job that cannot be decoded: {job}"));
         out.extend(
@@ -985,7 +985,7 @@ fn queue_commands_work_end_to_end() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("JSON job"))
         .collect();
-    let records: Vec<&Value> = jobs.iter().map(|j| &j["records"]["Ok"]).collect();
+    let records: Vec<&Value> = jobs.iter().map(|j| &j["records"]).collect();
     assert_eq!(
         records,
         [&serde_json::json!(["r1"]), &serde_json::json!(["r2"])],
@@ -1015,7 +1015,7 @@ fn queue_commands_work_end_to_end() {
     assert_code(f.status, 0, &f.stderr);
     assert!(f.stdout.contains("purged 0 dead jobs"), "{}", f.stdout);
     let f = finish(queue(&config, &["dead", "purge", "logs"]), secs(30));
-    assert_code(f.status, 1, &f.stderr);
+    assert_code(f.status, 2, &f.stderr);
     assert!(f.stderr.contains("--yes"), "{}", f.stderr);
     assert!(!f.stdout.contains("purged"), "{}", f.stdout);
     let f = finish(queue(&config, &["dead", "replay", "logs"]), secs(30));
@@ -1162,5 +1162,174 @@ fn file_sink_delivers_the_backlog_once_its_directory_appears() {
         has_message(&agent.events(), "delivery started"),
         "{}",
         agent.stderr()
+    );
+}
+
+/// The mode bits of a directory.
+fn mode_of(dir: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+#[test]
+fn push_creates_the_store_as_run_would() {
+    let sb = Sandbox::new();
+    // Before colibri ever ran, and with the data directory's parent missing too.
+    let pushed = sb.file("pushed/data");
+    let config = write_config(&sb, &quote_path(&pushed), "{ min_free: 1MiB }");
+    assert_eq!(push_ok(&config, 10, 1, 3), [3]);
+    let (_, logs) = stats(&config, "logs");
+    assert_eq!(logs["ready"]["records"], 3, "{logs}");
+    assert_eq!(logs["balanced"], true, "{logs}");
+
+    // The directory is made as `run` makes it.
+    let other = Sandbox::new();
+    let ran = other.file("ran/data");
+    let run_config = write_config(&other, &quote_path(&ran), "{ min_free: 1MiB }");
+    create_store(&run_config);
+    assert_eq!(mode_of(&pushed), mode_of(&ran));
+    assert_eq!(
+        mode_of(&pushed) & 0o007,
+        0,
+        "others have no access to the queues"
+    );
+
+    // The agent starts on the store push made and finds the records there.
+    stop_agent(start_agent(&config));
+    assert_eq!(peek_all(&config, "logs"), ["r1", "r2", "r3"]);
+}
+
+/// Jobs in every state, made through the store's API: `dead` of them dead-lettered, `expired`
+/// expired, and `ready` left ready.
+fn jobs_in_every_state(config: &Path, dead: usize, expired: usize, ready: u64) {
+    use colibri::store::{Failure, OpenOptions, Store, now_ms};
+    let total = (dead + expired) as u64;
+    push_ok(config, 1, 1, total);
+    let c = colibri::config::load(config).expect("config");
+    let mut store = Store::open(&c.data_dir, c.storage, &c.streams, OpenOptions::default())
+        .expect("open the store");
+    let mut tx = store.transaction().expect("transaction");
+    for job in tx.take("logs", dead, now_ms()).expect("take") {
+        let refused = Failure::Permanent {
+            reason: "HTTP 400: refused".into(),
+        };
+        tx.fail(&job.lease, &refused, now_ms()).expect("fail");
+    }
+    // Everything else is older than the stream's ttl an hour from now.
+    let gone = tx.expire(now_ms() + 2 * 3_600_000).expect("expire");
+    assert_eq!(gone, expired as u64);
+    tx.commit().expect("commit");
+    drop(store);
+    push_ok(config, 1, total + 1, ready);
+}
+
+/// The value of a right-aligned column in a table row: the cell that ends where its header does.
+fn column<'a>(header: &str, row: &'a str, name: &str) -> &'a str {
+    let end = header
+        .find(name)
+        .unwrap_or_else(|| panic!("no {name} in {header:?}"))
+        + name.len();
+    row[..end].split_whitespace().last().unwrap_or("")
+}
+
+#[test]
+fn queue_output_for_scripts_is_plain_data_and_purge_asks_for_yes() {
+    let sb = Sandbox::new();
+    let config = sb.write_config(
+        "data_dir: data\n\
+         streams:\n  logs: { batch: { max_records: 1 }, ttl: 1h }\n  metrics: {}\n\
+         log: { format: json }\n",
+    );
+    jobs_in_every_state(&config, 1, 2, 1);
+
+    // peek --json: records are a list of strings, nothing else.
+    let f = finish(queue(&config, &["peek", "logs", "--json"]), secs(30));
+    assert_code(f.status, 0, &f.stderr);
+    let jobs: Vec<Value> = f
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(jobs.len(), 1, "{}", f.stdout);
+    assert_eq!(jobs[0]["records"], serde_json::json!(["r4"]), "{}", jobs[0]);
+    assert_eq!(jobs[0]["decode_error"], Value::Null, "{}", jobs[0]);
+
+    // dead list, in text and in JSON.
+    let f = finish(
+        queue(&config, &["dead", "list", "logs", "--json"]),
+        secs(30),
+    );
+    assert_code(f.status, 0, &f.stderr);
+    let dead: Vec<Value> = f
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(dead.len(), 1, "{}", f.stdout);
+    assert_eq!(dead[0]["table"], "dead", "{}", dead[0]);
+    assert_eq!(dead[0]["records"], serde_json::json!(["r1"]), "{}", dead[0]);
+    assert_eq!(dead[0]["last_error"], "HTTP 400: refused", "{}", dead[0]);
+    let f = finish(queue(&config, &["dead", "list", "logs"]), secs(30));
+    assert_code(f.status, 0, &f.stderr);
+    assert!(
+        f.stdout.starts_with("dead #1 ")
+            && f.stdout.contains("last error: HTTP 400: refused\n  r1\n"),
+        "{}",
+        f.stdout
+    );
+
+    // The table has what the counters know: expired and dead-lettered too.
+    let f = finish(queue(&config, &["stats"]), secs(30));
+    assert_code(f.status, 0, &f.stderr);
+    let lines: Vec<&str> = f.stdout.lines().collect();
+    let header = lines[1];
+    let row = lines
+        .iter()
+        .find(|l| l.starts_with("logs "))
+        .unwrap_or_else(|| panic!("no row for logs:\n{}", f.stdout));
+    for (name, value) in [
+        ("APPENDED", "4"),
+        ("DEAD-LETTERED", "1"),
+        ("EXPIRED", "2"),
+        ("DROPPED", "0"),
+    ] {
+        assert_eq!(column(header, row, name), value, "{name}:\n{}", f.stdout);
+    }
+
+    // purge without a terminal and without --yes: a usage error that says what to do.
+    let f = finish(queue(&config, &["dead", "purge", "logs"]), secs(30));
+    assert_code(f.status, 2, &f.stderr);
+    assert_eq!(
+        f.stderr,
+        "error: not purging 1 dead job (1 record) of stream \"logs\": stdin is not a terminal, so nobody can confirm; add --yes to purge without asking\n"
+    );
+    assert_eq!(f.stdout, "");
+    let (_, logs) = stats(&config, "logs");
+    assert_eq!(logs["dead"]["jobs"], 1, "nothing was purged: {logs}");
+
+    // replay and purge report in JSON too.
+    let f = finish(
+        queue(&config, &["dead", "replay", "logs", "--json"]),
+        secs(30),
+    );
+    assert_code(f.status, 0, &f.stderr);
+    let v: Value = serde_json::from_str(&f.stdout).unwrap_or_else(|e| panic!("{e}: {}", f.stdout));
+    assert_eq!(
+        v,
+        serde_json::json!({"stream": "logs", "replayed_jobs": 1, "replayed_records": 1})
+    );
+    let f = finish(
+        queue(&config, &["dead", "purge", "logs", "--yes", "--json"]),
+        secs(30),
+    );
+    assert_code(f.status, 0, &f.stderr);
+    let v: Value = serde_json::from_str(&f.stdout).unwrap_or_else(|e| panic!("{e}: {}", f.stdout));
+    assert_eq!(
+        v,
+        serde_json::json!({"stream": "logs", "purged_jobs": 0, "purged_records": 0})
     );
 }

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
-    self, Config,
+    self, Config, Unset,
     units::{fmt_duration, fmt_size},
 };
 use crate::schedule::{Offset, Schedule};
@@ -82,16 +82,22 @@ pub fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Queue(cmd) => queue::main(cmd),
-        Command::Check(args) => match config::load(&args.config) {
-            Ok(c) => {
-                print!("{}", summary(&c));
-                ExitCode::SUCCESS
+        // `check` validates the file without running it: an unset variable (a secret that only
+        // the unit's environment file holds) is a warning here, and `run` refuses it.
+        Command::Check(args) => {
+            match config::load_with(&args.config, Unset::Warn { needed: &[] }) {
+                Ok(c) => {
+                    print_warnings(&c.warnings);
+                    print!("{}", summary(&c));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    print_warnings(e.warnings());
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Command::Run(args) => {
             let code = run(&args);
             // Every return of `run` passes here, so the last events (an ERROR before the stop
@@ -134,13 +140,26 @@ fn run(args: &ConfigArg) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let to_file = config.log_file.is_some();
     match runtime.block_on(crate::agent::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // Once: without `log.file` the log is stderr (the journal, under systemd), so the
+            // event is the report; with one, the event goes to the file and stderr (what the
+            // supervisor shows) gets the line too.
             tracing::error!("{e:#}");
-            eprintln!("error: {e:#}");
+            if to_file {
+                eprintln!("error: {e:#}");
+            }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The config's warnings on stderr, one line each.
+pub(crate) fn print_warnings(warnings: &[String]) {
+    for w in warnings {
+        eprintln!("warning: {w}");
     }
 }
 

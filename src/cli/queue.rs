@@ -1,15 +1,21 @@
-//! `colibri queue ...`: the operator's view of the stream queues. `stats` and `peek` open the store
-//! read-only, so they work beside a running agent; `push`, `dead replay` and `dead purge` need it
-//! stopped (the store has one writer). Long operations work in chunks with a progress line; `purge`
-//! asks for confirmation unless `--yes`. Everything goes through `store::Store`.
+//! `colibri queue ...`: the operator's view of the stream queues. `stats`, `peek` and `dead list`
+//! open the store read-only, so they work beside a running agent; `push`, `dead replay` and `dead
+//! purge` need it stopped (the store has one writer), and `push` creates the store (and its data
+//! directory) as `colibri run` does when there is none yet. The file is loaded without needing the
+//! unit's secrets (`config::Unset::Warn`): only where the store is and its streams must be there.
+//! `--json` output is plain data for scripts. Long operations work in chunks with a progress line;
+//! `purge` asks for confirmation on a terminal and, without one, refuses (exit 2) unless `--yes`.
+//! Everything goes through `store::Store`.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
 
+use anyhow::Context as _;
+
 use clap::{Args, Subcommand};
 
 use crate::config::{
-    self, Config,
+    self, Config, Unset,
     units::{fmt_duration, fmt_size},
 };
 use crate::ingest::body;
@@ -33,18 +39,11 @@ pub enum QueueCommand {
         config: super::ConfigArg,
         /// The stream
         stream: String,
-        /// Show dead letters instead of queued jobs
+        /// Show dead letters instead of queued jobs (as `dead list` does)
         #[arg(long)]
         dead: bool,
-        /// How many jobs
-        #[arg(short = 'n', long, default_value_t = 10, conflicts_with = "all")]
-        count: usize,
-        /// Every job (large output for a large backlog)
-        #[arg(long)]
-        all: bool,
-        /// One JSON object per job, per line
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        show: Show,
     },
     /// Append lines from stdin to a stream, one record per line, checked as the stream's sink needs
     /// them (JSON, or line protocol); prints "acked N" after each durable batch (the agent must be
@@ -58,13 +57,20 @@ pub enum QueueCommand {
         #[arg(long, default_value_t = 100)]
         batch: usize,
     },
-    /// Dead letters: replay them into the queue, or purge them
+    /// Dead letters: list them, replay them into the queue, or purge them
     #[command(subcommand)]
     Dead(DeadCommand),
 }
 
 #[derive(Debug, Subcommand)]
 pub enum DeadCommand {
+    /// Show the oldest dead letters of a stream with the reason each failed (read-only)
+    List {
+        #[command(flatten)]
+        target: DeadTarget,
+        #[command(flatten)]
+        show: Show,
+    },
     /// Move dead letters back to the queue with their attempts reset (the agent must be stopped)
     Replay {
         #[command(flatten)]
@@ -72,8 +78,12 @@ pub enum DeadCommand {
         /// Only the job with this id
         #[arg(long)]
         id: Option<u64>,
+        /// Print the outcome as JSON
+        #[arg(long)]
+        json: bool,
     },
-    /// Delete dead letters for good; counted as dropped (the agent must be stopped)
+    /// Delete dead letters for good; counted as dropped (the agent must be stopped). Asks first
+    /// on a terminal; without one it needs --yes
     Purge {
         #[command(flatten)]
         target: DeadTarget,
@@ -83,7 +93,24 @@ pub enum DeadCommand {
         /// Do not ask for confirmation
         #[arg(long)]
         yes: bool,
+        /// Print the outcome as JSON
+        #[arg(long)]
+        json: bool,
     },
+}
+
+/// How many jobs `peek` and `dead list` show, and how.
+#[derive(Debug, Args)]
+pub struct Show {
+    /// How many jobs
+    #[arg(short = 'n', long, default_value_t = 10, conflicts_with = "all")]
+    count: usize,
+    /// Every job (large output for a large backlog)
+    #[arg(long)]
+    all: bool,
+    /// One JSON object per job, per line
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -112,27 +139,68 @@ pub fn main(cmd: QueueCommand) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            if e.is::<Usage>() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
 
+/// A command line that cannot be carried out as written (exit code 2, like clap's own usage
+/// errors): a script sees it apart from a failure.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Usage(String);
+
+/// The file, for a command that does not run it: an unset variable elsewhere than in the
+/// settings of the store (a sink's token, say) is a warning, not an error.
 fn load(arg: &super::ConfigArg) -> anyhow::Result<Config> {
-    Ok(config::load(&arg.config)?)
+    match config::load_with(
+        &arg.config,
+        Unset::Warn {
+            needed: config::QUEUE_NEEDS,
+        },
+    ) {
+        Ok(c) => {
+            super::print_warnings(&c.warnings);
+            Ok(c)
+        }
+        Err(e) => {
+            super::print_warnings(e.warnings());
+            Err(e.into())
+        }
+    }
 }
 
-fn open(c: &Config, read_only: bool) -> anyhow::Result<Store> {
+/// How a command uses the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// `stats`, `peek`, `dead list`: read-only, so they work beside a running agent.
+    Read,
+    /// `dead replay`, `dead purge`: they change jobs that must be there already.
+    Change,
+    /// `push`: appends, creating the data directory and the store as `colibri run` would.
+    Append,
+}
+
+fn open(c: &Config, access: Access) -> anyhow::Result<Store> {
     if c.streams.is_empty() {
         anyhow::bail!("{} defines no streams", c.source.display());
     }
+    let read_only = access == Access::Read;
     let opts = OpenOptions {
         read_only,
         ..OpenOptions::default()
     };
     let path = c.data_dir.join(store::DB_FILE);
-    if !path.exists() {
+    if access == Access::Append {
+        store::create_data_dir(&c.data_dir)
+            .with_context(|| format!("cannot create data_dir {}", c.data_dir.display()))?;
+    } else if !path.exists() {
         anyhow::bail!(
-            "no store at {} yet (colibri creates it when it first runs)",
+            "no store at {} yet (`colibri run` creates it when it first runs, and so does `colibri queue push`)",
             path.display()
         );
     }
@@ -154,6 +222,8 @@ fn open(c: &Config, read_only: bool) -> anyhow::Result<Store> {
         StoreError::Locked { .. } => anyhow::anyhow!(
             "{e}; `stats` and `peek` work beside a running agent, `push` and `dead` need it stopped"
         ),
+        // The file is named once.
+        other if other.names_file() => anyhow::Error::from(other),
         other => anyhow::Error::from(other).context(format!("cannot open {}", path.display())),
     })
 }
@@ -173,32 +243,19 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
             config,
             stream,
             dead,
-            count,
-            all,
-            json,
-        } => {
-            let c = load(&config)?;
-            let s = open(&c, true)?;
-            known(&s, &stream)?;
-            let n = if all { usize::MAX } else { count };
-            let mut out = std::io::stdout().lock();
-            for job in s.peek(&stream, dead, n)? {
-                if json {
-                    writeln!(out, "{}", serde_json::to_string(&job)?)?;
-                } else {
-                    print_job(&mut out, &job)?;
-                }
-            }
-            Ok(())
+            show,
+        } => show_jobs(&load(&config)?, &stream, dead, &show),
+        QueueCommand::Dead(DeadCommand::List { target, show }) => {
+            show_jobs(&load(&target.config)?, &target.stream, true, &show)
         }
         QueueCommand::Push {
             config,
             stream,
             batch,
         } => push(&load(&config)?, &stream, batch.max(1)),
-        QueueCommand::Dead(DeadCommand::Replay { target, id }) => {
+        QueueCommand::Dead(DeadCommand::Replay { target, id, json }) => {
             let c = load(&target.config)?;
-            let mut s = open(&c, false)?;
+            let mut s = open(&c, Access::Change)?;
             known(&s, &target.stream)?;
             let total = s.counters(&target.stream).map_or(0, |c| c.dead_jobs);
             let (mut jobs, mut records) = (0u64, 0u64);
@@ -215,35 +272,55 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
                 }
             }
             progress.done();
-            println!(
-                "replayed {jobs} dead jobs ({records} records) of stream {:?} into its queue",
-                target.stream
-            );
+            if json {
+                let doc = serde_json::json!({
+                    "stream": target.stream, "replayed_jobs": jobs, "replayed_records": records,
+                });
+                println!("{doc}");
+            } else {
+                println!(
+                    "replayed {} ({}) of stream {:?} into its queue",
+                    count(jobs, "dead job"),
+                    count(records, "record"),
+                    target.stream
+                );
+            }
             Ok(())
         }
         QueueCommand::Dead(DeadCommand::Purge {
             target,
             older_than,
             yes,
+            json,
         }) => {
             let c = load(&target.config)?;
-            let mut s = open(&c, false)?;
+            let mut s = open(&c, Access::Change)?;
             known(&s, &target.stream)?;
             let counters = s.counters(&target.stream).cloned().unwrap_or_default();
             let what = match older_than {
                 Some(d) => format!(
-                    "dead jobs of stream {:?} that failed more than {} ago",
+                    "the dead jobs of stream {:?} that failed more than {} ago",
                     target.stream,
                     fmt_duration(d)
                 ),
                 None => format!(
-                    "all {} dead jobs ({} records) of stream {:?}",
-                    counters.dead_jobs, counters.dead_records, target.stream
+                    "{} ({}) of stream {:?}",
+                    count(counters.dead_jobs, "dead job"),
+                    count(counters.dead_records, "record"),
+                    target.stream
                 ),
             };
-            if !yes && !confirm(&format!("delete {what} for good?"))? {
-                println!("nothing purged");
-                return Ok(());
+            if !yes {
+                if !std::io::stdin().is_terminal() {
+                    return Err(Usage(format!(
+                        "not purging {what}: stdin is not a terminal, so nobody can confirm; add --yes to purge without asking"
+                    ))
+                    .into());
+                }
+                if !confirm(&format!("delete {what} for good?"))? {
+                    println!("nothing purged");
+                    return Ok(());
+                }
             }
             let before = older_than.map(|d| store::now_ms().saturating_sub(d.as_millis() as u64));
             let (mut jobs, mut records) = (0u64, 0u64);
@@ -262,17 +339,74 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
             progress.done();
             // Purged file jobs take their spooled files with them.
             s.dispose_now()?;
-            println!(
-                "purged {jobs} dead jobs ({records} records) of stream {:?}",
-                target.stream
-            );
+            if json {
+                let doc = serde_json::json!({
+                    "stream": target.stream, "purged_jobs": jobs, "purged_records": records,
+                });
+                println!("{doc}");
+            } else {
+                println!(
+                    "purged {} ({}) of stream {:?}",
+                    count(jobs, "dead job"),
+                    count(records, "record"),
+                    target.stream
+                );
+            }
             Ok(())
         }
     }
 }
 
+/// `1 record`, `2 records`.
+fn count(n: u64, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+/// `peek` and `dead list`: the oldest jobs of a stream, as text or one JSON object per line.
+fn show_jobs(c: &Config, stream: &str, dead: bool, show: &Show) -> anyhow::Result<()> {
+    let s = open(c, Access::Read)?;
+    known(&s, stream)?;
+    let n = if show.all { usize::MAX } else { show.count };
+    let mut out = std::io::stdout().lock();
+    for job in s.peek(stream, dead, n)? {
+        if show.json {
+            writeln!(out, "{}", job_json(&job))?;
+        } else {
+            print_job(&mut out, &job)?;
+        }
+    }
+    Ok(())
+}
+
+/// A job as plain data for scripts: its records a list of strings, or (for a job whose bytes
+/// cannot be decoded) `records: null` and the reason in `decode_error`. `last_error` is the
+/// delivery failure, a different thing.
+fn job_json(job: &store::Peeked) -> serde_json::Value {
+    let (records, decode_error) = match &job.records {
+        Ok(r) => (serde_json::json!(r), serde_json::Value::Null),
+        Err(e) => (serde_json::Value::Null, serde_json::json!(e)),
+    };
+    serde_json::json!({
+        "table": job.table,
+        "id": job.id,
+        "created_ms": job.created_ms,
+        "retry_due_ms": job.retry_due_ms,
+        "attempts": job.attempts,
+        "last_error": job.last_error,
+        "last_failed_ms": job.last_failed_ms,
+        "offset": job.offset,
+        "bytes": job.bytes,
+        "records": records,
+        "decode_error": decode_error,
+    })
+}
+
 fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
-    let s = open(c, true)?;
+    let s = open(c, Access::Read)?;
     let now = store::now_ms();
     let mut rows = Vec::new();
     for (cfg, n) in s.streams() {
@@ -313,8 +447,10 @@ fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
         fmt_size(stored),
         fmt_size(reclaimable),
     );
-    println!(
-        "{:<16} {:>22} {:>16} {:>16} {:>10} {:>12} {:>12} {:>10} {:>10}",
+    // What is in each table now, then what has flowed through the stream (in records) since it
+    // began: appended, delivered, moved to the dead letters, expired (ttl) and dropped.
+    let header = format!(
+        "{:<16} {:>18} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>13} {:>8} {:>8}",
         "STREAM",
         "READY jobs/records",
         "RETRY jobs",
@@ -323,15 +459,18 @@ fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
         "OLDEST",
         "APPENDED",
         "DELIVERED",
+        "DEAD-LETTERED",
+        "EXPIRED",
         "DROPPED"
     );
+    println!("{header}");
     for r in &rows {
         let n: store::Counters = serde_json::from_value(r["counters"].clone()).unwrap_or_default();
         let age = r["oldest_age_ms"].as_u64().map_or("-".to_string(), |ms| {
             fmt_duration(std::time::Duration::from_secs(ms / 1000))
         });
         println!(
-            "{:<16} {:>22} {:>16} {:>16} {:>10} {:>12} {:>12} {:>10} {:>10}",
+            "{:<16} {:>18} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>13} {:>8} {:>8}",
             r["stream"].as_str().unwrap_or(""),
             format!("{}/{}", n.ready_jobs, n.ready_records),
             n.retry_jobs,
@@ -340,6 +479,8 @@ fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
             age,
             n.appended_records,
             n.delivered_records,
+            n.dead_lettered_records,
+            n.expired_records,
             n.dropped_records(),
         );
     }
@@ -375,7 +516,7 @@ fn print_job(out: &mut impl Write, job: &store::Peeked) -> std::io::Result<()> {
 }
 
 fn push(c: &Config, stream: &str, batch: usize) -> anyhow::Result<()> {
-    let mut s = open(c, false)?;
+    let mut s = open(c, Access::Append)?;
     known(&s, stream)?;
     // Each line is checked as the stream's sink needs it, as the ingest API checks a body.
     let carries = c.record_format(stream);
@@ -451,10 +592,8 @@ fn push(c: &Config, stream: &str, batch: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Asks on the terminal (the caller has checked there is one).
 fn confirm(question: &str) -> anyhow::Result<bool> {
-    if !std::io::stdin().is_terminal() {
-        anyhow::bail!("refusing to {question} without --yes (stdin is not a terminal)");
-    }
     eprint!("{question} [y/N] ");
     std::io::stderr().flush()?;
     let mut answer = String::new();
@@ -502,5 +641,36 @@ impl Progress {
         if self.shown {
             eprintln!();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peeked(records: Result<Vec<String>, String>) -> store::Peeked {
+        store::Peeked {
+            table: "ready",
+            id: 7,
+            retry_due_ms: None,
+            created_ms: 1,
+            attempts: 0,
+            last_error: None,
+            last_failed_ms: 0,
+            offset: 0,
+            bytes: 10,
+            records,
+        }
+    }
+
+    #[test]
+    fn jobs_are_plain_json_with_a_decode_error_of_their_own() {
+        let ok = job_json(&peeked(Ok(vec!["a".into(), "b".into()])));
+        assert_eq!(ok["records"], serde_json::json!(["a", "b"]));
+        assert_eq!(ok["decode_error"], serde_json::Value::Null);
+        let bad = job_json(&peeked(Err("checksum mismatch".into())));
+        assert_eq!(bad["records"], serde_json::Value::Null);
+        assert_eq!(bad["decode_error"], "checksum mismatch");
+        assert_eq!(bad["id"], 7);
     }
 }

@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
-use super::units::{Dur, Size, de_opt_u32};
+use super::units::{Dur, Size, de_opt_u32, fmt_size};
 use crate::ingest::{IngestConfig, Token};
 use crate::sink::RecordFormat;
 
@@ -18,10 +18,15 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 256;
 pub const DEFAULT_MAX_REQUESTS: u32 = 16;
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
+pub const DEFAULT_MAX_MEMORY: u64 = 64 << 20;
 
-/// Largest `max_body` accepted: a request's body is held in memory (twice, while it is split into
-/// records), `max_requests` of them at once.
+/// Largest `max_body` accepted at all; in practice `max_memory` bounds it further (see
+/// [`crate::ingest::body_cost`]).
 const MAX_MAX_BODY: u64 = 256 << 20;
+
+/// The most `max_memory` may be: what request bodies may hold at once, with room left under the
+/// packaged unit's `MemoryMax=256M` for the rest of colibri (README, "Memory").
+pub const MAX_MAX_MEMORY: u64 = 192 << 20;
 
 /// Largest `read_timeout` and `wait`: a stop waits up to `read_timeout + wait + 2s` for the
 /// requests in progress.
@@ -36,31 +41,45 @@ const MAX_WAIT: Duration = Duration::from_secs(60);
 #[serde(deny_unknown_fields)]
 pub struct IngestSpec {
     /// Address to listen on, e.g. `127.0.0.1:9465` or `[::1]:9465`. Unset or empty: ingest is off.
-    /// An address other than loopback without a `token` is allowed but logged as a warning.
+    /// An address other than loopback needs a `token`, or `allow_remote: true`.
     #[serde(default)]
     pub listen: Option<String>,
-    /// Largest request body, before and after gzip decompression, e.g. `1MiB`. Default 4MiB, at
-    /// most 256MiB.
+    /// Accept a `listen` address other than loopback without a `token`: anyone who can reach the
+    /// port may append records (logged as a warning at start). Default false.
+    #[serde(default)]
+    pub allow_remote: bool,
+    /// Largest request body, before and after gzip decompression, e.g. `1MiB`. Default 4MiB. A
+    /// request may hold about twice its decompressed size in memory while it is read and stored,
+    /// so `max_memory` must have room for one request of `max_body` (with gzip, which may always
+    /// decompress to `max_body`).
     #[serde(default)]
     pub max_body: Option<Size>,
+    /// Memory that the request bodies being read and stored may hold at once, all requests
+    /// together, e.g. `32MiB`. Each request reserves what its body can cost before reading it
+    /// (about twice its `Content-Length`, or twice `max_body` for gzip, plus a few bytes per
+    /// record); one that finds no room within `wait` is answered 503 with `Retry-After`. Default
+    /// 64MiB, at most 192MiB (the packaged unit has `MemoryMax=256M`).
+    #[serde(default)]
+    pub max_memory: Option<Size>,
     /// When set, every request must carry `Authorization: Bearer <token>` (compared in constant
     /// time, never logged). Use `${VAR}` to keep it out of the file.
     #[serde(default)]
     pub token: Option<String>,
-    /// Open client connections at most; more wait in the listen backlog. Default 256.
+    /// Open client connections at most; when all are taken, the one idle longest (no complete
+    /// request header yet, or between requests) is closed for a newcomer. Default 256.
     #[serde(default, deserialize_with = "de_opt_u32")]
     #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_connections: Option<u32>,
-    /// Requests read and stored at once (each holds up to about twice `max_body` in memory); more
+    /// Requests read and stored at once (their memory together is bounded by `max_memory`); more
     /// wait for a turn without being read. Default 16.
     #[serde(default, deserialize_with = "de_opt_u32")]
     #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_requests: Option<u32>,
-    /// Longest time a client may take to send a request's headers, and then its body; also how
-    /// long an idle kept-alive connection stays open. A request whose body is slower gets 408; a
-    /// connection whose headers are slower is closed without an answer (hyper). Default 10s, at
-    /// most 60s. At a stop, requests in progress are waited for up to `read_timeout + wait + 2s`:
-    /// keep that below `shutdown_grace`.
+    /// Longest time a client may take to send a request's body (slower: 408), and to send the
+    /// next request's header after an answer on a kept-alive connection (slower: closed without an
+    /// answer). A new connection's first header must be complete within 5s of accept (or this,
+    /// when shorter). Default 10s, at most 60s. At a stop, requests in progress are waited for up
+    /// to `read_timeout + wait + 2s`: keep that below `shutdown_grace`.
     #[serde(default)]
     pub read_timeout: Option<Dur>,
     /// How long a request waits for room in a full `when_full: block` stream before it is answered
@@ -78,7 +97,9 @@ impl std::fmt::Debug for IngestSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IngestSpec")
             .field("listen", &self.listen)
+            .field("allow_remote", &self.allow_remote)
             .field("max_body", &self.max_body)
+            .field("max_memory", &self.max_memory)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("max_connections", &self.max_connections)
             .field("max_requests", &self.max_requests)
@@ -122,6 +143,27 @@ pub fn compile(
         }
         Some(t) => Some(Token::new(t)),
     };
+    let max_memory = spec.max_memory.map_or(DEFAULT_MAX_MEMORY, |s| s.0);
+    let worst = crate::ingest::body_cost(max_body, true, max_body);
+    if !(1 << 20..=MAX_MAX_MEMORY).contains(&max_memory) {
+        err(
+            "max_memory",
+            format!(
+                "{} is out of range 1MiB-192MiB (the packaged unit caps all of colibri at MemoryMax=256M)",
+                fmt_size(max_memory)
+            ),
+        );
+    } else if (1024..=MAX_MAX_BODY).contains(&max_body) && worst > max_memory {
+        err(
+            "max_body",
+            format!(
+                "a request of max_body ({}) may hold up to {} while it is read and stored (twice its decompressed size, plus its records), more than ingest.max_memory ({}): lower max_body or raise max_memory",
+                fmt_size(max_body),
+                fmt_size(worst),
+                fmt_size(max_memory)
+            ),
+        );
+    }
     let max_connections = spec.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
     if !(1..=65_536).contains(&max_connections) {
         err(
@@ -167,6 +209,14 @@ pub fn compile(
             return None;
         }
     };
+    if !listen.ip().is_loopback() && token.is_none() && !spec.allow_remote {
+        err(
+            "listen",
+            format!(
+                "{listen} is not a loopback address and there is no token: anyone who can reach it could append records; set ingest.token, or ingest.allow_remote: true to accept that"
+            ),
+        );
+    }
     if streams.is_empty() {
         err(
             "listen",
@@ -177,6 +227,7 @@ pub fn compile(
     Some(IngestConfig {
         listen,
         max_body,
+        max_memory,
         token,
         max_connections,
         max_requests,
@@ -289,6 +340,55 @@ mod tests {
         assert!(c.token.as_ref().expect("set").matches(b"s3cret"));
         assert!(!c.token.as_ref().expect("set").matches(b"s3cre"));
         assert!(!c.token.as_ref().expect("set").matches(b"s3cretx"));
+    }
+
+    #[test]
+    fn the_memory_budget_must_hold_one_request_of_max_body() {
+        let (c, p) = compile_yaml("{ listen: '127.0.0.1:1', max_body: 16MiB }", &["logs"]);
+        assert!(p.is_empty(), "{p:?}");
+        assert_eq!(c.expect("on").max_memory, DEFAULT_MAX_MEMORY);
+        // Twice 32MiB (gzip may inflate to max_body) plus the records' bookkeeping is over 64MiB.
+        let (_, p) = compile_yaml("{ listen: '127.0.0.1:1', max_body: 32MiB }", &["logs"]);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with(
+                "ingest.max_body: a request of max_body (32MiB) may hold up to 70.1MiB"
+            ) && p[0].contains("ingest.max_memory (64MiB)"),
+            "{p:?}"
+        );
+        let (c, p) = compile_yaml(
+            "{ listen: '127.0.0.1:1', max_body: 32MiB, max_memory: 71MiB }",
+            &["logs"],
+        );
+        assert!(p.is_empty(), "{p:?}");
+        assert_eq!(c.expect("on").max_memory, 71 << 20);
+        for bad in ["193MiB", "512KiB"] {
+            let (_, p) = compile_yaml(
+                &format!("{{ listen: '127.0.0.1:1', max_memory: {bad} }}"),
+                &["logs"],
+            );
+            assert_eq!(p.len(), 1, "{bad}: {p:?}");
+            assert!(p[0].starts_with("ingest.max_memory: "), "{p:?}");
+        }
+    }
+
+    #[test]
+    fn a_listener_beyond_loopback_needs_a_token_or_allow_remote() {
+        for listen in ["0.0.0.0:1", "[::]:1", "192.0.2.1:1"] {
+            let (c, p) = compile_yaml(&format!("{{ listen: '{listen}' }}"), &["logs"]);
+            assert_eq!(p.len(), 1, "{listen}: {p:?}");
+            assert!(
+                p[0].starts_with("ingest.listen: ") && p[0].contains("allow_remote: true"),
+                "{p:?}"
+            );
+            assert!(c.is_some(), "the rest is still compiled");
+            for ok in ["token: t", "allow_remote: true"] {
+                let (c, p) = compile_yaml(&format!("{{ listen: '{listen}', {ok} }}"), &["logs"]);
+                assert!(p.is_empty() && c.is_some(), "{listen} {ok}: {p:?}");
+            }
+        }
+        let (_, p) = compile_yaml("{ listen: '[::1]:1' }", &["logs"]);
+        assert!(p.is_empty(), "{p:?}");
     }
 
     #[test]

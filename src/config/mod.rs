@@ -2,11 +2,12 @@
 //! JSON Schema generated from them), `${VAR}` expansion, and `compile`, which validates everything and
 //! turns the file into the runtime types the rest of colibri uses (`Config`, `task::TaskDef`, parsed
 //! schedules, `Duration`s, resolved paths). This is the only module that knows the file's shape;
-//! nothing downstream sees a serde struct. Called by the CLI (`run`, `check`, `schema`) and, later, by
-//! reload.
+//! nothing downstream sees a serde struct. Called by the CLI (`run`, `check`, `queue`, `schema`) and
+//! by the agent's reload.
 //!
 //! Validation collects every problem before refusing, each with its path in the file, e.g.
-//! `tasks[3] "rotate": schedule "61 * * * *": minute 61 out of range 0-59`.
+//! `tasks[3] "rotate": schedule "61 * * * *": minute 61 out of range 0-59`. A value that came from
+//! `${VAR}` is never shown in a problem (it may be a secret): the message names the variable.
 
 pub mod env;
 pub mod ingest;
@@ -120,29 +121,45 @@ pub struct Fingerprint {
 }
 
 /// A destination for a stream's jobs.
+// Read by `compile_sink` through the variant's own struct (`split_type`), so a problem inside an
+// entry keeps its field path; the enum is the file's shape for the schema.
 #[derive(Debug, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "type", rename_all = "snake_case")]
 pub enum SinkSpec {
     /// Each job becomes one file in `path` (`<stream>-<job id>.ndjson`, a record per line), written
     /// under a temporary name, fsync'd and renamed into place, so a reader never sees half a file and
     /// a job delivered twice after a crash overwrites itself. The directory must exist: colibri does
     /// not create it, so an unmounted disk is noticed instead of filled on the root filesystem.
-    File {
-        /// The directory. Relative paths are read from the config file's directory.
-        path: String,
-        #[serde(default)]
-        retry: RetrySpec,
-    },
+    File(FileSinkSpec),
     /// Each job's records are written to colibri's stdout, a record per line.
-    Stdout {
-        #[serde(default)]
-        retry: RetrySpec,
-    },
+    Stdout(StdoutSinkSpec),
     /// Each job is one HTTP request (a job refused with 413 is sent in halves). Every request carries
     /// an `Idempotency-Key` (store, stream, job and, for a part, its record range) and a
     /// `User-Agent: colibri/<version>`.
     Http(Box<HttpSinkSpec>),
+}
+
+const SINK_TYPES: &[&str] = &["file", "stdout", "http"];
+
+/// `type: file` settings.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct FileSinkSpec {
+    /// The directory. Relative paths are read from the config file's directory.
+    pub path: String,
+    #[serde(default)]
+    pub retry: RetrySpec,
+}
+
+/// `type: stdout` settings.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct StdoutSinkSpec {
+    #[serde(default)]
+    pub retry: RetrySpec,
 }
 
 /// `type: http` settings.
@@ -792,6 +809,9 @@ pub struct Config {
     pub fingerprint: Fingerprint,
     /// SHA-256 of the file's bytes (hex).
     pub sha256: String,
+    /// Unset variables the command went on without ([`Unset::Warn`]), one line each, for the
+    /// command to print; empty under [`Unset::Refuse`].
+    pub warnings: Vec<String>,
 }
 
 impl Config {
@@ -834,10 +854,19 @@ impl fmt::Display for Problem {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {}: {source}", path.display())]
+    // The reason is part of the message and not a `source`: a caller printing the chain
+    // (`{:#}`) would show it twice.
+    #[error("cannot read config file {}: {error}", path.display())]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
+    },
+    #[error("{}: not valid UTF-8 at line {line}, column {column} (byte {byte:#04x}); save the file as UTF-8", path.display())]
+    NotUtf8 {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        byte: u8,
     },
     #[error("{}: not valid YAML: {message}", path.display())]
     Syntax { path: PathBuf, message: String },
@@ -846,16 +875,76 @@ pub enum ConfigError {
     Invalid {
         path: PathBuf,
         problems: Vec<Problem>,
+        /// Unset variables the command went on without (see [`Unset::Warn`]), as for
+        /// [`Config::warnings`]: printed beside the problems, not part of them.
+        warnings: Vec<String>,
     },
 }
 
-/// Reads, expands and validates the file at `path` against the process environment.
+impl ConfigError {
+    /// Each problem as one line without line breaks, for a log event that must stay on one line
+    /// (the caller joins them and names the file: only `Invalid`'s problems leave it out).
+    pub fn lines(&self) -> Vec<String> {
+        match self {
+            ConfigError::Invalid { problems, .. } => problems
+                .iter()
+                .map(|p| p.to_string().replace('\n', " "))
+                .collect(),
+            other => vec![other.to_string().replace('\n', " ")],
+        }
+    }
+
+    /// Unset variables the command would have gone on without.
+    pub fn warnings(&self) -> &[String] {
+        match self {
+            ConfigError::Invalid { warnings, .. } => warnings,
+            _ => &[],
+        }
+    }
+}
+
+/// What an unset `${VAR}` without a default means for the command loading the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unset {
+    /// An error: `colibri run` and reloads never start with a value missing.
+    Refuse,
+    /// A warning (`Config::warnings`), and the reference expands to nothing, for commands that
+    /// do not run the file: packaged installs keep secrets in an environment file only the unit
+    /// reads, and `check` or `queue stats` from a shell must work without them. A setting that
+    /// cannot be empty (a token, a number) is then left out, as a bad setting is, without a
+    /// problem of its own. Under the top-level keys in `needed` an unset variable stays an error:
+    /// the queue commands must not guess where the store is or how it is bounded.
+    Warn { needed: &'static [&'static str] },
+}
+
+/// The settings the `queue` commands take from the file: where the store is and its streams.
+pub const QUEUE_NEEDS: &[&str] = &["data_dir", "storage", "streams"];
+
+/// Reads, expands and validates the file at `path` against the process environment; an unset
+/// variable is an error.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    load_with(path, Unset::Refuse)
+}
+
+/// [`load`], with unset variables treated as `unset` says.
+pub fn load_with(path: &Path, unset: Unset) -> Result<Config, ConfigError> {
+    let bytes = std::fs::read(path).map_err(|error| ConfigError::Read {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
-    load_str(&text, path, &|name| std::env::var(name).ok())
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let bytes = e.as_bytes();
+        let good = &bytes[..e.utf8_error().valid_up_to()];
+        let line_start = good.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let column = String::from_utf8_lossy(&good[line_start..]).chars().count() + 1;
+        ConfigError::NotUtf8 {
+            path: path.to_path_buf(),
+            line: good.iter().filter(|b| **b == b'\n').count() + 1,
+            column,
+            byte: bytes[good.len()],
+        }
+    })?;
+    load_str_with(&text, path, &|name| std::env::var(name).ok(), unset)
 }
 
 /// Same as [`load`] for text already in memory; `path` names the file in messages and anchors relative
@@ -864,6 +953,16 @@ pub fn load_str(
     text: &str,
     path: &Path,
     lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    load_str_with(text, path, lookup, Unset::Refuse)
+}
+
+/// [`load_str`], with unset variables treated as `unset` says.
+pub fn load_str_with(
+    text: &str,
+    path: &Path,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    unset: Unset,
 ) -> Result<Config, ConfigError> {
     let mut root: Value = if text.trim().is_empty() {
         Value::Object(Default::default())
@@ -876,31 +975,193 @@ pub fn load_str(
         };
         serde_saphyr::from_str_with_options(text, options).map_err(|e| ConfigError::Syntax {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            message: syntax_message(&e),
         })?
     };
     if root.is_null() {
         root = Value::Object(Default::default());
     }
-    let mut expand_problems = Vec::new();
-    env::expand_tree(&mut root, &mut String::new(), lookup, &mut expand_problems);
-    let mut problems: Vec<Problem> = expand_problems
-        .into_iter()
-        .map(|(path, message)| Problem { path, message })
+    let tolerate = |at: &str| match unset {
+        Unset::Refuse => false,
+        Unset::Warn { needed } => !needed.iter().any(|k| under(at, k)),
+    };
+    let expanded = env::expand_tree(&mut root, lookup, &tolerate);
+    let mut problems: Vec<Problem> = expanded
+        .problems
+        .iter()
+        .map(|(path, message)| Problem {
+            path: path.clone(),
+            message: message.clone(),
+        })
         .collect();
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let config = compile(root, path, &base, &mut problems).map(|mut c| {
+    let mut compiled = Vec::new();
+    let config = compile(root, path, &base, &mut compiled).map(|mut c| {
         let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
         c.sha256 = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
         c
     });
+    // A value that could not be expanded was left as written; what compile says about it would
+    // only repeat the problem.
+    compiled.retain(|p| {
+        let at = tree_path(&p.path);
+        !expanded.problems.iter().any(|(failed, _)| *failed == at)
+    });
+    problems.append(&mut compiled);
+    // A value left empty for a variable the command goes on without may not be one the field
+    // can take (an empty token, a number): that is the warning's to say, not a problem. The
+    // part of the file it was in is then left out of what the command sees (a `check` summary,
+    // say), and nothing that runs the file ever gets here.
+    problems.retain(|p| {
+        let at = tree_path(&p.path);
+        !expanded
+            .expansions
+            .iter()
+            .any(|e| e.path == at && !e.unset.is_empty())
+    });
+    for p in &mut problems {
+        let at = tree_path(&p.path);
+        p.message = redact(&expanded.expansions, &at, std::mem::take(&mut p.message));
+    }
+    let warnings = unset_warnings(&expanded.expansions, path);
     match config {
-        Some(c) if problems.is_empty() => Ok(c),
+        Some(mut c) if problems.is_empty() => {
+            c.warnings = warnings;
+            Ok(c)
+        }
         _ => Err(ConfigError::Invalid {
             path: path.to_path_buf(),
             problems,
+            warnings,
         }),
     }
+}
+
+/// A YAML error in words for people: the location but no source snippet (it would span lines in
+/// a log) and none of the library's hints about its own options.
+fn syntax_message(e: &serde_saphyr::Error) -> String {
+    let formatter = serde_saphyr::UserMessageFormatter;
+    e.render_with_options(serde_saphyr::render_options! {
+        formatter: &formatter,
+        snippets: serde_saphyr::SnippetMode::Off,
+    })
+}
+
+/// One warning per unset variable the command went on without, naming where the file uses it.
+fn unset_warnings(expansions: &[env::Expansion], file: &Path) -> Vec<String> {
+    let mut by_var: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for e in expansions {
+        for name in &e.unset {
+            by_var.entry(name).or_default().push(&e.path);
+        }
+    }
+    by_var
+        .into_iter()
+        .map(|(name, paths)| {
+            format!(
+                "${{{name}}} is not set ({}: {}); this command goes on without it, `colibri run` refuses the file until it is set",
+                file.display(),
+                paths.join(", ")
+            )
+        })
+        .collect()
+}
+
+/// Whether tree path `path` is `at` or inside it (`sinks.up.url` is inside `sinks` and
+/// `sinks.up`; `tasks[1]` is inside `tasks`). Everything is inside the root, `""`.
+fn under(path: &str, at: &str) -> bool {
+    at.is_empty()
+        || path
+            .strip_prefix(at)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+}
+
+/// The tree path (as `env` records them) of a problem's path: task problems are shown as
+/// `tasks[3] "rotate": schedule`, everything else is shown as its tree path already.
+fn tree_path(shown: &str) -> String {
+    let Some(rest) = shown.strip_prefix("tasks[") else {
+        return shown.to_string();
+    };
+    let Some(close) = rest.find(']') else {
+        return shown.to_string();
+    };
+    let (index, mut rest) = (&rest[..close], &rest[close + 1..]);
+    // The name, Debug-quoted: skip to its closing quote.
+    if let Some(quoted) = rest.strip_prefix(" \"") {
+        let mut escaped = false;
+        let end = quoted.char_indices().find_map(|(i, c)| {
+            let close = c == '"' && !escaped;
+            escaped = c == '\\' && !escaped;
+            close.then_some(i)
+        });
+        rest = end.map_or("", |i| &quoted[i + 1..]);
+    }
+    match rest.strip_prefix(": ") {
+        Some(field) if !field.is_empty() => format!("tasks[{index}].{field}"),
+        _ => format!("tasks[{index}]"),
+    }
+}
+
+/// `message`, a problem at tree path `at`, with every value that came from `${...}` at or inside
+/// `at` replaced by the words that name its variable (`the value of ${TOKEN}`): the value may be
+/// a secret and is never shown. The value is replaced in every form a message quotes it in
+/// (serde's backticks, Rust's and JSON's quotes, and as a bare word), and the message's own
+/// producers quote a value whole or not at all; a message that still holds the value afterwards
+/// is dropped for a plain one.
+fn redact(expansions: &[env::Expansion], at: &str, message: String) -> String {
+    let mut m = message;
+    let mut names = Vec::new();
+    for e in expansions
+        .iter()
+        .filter(|e| !e.value.is_empty() && under(&e.path, at))
+    {
+        // A marker first, the words last, so one value's words are never taken for another value.
+        let marker = format!("\u{0}{}\u{0}", names.len());
+        names.push(e.shown());
+        let variant = format!("unknown variant `{}`, expected ", e.value);
+        if let Some(rest) = m.strip_prefix(&variant) {
+            m = format!("expected {rest}, found {marker}");
+        }
+        let json = serde_json::to_string(&e.value).expect("a string serializes");
+        for form in [format!("`{}`", e.value), format!("{:?}", e.value), json] {
+            m = m.replace(&form, &marker);
+        }
+        // Bare, only where it is surely this value: at its own path, or long enough not to be
+        // a word of the message.
+        if e.path == at || e.value.chars().count() >= 8 {
+            m = replace_word(&m, &e.value, &marker);
+        }
+        if e.value.chars().count() >= 4 && m.contains(&e.value) {
+            m = format!("{marker} is not valid here");
+        }
+    }
+    for (i, shown) in names.iter().enumerate() {
+        m = m.replace(&format!("\u{0}{i}\u{0}"), shown);
+    }
+    m
+}
+
+/// `text` with each occurrence of `word` that is not part of a longer word replaced.
+fn replace_word(text: &str, word: &str, with: &str) -> String {
+    if word.is_empty() {
+        return text.to_string();
+    }
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(word) {
+        out.push_str(&rest[..i]);
+        let before = out.chars().next_back();
+        let after = rest[i + word.len()..].chars().next();
+        if before.is_some_and(is_word) || after.is_some_and(is_word) {
+            out.push_str(word);
+        } else {
+            out.push_str(with);
+        }
+        rest = &rest[i + word.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn de_at<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, (String, String)> {
@@ -991,6 +1252,13 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
     if storage.max_bytes == 0 {
         top("storage.max_bytes", "must be positive".into());
     }
+    // Every name the file declares, compiled or not: an entry with a problem of its own is still
+    // known to the entries that refer to it, which must not add a false "not defined".
+    let declared = |v: &Option<Value>| match v {
+        Some(Value::Object(m)) => m.keys().cloned().collect(),
+        _ => Vec::<String>::new(),
+    };
+    let (declared_sinks, declared_streams) = (declared(&sinks_value), declared(&streams_value));
     let sinks: Vec<Arc<SinkConfig>> = match sinks_value {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Object(entries)) => entries
@@ -1006,7 +1274,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
             Vec::new()
         }
     };
-    let sink_names: Vec<&str> = sinks.iter().map(|s| s.name.as_str()).collect();
+    let sink_names: Vec<&str> = declared_sinks.iter().map(String::as_str).collect();
     let streams = match streams_value {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Object(entries)) => entries
@@ -1021,19 +1289,23 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
             Vec::new()
         }
     };
-    let stream_names: Vec<&str> = streams.iter().map(|s| s.name.as_str()).collect();
-    let stream_formats: Vec<(&str, RecordFormat)> = streams
+    let stream_names: Vec<&str> = declared_streams.iter().map(String::as_str).collect();
+    let stream_formats: Vec<(&str, RecordFormat)> = stream_names
         .iter()
-        .map(|s| (s.name.as_str(), stream_format(&streams, &sinks, &s.name)))
+        .map(|&s| (s, stream_format(&streams, &sinks, s)))
         .collect();
     let sources: Vec<Arc<crate::tail::TailConfig>> = match sources_value {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Object(entries)) => entries
             .into_iter()
             .filter_map(|(name, value)| {
-                let (spec, mut err) =
-                    named_entry::<sources::SourceSpec>("sources", "source", &name, value, problems);
-                sources::compile(&name, spec?, base, &stream_names, &mut err)
+                let (value, mut err) = named("sources", "source", &name, value, problems);
+                let (_, rest) = split_type(value, &["tail"], &mut err)?;
+                let spec = de_at(rest)
+                    .map(sources::SourceSpec::Tail)
+                    .map_err(|(p, m)| err(&p, m))
+                    .ok()?;
+                sources::compile(&name, spec, base, &stream_names, &mut err)
             })
             .map(Arc::new)
             .collect(),
@@ -1087,6 +1359,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
         grace,
         data_dir: &data_dir,
         streams: &streams,
+        declared_streams: &declared_streams,
         sinks: &sinks,
         storage,
     };
@@ -1133,6 +1406,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
         admin,
         fingerprint,
         sha256: String::new(),
+        warnings: Vec::new(),
     })
 }
 
@@ -1253,16 +1527,16 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
-/// The first steps for one entry of a named map (`sinks.<name>`, `streams.<name>`): the name is
-/// checked and the entry deserialized, problems reported under its path. Returns the entry and a
-/// reporter for the caller's own checks (paths relative to the entry).
-fn named_entry<'p, T: serde::de::DeserializeOwned>(
+/// The first step for one entry of a named map (`sinks.<name>`, `streams.<name>`): the name is
+/// checked. Returns the entry and a reporter for the caller's own checks (paths relative to the
+/// entry).
+fn named<'p>(
     section: &str,
     what: &str,
     name: &str,
     value: Value,
     problems: &'p mut Vec<Problem>,
-) -> (Option<T>, impl FnMut(&str, String) + 'p) {
+) -> (Value, impl FnMut(&str, String) + 'p) {
     let at = format!("{section}.{name}");
     let mut err = move |path: &str, message: String| {
         let path = if path.is_empty() {
@@ -1278,8 +1552,69 @@ fn named_entry<'p, T: serde::de::DeserializeOwned>(
             format!("a {what} name must be 1-64 letters, digits, -, _ or ."),
         );
     }
+    (value, err)
+}
+
+/// [`named`], then the entry deserialized, problems reported under its path.
+fn named_entry<'p, T: serde::de::DeserializeOwned>(
+    section: &str,
+    what: &str,
+    name: &str,
+    value: Value,
+    problems: &'p mut Vec<Problem>,
+) -> (Option<T>, impl FnMut(&str, String) + 'p) {
+    let (value, mut err) = named(section, what, name, value, problems);
     let spec = de_at(value).map_err(|(p, m)| err(&p, m)).ok();
     (spec, err)
+}
+
+/// Splits the `type` off an entry of a closed set (`{type: http, url: ...}`), so the caller reads
+/// the rest as that type's own struct. Reading the internally tagged enum whole would lose the
+/// path of a problem inside it (serde buffers the entry first), and `encoding: xml` would be
+/// reported at the entry instead of at `encoding`.
+fn split_type(
+    value: Value,
+    types: &[&str],
+    err: &mut impl FnMut(&str, String),
+) -> Option<(String, Value)> {
+    let one_of = || {
+        types
+            .iter()
+            .map(|t| format!("`{t}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Value::Object(mut map) = value else {
+        err(
+            "",
+            format!(
+                "expected a mapping with a type ({}) and its settings, found {value}",
+                one_of()
+            ),
+        );
+        return None;
+    };
+    match map.remove("type") {
+        None => {
+            err("", format!("missing field `type` (one of {})", one_of()));
+            None
+        }
+        Some(Value::String(t)) if types.contains(&t.as_str()) => Some((t, Value::Object(map))),
+        Some(Value::String(t)) => {
+            err(
+                "type",
+                format!("unknown variant `{t}`, expected one of {}", one_of()),
+            );
+            None
+        }
+        Some(other) => {
+            err(
+                "type",
+                format!("expected one of {}, found {other}", one_of()),
+            );
+            None
+        }
+    }
 }
 
 fn compile_sink(
@@ -1288,11 +1623,18 @@ fn compile_sink(
     base: &Path,
     problems: &mut Vec<Problem>,
 ) -> Option<SinkConfig> {
-    let (spec, mut err) = named_entry::<SinkSpec>("sinks", "sink", &name, value, problems);
-    let spec = spec?;
+    let (value, mut err) = named("sinks", "sink", &name, value, problems);
+    let (kind, rest) = split_type(value, SINK_TYPES, &mut err)?;
+    let spec = match kind.as_str() {
+        "file" => de_at(rest).map(SinkSpec::File),
+        "stdout" => de_at(rest).map(SinkSpec::Stdout),
+        _ => de_at(rest).map(|h| SinkSpec::Http(Box::new(h))),
+    }
+    .map_err(|(p, m)| err(&p, m))
+    .ok()?;
     let mut link = LinkSpec::default();
     let (kind, retry) = match spec {
-        SinkSpec::File { path, retry } => {
+        SinkSpec::File(FileSinkSpec { path, retry }) => {
             let dir = base.join(&path);
             if dir.exists() && !dir.is_dir() {
                 err(
@@ -1304,7 +1646,7 @@ fn compile_sink(
             link.down_after = 1;
             (SinkKind::File { dir }, retry)
         }
-        SinkSpec::Stdout { retry } => (SinkKind::Stdout, retry),
+        SinkSpec::Stdout(StdoutSinkSpec { retry }) => (SinkKind::Stdout, retry),
         SinkSpec::Http(spec) => {
             let spec = *spec;
             let retry = spec.retry;
@@ -1597,24 +1939,30 @@ struct TaskCtx<'a> {
     grace: Duration,
     data_dir: &'a Path,
     streams: &'a [StreamConfig],
+    /// Every stream the file names, including those with problems of their own.
+    declared_streams: &'a [String],
     sinks: &'a [Arc<SinkConfig>],
     storage: StorageConfig,
 }
 
 impl TaskCtx<'_> {
-    /// Checks that `name` is a configured stream.
-    fn stream(&self, name: &str) -> Result<&StreamConfig, String> {
-        self.streams.iter().find(|s| s.name == name).ok_or_else(|| {
-            let known: Vec<&str> = self.streams.iter().map(|s| s.name.as_str()).collect();
-            format!(
-                "stream {name:?} is not defined under streams: (defined: {})",
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
-            )
-        })
+    /// The stream `name`. `Err(None)`: it is declared but has problems of its own, already
+    /// reported; `Err(Some(..))`: it is not defined.
+    fn stream(&self, name: &str) -> Result<&StreamConfig, Option<String>> {
+        if let Some(s) = self.streams.iter().find(|s| s.name == name) {
+            return Ok(s);
+        }
+        if self.declared_streams.iter().any(|s| s == name) {
+            return Err(None);
+        }
+        Err(Some(format!(
+            "stream {name:?} is not defined under streams: (defined: {})",
+            if self.declared_streams.is_empty() {
+                "none".to_string()
+            } else {
+                self.declared_streams.join(", ")
+            }
+        )))
     }
 }
 
@@ -1653,15 +2001,31 @@ fn compile_task(
             err("type", format!("unknown type {t:?} (one of: {TASK_TYPES})"));
             false
         }
-        Some(_) => true,
+        Some(Value::String(_)) => true,
+        Some(other) => {
+            err(
+                "type",
+                format!("expected one of: {TASK_TYPES}, found {other}"),
+            );
+            false
+        }
     };
     let common: Option<TaskCommon> = de_at(Value::Object(common_map))
         .map_err(|(p, m)| err(&p, m))
         .ok();
+    // The type's own struct, so a problem inside it keeps its field (see `split_type`).
     let kind: Option<TaskKind> = if kind_ok {
-        de_at(Value::Object(kind_map))
-            .map_err(|(p, m)| err(&p, m))
-            .ok()
+        let mut kind_map = kind_map;
+        let kind = kind_map.remove("type");
+        let rest = Value::Object(kind_map);
+        match kind.as_ref().and_then(Value::as_str) {
+            Some("exec") => de_at(rest).map(TaskKind::Exec),
+            Some("file_move") => de_at(rest).map(TaskKind::FileMove),
+            // Checked above: the only type left.
+            _ => de_at(rest).map(|s| TaskKind::HttpScrape(Box::new(s))),
+        }
+        .map_err(|(p, m)| err(&p, m))
+        .ok()
     } else {
         None
     };
@@ -1898,7 +2262,9 @@ fn compile_file_move(
             let max_bytes = match ctx.stream(stream) {
                 Ok(s) => s.max_bytes.min(ctx.storage.max_bytes),
                 Err(m) => {
-                    err("to_stream", m);
+                    if let Some(m) = m {
+                        err("to_stream", m);
+                    }
                     ok = false;
                     0
                 }
@@ -2023,7 +2389,9 @@ fn compile_scrape(
     // The precision of the stream's sink, so timestamps mean what the write URL says.
     let precision = match ctx.stream(&spec.stream) {
         Err(m) => {
-            err("stream", m);
+            if let Some(m) = m {
+                err("stream", m);
+            }
             ok = false;
             Precision::Ns
         }

@@ -462,7 +462,7 @@ mod tests {
             "sources.app.scan_interval: must be at least 100ms",
             "sources.bad name: a source name",
             "sources.bad name.paths: at least one glob pattern",
-            "sources.other: unknown field `surprise`",
+            "sources.other.surprise: unknown field `surprise`",
         ];
         for w in want {
             assert!(

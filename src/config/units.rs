@@ -20,6 +20,9 @@ pub struct Size(pub u64);
 
 /// Parses `500ms`, `30s`, `5m`, `2h`, `7d` and sequences of them (`1h30m`). A bare number is refused:
 /// `timeout: 30` is ambiguous (seconds? milliseconds?) and a typo should not pass silently.
+///
+/// A message quotes the whole text and never a part of it, so `config` can name the variable a
+/// value came from instead of the value (which may be a secret).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let s = text.trim();
     if s.is_empty() {
@@ -30,7 +33,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     while !rest.is_empty() {
         let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
         if digits == 0 {
-            return Err(format!("duration {text:?}: expected a number at {rest:?}"));
+            return Err(format!(
+                "duration {text:?}: expected a number before each unit (write e.g. 30s, 500ms, 5m, 2h, 7d)"
+            ));
         }
         let value: u128 = rest[..digits]
             .parse()
@@ -49,12 +54,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "d" => 86_400 * 1_000_000_000,
             "" => {
                 return Err(format!(
-                    "duration {text:?}: missing unit after {value} (write e.g. {value}s or {value}ms)"
+                    "duration {text:?}: missing unit after a number (ns, us, ms, s, m, h or d, e.g. 30s)"
                 ));
             }
-            other => {
+            _ => {
                 return Err(format!(
-                    "duration {text:?}: unknown unit {other:?} (use ms, s, m, h or d)"
+                    "duration {text:?}: unknown unit (use ns, us, ms, s, m, h or d)"
                 ));
             }
         };
@@ -71,6 +76,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// Parses `4096`, `512B`, `512KiB`, `64MiB`, `2GiB`, `1TiB` and the decimal `KB`, `MB`, `GB`, `TB`.
+/// Like [`parse_duration`], a message quotes the whole text, never a part.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let s = text.trim();
     let digits = s.bytes().take_while(u8::is_ascii_digit).count();
@@ -92,9 +98,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
         "TB" => 1_000_000_000_000,
-        other => {
+        _ => {
             return Err(format!(
-                "size {text:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
+                "size {text:?}: unknown unit (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
             ));
         }
     };
@@ -264,12 +270,21 @@ mod tests {
 
     #[test]
     fn bad_durations_say_why() {
-        assert!(parse_duration("30").unwrap_err().contains("missing unit"));
-        assert!(
-            parse_duration("30x")
-                .unwrap_err()
-                .contains("unknown unit \"x\"")
+        assert_eq!(
+            parse_duration("30").unwrap_err(),
+            "duration \"30\": missing unit after a number (ns, us, ms, s, m, h or d, e.g. 30s)"
         );
+        assert_eq!(
+            parse_duration("30x").unwrap_err(),
+            "duration \"30x\": unknown unit (use ns, us, ms, s, m, h or d)"
+        );
+        // The whole text is quoted once and no part of it on its own (it may be a secret that
+        // `config` names by its variable instead).
+        for bad in ["5s x", "1h30q", "-5s", "s", "30"] {
+            let e = parse_duration(bad).unwrap_err();
+            assert_eq!(e.matches('"').count(), 2, "{e}");
+            assert!(e.starts_with(&format!("duration {bad:?}: ")), "{e}");
+        }
         assert!(parse_duration("").unwrap_err().contains("empty"));
         assert!(
             parse_duration("s")

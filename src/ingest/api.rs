@@ -4,12 +4,14 @@
 //! `{"error": "..."}`.
 //!
 //! Order: route (404, even while shutting down), then for a known path: shutting down (503),
-//! method (405), token (401), stream (404), encoding and content type (415), length (411, 413), a
-//! turn among `max_requests`, the body within `read_timeout` (408), its records (400, 413), then
-//! the append: 200 once durable; 429 when a stream's own bound is reached (after `wait` under
+//! method (405), token (401), stream (404), encoding and content type (415), length (411, 413),
+//! room in `max_memory` for what the body can cost (503 after `wait`), a turn among
+//! `max_requests`, the body within `read_timeout` (408), its records (400, 413), then the append:
+//! 200 once durable; 429 when a stream's own bound is reached (after `wait` under
 //! `block`, at once under `drop_newest`, whose refused records are counted as dropped, on every
 //! retry too); 507 when the disk budget is; 413 for a record, or a batch, that the stream can never
-//! hold (even empty); 503 when the store cannot commit (nothing acknowledged).
+//! hold (even empty); 503 when the store cannot commit (nothing acknowledged), and when the stop
+//! begins while it waits for room.
 //!
 //! A refusal decided before the body is read still reads (and discards) a body of acceptable
 //! length, within `read_timeout`, so the client sees the answer rather than a reset connection
@@ -26,16 +28,21 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use super::Shared;
 use super::body::{self, BadBody};
+use crate::logging::summary;
 use crate::store::{AppendError, StoreError};
 
 /// Bodies up to this size are decoded on the event loop; larger ones on the blocking pool.
 const INLINE_MAX: usize = 64 << 10;
+
+/// Repeated refusals of one status are summarised this often.
+const REFUSALS_EVERY: Duration = Duration::from_secs(60);
 
 /// Seconds in `Retry-After`.
 const RETRY_FULL: u64 = 1;
 const RETRY_DISK: u64 = 10;
 const RETRY_STORE: u64 = 1;
 const RETRY_STOPPING: u64 = 5;
+const RETRY_MEMORY: u64 = 1;
 
 pub type Answer = Response<Full<Bytes>>;
 
@@ -172,11 +179,26 @@ pub(crate) async fn handle(req: Request<Incoming>, s: &Shared, peer: SocketAddr)
     }
 }
 
+/// Refusals of one status are logged in full the first time, then counted: one line per
+/// [`REFUSALS_EVERY`] says how many more there were (a client retrying a bad request, or a scan
+/// without the token, must not flood the log). Back-pressure stays at DEBUG, one line each.
 fn log_reject(rej: &Reject, stream: &str, path: &str, peer: SocketAddr) {
     let status = rej.status.as_u16();
     if rej.routine {
         tracing::debug!(stream, status, reason = %rej.reason, %peer, path, "ingest request refused");
-    } else {
+        return;
+    }
+    let first = summary::first(&format!("ingest {status}"), 1, REFUSALS_EVERY, || {
+        move |n, _, window| {
+            tracing::warn!(
+                status,
+                repeated = n,
+                "ingest request refused: {n} more like it in the last {}s",
+                summary::secs(window)
+            )
+        }
+    });
+    if first {
         tracing::warn!(stream, status, reason = %rej.reason, %peer, path, "ingest request refused");
     }
 }
@@ -186,6 +208,18 @@ fn stopping() -> Reject {
         .retry_after(RETRY_STOPPING)
         .close()
         .routine()
+}
+
+fn no_memory(max_memory: u64) -> Reject {
+    Reject::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "the bodies of other requests hold the memory ingest may use (ingest.max_memory, {}): nothing was stored, send it again",
+            crate::config::units::fmt_size(max_memory)
+        ),
+    )
+    .retry_after(RETRY_MEMORY)
+    .routine()
 }
 
 fn health(req: &Request<Incoming>, s: &Shared) -> Result<Answer, Reject> {
@@ -276,6 +310,21 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
         );
         return Err(r.close());
     }
+    // Room in the memory budget for what this body can cost, before any of it is read: all the
+    // bodies in progress together stay within max_memory. No room within `wait`: 503.
+    let cost = super::body_cost(length, encoding == body::Encoding::Gzip, cfg.max_body)
+        .min(cfg.max_memory);
+    let cost = u32::try_from(cost).expect("max_memory is at most 192MiB");
+    let _memory = tokio::select! {
+        p = tokio::time::timeout(cfg.wait, s.memory.acquire_many(cost)) => match p {
+            Ok(p) => Reserved {
+                _permit: p.expect("never closed"),
+                large: u64::from(cost) > super::TRIM_ABOVE,
+            },
+            Err(_) => return Err(refuse_early(req, s, no_memory(cfg.max_memory)).await),
+        },
+        _ = s.stopping.cancelled() => return Err(refuse_early(req, s, stopping()).await),
+    };
     // A turn: bodies are read and held by at most max_requests requests at once. One still
     // waiting for its turn when the stop comes has not begun: it is refused, so the stop waits
     // for one round of requests at most.
@@ -320,12 +369,30 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
     Ok(json(StatusCode::OK, &serde_json::json!({ "accepted": n })))
 }
 
+/// A request's share of `max_memory`, held until it is answered. Declared before the body and
+/// its records, it is dropped after them: a large one then gives the freed memory back to the
+/// system, whatever the answer.
+struct Reserved<'a> {
+    _permit: tokio::sync::SemaphorePermit<'a>,
+    large: bool,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if self.large {
+            super::give_back_memory();
+        }
+    }
+}
+
 /// Counts a records request until it is answered (the stop waits for these).
 struct InProgress<'a>(&'a Shared);
 
 impl Drop for InProgress<'_> {
     fn drop(&mut self) {
-        self.0.in_progress.fetch_sub(1, Ordering::AcqRel);
+        if self.0.in_progress.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.answered.notify_one();
+        }
     }
 }
 
@@ -465,6 +532,8 @@ fn append_error(e: AppendError) -> Reject {
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("{why}; nothing was stored"),
         ),
+        // The stop began while the append waited for room.
+        AppendError::Stopping => stopping(),
         AppendError::Store(StoreError::UnknownStream(stream)) => {
             Reject::new(StatusCode::NOT_FOUND, format!("no stream {stream:?}"))
         }

@@ -1,16 +1,14 @@
 //! The local ingest API: programs on this machine POST records to a stream over HTTP/1.1, and get
 //! `200 {"accepted": N}` only once the records are on disk (the store writer's reply to the append).
 //! The contract is `schemas/openapi.yaml`; the request handling and the status codes are in
-//! [`api`], the body formats in [`body`].
+//! [`api`], the body formats in [`body`]; connections (bounded, deadlines from accept, the idle
+//! one closed for a newcomer, half-closed clients answered) are `crate::server`'s.
 //!
-//! This file owns the listener and the connections: the listener is bound by [`start`] (a taken
-//! port stops colibri's start), connections are bounded by `max_connections` (more wait in the
-//! listen backlog), each is served by hyper with `read_timeout` for headers and idle keep-alive.
-//! Stop: when `stopping` is cancelled, new requests are answered 503 while requests in progress
-//! finish (at least [`DRAIN_MIN`], at most `read_timeout + wait + 2s`); then the listener is closed,
-//! idle connections are closed, and the task ends once every connection has (again within
-//! `read_timeout + wait + 2s`, then they are aborted), so the agent closes the store after the last
-//! append.
+//! This file owns the listener's life: [`start`] binds it (a taken port stops colibri's start).
+//! The stop: from `stopping` on, new requests are answered 503 while requests in progress finish
+//! ([`Running::drained`], bounded by `read_timeout + wait + 2s`; an append waiting for room in a
+//! full stream is answered 503 at once, the agent tells the store writer); the listener keeps
+//! answering 503 until the agent ends the stop with [`Running::close`], after the store is closed.
 
 pub mod api;
 pub mod body;
@@ -21,20 +19,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinSet;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::units::{fmt_duration, fmt_size};
 use crate::store::writer::StoreHandle;
-
-/// After `stopping`, new requests are answered 503 for at least this long, and until the requests
-/// in progress have finished.
-pub const DRAIN_MIN: Duration = Duration::from_millis(500);
 
 /// hyper's read buffer per connection (its default is ~400 KiB): request headers must fit.
 const MAX_BUF: usize = 64 << 10;
@@ -45,11 +34,14 @@ pub struct IngestConfig {
     pub listen: SocketAddr,
     /// Largest body, on the wire and decompressed.
     pub max_body: u64,
+    /// What the bodies of all requests in progress may hold at once ([`body_cost`] each).
+    pub max_memory: u64,
     pub token: Option<Token>,
     pub max_connections: u32,
     /// Requests whose bodies are read and stored at once.
     pub max_requests: u32,
-    /// For the headers, then for the body, of each request; and idle keep-alive.
+    /// For the body of each request, and between requests on a kept-alive connection (the first
+    /// header: [`HEADER_TIMEOUT`], or this when shorter).
     pub read_timeout: Duration,
     /// How long an append waits for room in a full stream.
     pub wait: Duration,
@@ -61,7 +53,7 @@ impl IngestConfig {
     /// For `colibri check`.
     pub fn describe(&self) -> String {
         format!(
-            "http://{}/v1/streams/{{stream}}/records, {}, bodies <= {}, {} requests / {} connections at once, read timeout {}, waits {} for room",
+            "http://{}/v1/streams/{{stream}}/records, {}, bodies <= {} ({} of memory for all), {} requests / {} connections at once, read timeout {}, waits {} for room",
             self.listen,
             if self.token.is_some() {
                 "bearer token required"
@@ -69,12 +61,46 @@ impl IngestConfig {
                 "no token"
             },
             fmt_size(self.max_body),
+            fmt_size(self.max_memory),
             self.max_requests,
             self.max_connections,
             fmt_duration(self.read_timeout),
             fmt_duration(self.wait),
         )
     }
+}
+
+/// Bytes a parsed record costs beyond its own: its entry in the list of records and the
+/// allocator's rounding.
+const RECORD_OVERHEAD: u64 = 64;
+
+/// The most memory a request's body may hold at once while it is read, decoded, split into records
+/// and stored: twice what it decodes to (the body and its records; the compressed copy is freed
+/// before the split, and the encoded jobs are made from the records once the body is gone) plus
+/// [`RECORD_OVERHEAD`] per record it may hold. A gzip body may decode to `max_body` whatever its
+/// length. A request reserves this much of `max_memory` before its body is read.
+pub fn body_cost(length: u64, gzip: bool, max_body: u64) -> u64 {
+    let decoded = if gzip { max_body } else { length };
+    // A record is at least one byte and a separator.
+    let records = (decoded / 2 + 1).min(body::MAX_RECORDS as u64);
+    decoded.saturating_mul(2) + records * RECORD_OVERHEAD
+}
+
+/// A request that reserved more than this gives the allocator's free memory back to the system
+/// once it is answered (see [`give_back_memory`]).
+pub(crate) const TRIM_ABOVE: u64 = 4 << 20;
+
+/// Returns the free memory of every allocator arena to the system. glibc keeps what a thread
+/// freed in that thread's arena: the records of one large body (parsed on one blocking-pool
+/// thread) and its encoded jobs (on the store writer's) would stay resident beside the next
+/// body, so peak RSS would be about three bodies' worth rather than the two `body_cost` counts.
+/// Runs on the blocking pool (it walks the heaps).
+pub(crate) fn give_back_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    tokio::task::spawn_blocking(|| {
+        // SAFETY: malloc_trim has no preconditions; it only releases free pages of the heaps.
+        unsafe { libc::malloc_trim(0) };
+    });
 }
 
 /// The bearer token: never printed, compared in constant time.
@@ -111,18 +137,36 @@ pub(crate) struct Shared {
     pub stopping: CancellationToken,
     /// `max_requests` permits.
     pub requests: Arc<Semaphore>,
+    /// `max_memory` permits, one per byte: reserved by [`body_cost`] before a body is read.
+    pub memory: Arc<Semaphore>,
     /// Records requests that have not been answered yet.
     pub in_progress: AtomicUsize,
+    /// Signalled when one of them is answered (the stop waits for the last).
+    pub answered: tokio::sync::Notify,
+    /// When `stopping` was noticed: the drain is bounded from then.
+    pub stop_began: std::sync::OnceLock<tokio::time::Instant>,
 }
 
-/// Binds the listener (an error here stops colibri's start) and serves until `stopping`.
+/// A connection's first request header must be complete this long after accept (at most
+/// `read_timeout`): an idle socket does not hold a slot for long.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The running listener, as the agent's stop sequence drives it.
+pub struct Running {
+    shared: Arc<Shared>,
+    close: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Binds the listener (an error here stops colibri's start) and serves; from `stopping` on, new
+/// requests are answered 503 until [`Running::close`].
 pub async fn start(
     config: IngestConfig,
     store: StoreHandle,
     stopping: CancellationToken,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let listener =
-        bind(config.listen).with_context(|| format!("cannot listen on {}", config.listen))?;
+) -> anyhow::Result<Running> {
+    let listener = crate::server::bind(config.listen)
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
     let local = listener
         .local_addr()
         .context("the listener has no address")?;
@@ -140,144 +184,91 @@ pub async fn start(
             "ingest listens beyond this machine without a token: anyone who can reach the port can append records (set ingest.token)"
         );
     }
+    let limits = crate::server::Limits {
+        name: "ingest",
+        max_connections: config.max_connections as usize,
+        header_timeout: HEADER_TIMEOUT.min(config.read_timeout),
+        idle_timeout: config.read_timeout,
+        max_buf: MAX_BUF,
+    };
     let shared = Arc::new(Shared {
         requests: Arc::new(Semaphore::new(config.max_requests as usize)),
+        memory: Arc::new(Semaphore::new(config.max_memory as usize)),
         in_progress: AtomicUsize::new(0),
+        answered: tokio::sync::Notify::new(),
+        stop_began: std::sync::OnceLock::new(),
         config,
         store,
-        stopping,
+        stopping: stopping.clone(),
     });
-    Ok(tokio::spawn(serve(listener, shared)))
-}
-
-pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
+    let handler = {
+        let shared = Arc::clone(&shared);
+        move |req, peer| {
+            let shared = Arc::clone(&shared);
+            async move { api::handle(req, &shared, peer).await }
+        }
     };
-    // A restart right after a crash must not wait for the old connections' TIME_WAIT.
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(1024)
+    let close = CancellationToken::new();
+    let task = tokio::spawn(crate::server::serve(
+        listener,
+        limits,
+        close.clone(),
+        handler,
+    ));
+    {
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            stopping.cancelled().await;
+            let _ = shared.stop_began.set(tokio::time::Instant::now());
+            tracing::info!(
+                in_progress = shared.in_progress.load(Ordering::Relaxed),
+                "ingest stopping: new requests are answered 503 until the stop ends; requests in progress finish"
+            );
+        });
+    }
+    Ok(Running {
+        shared,
+        close,
+        task,
+    })
 }
 
-async fn serve(listener: TcpListener, shared: Arc<Shared>) {
-    let connections = Arc::new(Semaphore::new(shared.config.max_connections as usize));
-    let closing = CancellationToken::new();
-    let mut tasks = JoinSet::new();
-    let stopping = shared.stopping.clone();
-    // Serving.
-    loop {
-        let permit = tokio::select! {
-            p = Arc::clone(&connections).acquire_owned() => p.expect("never closed"),
-            _ = stopping.cancelled() => break,
-        };
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stopping.cancelled() => break,
-        };
-        accepted_connection(accepted, permit, &shared, &closing, &mut tasks).await;
-        while tasks.try_join_next().is_some() {}
-    }
-    // Stopping: new requests get 503 until the ones in progress are done.
-    let drain_from = tokio::time::Instant::now();
-    tracing::info!(
-        in_progress = shared.in_progress.load(Ordering::Relaxed),
-        "ingest stopping: new requests are answered 503 while requests in progress finish"
-    );
-    // Every request in progress is bounded by read_timeout (its body) and wait (its append); this
-    // bounds the drain, and then the connections, should one be stuck anyway.
-    let limit = shared.config.read_timeout + shared.config.wait + Duration::from_secs(2);
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    loop {
-        let elapsed = drain_from.elapsed();
-        let in_progress = shared.in_progress.load(Ordering::Acquire);
-        if elapsed >= DRAIN_MIN && in_progress == 0 {
-            break;
-        }
-        if elapsed >= limit.max(DRAIN_MIN) {
-            tracing::warn!(
-                in_progress,
-                "ingest stopping: requests still in progress after the drain limit; closing anyway"
-            );
-            break;
-        }
-        tokio::select! {
-            a = listener.accept() => {
-                // Past max_connections a newcomer is closed at once rather than queued.
-                if let Ok(permit) = Arc::clone(&connections).try_acquire_owned() {
-                    accepted_connection(a, permit, &shared, &closing, &mut tasks).await;
+impl Running {
+    /// After `stopping`: returns once every request that began before it has been answered. Each
+    /// is bounded by `read_timeout` (its body) and `wait` (its append), which bounds this too:
+    /// at most `read_timeout + wait + 2s` after the stop began.
+    pub async fn drained(&self) {
+        let s = &self.shared;
+        let limit = s.config.read_timeout + s.config.wait + Duration::from_secs(2);
+        let began = *s.stop_began.get_or_init(tokio::time::Instant::now);
+        let until = began + limit;
+        loop {
+            let answered = s.answered.notified();
+            let in_progress = s.in_progress.load(Ordering::Acquire);
+            if in_progress == 0 {
+                tracing::info!(
+                    "ingest drained: every request in progress was answered; new ones get 503 until the stop ends"
+                );
+                return;
+            }
+            tokio::select! {
+                _ = answered => {}
+                _ = tokio::time::sleep_until(until) => {
+                    tracing::warn!(
+                        in_progress,
+                        "ingest stopping: requests still in progress after the drain limit; the stop goes on"
+                    );
+                    return;
                 }
             }
-            _ = tick.tick() => {}
         }
-        while tasks.try_join_next().is_some() {}
     }
-    drop(listener);
-    closing.cancel();
-    let all_closed = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(limit, all_closed).await.is_err() {
-        tracing::warn!(
-            connections = tasks.len(),
-            "ingest stopped with connections still open; they are closed without an answer"
-        );
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
-    }
-    tracing::info!("ingest stopped");
-}
 
-async fn accepted_connection(
-    accepted: std::io::Result<(TcpStream, SocketAddr)>,
-    permit: OwnedSemaphorePermit,
-    shared: &Arc<Shared>,
-    closing: &CancellationToken,
-    tasks: &mut JoinSet<()>,
-) {
-    match accepted {
-        Ok((stream, peer)) => {
-            let _ = stream.set_nodelay(true);
-            tasks.spawn(connection(
-                stream,
-                peer,
-                Arc::clone(shared),
-                closing.clone(),
-                permit,
-            ));
-        }
-        Err(e) => {
-            // E.g. out of file descriptors: not fatal, but do not spin.
-            tracing::warn!(error = %e, "ingest cannot accept a connection");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    /// The end of the stop: closes the listener and the connections (those still answering get
+    /// a moment to finish).
+    pub async fn close(self) {
+        self.close.cancel();
+        let _ = self.task.await;
+        tracing::info!("ingest stopped");
     }
-}
-
-async fn connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    shared: Arc<Shared>,
-    closing: CancellationToken,
-    _permit: OwnedSemaphorePermit,
-) {
-    let timeout = shared.config.read_timeout;
-    let service = service_fn(move |req| {
-        let shared = Arc::clone(&shared);
-        async move { Ok::<_, std::convert::Infallible>(api::handle(req, &shared, peer).await) }
-    });
-    let conn = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(timeout)
-        .keep_alive(true)
-        // Headers and each read of a body: a connection's buffer stays small (bodies are
-        // collected by the handler, within max_body).
-        .max_buf_size(MAX_BUF)
-        .serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => return,
-        _ = closing.cancelled() => conn.as_mut().graceful_shutdown(),
-    }
-    let _ = conn.await;
 }

@@ -45,6 +45,8 @@ use format::Meta;
 pub const EXPIRE_CHUNK: usize = 10_000;
 /// Undecodable values one `take` moves to quarantine at most (each costs a scan of its table).
 const QUARANTINE_PER_TAKE: usize = 16;
+/// Dead letters dropped from a full dead-letter table are logged once, then counted this often.
+const DEAD_DROPS_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The file in `data_dir`.
 pub const DB_FILE: &str = "colibri.redb";
@@ -190,6 +192,19 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether the message names the database file already, so a caller adding "cannot open
+    /// <file>" would say it twice.
+    pub fn names_file(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Locked { .. }
+                | StoreError::NewerLayout { .. }
+                | StoreError::NeedsRepair { .. }
+        )
+    }
+}
+
 /// Why a stream cannot take more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -247,6 +262,10 @@ pub enum AppendError {
         max: u64,
         why: String,
     },
+    /// colibri is stopping: an append that would wait for room is answered at once instead.
+    /// Nothing was stored.
+    #[error("colibri is stopping: nothing was stored")]
+    Stopping,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -592,6 +611,21 @@ pub struct Store {
     /// Test seam: commit without waiting for the disk (the planted bug the power-loss test must catch).
     #[cfg(test)]
     pub unsafe_no_fsync: bool,
+}
+
+/// Mode of a data directory colibri creates (before the umask): the queues may hold anything a
+/// producer sent, so no access for others; the group may read (the package's `StateDirectoryMode`).
+pub const DATA_DIR_MODE: u32 = 0o750;
+
+/// Creates `data_dir` (and missing parents) with [`DATA_DIR_MODE`]; one that exists is left as it
+/// is. Every command that may create the store (`colibri run`, `colibri queue push`) calls this
+/// first, so the directory is the same whichever came first.
+pub fn create_data_dir(data_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DATA_DIR_MODE)
+        .create(data_dir)
 }
 
 pub fn now_ms() -> u64 {
@@ -1941,11 +1975,32 @@ impl<'s> Tx<'s> {
                 st.c.remove_job(Table::Dead, recs, format::stored_len(v.value()));
             st.c.dropped_dead_full_records += recs;
             files.extend(file_value(v.value()));
-            tracing::warn!(
-                stream,
-                records = recs,
-                "dead-letter table full: oldest dead job dropped"
+            // A sink refusing everything drops one per new dead letter: the first is logged,
+            // the rest counted per minute (the counter has them all).
+            let first = crate::logging::summary::first(
+                &format!("dead full {stream}"),
+                recs,
+                DEAD_DROPS_EVERY,
+                || {
+                    let stream = stream.to_string();
+                    move |n, records, window| {
+                        tracing::warn!(
+                            stream,
+                            repeated = n,
+                            records,
+                            "dead-letter table full: {n} more oldest dead jobs dropped in the last {}s",
+                            crate::logging::summary::secs(window)
+                        )
+                    }
+                },
             );
+            if first {
+                tracing::warn!(
+                    stream,
+                    records = recs,
+                    "dead-letter table full: oldest dead job dropped"
+                );
+            }
         }
         drop(dead);
         self.dirty.insert(stream.into());

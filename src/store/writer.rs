@@ -28,8 +28,18 @@ use super::{
 
 /// Requests taken into one transaction at most.
 const MAX_BATCH: usize = 4096;
-/// How often TTLs are enforced.
+/// How often TTLs are enforced at most: a job past its `ttl` is deleted this long after it at
+/// worst. Shorter TTLs are swept every tenth of the shortest one, but not more often than
+/// [`EXPIRE_MIN`] (README, `ttl`).
 const EXPIRE_EVERY: Duration = Duration::from_secs(30);
+const EXPIRE_MIN: Duration = Duration::from_secs(1);
+
+/// The sweep interval for streams with these TTLs.
+fn expire_interval(ttls: impl Iterator<Item = Duration>) -> Duration {
+    ttls.map(|t| t / 10)
+        .min()
+        .map_or(EXPIRE_EVERY, |t| t.clamp(EXPIRE_MIN, EXPIRE_EVERY))
+}
 /// Quiet time before an idle, drained store is compacted.
 const COMPACT_AFTER_IDLE: Duration = Duration::from_secs(10);
 /// Compaction is worth it when the file is this much larger than what it stores.
@@ -92,6 +102,9 @@ enum Request {
         stream: String,
         reply: Reply<Result<Option<u64>, StoreError>>,
     },
+    /// The stop has begun: appends waiting for room are answered [`AppendError::Stopping`] now,
+    /// and later ones do not wait.
+    StopWaiting,
     Shutdown {
         reply: Reply<()>,
     },
@@ -383,6 +396,13 @@ impl StoreHandle {
         &self.stats
     }
 
+    /// The stop has begun: appends waiting for room in a full `block` stream are answered
+    /// [`AppendError::Stopping`] at once (nothing of them stored), and from now on an append that
+    /// finds its stream full gets that answer instead of waiting.
+    pub fn stop_waiting(&self) {
+        let _ = self.tx.send(Request::StopWaiting);
+    }
+
     /// The id of the store behind this handle (see [`Store::id`]), without a round trip. It changes
     /// only when the writer had to replace a corrupted file with a fresh one.
     pub fn store_id(&self) -> u64 {
@@ -450,6 +470,10 @@ struct Writer {
     opts: WriterOptions,
     stats: Arc<WriterStats>,
     parked: VecDeque<Parked>,
+    /// [`expire_interval`] of the streams' TTLs (streams change only with a restart).
+    expire_every: Duration,
+    /// Set by [`Request::StopWaiting`]: nothing waits for room any more.
+    no_wait: bool,
     last_expire: Instant,
     last_request: Instant,
     /// Compaction already ran since the last write.
@@ -477,14 +501,17 @@ impl Writer {
         notifiers: Arc<HashMap<String, Arc<Notify>>>,
         store_id: Arc<AtomicU64>,
     ) -> Self {
+        let expire_every = expire_interval(store.streams().filter_map(|(cfg, _)| cfg.ttl));
         Writer {
             notifiers,
             store_id,
+            expire_every,
             store: Some(store),
             reopen,
             opts,
             stats,
             parked: VecDeque::new(),
+            no_wait: false,
             last_expire: Instant::now(),
             last_request: Instant::now(),
             compacted: false,
@@ -636,7 +663,7 @@ impl Writer {
         let now = Instant::now();
         let mut t = Duration::from_secs(24 * 3600);
         if self.needs_expiry() {
-            t = t.min(EXPIRE_EVERY.saturating_sub(now - self.last_expire));
+            t = t.min(self.expire_every.saturating_sub(now - self.last_expire));
         }
         if let Some(d) = self.parked.iter().map(|p| p.deadline).min() {
             t = t.min(d.saturating_duration_since(now));
@@ -660,6 +687,18 @@ impl Writer {
 
     /// Applies a batch in one transaction. Returns the shutdown reply when asked to stop.
     fn apply(&mut self, batch: Vec<Request>) -> Option<Reply<()>> {
+        let shutdown = self.apply_batch(batch);
+        if self.no_wait {
+            // Tried once more above (room may have appeared); what still does not fit is not
+            // stored, and says why.
+            for p in self.parked.drain(..) {
+                let _ = p.reply.send(Err(AppendError::Stopping));
+            }
+        }
+        shutdown
+    }
+
+    fn apply_batch(&mut self, batch: Vec<Request>) -> Option<Reply<()>> {
         let mut shutdown = None;
         let mut work = Vec::with_capacity(batch.len());
         for req in batch {
@@ -695,6 +734,7 @@ impl Writer {
                     let _ = reply.send(known);
                 }
                 Request::Shutdown { reply } => shutdown = Some(reply),
+                Request::StopWaiting => self.no_wait = true,
                 other => work.push(other),
             }
         }
@@ -809,7 +849,7 @@ impl Writer {
             self.try_reopen();
             return;
         }
-        if self.last_expire.elapsed() >= EXPIRE_EVERY && self.needs_expiry() {
+        if self.last_expire.elapsed() >= self.expire_every && self.needs_expiry() {
             self.last_expire = Instant::now();
             let store = self.store.as_mut().expect("checked above");
             // Bounded transactions (EXPIRE_CHUNK jobs per table each) until nothing more expires.
@@ -1013,6 +1053,7 @@ fn run_tx(
             | Request::Checkpoint { .. }
             | Request::NextDue { .. }
             | Request::SpoolKnown { .. }
+            | Request::StopWaiting
             | Request::Shutdown { .. } => {
                 unreachable!("handled before the transaction")
             }
@@ -1064,6 +1105,7 @@ fn fail_with(req: Request, e: &StoreError) {
         | Request::Checkpoint { .. }
         | Request::NextDue { .. }
         | Request::SpoolForget { .. }
+        | Request::StopWaiting
         | Request::Shutdown { .. } => {}
     }
 }
@@ -1095,6 +1137,127 @@ mod checkpoint_tests {
             ttl: None,
             dead_max_jobs: 10,
         }
+    }
+
+    /// An append waiting for room in a full `block` stream is answered "stopping" as soon as the
+    /// stop begins, with nothing stored; later ones that find the stream full do not wait either.
+    #[tokio::test]
+    async fn a_waiting_append_is_answered_at_once_when_the_stop_begins() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = StorageConfig {
+            max_bytes: 1 << 30,
+            min_free: 0,
+        };
+        let cfg = StreamConfig {
+            max_jobs: 1,
+            ..stream()
+        };
+        let open = {
+            let dir = dir.path().to_path_buf();
+            move || {
+                Store::open(
+                    &dir,
+                    storage,
+                    std::slice::from_ref(&cfg),
+                    OpenOptions::default(),
+                )
+            }
+        };
+        let handle = spawn(
+            open().unwrap(),
+            Box::new(open.clone()),
+            WriterOptions::default(),
+        )
+        .unwrap();
+        handle
+            .append("s", vec![b"1".to_vec()], None, None)
+            .await
+            .unwrap();
+        let waiting = {
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                handle
+                    .append(
+                        "s",
+                        vec![b"2".to_vec()],
+                        None,
+                        Some(Duration::from_secs(600)),
+                    )
+                    .await
+            })
+        };
+        // The spawned append is sent at its first poll (this runtime has one thread); this one
+        // goes behind it in the writer's queue, so once it is answered the other one waits.
+        tokio::task::yield_now().await;
+        let full = handle.append("s", vec![b"3".to_vec()], None, None).await;
+        assert!(matches!(full, Err(AppendError::Full { .. })), "{full:?}");
+        handle.stop_waiting();
+        let r = tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("answered well before its 600 s wait")
+            .unwrap();
+        assert!(matches!(r, Err(AppendError::Stopping)), "{r:?}");
+        let later = handle
+            .append(
+                "s",
+                vec![b"4".to_vec()],
+                None,
+                Some(Duration::from_secs(600)),
+            )
+            .await;
+        assert!(matches!(later, Err(AppendError::Stopping)), "{later:?}");
+        let snap = handle.snapshot().await.unwrap();
+        assert_eq!(
+            snap.streams[0].1.ready_records, 1,
+            "only the first is stored"
+        );
+        handle.shutdown().await;
+    }
+
+    #[test]
+    fn the_ttl_sweep_runs_every_tenth_of_the_shortest_ttl_within_bounds() {
+        let s = Duration::from_secs;
+        assert_eq!(expire_interval(std::iter::empty()), EXPIRE_EVERY);
+        assert_eq!(expire_interval([s(7 * 86_400)].into_iter()), EXPIRE_EVERY);
+        assert_eq!(expire_interval([s(7 * 86_400), s(60)].into_iter()), s(6));
+        assert_eq!(expire_interval([s(2)].into_iter()), EXPIRE_MIN);
+    }
+
+    /// A job past a short TTL leaves the queue within a few seconds, not at the next 30 s sweep.
+    #[tokio::test]
+    async fn a_job_past_a_short_ttl_expires_within_seconds() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = StorageConfig {
+            max_bytes: 1 << 30,
+            min_free: 0,
+        };
+        let mut short = stream();
+        short.ttl = Some(Duration::from_secs(2));
+        let open = {
+            let dir = dir.path().to_path_buf();
+            move || Store::open(&dir, storage, &[short.clone()], OpenOptions::default())
+        };
+        let handle = spawn(
+            open().unwrap(),
+            Box::new(open.clone()),
+            WriterOptions::default(),
+        )
+        .unwrap();
+        handle
+            .append("s", vec![b"r1".to_vec(), b"r2".to_vec()], None, None)
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        let counters = loop {
+            let snap = handle.snapshot().await.unwrap();
+            let c = snap.streams[0].1.clone();
+            if c.expired_records == 2 || tokio::time::Instant::now() >= deadline {
+                break c;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(counters.expired_records, 2, "{counters:?}");
+        assert_eq!(counters.ready_records, 0, "{counters:?}");
     }
 
     /// A checkpoint saved with an append is read back through the handle, after a restart too.

@@ -36,6 +36,12 @@ use super::{StartAt, TailConfig, TailStats};
 /// appends gain nothing (the commit's fsync is already a small part) and cost memory.
 pub const APPEND_BYTES: usize = 256 << 10;
 pub const APPEND_RECORDS: usize = 8192;
+/// How `paths` patterns match: `*` stops at `/`, `**` crosses it.
+const GLOB: glob::MatchOptions = glob::MatchOptions {
+    case_sensitive: true,
+    require_literal_separator: true,
+    require_literal_leading_dot: false,
+};
 /// Smallest read.
 const MIN_CHUNK: usize = 256 << 10;
 /// Entries of a directory looked at when searching it for a renamed file or a copy.
@@ -452,11 +458,7 @@ impl Tailer {
     /// Regular files matched by `paths` and not by `exclude`, one path per identity, in pattern
     /// order then path order.
     fn scan(&self) -> Vec<(PathBuf, Identity)> {
-        let opts = glob::MatchOptions {
-            case_sensitive: true,
-            require_literal_separator: true,
-            require_literal_leading_dot: false,
-        };
+        let opts = GLOB;
         let mut seen = HashSet::new();
         let mut out = Vec::new();
         for pattern in &self.s.cfg.patterns {
@@ -476,6 +478,17 @@ impl Tailer {
             }
         }
         out
+    }
+
+    /// Whether a scan would find `path`: matched by `paths`, not by `exclude`.
+    fn matched(&self, path: &Path) -> bool {
+        !self.excluded(path)
+            && self
+                .s
+                .cfg
+                .patterns
+                .iter()
+                .any(|p| glob::Pattern::new(p).is_ok_and(|p| p.matches_path_with(path, GLOB)))
     }
 
     fn excluded(&self, path: &Path) -> bool {
@@ -580,7 +593,9 @@ impl Tailer {
     }
 
     /// Looks in `dir` for a copy of the entry's file holding its bytes up to the offset, and
-    /// follows it from there.
+    /// follows it from there: as an active file when the patterns match it (`app.log*` matches the
+    /// copy `app.log.1`), so that it is not released and then found again as a new file and read
+    /// whole; as a rotated one otherwise.
     fn recover_copy(
         &mut self,
         e: &Entry,
@@ -604,17 +619,16 @@ impl Tailer {
             && same_content(&file, meta.len(), e)
         {
             tracing::info!(source = %self.s.cfg.name, path = %logical.display(), copy = %path.display(), offset = e.offset, "reading the rest of a truncated file from its copy");
+            let copy = Identity::of(&meta);
+            let role = if self.matched(&path) {
+                Role::Active
+            } else {
+                Role::Rotated
+            };
             self.track(
-                file,
-                &meta,
-                logical,
-                e.offset,
-                e.skipping,
-                Role::Rotated,
-                now,
-                "copy",
+                file, &meta, logical, e.offset, e.skipping, role, now, "copy",
             );
-            return Some(Identity::of(&meta));
+            return Some(copy);
         }
         None
     }

@@ -1,6 +1,7 @@
 //! The `exec` handler: runs a program (no shell unless the command names one) in its own process group,
 //! keeps a bounded tail of its stdout and stderr, and enforces the timeout and shutdown by signalling the
-//! whole group (SIGTERM, then SIGKILL after [`KILL_GRACE`]) so no grandchild outlives its run. It also
+//! whole group (SIGTERM, then SIGKILL after [`KILL_GRACE`]) so no grandchild outlives its run (one that
+//! left the group with `setsid` is out of reach: its hold on the output pipe is not waited for). It also
 //! owns [`ProcessGroups`], the registry of live groups that a second stop signal kills at once. Called
 //! by `task::run`; it does not retry or log the run's outcome (that is `task::run`).
 
@@ -13,6 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
 
 use super::{Attempt, Outcome, RunContext};
 
@@ -22,6 +24,11 @@ pub const KILL_GRACE: Duration = Duration::from_secs(2);
 /// cannot grow colibri's memory.
 const TAIL_LINES: usize = 10;
 const TAIL_LINE_BYTES: usize = 512;
+/// Once the group is gone, how long its output may take to reach end of file; longer means a
+/// process outside the group holds the pipe.
+const HELD_PIPE_WAIT: Duration = Duration::from_millis(200);
+/// Each read of what is left in a pipe after that.
+const DRAIN_READ: Duration = Duration::from_millis(10);
 
 #[derive(Debug, Clone)]
 pub struct Exec {
@@ -119,8 +126,11 @@ impl Exec {
         let pid = child.id();
         let pgid = pid.and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
         let _guard = ctx.groups.register(pgid);
-        let stdout = child.stdout.take().map(|s| tokio::spawn(read_tail(s)));
-        let stderr = child.stderr.take().map(|s| tokio::spawn(read_tail(s)));
+        let stop_reading = CancellationToken::new();
+        let stdout =
+            (child.stdout.take()).map(|s| tokio::spawn(read_tail(s, stop_reading.clone())));
+        let stderr =
+            (child.stderr.take()).map(|s| tokio::spawn(read_tail(s, stop_reading.clone())));
 
         enum End {
             Exited(std::io::Result<ExitStatus>),
@@ -140,7 +150,7 @@ impl Exec {
         // The main process is gone; anything left in its group (a backgrounded grandchild) ends with
         // the run, so it cannot hold our pipes open or linger unsupervised.
         end_group(pgid, task).await;
-        let (stdout, stderr) = collect_tails(stdout, stderr, pgid).await;
+        let (stdout, stderr) = collect_tails(stdout, stderr, &stop_reading, task).await;
         let (outcome, exit) = match (kind, status) {
             (Some(outcome), s) => (outcome, s.ok().map(describe_status)),
             (None, Ok(s)) if s.success() => (Outcome::Ok, Some(describe_status(s))),
@@ -199,12 +209,15 @@ async fn end_group(pgid: i32, task: &str) {
     }
 }
 
-/// Waits for the output readers; if something in the group still holds a pipe after the grace, the
-/// group is killed and whatever was read is kept.
+/// Waits for the output readers once the whole group is gone. A pipe still open then is held by a
+/// process that left the group (`setsid`, a daemon): waiting for it would delay the run's report for
+/// as long as it lives, so after [`HELD_PIPE_WAIT`] the readers stop and keep what they have read,
+/// plus what is already in the pipe.
 async fn collect_tails(
     stdout: Option<tokio::task::JoinHandle<String>>,
     stderr: Option<tokio::task::JoinHandle<String>>,
-    pgid: i32,
+    stop: &CancellationToken,
+    task: &str,
 ) -> (String, String) {
     async fn join(h: Option<tokio::task::JoinHandle<String>>) -> String {
         match h {
@@ -214,15 +227,15 @@ async fn collect_tails(
     }
     let both = async { (join(stdout).await, join(stderr).await) };
     tokio::pin!(both);
-    match tokio::time::timeout(KILL_GRACE, &mut both).await {
-        Ok(r) => r,
-        Err(_) => {
-            signal_group(pgid, libc::SIGKILL);
-            tokio::time::timeout(KILL_GRACE, both)
-                .await
-                .unwrap_or_default()
-        }
+    if let Ok(tails) = tokio::time::timeout(HELD_PIPE_WAIT, &mut both).await {
+        return tails;
     }
+    tracing::warn!(
+        task,
+        "a process that left the task's process group still holds its output: the run is reported without waiting for it, and what it writes later is not captured"
+    );
+    stop.cancel();
+    both.await
 }
 
 fn describe_status(s: ExitStatus) -> String {
@@ -282,15 +295,28 @@ impl Tail {
     }
 }
 
-async fn read_tail(mut r: impl AsyncRead + Unpin) -> String {
+/// Reads one stream into its [`Tail`] until end of file, or until `stop`: then only what the pipe
+/// already holds is read (a bounded number of reads, each given [`DRAIN_READ`]).
+async fn read_tail(mut r: impl AsyncRead + Unpin, stop: CancellationToken) -> String {
     let mut tail = Tail::default();
     let mut buf = [0u8; 4096];
     loop {
-        match r.read(&mut buf).await {
-            Ok(0) | Err(_) => return tail.finish(),
-            Ok(n) => tail.push(&buf[..n]),
+        tokio::select! {
+            read = r.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return tail.finish(),
+                Ok(n) => tail.push(&buf[..n]),
+            },
+            _ = stop.cancelled() => break,
         }
     }
+    // A pipe holds 64 KiB by default: 16 reads of 4 KiB empty it.
+    for _ in 0..16 {
+        match tokio::time::timeout(DRAIN_READ, r.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => tail.push(&buf[..n]),
+            _ => break,
+        }
+    }
+    tail.finish()
 }
 
 #[cfg(test)]
@@ -457,6 +483,58 @@ mod tests {
             "(trap '' TERM; exec sleep 300) >/dev/null 2>&1 & echo $! > \"$PIDS\"",
         )
         .await;
+    }
+
+    /// Runs `sh -c script` with `$PIDS` set; returns the attempt and the pid the script wrote there.
+    async fn run_with_pids(script: &str) -> (Attempt, i32) {
+        let dir = tempfile::tempdir().unwrap();
+        let pids = dir.path().join("pids");
+        let mut e = sh(script);
+        e.env.push(("PIDS".into(), pids.display().to_string()));
+        let a = e
+            .run("t", Utc::now(), Duration::from_secs(10), &ctx())
+            .await;
+        let pid = std::fs::read_to_string(&pids)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        (a, pid)
+    }
+
+    /// Shell text that starts `sleep secs` in a session of its own (out of the task's group, keeping
+    /// stdout and stderr) and waits until it is there, so ending the group cannot catch it first.
+    fn escaped(secs: u32) -> String {
+        format!(
+            "setsid sh -c 'echo $$ > \"$PIDS\"; exec sleep {secs}' & \
+             i=0; while [ ! -s \"$PIDS\" ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done"
+        )
+    }
+
+    #[tokio::test]
+    async fn output_is_kept_when_a_grandchild_outside_the_group_holds_the_pipe() {
+        // setsid takes the grandchild out of the task's group, so ending the group does not close
+        // its copy of stdout and stderr.
+        let (a, pid) =
+            run_with_pids(&format!("echo captured; echo oops >&2; {}", escaped(30))).await;
+        // SAFETY: kill(2) with a pid this test started; no memory is touched.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        assert_eq!(a.outcome, Outcome::Ok);
+        assert_eq!(a.stdout, "captured");
+        assert_eq!(a.stderr, "oops");
+    }
+
+    #[tokio::test]
+    async fn a_run_is_reported_before_a_grandchild_outside_the_group_ends() {
+        let (a, pid) = run_with_pids(&format!("echo done; {}", escaped(3))).await;
+        let alive = process_alive(pid);
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        assert_eq!(a.stdout, "done");
+        assert!(
+            alive,
+            "the run waited for the grandchild holding its pipe to end"
+        );
     }
 
     /// Polls until `pid` is gone, up to `limit`; true when it is.

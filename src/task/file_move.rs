@@ -84,6 +84,9 @@ enum Step {
     Stopped,
     /// The stream (or the disk) has no room for it: it waits in `from`.
     NoRoom(String),
+    /// Larger than its stream can ever hold: it stays in `from`, untouched (`ship` logs it,
+    /// summarised, since every run finds it again). Counted as failed; it does not fail the run.
+    NeverFits,
 }
 
 /// What the blocking part reports.
@@ -220,6 +223,7 @@ impl FileMove {
                 }
                 Ok(Step::Skipped) => report.counts.skipped += 1,
                 Ok(Step::Changed) | Ok(Step::Stopped) => report.counts.waiting += 1,
+                Ok(Step::NeverFits) => report.counts.failed += 1,
                 Ok(Step::NoRoom(why)) => {
                     // The rest would not fit either: they wait for the next run.
                     report.counts.waiting += 1 + rest;

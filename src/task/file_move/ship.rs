@@ -8,7 +8,9 @@
 //! only then removed from `from`: a crash leaves it in `from`, or in both places with identical
 //! content, and recovery sorts out which (a copy whose job never committed is removed; a source
 //! whose copy was queued is removed). A stream that is full puts the file back (rename) or drops
-//! the copy, so the file waits in `from`. Called by `FileMove::run_blocking`.
+//! the copy, so the file waits in `from`. A file larger than the stream can ever hold is not
+//! touched: it stays in `from`, logged once in full and then hourly with a count (every run finds
+//! it again), and counted as failed without failing the run. Called by `FileMove::run_blocking`.
 
 use std::ffi::OsStr;
 use std::fs;
@@ -21,11 +23,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{Candidate, FileMove, Step};
 use crate::files::{copy_until_stopped, fsync_dir, place_numbered, rename_noreplace};
+use crate::logging::summary;
 use crate::store::writer::{SpooledFile, StoreHandle};
 use crate::store::{AppendError, FileAppend, spool};
 
 /// Room a file job's value takes beyond its file, at most (header, metadata, names).
 const JOB_OVERHEAD: u64 = 1024;
+
+/// How often a file that can never fit is logged again (with the count of runs that found it).
+const NEVER_FITS_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Where a shipping `file_move` puts its files.
 #[derive(Debug, Clone)]
@@ -104,6 +110,38 @@ impl Ship {
                 .map(|a| a.as_os_str().as_bytes().to_vec()),
         };
         store.append_file_blocking(&self.stream, file)
+    }
+}
+
+/// A file that can never fit its stream is found again by every run: an ERROR the first time,
+/// then one line per [`NEVER_FITS_EVERY`] with how many runs found it meanwhile.
+fn never_fits(src: &Path, len: u64, ship: &Ship) {
+    let file = src.display().to_string();
+    let key = format!("never fits {file}");
+    let first = summary::first(&key, 1, NEVER_FITS_EVERY, || {
+        let (file, stream) = (file.clone(), ship.stream.clone());
+        move |n, _, window| {
+            tracing::error!(
+                file,
+                stream,
+                repeated = n,
+                "a file too large for its stream stays where it is: found {n} more times in the last {}s",
+                summary::secs(window)
+            )
+        }
+    });
+    if first {
+        tracing::error!(
+            file,
+            stream = %ship.stream,
+            bytes = len,
+            max_bytes = ship.max_bytes,
+            reason = format!(
+                "{len} bytes can never fit in stream {:?} (max_bytes {})",
+                ship.stream, ship.max_bytes
+            ),
+            "a file too large for its stream stays where it is"
+        );
     }
 }
 
@@ -193,10 +231,8 @@ pub fn ship_one(
     let src = m.from.join(&c.name);
     // The job's own value takes a few hundred bytes besides the file.
     if c.len.saturating_add(JOB_OVERHEAD) > ship.max_bytes {
-        return Err(io::Error::other(format!(
-            "{} bytes can never fit in stream {:?} (max_bytes {}); the file stays",
-            c.len, ship.stream, ship.max_bytes
-        )));
+        never_fits(&src, c.len, ship);
+        return Ok(Step::NeverFits);
     }
     if !FileMove::unchanged(&src, c)? {
         return Ok(Step::Changed);

@@ -1,0 +1,489 @@
+//! Both listeners, the ingest API and the admin endpoint, against careless and hostile clients,
+//! from the real binary: clients that half-close their socket after the request, a thousand idle
+//! sockets, the stop (503 until it ends; appends waiting for room answered at once), request
+//! bodies beyond the memory budget, floods of refused requests (the log summarises them), and a
+//! listener beyond loopback without a token. Every wait is bounded and waits for a condition.
+
+#[path = "util/client.rs"]
+mod client;
+#[allow(dead_code)] // shared with the other test binaries; each uses its own part of it
+mod util;
+
+use std::io::{Read as _, Write as _};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use client::{Answer, Client};
+use util::http::{Mode, Receiver};
+use util::{Proc, Sandbox, assert_code, colibri, field, finish, poll, quote};
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+const NDJSON: &str = "application/x-ndjson";
+
+/// A port nothing listens on right now (bound to :0, read, released).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("an address").port()
+}
+
+fn path(stream: &str) -> String {
+    format!("/v1/streams/{stream}/records")
+}
+
+fn is(e: &Value, prefix: &str) -> bool {
+    field(e, "message").starts_with(prefix)
+}
+
+/// A running colibri with ingest on a free port and admin on another.
+struct Agent {
+    sb: Sandbox,
+    config: PathBuf,
+    proc: Proc,
+    ingest: SocketAddr,
+    admin: SocketAddr,
+}
+
+/// `ingest: { listen: <free port>, <ingest> }` and the given top-level lines (streams, sinks,
+/// ...); logs in JSON at `level`.
+fn start(level: &str, ingest: &str, rest: &str) -> Agent {
+    let sb = Sandbox::new();
+    let port = free_port();
+    let config = sb.write_config(&format!(
+        "data_dir: data\n\
+         shutdown_grace: 20s\n\
+         log: {{ format: json, level: {level} }}\n\
+         storage: {{ min_free: 1MiB }}\n\
+         ingest: {{ listen: \"127.0.0.1:{port}\", {ingest} }}\n\
+         {rest}"
+    ));
+    let proc = Proc::run(&config);
+    let listening = proc.wait_for_event(secs(30), "admin endpoint listening", |e| {
+        is(e, "admin endpoint listening")
+    });
+    proc.wait_for_event(secs(30), "colibri started", |e| is(e, "colibri started"));
+    let admin = field(&listening, "listen").parse().expect("an address");
+    Agent {
+        sb,
+        config,
+        proc,
+        ingest: SocketAddr::from(([127, 0, 0, 1], port)),
+        admin,
+    }
+}
+
+impl Agent {
+    fn client(&self) -> Client {
+        let mut c = Client::new(self.ingest);
+        c.timeout = secs(10);
+        c
+    }
+
+    /// SIGTERM, then exit 0.
+    fn stop(&mut self) {
+        self.proc.signal(libc::SIGTERM);
+        let status = self.proc.wait_exit(secs(60));
+        assert_code(status, 0, &self.proc.stderr());
+    }
+
+    /// `colibri queue stats --json`: appended records of `stream` (after the stop).
+    fn appended(&self, stream: &str) -> u64 {
+        let mut cmd = colibri();
+        cmd.args(["queue", "stats", "--json", "--config"])
+            .arg(&self.config);
+        let f = finish(cmd, secs(60));
+        assert_code(f.status, 0, &f.stderr);
+        let doc: Value = serde_json::from_str(&f.stdout).expect("stats --json is JSON");
+        doc["streams"]
+            .as_array()
+            .expect("a streams array")
+            .iter()
+            .find(|s| s["stream"] == stream)
+            .unwrap_or_else(|| panic!("no stream {stream} in {doc}"))["counters"]["appended_records"]
+            .as_u64()
+            .expect("a count")
+    }
+}
+
+/// Asserts the status, showing the answer otherwise.
+#[track_caller]
+fn expect(a: std::io::Result<Answer>, status: u16) -> Answer {
+    let a = a.unwrap_or_else(|e| panic!("no answer ({e}); expected {status}"));
+    assert_eq!(
+        a.status,
+        status,
+        "answer {} {:?}: {}",
+        a.status,
+        a.headers,
+        a.text()
+    );
+    a
+}
+
+/// Sends `request`, shuts down the write side, and reads until the server closes: everything it
+/// answered.
+fn half_closed(addr: SocketAddr, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(secs(20))).expect("timeout");
+    s.write_all(request).expect("send");
+    s.shutdown(Shutdown::Write).expect("shutdown(SHUT_WR)");
+    let mut out = Vec::new();
+    // A reset after (part of) the answer still shows what arrived.
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A client that shuts down its write side after its request (`nc -N`, `shutdown(SHUT_WR)`) gets
+/// the answer, on ingest (after the records are stored) and on every admin path; what was
+/// answered 200 is exactly what was stored.
+#[test]
+fn half_closed_clients_get_their_answer_on_ingest_and_admin() {
+    let mut a = start("info", "", "streams:\n  logs: {}\n");
+    let body = "{\"n\":1}\n{\"n\":2}\n";
+    let request = format!(
+        "POST {} HTTP/1.1\r\nHost: x\r\nContent-Type: {NDJSON}\r\nContent-Length: {}\r\n\r\n{body}",
+        path("logs"),
+        body.len()
+    );
+    for i in 0..5 {
+        let answer = half_closed(a.ingest, request.as_bytes());
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.contains("{\"accepted\":2}"),
+            "POST {i}, half-closed: {answer:?}"
+        );
+    }
+    for p in ["/healthz", "/readyz", "/metrics"] {
+        let answer = half_closed(
+            a.admin,
+            format!("GET {p} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+        );
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "GET {p}, half-closed: {answer:?}"
+        );
+    }
+    let answer = half_closed(a.ingest, b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "ingest health: {answer:?}"
+    );
+    a.stop();
+    assert_eq!(a.appended("logs"), 10);
+}
+
+/// Raises this process's soft limit of open files (inherited by the colibri it spawns, as the unit's
+/// LimitNOFILE=65536 would) so that `need` sockets fit.
+fn allow_open_files(need: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    if lim.rlim_cur >= need {
+        return;
+    }
+    assert!(
+        lim.rlim_max >= need,
+        "this test opens {need} files; the hard limit is {}",
+        lim.rlim_max
+    );
+    lim.rlim_cur = need;
+    // SAFETY: setrlimit reads the struct we own; raising the soft limit up to the hard one is allowed.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+}
+
+/// `n` connections that send nothing.
+fn idle_sockets(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    (0..n)
+        .map(|i| {
+            TcpStream::connect_timeout(&addr, secs(10))
+                .unwrap_or_else(|e| panic!("idle connection {i} to {addr}: {e}"))
+        })
+        .collect()
+}
+
+/// Whether the server closed `s` (EOF or reset) within `limit`, having sent nothing.
+fn closed_by_server(s: &mut TcpStream, limit: Duration) -> bool {
+    s.set_read_timeout(Some(limit)).expect("timeout");
+    let mut buf = [0u8; 64];
+    match s.read(&mut buf) {
+        Ok(0) => true,
+        Ok(n) => panic!("unexpected bytes: {:?}", String::from_utf8_lossy(&buf[..n])),
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+/// A thousand idle sockets on the admin endpoint do not keep `/healthz` from answering within a
+/// second (nor `/readyz` and `/metrics`): each newcomer closes the connection idle longest once
+/// the slots are taken. The same on ingest: a POST still succeeds. A connection that sends
+/// nothing is closed a few seconds after accept, though `read_timeout` is 30 s. The log says
+/// "all connections taken" once per listener, then counts.
+#[test]
+fn a_thousand_idle_sockets_starve_neither_health_checks_nor_ingest() {
+    allow_open_files(4096);
+    let mut a = start("info", "read_timeout: 30s", "streams:\n  logs: {}\n");
+
+    let mut idle = idle_sockets(a.admin, 1000);
+    let mut health = Client::new(a.admin);
+    health.timeout = secs(1);
+    let h = expect(health.request("GET", "/healthz", &[], None), 200);
+    assert_eq!(h.text(), "ok\n");
+    for p in ["/readyz", "/metrics"] {
+        let mut c = Client::new(a.admin);
+        c.timeout = secs(5);
+        expect(c.request("GET", p, &[], None), 200);
+    }
+    assert!(
+        closed_by_server(&mut idle[0], secs(5)),
+        "the connection idle longest is closed for newcomers"
+    );
+
+    let mut idle_ingest = idle_sockets(a.ingest, 1000);
+    let mut c = a.client();
+    c.timeout = secs(5);
+    let ok = expect(c.post(&path("logs"), NDJSON, &[], b"{\"real\":1}\n"), 200);
+    assert_eq!(ok.text(), "{\"accepted\":1}");
+    assert!(closed_by_server(&mut idle_ingest[0], secs(5)));
+
+    // Measured from accept, a few seconds; read_timeout (30 s) is for bodies and keep-alive.
+    drop(idle);
+    drop(idle_ingest);
+    let mut lone = TcpStream::connect(a.ingest).expect("connect");
+    assert!(
+        closed_by_server(&mut lone, secs(15)),
+        "an idle connection is closed within seconds of accept"
+    );
+    a.stop();
+    for listener in ["ingest", "admin"] {
+        let lines = a.proc.events_where(|e| {
+            field(e, "listener") == listener
+                && field(e, "message").contains("all connections taken")
+        });
+        assert!(
+            !lines.is_empty() && lines.len() <= 3,
+            "{listener}: one line, then summaries: {lines:#?}"
+        );
+    }
+    assert_eq!(a.appended("logs"), 1);
+}
+
+/// SIGTERM while the stop is held up (a delivery in progress to a receiver that does not
+/// answer): new requests, on new and on kept-alive connections, get 503 with Retry-After, health
+/// too, for as long as the stop lasts, not a refused connection; once the delivery ends colibri
+/// exits 0.
+#[test]
+fn a_stop_answers_503_until_it_ends() {
+    let rx = Receiver::start();
+    rx.set_mode(Mode::Hang);
+    let mut a = start(
+        "info",
+        "",
+        &format!(
+            "sinks:\n  up: {{ type: http, url: {}, timeout: 60s }}\nstreams:\n  sent: {{ sink: up }}\n",
+            quote(rx.url("/in"))
+        ),
+    );
+    let mut kept = a.client();
+    expect(kept.post(&path("sent"), NDJSON, &[], b"{\"n\":1}\n"), 200);
+    rx.wait_requests(1, secs(20))
+        .unwrap_or_else(|e| panic!("{e}; stderr:\n{}", a.proc.stderr()));
+    let signalled = Instant::now();
+    a.proc.signal(libc::SIGTERM);
+    a.proc
+        .wait_for_event(secs(10), "ingest stopping", |e| is(e, "ingest stopping"));
+    // Well past the moment the old drain closed the listener (0.5 s), and all the while.
+    let mut answers = 0;
+    let held = poll(secs(20), || {
+        let mut c = a.client();
+        let r = expect(c.post(&path("sent"), NDJSON, &[], b"{\"late\":1}\n"), 503);
+        assert_eq!(r.header("retry-after"), Some("5"));
+        assert!(r.error().contains("shutting down"), "{}", r.text());
+        answers += 1;
+        (signalled.elapsed() >= secs(3)).then_some(())
+    });
+    assert!(held.is_some());
+    assert!(answers >= 2);
+    expect(
+        kept.post(&path("sent"), NDJSON, &[], b"{\"late\":2}\n"),
+        503,
+    );
+    let h = expect(a.client().request("GET", "/v1/health", &[], None), 503);
+    assert_eq!(h.header("retry-after"), Some("5"));
+    assert!(
+        a.proc.events_where(|e| is(e, "ingest stopped")).is_empty(),
+        "the listener is still open"
+    );
+    // The delivery ends (closed without an answer: the job stays queued); so does the stop.
+    rx.set_mode(Mode::Accept);
+    let status = a.proc.wait_exit(secs(60));
+    assert_code(status, 0, &a.proc.stderr());
+    assert!(!a.proc.events_where(|e| is(e, "ingest stopped")).is_empty());
+    assert_eq!(a.appended("sent"), 1);
+}
+
+/// A request waiting for room in a full `block` stream (wait: 30s) is answered 503 as soon as the
+/// stop begins, with nothing of it stored, and does not hold the stop.
+#[test]
+fn a_stop_answers_a_waiting_append_at_once() {
+    let mut a = start(
+        "info",
+        "wait: 30s",
+        "streams:\n  held: { max_jobs: 1 }\n  other: {}\n",
+    );
+    expect(
+        a.client().post(&path("held"), NDJSON, &[], b"{\"n\":1}\n"),
+        200,
+    );
+    let mut waiting = a.client();
+    waiting.timeout = secs(15);
+    let body = b"{\"n\":2}\n";
+    waiting
+        .send_raw(
+            format!(
+                "POST {} HTTP/1.1\r\nHost: x\r\nContent-Type: {NDJSON}\r\nContent-Length: {}\r\n\r\n",
+                path("held"),
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .expect("send");
+    waiting.send_raw(body).expect("send");
+    // Sent after the waiting one was complete: once this is stored, that one waits in the writer.
+    expect(
+        a.client().post(&path("other"), NDJSON, &[], b"{\"n\":3}\n"),
+        200,
+    );
+    a.proc.signal(libc::SIGTERM);
+    let r = expect(waiting.read_answer(), 503);
+    assert_eq!(r.header("retry-after"), Some("5"));
+    assert!(r.error().contains("shutting down"), "{}", r.text());
+    let status = a.proc.wait_exit(secs(20));
+    assert_code(status, 0, &a.proc.stderr());
+    assert_eq!(a.appended("held"), 1, "the refused request stored nothing");
+}
+
+/// `colibri check` refuses an ingest listener beyond loopback without a token unless
+/// `allow_remote: true` says so; with a token it is fine.
+#[test]
+fn ingest_beyond_loopback_without_a_token_needs_allow_remote() {
+    let sb = Sandbox::new();
+    let check = |ingest: &str| {
+        let config = sb.write_config(&format!(
+            "data_dir: data\ningest: {{ {ingest} }}\nstreams: {{ logs: {{}} }}\n"
+        ));
+        let mut cmd = colibri();
+        cmd.args(["check", "--config"]).arg(&config);
+        finish(cmd, secs(30))
+    };
+    let f = check("listen: '0.0.0.0:9465'");
+    assert_code(f.status, 1, &f.stderr);
+    assert!(
+        f.stderr
+            .contains("ingest.listen: 0.0.0.0:9465 is not a loopback address")
+            && f.stderr.contains("allow_remote: true"),
+        "{}",
+        f.stderr
+    );
+    let f = check("listen: '[::]:9465'");
+    assert_code(f.status, 1, &f.stderr);
+    let f = check("listen: '0.0.0.0:9465', token: 's3cret'");
+    assert_code(f.status, 0, &f.stderr);
+    let f = check("listen: '0.0.0.0:9465', allow_remote: true");
+    assert_code(f.status, 0, &f.stderr);
+    assert!(f.stdout.contains("no token"), "{}", f.stdout);
+    let f = check("listen: '127.0.0.1:9465'");
+    assert_code(f.status, 0, &f.stderr);
+}
+
+/// With `max_memory: 9MiB` and `max_body: 1MiB`, a request of 1 MiB reserves most of the budget
+/// (twice its body, plus room for its records) before its body is read: while it is in progress
+/// another 1 MiB request waits `wait`, then gets 503 with Retry-After, nothing stored; a small one
+/// still fits. Once the first is answered, the second goes through. `check` refuses a `max_body`
+/// the budget cannot hold, and a budget over its ceiling.
+#[test]
+fn request_bodies_share_one_memory_budget() {
+    let mut a = start(
+        "info",
+        "max_body: 1MiB, max_memory: 9MiB, wait: 1s, read_timeout: 20s",
+        "streams:\n  logs: { max_bytes: 64MiB, batch: { max_bytes: 1MiB } }\n",
+    );
+    let record = format!("{{\"pad\":\"{}\"}}\n", "x".repeat(1000));
+    let big: String = record.repeat((1 << 20) / record.len());
+    let mut first = a.client();
+    first
+        .send_raw(
+            format!(
+                "POST {} HTTP/1.1\r\nHost: x\r\nContent-Type: {NDJSON}\r\nContent-Length: {}\r\n\r\n",
+                path("logs"),
+                big.len()
+            )
+            .as_bytes(),
+        )
+        .expect("send");
+    first.send_raw(&big.as_bytes()[..1000]).expect("send");
+    // Its headers arrived before this request's: it holds its share once this one is answered.
+    expect(a.client().post(&path("logs"), NDJSON, &[], b""), 200);
+    let refused = expect(
+        a.client().post(&path("logs"), NDJSON, &[], big.as_bytes()),
+        503,
+    );
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert!(
+        refused.error().contains("ingest.max_memory"),
+        "{}",
+        refused.text()
+    );
+    expect(
+        a.client()
+            .post(&path("logs"), NDJSON, &[], b"{\"small\":1}\n"),
+        200,
+    );
+    first
+        .send_raw(&big.as_bytes()[1000..])
+        .expect("send the rest");
+    let n = (big.len() / record.len()) as u64;
+    assert_eq!(expect(first.read_answer(), 200).json()["accepted"], n);
+    expect(
+        a.client().post(&path("logs"), NDJSON, &[], big.as_bytes()),
+        200,
+    );
+    a.stop();
+    assert_eq!(a.appended("logs"), 2 * n + 1);
+
+    let check = |ingest: &str| {
+        let config = a.sb.write_config(&format!(
+            "data_dir: data\ningest: {{ listen: '127.0.0.1:9465', {ingest} }}\nstreams: {{ logs: {{}} }}\n"
+        ));
+        let mut cmd = colibri();
+        cmd.args(["check", "--config"]).arg(&config);
+        finish(cmd, secs(30))
+    };
+    let f = check("max_body: 64MiB");
+    assert_code(f.status, 1, &f.stderr);
+    assert!(
+        f.stderr
+            .contains("ingest.max_body: a request of max_body (64MiB) may hold up to")
+            && f.stderr.contains("more than ingest.max_memory (64MiB)"),
+        "{}",
+        f.stderr
+    );
+    let f = check("max_body: 64MiB, max_memory: 140MiB");
+    assert_code(f.status, 0, &f.stderr);
+    let f = check("max_memory: 256MiB");
+    assert_code(f.status, 1, &f.stderr);
+    assert!(
+        f.stderr
+            .contains("ingest.max_memory: 256MiB is out of range"),
+        "{}",
+        f.stderr
+    );
+}
