@@ -56,6 +56,49 @@ pub fn copy_until_stopped(src: &mut File, dst: &mut File, stop: &AtomicBool) -> 
     }
 }
 
+/// Whether `copy` is a finished copy of `src`, as a cross-filesystem move leaves it when a crash
+/// comes between placing the copy and removing the source: same length, same mtime (the copy keeps
+/// it) and the same bytes. `false` when `copy` does not exist, or when `stop` interrupts.
+pub fn is_copy_of(src: &Path, copy: &Path, stop: &AtomicBool) -> io::Result<bool> {
+    let (a, b) = match (fs::metadata(src), fs::symlink_metadata(copy)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) => return Err(e),
+        (_, Err(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        (_, Err(e)) => return Err(e),
+    };
+    if !b.is_file() || a.len() != b.len() || a.modified()? != b.modified()? {
+        return Ok(false);
+    }
+    let (mut x, mut y) = (File::open(src)?, File::open(copy)?);
+    let (mut bx, mut by) = (vec![0u8; COPY_CHUNK], vec![0u8; COPY_CHUNK]);
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let n = read_full(&mut x, &mut bx)?;
+        if n != read_full(&mut y, &mut by)? || bx[..n] != by[..n] {
+            return Ok(false);
+        }
+        if n < COPY_CHUNK {
+            return Ok(true);
+        }
+    }
+}
+
+/// Reads until `buf` is full or the file ends.
+fn read_full(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
 /// rename(2) that never replaces: `renameat2(RENAME_NOREPLACE)`, or, on a filesystem without it,
 /// a check then a rename (a name created between the two is replaced; rare and documented).
 pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {

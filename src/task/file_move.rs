@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use super::{Attempt, Outcome, RunContext};
-use crate::files::{copy_to_temp, exists, fsync_dir, place_numbered, rename_noreplace};
+use crate::files::{copy_to_temp, exists, fsync_dir, is_copy_of, place_numbered, rename_noreplace};
 use crate::store::writer::StoreHandle;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,11 +338,19 @@ impl FileMove {
 
     /// Moves a file to another filesystem: copy to a temporary name in `to`, fsync it, rename it
     /// into place, fsync `to`, then remove the source and fsync `from`. A crash leaves the file in
-    /// `from`, or in both with identical content; a left-over temporary file is overwritten by the
-    /// next attempt at the same name.
+    /// `from`, or in both with identical content, which the next attempt recognises and finishes;
+    /// a left-over temporary file is overwritten by the next attempt at the same name.
     fn move_across(&self, c: &Candidate, stop: &AtomicBool) -> io::Result<Step> {
         let src_path = self.from.join(&c.name);
-        if self.on_conflict == OnConflict::Skip && exists(&self.to.join(&c.name))? {
+        let dst = self.to.join(&c.name);
+        if is_copy_of(&src_path, &dst, stop)? {
+            // The copy of an earlier move that a crash interrupted before the source was
+            // removed: finish that move rather than place a second copy under a numbered name.
+            fs::remove_file(&src_path)?;
+            fsync_dir(&self.from)?;
+            return Ok(Step::Moved(dst));
+        }
+        if self.on_conflict == OnConflict::Skip && exists(&dst)? {
             return Ok(Step::Skipped); // no copy for nothing
         }
         // A left-over temporary file (a crash mid-copy) is overwritten by this attempt.
@@ -627,6 +635,30 @@ mod tests {
         );
         assert_eq!(fs::read_to_string(d.to.join("big.txt")).unwrap(), "newer");
         assert!(names(&d.from).is_empty());
+    }
+
+    /// A crash between placing the copy and removing the source leaves the file in both places:
+    /// the next run removes the source instead of copying it again under a numbered name.
+    #[test]
+    fn a_move_across_filesystems_interrupted_before_the_removal_is_finished_not_repeated() {
+        let d = dirs();
+        let t = task(&d, &["*"], OnConflict::Rename);
+        write_aged(&d.from, "a.dat", "the same bytes", OLD);
+        let stop = AtomicBool::new(false);
+        let tmp = copy_to_temp(&d.from.join("a.dat"), &d.to, &stop)
+            .unwrap()
+            .unwrap();
+        fs::rename(&tmp, d.to.join("a.dat")).unwrap();
+        let (cands, _) = t.scan(SystemTime::now()).unwrap();
+        let step = t.move_across(&cands[0], &stop).unwrap();
+        assert_eq!(step, Step::Moved(d.to.join("a.dat")));
+        assert_eq!(names(&d.to), ["a.dat"]);
+        assert!(names(&d.from).is_empty());
+        // A different file under the same name is a conflict as before.
+        write_aged(&d.from, "a.dat", "other bytes", OLD);
+        let (cands, _) = t.scan(SystemTime::now()).unwrap();
+        let step = t.move_across(&cands[0], &stop).unwrap();
+        assert_eq!(step, Step::Moved(d.to.join("a.1.dat")));
     }
 
     #[test]
