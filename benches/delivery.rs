@@ -1,5 +1,5 @@
 //! Delivery benchmark: the real binary forwarding a stream to a local HTTP receiver that acknowledges
-//! at once (tests/util/http.rs in counting mode). Prints, for each scenario, records/s delivered,
+//! at once (tests/it/util/http in counting mode). Prints, for each scenario, records/s delivered,
 //! colibri's peak resident memory, and its CPU seconds per million records. Figures, not assertions:
 //! see BENCHMARKS.md.
 //!
@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 mod common;
-#[path = "../tests/util/http.rs"]
+#[path = "../tests/it/util/http/mod.rs"]
 mod http;
 
 use colibri::config;

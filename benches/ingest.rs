@@ -21,10 +21,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-#[path = "../tests/util/client.rs"]
+#[path = "../tests/it/util/client.rs"]
 mod client;
 mod common;
-#[path = "../tests/util/http.rs"]
+#[path = "../tests/it/util/http/mod.rs"]
 mod http;
 
 use client::Client;

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[path = "../tests/util/client.rs"]
+#[path = "../tests/it/util/client.rs"]
 mod client;
 mod common;
 

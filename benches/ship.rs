@@ -1,6 +1,6 @@
 //! Shipping benchmark: the real binary ships BENCH_FILES (100) files of 1-50 MB (seeded sizes and
 //! content) from a directory to a local receiver that digests each upload with SHA-256 and keeps
-//! nothing (tests/util/http.rs). The receiver refuses connections while every file is spooled, then
+//! nothing (tests/it/util/http). The receiver refuses connections while every file is spooled, then
 //! answers 503 for a few seconds, then accepts. Prints the drain rate, colibri's peak resident memory
 //! (which must not grow with file sizes: uploads are streamed from disk) and its CPU time, and checks
 //! every file arrived intact. Figures, not assertions on time: see BENCHMARKS.md.
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 mod common;
-#[path = "../tests/util/http.rs"]
+#[path = "../tests/it/util/http/mod.rs"]
 mod http;
 
 use common::{bin, cores, cpu_secs, env_u64, log_lines, rss_kib, spawn_run, stop, wait_log};

@@ -1,5 +1,5 @@
 //! Tail benchmark: the real binary following log files into a stream delivered to a local HTTP
-//! receiver that acknowledges at once (tests/util/http.rs in counting mode). Figures, not
+//! receiver that acknowledges at once (tests/it/util/http in counting mode). Figures, not
 //! assertions: see BENCHMARKS.md.
 //!
 //!   cargo bench --bench tail
@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 mod common;
-#[path = "../tests/util/http.rs"]
+#[path = "../tests/it/util/http/mod.rs"]
 mod http;
 
 use common::{bin, cores, cpu_secs, env_u64, log_lines, rss_kib, spawn_run, stop, wait_log};

@@ -11,14 +11,14 @@ APT_NEEDS=(
   "sh:dash"
   "sleep:coreutils"
   "date:coreutils"
-  "victoria-metrics:victoria-metrics"   # tests/tsdb.rs: scrapes delivered to a real time-series database
-  "mount:mount"                         # tests/file_move.rs: a tmpfs for the cross-filesystem test (as root)
+  "victoria-metrics:victoria-metrics"   # tests/it/tsdb.rs: scrapes delivered to a real time-series database
+  "mount:mount"                         # tests/it/file_move.rs: a tmpfs for the cross-filesystem test (as root)
   "file:file"                           # the release binary is checked to be statically linked
   "dpkg-deb:dpkg"                       # scripts/package.sh: builds and inspects the .deb
   "cmp:diffutils"                       # scripts/package.sh: packaged files against their sources
   "lintian:lintian"                     # scripts/package.sh: Debian's checks of the .deb (no E: or W:)
   "dpkg-parsechangelog:dpkg-dev"        # scripts/package.sh: the changelog's version is the package's
-  "groff:groff-base"                    # tests/man.rs: the generated man pages format without warnings
+  "groff:groff-base"                    # tests/it/man.rs: the generated man pages format without warnings
   "systemd-analyze:systemd"             # scripts/check-deploy.sh: verify the unit (no running systemd needed)
   "python3:python3"                     # scripts/check-deploy.sh: the Grafana dashboard's JSON and queries
 )
@@ -29,7 +29,7 @@ for pair in "${APT_NEEDS[@]}"; do
 done
 # Named time zones are read from the system's tz database (the schedule and zone tests use it).
 [[ -e /usr/share/zoneinfo/Europe/Berlin ]] || missing+=("tzdata")
-# tests/operate.rs parses /metrics with the reference Prometheus text parser (Debian's python3).
+# tests/it/operate.rs parses /metrics with the reference Prometheus text parser (Debian's python3).
 /usr/bin/python3 -c 'import prometheus_client.parser' >/dev/null 2>&1 || missing+=("python3-prometheus-client")
 if ((${#missing[@]})); then
   echo "==> installing Debian packages: ${missing[*]}"

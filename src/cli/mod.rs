@@ -64,7 +64,7 @@ pub(crate) struct ConfigArg {
     pub(crate) config: PathBuf,
 }
 
-/// The command line's definition: what `--help` shows, and what `tests/man.rs` renders colibri(1)
+/// The command line's definition: what `--help` shows, and what `tests/it/man.rs` renders colibri(1)
 /// from.
 pub fn command() -> clap::Command {
     <Cli as clap::CommandFactory>::command()

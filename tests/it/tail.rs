@@ -10,9 +10,6 @@
 //! kill -9 (at-least-once, the same `Idempotency-Key`) are dropped by key first, as a receiver
 //! would.
 
-#[allow(dead_code)] // shared with the other test binaries; each uses its own part of it
-mod util;
-
 use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::Write;
@@ -23,12 +20,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use util::http::{Mode, Receiver};
-use util::{Proc, Sandbox, assert_code, colibri, field, finish, head, poll, quote, quote_path};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+use crate::util::http::{Mode, Receiver};
+use crate::util::{
+    Proc, Sandbox, assert_code, colibri, field, finish, head, poll, quote, quote_path,
+};
+use crate::util::{queue_stats, secs, stop};
 
 // ---------------------------------------------------------------------------------------------
 // The rig: a receiver, a config, the binary.
@@ -140,14 +136,6 @@ impl Rig {
         }
         last
     }
-}
-
-/// SIGTERM, then exit 0.
-fn stop(mut agent: Proc) -> Proc {
-    agent.signal(libc::SIGTERM);
-    let status = agent.wait_exit(secs(30));
-    assert_code(status, 0, &agent.stderr());
-    agent
 }
 
 fn kill(mut agent: Proc) {
@@ -884,17 +872,7 @@ fn a_full_block_stream_pauses_reading_and_drops_nothing() {
     let agent = stop(agent);
     assert_exactly_once_in_order(&got, &log.written);
     assert_eq!(num(&summary(&agent), "records_dropped"), 0);
-    let f = finish(
-        {
-            let mut c = colibri();
-            c.args(["queue", "stats", "--json", "--config"])
-                .arg(&rig.config);
-            c
-        },
-        secs(30),
-    );
-    assert_code(f.status, 0, &f.stderr);
-    let stats: Value = serde_json::from_str(&f.stdout).unwrap();
+    let stats = queue_stats(&rig.config, &[]);
     let logs = &stats["streams"][0];
     assert_eq!(logs["counters"]["appended_records"], 3000, "{logs}");
     assert_eq!(logs["counters"]["dropped_newest_records"], 0, "{logs}");

@@ -6,22 +6,16 @@
 //! Task scripts are config strings, so colibri's `${VAR}` expansion applies to them: a shell `$$` is
 //! written `$$$$`, and shell variables are written `$NAME`, never `${NAME}`.
 
-#[allow(dead_code)]
-mod util;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
 
-use util::{
+use crate::util::secs;
+use crate::util::{
     Proc, Sandbox, assert_code, assert_gone, colibri, complete_lines, field, finish, is_gone,
     parse_pids, poll, quote, quote_path,
 };
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 /// `<path>.<n>`, a rotated file.
 fn rotated(path: &Path, n: u32) -> PathBuf {

@@ -2,20 +2,14 @@
 //! directories, and the test waits (bounded polls) for settled files to arrive in `to` while a file
 //! that keeps being written stays in `from` until it settles.
 
-#[allow(dead_code)] // shared with the other test binaries; each uses its own part of it
-mod util;
-
 use std::fs::File;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 
-use util::{Proc, Sandbox, assert_code, field, quote_path};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+use crate::util::secs;
+use crate::util::{Proc, Sandbox, assert_code, field, quote_path};
 
 fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)

@@ -6,11 +6,6 @@
 //! with the sd_notify messages (READY, WATCHDOG, RELOADING, STOPPING) read from a notify socket the
 //! test owns. Every wait is bounded and waits for a condition.
 
-#[path = "util/client.rs"]
-mod client;
-#[allow(dead_code)] // shared with the other test binaries; each uses its own part of it
-mod util;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::os::unix::net::UnixDatagram;
@@ -20,13 +15,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use client::{Answer, Client};
-use util::http::{Mode, Receiver};
-use util::{Proc, Sandbox, assert_code, colibri, field, poll, quote, quote_path};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+use crate::util::client::{Answer, Client};
+use crate::util::http::{Mode, Receiver};
+use crate::util::secs;
+use crate::util::{Proc, Sandbox, assert_code, colibri, field, poll, quote, quote_path};
 
 /// The address a component logged it listens on (`"<message>"` with a `listen` field).
 fn listening(agent: &Proc, message: &str) -> SocketAddr {
@@ -322,7 +314,7 @@ fn a_non_loopback_admin_address_needs_allow_remote_and_a_token() {
     let config = sb.write_config("admin: { listen: \"0.0.0.0:9464\" }\n");
     let mut cmd = colibri();
     cmd.args(["check", "--config"]).arg(&config);
-    let out = util::finish(cmd, secs(10));
+    let out = crate::util::finish(cmd, secs(10));
     assert_code(out.status, 1, &out.stderr);
     assert!(
         out.stderr
@@ -333,7 +325,7 @@ fn a_non_loopback_admin_address_needs_allow_remote_and_a_token() {
     let config = sb.write_config("admin: { listen: \"0.0.0.0:9464\", allow_remote: true }\n");
     let mut cmd = colibri();
     cmd.args(["check", "--config"]).arg(&config);
-    let out = util::finish(cmd, secs(10));
+    let out = crate::util::finish(cmd, secs(10));
     assert_code(out.status, 1, &out.stderr);
     assert!(
         out.stderr
@@ -732,7 +724,7 @@ tasks:
     // this second life, as the file is the buffer).
     let mut agent = Proc::run(&config);
     let want_lines = lines_written as usize;
-    agent.wait_until(secs(60), "everything delivered", || {
+    agent.wait_until(secs(180), "everything delivered", || {
         let recs = rx.records();
         let lines: BTreeSet<String> = recs
             .iter()

@@ -1,16 +1,13 @@
 //! Self-tests of the test HTTP receiver (`tests/util/http.rs`), driven by a tiny HTTP/1.1 client
 //! written here over `std::net::TcpStream` (and rustls for the TLS cases).
 
-#[allow(dead_code)] // shared with the other test binaries; this one uses only `http` and `Sandbox`
-mod util;
-
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use util::Sandbox;
-use util::http::{CUT_AFTER, Mode, Receiver, TestPki};
+use crate::util::Sandbox;
+use crate::util::http::{CUT_AFTER, Mode, Receiver, TestPki};
 
 const LIMIT: Duration = Duration::from_secs(10);
 

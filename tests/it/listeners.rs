@@ -4,11 +4,6 @@
 //! bodies beyond the memory budget, floods of refused requests (the log summarises them), and a
 //! listener beyond loopback without a token. Every wait is bounded and waits for a condition.
 
-#[path = "util/client.rs"]
-mod client;
-#[allow(dead_code)] // shared with the other test binaries; each uses its own part of it
-mod util;
-
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -16,13 +11,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use client::{Answer, Client};
-use util::http::{Mode, Receiver};
-use util::{Proc, Sandbox, assert_code, colibri, field, finish, poll, quote};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+use crate::util::client::{Answer, Client};
+use crate::util::http::{Mode, Receiver};
+use crate::util::{Proc, Sandbox, assert_code, colibri, field, finish, poll, quote};
+use crate::util::{queue_stats, secs, stream_stats};
 
 const NDJSON: &str = "application/x-ndjson";
 
@@ -93,18 +85,7 @@ impl Agent {
 
     /// `colibri queue stats --json`: appended records of `stream` (after the stop).
     fn appended(&self, stream: &str) -> u64 {
-        let mut cmd = colibri();
-        cmd.args(["queue", "stats", "--json", "--config"])
-            .arg(&self.config);
-        let f = finish(cmd, secs(60));
-        assert_code(f.status, 0, &f.stderr);
-        let doc: Value = serde_json::from_str(&f.stdout).expect("stats --json is JSON");
-        doc["streams"]
-            .as_array()
-            .expect("a streams array")
-            .iter()
-            .find(|s| s["stream"] == stream)
-            .unwrap_or_else(|| panic!("no stream {stream} in {doc}"))["counters"]["appended_records"]
+        stream_stats(&queue_stats(&self.config, &[]), stream)["counters"]["appended_records"]
             .as_u64()
             .expect("a count")
     }

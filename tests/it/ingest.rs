@@ -6,11 +6,6 @@
 //! and `schemas/openapi.yaml` agree on paths, methods and status codes. Every wait is bounded and
 //! waits for a condition (a log event, an answer, a count), never for a fixed time.
 
-#[path = "util/client.rs"]
-mod client;
-#[allow(dead_code)] // shared with the other test binaries; each uses its own part of it
-mod util;
-
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Write as _;
@@ -22,13 +17,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use client::{Answer, Client};
-use util::http::{Mode, Receiver};
-use util::{Proc, Sandbox, assert_code, colibri, field, finish, poll, quote};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+use crate::util::client::{Answer, Client};
+use crate::util::http::{Mode, Receiver};
+use crate::util::{Proc, Sandbox, assert_code, colibri, field, finish, poll, quote};
+use crate::util::{queue_stats, secs, stop, stream_stats};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -104,20 +96,7 @@ impl Setup {
 
     /// `colibri queue stats --json`: the entry of `stream`.
     fn stats(&self, stream: &str) -> Value {
-        let mut cmd = colibri();
-        cmd.args(["queue", "stats", "--json", "--config"])
-            .arg(&self.config);
-        let f = finish(cmd, secs(60));
-        assert_code(f.status, 0, &f.stderr);
-        let doc: Value = serde_json::from_str(&f.stdout)
-            .unwrap_or_else(|e| panic!("stats --json is not JSON ({e}): {}", f.stdout));
-        doc["streams"]
-            .as_array()
-            .expect("a streams array")
-            .iter()
-            .find(|s| s["stream"] == stream)
-            .unwrap_or_else(|| panic!("no stream {stream} in {doc}"))
-            .clone()
+        stream_stats(&queue_stats(&self.config, &[]), stream)
     }
 }
 
@@ -132,14 +111,6 @@ fn sink(name: &str, url: &str) -> String {
 
 fn is(e: &Value, prefix: &str) -> bool {
     field(e, "message").starts_with(prefix)
-}
-
-/// SIGTERM, then exit 0 within 30 s.
-fn stop(mut agent: Proc) -> Proc {
-    agent.signal(libc::SIGTERM);
-    let status = agent.wait_exit(secs(30));
-    assert_code(status, 0, &agent.stderr());
-    agent
 }
 
 fn path(stream: &str) -> String {

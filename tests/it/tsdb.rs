@@ -12,27 +12,17 @@
 //! before anything is stored: VictoriaMetrics answers 204 to a line it cannot parse and drops it,
 //! so only colibri can catch them. Its `vm_rows_invalid_total` must stay 0.
 
-#[path = "util/client.rs"]
-mod client;
-#[path = "util/serve.rs"]
-mod serve;
-#[allow(dead_code)] // shared with the other test binaries; each uses its own part of it
-mod util;
-
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use serde_json::Value;
 
-use serve::Endpoint;
-use util::{Proc, Sandbox, assert_code, colibri, field, poll, quote};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+use crate::util::secs;
+use crate::util::serve::Endpoint;
+use crate::util::{Proc, Sandbox, assert_code, colibri, field, poll, quote};
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -87,7 +77,7 @@ impl Vm {
     /// Stops it the way its unit does (SIGTERM: it flushes what it acknowledged).
     fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            util::send_signal(c.id() as i32, libc::SIGTERM);
+            crate::util::send_signal(c.id() as i32, libc::SIGTERM);
             let exited = poll(secs(30), || c.try_wait().ok().flatten());
             if exited.is_none() {
                 let _ = c.kill();
@@ -444,7 +434,8 @@ tasks:
     agent.wait_for_event(secs(30), "colibri started", |e| {
         field(e, "message").starts_with("colibri started")
     });
-    let mut c = client::Client::new(std::net::SocketAddr::from(([127, 0, 0, 1], ingest_port)));
+    let mut c =
+        crate::util::client::Client::new(std::net::SocketAddr::from(([127, 0, 0, 1], ingest_port)));
     let path = "/v1/streams/metrics/records";
     let before_post = now_ms();
     let a = c

@@ -13,7 +13,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod client;
 pub mod http;
+pub mod serve;
+
+/// `n` seconds: every deadline in the tests is written in these.
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
 
 /// How often a condition is polled.
 pub const POLL: Duration = Duration::from_millis(25);
@@ -100,6 +107,42 @@ pub fn colibri() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_colibri"));
     cmd.env_remove("COLIBRI_CONFIG").env_remove("RUST_LOG");
     cmd
+}
+
+/// `colibri queue ARGS --config CONFIG`.
+pub fn queue(config: &Path, args: &[&str]) -> Command {
+    let mut cmd = colibri();
+    cmd.arg("queue").args(args).arg("--config").arg(config);
+    cmd
+}
+
+/// `colibri queue stats --json` with `env` set: the whole document (it must succeed).
+pub fn queue_stats(config: &Path, env: &[(&str, &str)]) -> Value {
+    let mut cmd = queue(config, &["stats", "--json"]);
+    cmd.envs(env.iter().copied());
+    let f = finish(cmd, secs(60));
+    assert_code(f.status, 0, &f.stderr);
+    serde_json::from_str(&f.stdout)
+        .unwrap_or_else(|e| panic!("stats --json is not JSON ({e}): {}", f.stdout))
+}
+
+/// The entry of `stream` in a `queue stats --json` document.
+pub fn stream_stats(doc: &Value, stream: &str) -> Value {
+    doc["streams"]
+        .as_array()
+        .expect("a streams array")
+        .iter()
+        .find(|s| s["stream"] == stream)
+        .unwrap_or_else(|| panic!("no stream {stream} in {doc}"))
+        .clone()
+}
+
+/// SIGTERM, then exit 0 (within a minute).
+pub fn stop(mut agent: Proc) -> Proc {
+    agent.signal(libc::SIGTERM);
+    let status = agent.wait_exit(secs(60));
+    assert_code(status, 0, &agent.stderr());
+    agent
 }
 
 /// Sends `signal` to `pid`.

@@ -9,24 +9,19 @@
 //! matched against what was pushed: in order, exactly once, or at least once with every duplicate
 //! explained by its `Idempotency-Key`.
 
-#[allow(dead_code)] // shared with the other test binaries; each uses its own part of it
-mod util;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use util::http::{Mode, Received, Receiver, TestPki};
-use util::{Proc, Sandbox, assert_code, colibri, field, finish, head, poll, quote, quote_path};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+use crate::util::http::{Mode, Received, Receiver, TestPki};
+use crate::util::{
+    Proc, Sandbox, assert_code, colibri, field, finish, head, poll, quote, quote_path,
+};
+use crate::util::{queue, queue_stats, secs, stop, stream_stats};
 
 /// `link.down_after` in every config here.
 const DOWN_AFTER: u64 = 2;
@@ -213,14 +208,6 @@ fn start(config: &Path) -> Proc {
     start_with(config, &[])
 }
 
-/// SIGTERM, then exit 0 within 30 s.
-fn stop(mut agent: Proc) -> Proc {
-    agent.signal(libc::SIGTERM);
-    let status = agent.wait_exit(secs(30));
-    assert_code(status, 0, &agent.stderr());
-    agent
-}
-
 /// The "delivery summary" event of `sink`, logged at a clean stop.
 fn summary(agent: &Proc, sink: &str) -> Value {
     sink_events(agent, SUMMARY, sink)
@@ -236,13 +223,6 @@ fn create_store(config: &Path, env: &[(&str, &str)]) {
         "{}",
         agent.stderr()
     );
-}
-
-/// `colibri queue <args> --config <config>`.
-fn queue(config: &Path, args: &[&str]) -> Command {
-    let mut cmd = colibri();
-    cmd.arg("queue").args(args).arg("--config").arg(config);
-    cmd
 }
 
 /// `colibri queue push` of `records` into `stream`, `batch` per commit (the agent must be stopped);
@@ -288,21 +268,7 @@ fn push(
 
 /// `colibri queue stats --json`: the entry of `stream`.
 fn stats(config: &Path, stream: &str, env: &[(&str, &str)]) -> Value {
-    let mut cmd = queue(config, &["stats", "--json"]);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let f = finish(cmd, secs(60));
-    assert_code(f.status, 0, &f.stderr);
-    let doc: Value = serde_json::from_str(&f.stdout)
-        .unwrap_or_else(|e| panic!("stats --json is not JSON ({e}): {}", f.stdout));
-    doc["streams"]
-        .as_array()
-        .expect("a streams array")
-        .iter()
-        .find(|s| s["stream"] == stream)
-        .unwrap_or_else(|| panic!("no stream {stream} in {doc}"))
-        .clone()
+    stream_stats(&queue_stats(config, env), stream)
 }
 
 /// Asserts a stream's queue is empty (ready, retry and dead) with `delivered` records delivered

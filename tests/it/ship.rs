@@ -5,20 +5,14 @@
 //! file must arrive whole, once, with its name, and end in the archive with identical content.
 //! Every wait is bounded and waits for a condition.
 
-#[allow(dead_code)] // shared with the other test binaries; each uses its own part of it
-mod util;
-
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use util::http::{Mode, Receiver, hex};
-use util::{Proc, Sandbox, assert_code, colibri, field, finish, quote_path};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+use crate::util::http::{Mode, Receiver, hex};
+use crate::util::{Proc, Sandbox, assert_code, field, quote_path};
+use crate::util::{queue_stats, secs};
 
 fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -108,12 +102,7 @@ tasks:
 }
 
 fn stats(config: &Path) -> serde_json::Value {
-    let mut cmd = colibri();
-    cmd.args(["queue", "stats", "--json", "--config"])
-        .arg(config);
-    let f = finish(cmd, secs(20));
-    assert_code(f.status, 0, &f.stderr);
-    serde_json::from_str(&f.stdout).expect("stats is JSON")
+    queue_stats(config, &[])
 }
 
 #[test]

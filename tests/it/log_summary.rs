@@ -4,24 +4,16 @@
 //! pending counts) and reads its JSON log: one full line per kind, the summaries' `repeated`
 //! counts adding up to the rest.
 
-#[path = "util/client.rs"]
-mod client;
-#[allow(dead_code)] // shared with the other test binaries; each uses its own part of it
-mod util;
-
 use std::fs::File;
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use serde_json::Value;
 
-use client::Client;
-use util::http::{Mode, Receiver};
-use util::{Proc, Sandbox, assert_code, colibri, field, finish, quote, quote_path};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+use crate::util::client::Client;
+use crate::util::http::{Mode, Receiver};
+use crate::util::{Proc, Sandbox, field, quote, quote_path};
+use crate::util::{queue_stats, secs, stop};
 
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
@@ -30,12 +22,6 @@ fn free_port() -> u16 {
 
 fn is(e: &Value, prefix: &str) -> bool {
     field(e, "message").starts_with(prefix)
-}
-
-fn stop(agent: &mut Proc) {
-    agent.signal(libc::SIGTERM);
-    let status = agent.wait_exit(secs(60));
-    assert_code(status, 0, &agent.stderr());
 }
 
 /// (lines logged in full, the occurrences their summaries count) among `events`.
@@ -63,7 +49,7 @@ fn repeated_refusals_are_logged_once_then_counted() {
          ingest: {{ listen: \"127.0.0.1:{port}\", token: ingest-secret }}\n\
          streams: {{ logs: {{}} }}\n"
     ));
-    let mut agent = Proc::run(&config);
+    let agent = Proc::run(&config);
     let listening = agent.wait_for_event(secs(30), "admin endpoint listening", |e| {
         is(e, "admin endpoint listening")
     });
@@ -100,7 +86,7 @@ fn repeated_refusals_are_logged_once_then_counted() {
         let a = m.request("GET", "/metrics", &[], None).expect("an answer");
         assert_eq!(a.status, 401);
     }
-    stop(&mut agent);
+    let agent = stop(agent);
     for (what, status, n) in [
         ("ingest request refused", 401, 300),
         ("ingest request refused", 404, 200),
@@ -139,7 +125,7 @@ fn dead_letters_dropped_from_a_full_table_are_logged_once_then_counted() {
          streams:\n  logs: {{ sink: up, dead_letter: {{ max_jobs: 1 }} }}\n",
         quote(rx.url("/in"))
     ));
-    let mut agent = Proc::run(&config);
+    let agent = Proc::run(&config);
     agent.wait_for_event(secs(30), "colibri started", |e| is(e, "colibri started"));
     let mut c = Client::new(SocketAddr::from(([127, 0, 0, 1], port)));
     c.timeout = secs(10);
@@ -158,18 +144,12 @@ fn dead_letters_dropped_from_a_full_table_are_logged_once_then_counted() {
             .unwrap_or_else(|e| panic!("{e}; stderr:\n{}", agent.stderr()));
     }
     let dropped = || {
-        let mut cmd = colibri();
-        cmd.args(["queue", "stats", "--json", "--config"])
-            .arg(&config);
-        let f = finish(cmd, secs(60));
-        assert_code(f.status, 0, &f.stderr);
-        let doc: Value = serde_json::from_str(&f.stdout).expect("JSON");
-        doc["streams"][0]["counters"]["dropped_dead_full_records"]
+        queue_stats(&config, &[])["streams"][0]["counters"]["dropped_dead_full_records"]
             .as_u64()
             .unwrap_or(0)
     };
     agent.wait_until(secs(30), "39 dead letters dropped", || dropped() == 78);
-    stop(&mut agent);
+    let agent = stop(agent);
     let lines = agent.events_where(|e| is(e, "dead-letter table full"));
     let (full, repeated) = full_and_repeated(&lines);
     assert_eq!(full, 1, "{lines:#?}");
@@ -201,14 +181,14 @@ fn a_file_too_large_for_its_stream_is_logged_once_not_every_run() {
          tasks:\n  - {{ name: ship, type: file_move, every: 200ms, from: {}, pattern: ['*.bin'], to_stream: files, settle: 1s }}\n",
         quote_path(&from)
     ));
-    let mut agent = Proc::run(&config);
+    let agent = Proc::run(&config);
     agent.wait_until(secs(30), "10 runs", || {
         agent
             .events_where(|e| field(e, "task") == "ship" && is(e, "task run"))
             .len()
             >= 10
     });
-    stop(&mut agent);
+    let agent = stop(agent);
     let runs = agent.events_where(|e| field(e, "task") == "ship" && is(e, "task run"));
     for r in &runs {
         assert_eq!(field(r, "message"), "task run finished", "{r}");

@@ -2,21 +2,11 @@
 //! with their scrape time, and failed scrapes (an error status, a malformed body, an answer over
 //! `max_body`) logged with the reason and counted, storing nothing, while the agent carries on.
 
-#[path = "util/serve.rs"]
-mod serve;
-#[allow(dead_code)] // shared with the other test binaries; each uses its own part of it
-mod util;
-
-use std::time::Duration;
-
 use serde_json::Value;
 
-use serve::Endpoint;
-use util::{Proc, Sandbox, assert_code, colibri, field, finish, quote};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+use crate::util::secs;
+use crate::util::serve::Endpoint;
+use crate::util::{Proc, Sandbox, assert_code, colibri, field, finish, quote};
 
 #[test]
 fn raw_scrapes_are_stored_with_their_time_and_failed_ones_store_nothing() {

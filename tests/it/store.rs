@@ -6,9 +6,6 @@
 //! Records are lines `r<seq>` (sometimes padded: `r<seq>-xxx...`), with `seq` never reused within a
 //! test, so what is found in the store can be matched against what was fed and what was acknowledged.
 
-#[allow(dead_code)] // shared with tests/cli.rs; each binary uses its own part of it
-mod util;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -20,11 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use util::{Proc, Sandbox, assert_code, colibri, field, finish, head, poll, quote_path};
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+use crate::util::{Proc, Sandbox, assert_code, field, finish, head, poll, quote_path};
+use crate::util::{queue, queue_stats, secs, stop, stream_stats};
 
 /// A config with two streams, `logs` (the one the tests fill) and `metrics`, logging JSON.
 fn write_config(sb: &Sandbox, data_dir: &str, storage: &str) -> PathBuf {
@@ -38,17 +32,10 @@ fn write_config(sb: &Sandbox, data_dir: &str, storage: &str) -> PathBuf {
     ))
 }
 
-/// `colibri queue <args> --config <config>`.
-fn queue(config: &Path, args: &[&str]) -> Command {
-    let mut cmd = colibri();
-    cmd.arg("queue").args(args).arg("--config").arg(config);
-    cmd
-}
-
 /// The JSON log events among `stderr`'s complete lines. Unlike `Proc::events`, a line that is not
 /// JSON (a panic message) is skipped rather than fatal: these tests look for exactly such lines.
 fn json_events(stderr: &str) -> Vec<Value> {
-    util::complete_lines(stderr)
+    crate::util::complete_lines(stderr)
         .iter()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
@@ -77,17 +64,9 @@ fn start_agent(config: &Path) -> Proc {
     agent
 }
 
-/// SIGTERM, then exit 0 within 20 s.
-fn stop_agent(mut agent: Proc) -> Proc {
-    agent.signal(libc::SIGTERM);
-    let status = agent.wait_exit(secs(20));
-    assert_code(status, 0, &agent.stderr());
-    agent
-}
-
 /// The store file exists only once colibri has run: run it once.
 fn create_store(config: &Path) {
-    let agent = stop_agent(start_agent(config));
+    let agent = stop(start_agent(config));
     assert!(
         has_message(&agent.events(), "store opened"),
         "{}",
@@ -241,7 +220,7 @@ impl Push {
 
     fn kill9(&self) {
         assert!(self.status.is_none(), "already reaped");
-        util::send_signal(self.pid(), libc::SIGKILL);
+        crate::util::send_signal(self.pid(), libc::SIGKILL);
     }
 
     /// Waits for the exit, then for stdout/stderr to be complete and the feeder to stop; returns
@@ -329,17 +308,8 @@ fn peek_all(config: &Path, stream: &str) -> Vec<String> {
 
 /// `colibri queue stats --json`, and the entry of `stream` in it.
 fn stats(config: &Path, stream: &str) -> (Value, Value) {
-    let f = finish(queue(config, &["stats", "--json"]), secs(60));
-    assert_code(f.status, 0, &f.stderr);
-    let doc: Value = serde_json::from_str(&f.stdout)
-        .unwrap_or_else(|e| panic!("stats --json is not JSON ({e}): {}", f.stdout));
-    let entry = doc["streams"]
-        .as_array()
-        .expect("streams array")
-        .iter()
-        .find(|s| s["stream"] == stream)
-        .unwrap_or_else(|| panic!("no stream {stream} in {doc}"))
-        .clone();
+    let doc = queue_stats(config, &[]);
+    let entry = stream_stats(&doc, stream);
     (doc, entry)
 }
 
@@ -489,7 +459,7 @@ fn kill_9_never_loses_an_acknowledged_record() {
     assert_eq!(logs["balanced"], true, "{logs}");
 
     // The agent starts on the file the kills left behind.
-    let agent = stop_agent(start_agent(&config));
+    let agent = stop(start_agent(&config));
     let events = agent.events();
     let opened = events
         .iter()
@@ -651,7 +621,7 @@ fn disk_full_on_a_tmpfs_is_an_error_not_a_loss() {
         assert!(acked > 0, "some records fit before the disk filled up");
 
         // The agent still starts on the full disk (it must, to drain the backlog), and stops.
-        let agent = stop_agent(start_agent(&config));
+        let agent = stop(start_agent(&config));
         assert!(!panicked(None, &agent.stderr()), "{}", agent.stderr());
 
         // Re-opened: every acknowledged record is there, in order; at most the failed commit more.
@@ -818,7 +788,7 @@ fn run_on_damaged_store(name: &str, damage: impl FnOnce(&Path)) -> Outcome {
         if has_message(&events, "colibri started") {
             return Some(true);
         }
-        util::is_gone(agent.pid()).then_some(false)
+        crate::util::is_gone(agent.pid()).then_some(false)
     });
     if started != Some(true) {
         let status = agent.wait_exit(secs(10));
@@ -828,7 +798,7 @@ fn run_on_damaged_store(name: &str, damage: impl FnOnce(&Path)) -> Outcome {
             agent.stderr()
         ));
     }
-    let agent = stop_agent(agent);
+    let agent = stop(agent);
     // A panic that colibri caught and turned into an error still prints its message (not JSON).
     if agent.stderr().contains("panicked") {
         eprintln!("{name}: note: colibri caught a panic (its message is on stderr)");
@@ -1059,7 +1029,7 @@ fn queue_commands_work_end_to_end() {
         "an upper bound even beside the agent: {doc}"
     );
     assert_eq!(peek_all(&config, "logs"), ["r1", "r2", "r3", "r4", "r5"]);
-    stop_agent(agent);
+    stop(agent);
 
     // Stopped again: push appends after what is there.
     push_ok(&config, 2, 6, 3);
@@ -1127,7 +1097,7 @@ fn file_sink_delivers_the_backlog_once_its_directory_appears() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let agent = stop_agent(agent);
+    let agent = stop(agent);
     // Graceful stop closes the store cleanly: it opens read-only with no repair needed (a read-only
     // open refuses a file that was not closed cleanly).
     let c = colibri::config::load(&config).expect("the config loads");
@@ -1199,7 +1169,7 @@ fn push_creates_the_store_as_run_would() {
     );
 
     // The agent starts on the store push made and finds the records there.
-    stop_agent(start_agent(&config));
+    stop(start_agent(&config));
     assert_eq!(peek_all(&config, "logs"), ["r1", "r2", "r3"]);
 }
 

@@ -6,22 +6,17 @@
 //! written `$$$$`, and shell variables are written `$NAME`, never `${NAME}`. Paths reach the scripts
 //! through the task's `env`, so no path is ever quoted for the shell.
 
-mod util;
-
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use util::{
+use crate::util::secs;
+use crate::util::{
     Proc, Sandbox, assert_code, assert_gone, colibri, field, finish, head, is_gone,
     live_group_members, parse_pids, quote, quote_path,
 };
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 /// `event` is the one-line outcome of a run of `task`.
 fn is_run_of(event: &Value, task: &str) -> bool {

@@ -1,0 +1,24 @@
+//! The integration tests: one test binary (as ripgrep's `tests/tests.rs`), a module per area, and
+//! the helpers they share in `util` (a scratch directory and the real `colibri` binary as a child
+//! process, bounded polls, a controllable HTTP receiver, a raw HTTP/1.1 client, an endpoint to
+//! scrape). Every test drives the binary as a user would: files, signals, sockets, real servers.
+//! One binary links once and shares one pool of test threads; `cargo test --test it tail::` runs
+//! one area.
+
+mod util;
+
+mod cli;
+mod delivery;
+mod file_move;
+mod ingest;
+mod listeners;
+mod log_file;
+mod log_summary;
+mod man;
+mod operate;
+mod receiver;
+mod scrape;
+mod ship;
+mod store;
+mod tail;
+mod tsdb;
