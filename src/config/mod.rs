@@ -1456,7 +1456,7 @@ fn compile_admin(
         token: spec
             .token
             .filter(|t| !t.is_empty())
-            .map(crate::ingest::Token::new),
+            .map(crate::net::token::Token::new),
     })
 }
 

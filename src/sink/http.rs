@@ -10,15 +10,13 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use reqwest::header::{
-    CONTENT_DISPOSITION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderName,
-    HeaderValue, RETRY_AFTER,
+    CONTENT_DISPOSITION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, RETRY_AFTER,
 };
 use reqwest::{Client, Method, Url};
 
 use super::DeliveryError;
+use crate::net::client::{self, BadHeader, chain, shown_url};
 
-/// Sent with every request, so a receiver can tell colibri and its version apart.
-pub const USER_AGENT: &str = concat!("colibri/", env!("CARGO_PKG_VERSION"));
 /// How much of a refusal's body goes into the dead-letter reason and the log.
 const BODY_PREFIX: usize = 256;
 /// Bodies at least this large are compressed off the event loop.
@@ -133,12 +131,6 @@ impl SettingError {
     }
 }
 
-/// Installs rustls' ring provider as the process default. Idempotent; called before any client is
-/// built (a second install just reports that one exists).
-pub fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 /// A ready-to-use HTTP sink: the client (connection pool, TLS, configured headers) and the request
 /// template.
 pub struct HttpSink {
@@ -162,7 +154,6 @@ impl HttpSink {
     /// Builds the client: reads the CA and client certificate files, checks the headers. Errors name
     /// the setting at fault.
     pub fn new(spec: &HttpSpec) -> Result<HttpSink, SettingError> {
-        install_crypto_provider();
         let mut url = spec.url.clone();
         let host = url
             .host_str()
@@ -173,11 +164,7 @@ impl HttpSink {
         let port = url
             .port_or_known_default()
             .ok_or_else(|| SettingError::new("url", format!("{} has no port", spec.url)))?;
-        let mut b = Client::builder()
-            // Proxies from the environment would turn an upstream outage into 502s that spend
-            // attempts, while the probe dials the origin directly: not supported for now.
-            .no_proxy()
-            .user_agent(USER_AGENT)
+        let mut b = client::builder()
             .timeout(spec.timeout)
             .connect_timeout(spec.timeout.min(Duration::from_secs(10)))
             // A redirect would re-send the body somewhere nobody configured: treated as a failure.
@@ -251,20 +238,15 @@ impl HttpSink {
                 host: host.clone(),
             });
         }
-        let mut headers = HeaderMap::new();
-        for (k, v) in &spec.headers {
-            let at = || format!("headers.{k}");
-            let name = HeaderName::from_bytes(k.as_bytes())
-                .map_err(|_| SettingError::new(at(), "not a valid header name".into()))?;
-            let mut value = HeaderValue::from_str(v).map_err(|_| {
-                SettingError::new(
-                    at(),
-                    "the value has characters a header cannot carry".into(),
-                )
-            })?;
-            value.set_sensitive(true);
-            headers.insert(name, value);
-        }
+        let headers = client::sensitive_headers(&spec.headers).map_err(|bad| match bad {
+            BadHeader::Name(k) => {
+                SettingError::new(format!("headers.{k}"), "not a valid header name".into())
+            }
+            BadHeader::Value(k) => SettingError::new(
+                format!("headers.{k}"),
+                "the value has characters a header cannot carry".into(),
+            ),
+        })?;
         // Sent with every request (probes too: a probe through an authenticating proxy or
         // gateway needs them), without a copy per request.
         b = b.default_headers(headers);
@@ -486,37 +468,6 @@ impl reqwest::dns::Resolve for ServerName {
     }
 }
 
-/// A URL fit for logs and stored reasons: the password and the values of query parameters that
-/// look like credentials are replaced by `***`.
-pub fn shown_url(url: &Url) -> String {
-    let mut u = url.clone();
-    if u.password().is_some() {
-        let _ = u.set_password(Some("***"));
-    }
-    let secret = |k: &str| {
-        let k = k.to_ascii_lowercase();
-        ["pass", "token", "key", "secret", "auth", "sig"]
-            .iter()
-            .any(|w| k.contains(w))
-            || k == "p"
-    };
-    if u.query_pairs().any(|(k, _)| secret(&k)) {
-        let pairs: Vec<(String, String)> = u
-            .query_pairs()
-            .map(|(k, v)| {
-                let v = if secret(&k) {
-                    "***".into()
-                } else {
-                    v.into_owned()
-                };
-                (k.into_owned(), v)
-            })
-            .collect();
-        u.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    u.to_string()
-}
-
 /// `attachment; filename="<ASCII>"; filename*=UTF-8''<percent-encoded>` (RFC 6266): the plain
 /// form for simple receivers (other bytes become `_`), the encoded one exact for any name.
 pub fn content_disposition(name: &std::ffi::OsStr) -> String {
@@ -607,22 +558,6 @@ pub fn parse_retry_after(v: &HeaderValue) -> Option<Duration> {
     Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
-/// An error and its causes on one line: reqwest's own message alone says little ("error sending
-/// request"); the cause says "connection refused" or "invalid peer certificate: UnknownIssuer".
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -658,22 +593,6 @@ mod tests {
             .read_to_end(&mut out)
             .unwrap();
         assert_eq!(out, body);
-    }
-
-    #[test]
-    fn urls_in_logs_hide_passwords_and_secret_query_values() {
-        let u: Url =
-            "https://user:hunter2@db.example:8086/write?db=plant&u=user&p=hunter2&precision=s"
-                .parse()
-                .unwrap();
-        let shown = shown_url(&u);
-        assert!(!shown.contains("hunter2"), "{shown}");
-        assert!(
-            shown.contains("db=plant") && shown.contains("precision=s"),
-            "{shown}"
-        );
-        let plain: Url = "http://127.0.0.1:8428/write".parse().unwrap();
-        assert_eq!(shown_url(&plain), "http://127.0.0.1:8428/write");
     }
 
     #[test]

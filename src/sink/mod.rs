@@ -385,7 +385,11 @@ impl SinkConfig {
             SinkKind::File { dir } => format!("file sink {} ({})", self.name, dir.display()),
             SinkKind::Stdout => format!("stdout sink {}", self.name),
             SinkKind::Http(spec) => {
-                format!("http sink {} ({})", self.name, http::shown_url(&spec.url))
+                format!(
+                    "http sink {} ({})",
+                    self.name,
+                    crate::net::client::shown_url(&spec.url)
+                )
             }
         }
     }

@@ -10,10 +10,10 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Attempt, Outcome, RunContext};
+use crate::net::client::{self, BadHeader, chain, shown_url};
 use crate::scrape::json::JsonMapping;
 use crate::scrape::lineproto::Precision;
 use crate::scrape::{json, prometheus};
-use crate::sink::http::chain;
 
 /// How an answer becomes records.
 #[derive(Debug, Clone)]
@@ -66,19 +66,12 @@ impl Scrape {
     fn client(&self) -> Result<&reqwest::Client, String> {
         self.client
             .get_or_init(|| {
-                crate::sink::http::install_crypto_provider();
-                let mut headers = reqwest::header::HeaderMap::new();
-                for (k, v) in &self.headers {
-                    let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
-                        .map_err(|_| format!("headers.{k}: not a valid header name"))?;
-                    let mut value = reqwest::header::HeaderValue::from_str(v)
-                        .map_err(|_| format!("headers.{k}: not a valid header value"))?;
-                    value.set_sensitive(true);
-                    headers.insert(name, value);
-                }
-                reqwest::Client::builder()
-                    .no_proxy()
-                    .user_agent(crate::sink::http::USER_AGENT)
+                let headers =
+                    client::sensitive_headers(&self.headers).map_err(|bad| match bad {
+                        BadHeader::Name(k) => format!("headers.{k}: not a valid header name"),
+                        BadHeader::Value(k) => format!("headers.{k}: not a valid header value"),
+                    })?;
+                client::builder()
                     .default_headers(headers)
                     .redirect(reqwest::redirect::Policy::limited(3))
                     .pool_max_idle_per_host(1)
@@ -124,7 +117,7 @@ impl Scrape {
             .duration_since(UNIX_EPOCH)
             .map_err(|_| "the clock is before 1970")?;
         let ts_ns = i64::try_from(now.as_nanos()).map_err(|_| "the clock is past 2262")?;
-        let shown = crate::sink::http::shown_url(&self.url);
+        let shown = shown_url(&self.url);
         let mut resp = self
             .client()?
             .get(self.url.clone())
