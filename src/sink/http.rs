@@ -14,8 +14,9 @@ use reqwest::header::{
 };
 use reqwest::{Client, Method, Url};
 
-use super::DeliveryError;
+use super::{Batch, Deliver, DeliveryError, Probe, RecordFormat, SettingError};
 use crate::net::client::{self, BadHeader, chain, shown_url};
+use crate::store::FileJob;
 
 /// How much of a refusal's body goes into the dead-letter reason and the log.
 const BODY_PREFIX: usize = 256;
@@ -67,6 +68,24 @@ impl std::fmt::Debug for HttpSpec {
     }
 }
 
+impl HttpSpec {
+    /// What the records of a stream delivered here must be.
+    pub fn record_format(&self) -> RecordFormat {
+        match self.encoding {
+            Encoding::Ndjson | Encoding::JsonArray => RecordFormat::Json,
+            Encoding::InfluxLine => RecordFormat::LineProtocol(
+                self.precision
+                    .unwrap_or(crate::scrape::lineproto::Precision::Ns),
+            ),
+        }
+    }
+
+    /// For logs: the sink's type, name and URL (never header values, no credentials).
+    pub fn describe(&self, name: &str) -> String {
+        format!("http sink {name} ({})", shown_url(&self.url))
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HttpMethod {
     Post,
@@ -113,24 +132,6 @@ pub struct TlsSpec {
     pub server_name: Option<String>,
 }
 
-/// A setting that cannot be used, and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}{}{message}", .field, if .field.is_empty() { "" } else { ": " })]
-pub struct SettingError {
-    /// The setting's path within the sink, e.g. `tls.ca_file`; empty for the sink as a whole.
-    pub field: String,
-    pub message: String,
-}
-
-impl SettingError {
-    fn new(field: impl Into<String>, message: String) -> Self {
-        SettingError {
-            field: field.into(),
-            message,
-        }
-    }
-}
-
 /// A ready-to-use HTTP sink: the client (connection pool, TLS, configured headers) and the request
 /// template.
 pub struct HttpSink {
@@ -148,6 +149,8 @@ pub struct HttpSink {
     /// With `tls.server_name`: (the URL's original host, the name it is reached by).
     renamed: Option<(String, String)>,
     timeout: Duration,
+    concurrency: usize,
+    replay_rate: Option<u64>,
 }
 
 impl HttpSink {
@@ -272,92 +275,9 @@ impl HttpSink {
             probe_addr: (host, port),
             renamed,
             timeout: spec.timeout,
+            concurrency: spec.concurrency.max(1) as usize,
+            replay_rate: spec.replay_rate,
         })
-    }
-
-    /// The request body for these records, encoded and compressed.
-    pub async fn body(&self, records: &[&[u8]]) -> Result<Vec<u8>, DeliveryError> {
-        let body = encode(self.encoding, records);
-        let c = self.compression;
-        if c == Compression::None {
-            return Ok(body);
-        }
-        let compressed = if body.len() < COMPRESS_INLINE_MAX {
-            compress(c, &body)
-        } else {
-            tokio::task::spawn_blocking(move || compress(c, &body))
-                .await
-                .map_err(|e| DeliveryError::Transient {
-                    reason: format!("compression stopped: {e}"),
-                    retry_after: None,
-                })?
-        };
-        compressed.map_err(|e| DeliveryError::Transient {
-            reason: format!("cannot compress the body: {e}"),
-            retry_after: None,
-        })
-    }
-
-    /// Sends one body and classifies the outcome.
-    pub async fn send(&self, key: &str, body: Vec<u8>) -> Result<(), DeliveryError> {
-        let mut req = self
-            .client
-            .request(self.method.clone(), self.url.clone())
-            .header(CONTENT_TYPE, self.content_type.clone())
-            .header("idempotency-key", key);
-        if let Some(enc) = &self.content_encoding {
-            req = req.header(CONTENT_ENCODING, enc.clone());
-        }
-        self.exchange(req.body(body)).await
-    }
-
-    /// Uploads a spooled file as the request body, streamed from disk, with its length and its
-    /// name (`Content-Disposition`); never compressed. A file that is gone from the spool can never
-    /// be delivered: permanent.
-    pub async fn send_file(
-        &self,
-        key: &str,
-        path: &std::path::Path,
-        name: &std::ffi::OsStr,
-        len: u64,
-    ) -> Result<(), DeliveryError> {
-        let body = match super::file_body::FileBody::open(path, len) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(DeliveryError::Permanent(format!(
-                    "the spooled file {} is missing",
-                    path.display()
-                )));
-            }
-            Err(e) => {
-                return Err(DeliveryError::Transient {
-                    reason: format!("cannot read the spooled file {}: {e}", path.display()),
-                    retry_after: None,
-                });
-            }
-        };
-        let req = self
-            .client
-            .request(self.method.clone(), self.url.clone())
-            .timeout(self.timeout + Duration::from_secs(len / MIN_UPLOAD_RATE))
-            .header(CONTENT_TYPE, "application/octet-stream")
-            .header(CONTENT_LENGTH, len)
-            .header(CONTENT_DISPOSITION, content_disposition(name))
-            .header("idempotency-key", key)
-            .body(reqwest::Body::wrap(body));
-        match self.exchange(req).await {
-            // A failure that came from reading the file, not from the peer, is not an outage: a
-            // spooled file that shrank or vanished can never be sent whole.
-            Err(DeliveryError::Unavailable(reason))
-                if std::fs::metadata(path).map_or(true, |m| m.len() < len) =>
-            {
-                Err(DeliveryError::Permanent(format!(
-                    "the spooled file {} no longer holds its {len} bytes ({reason})",
-                    path.display()
-                )))
-            }
-            other => other,
-        }
     }
 
     /// Sends a request and classifies the outcome.
@@ -409,10 +329,109 @@ impl HttpSink {
             },
         })
     }
+}
+
+impl Deliver for HttpSink {
+    fn concurrency(&self) -> usize {
+        self.concurrency
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn replay_rate(&self) -> Option<u64> {
+        self.replay_rate
+    }
+
+    /// The request body for the batch's records, encoded and compressed.
+    async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
+        let body = encode(self.encoding, batch.records);
+        let c = self.compression;
+        if c == Compression::None {
+            return Ok(body);
+        }
+        let compressed = if body.len() < COMPRESS_INLINE_MAX {
+            compress(c, &body)
+        } else {
+            tokio::task::spawn_blocking(move || compress(c, &body))
+                .await
+                .map_err(|e| DeliveryError::Transient {
+                    reason: format!("compression stopped: {e}"),
+                    retry_after: None,
+                })?
+        };
+        compressed.map_err(|e| DeliveryError::Transient {
+            reason: format!("cannot compress the body: {e}"),
+            retry_after: None,
+        })
+    }
+
+    /// Sends one body and classifies the outcome.
+    async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
+        let key = batch.idempotency_key();
+        let mut req = self
+            .client
+            .request(self.method.clone(), self.url.clone())
+            .header(CONTENT_TYPE, self.content_type.clone())
+            .header("idempotency-key", key);
+        if let Some(enc) = &self.content_encoding {
+            req = req.header(CONTENT_ENCODING, enc.clone());
+        }
+        self.exchange(req.body(body)).await
+    }
+
+    /// Uploads a spooled file as the request body, streamed from disk, with its length and its
+    /// name (`Content-Disposition`); never compressed. A file that is gone from the spool can never
+    /// be delivered: permanent.
+    async fn send_file(&self, batch: &Batch<'_>, file: &FileJob) -> Result<(), DeliveryError> {
+        let (key, path, len) = (batch.idempotency_key(), file.path.as_path(), file.len);
+        let body = match super::file_body::FileBody::open(path, len) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(DeliveryError::Permanent(format!(
+                    "the spooled file {} is missing",
+                    path.display()
+                )));
+            }
+            Err(e) => {
+                return Err(DeliveryError::Transient {
+                    reason: format!("cannot read the spooled file {}: {e}", path.display()),
+                    retry_after: None,
+                });
+            }
+        };
+        let req = self
+            .client
+            .request(self.method.clone(), self.url.clone())
+            .timeout(self.timeout + Duration::from_secs(len / MIN_UPLOAD_RATE))
+            .header(CONTENT_TYPE, "application/octet-stream")
+            .header(CONTENT_LENGTH, len)
+            .header(CONTENT_DISPOSITION, content_disposition(&file.name))
+            .header("idempotency-key", key)
+            .body(reqwest::Body::wrap(body));
+        match self.exchange(req).await {
+            // A failure that came from reading the file, not from the peer, is not an outage: a
+            // spooled file that shrank or vanished can never be sent whole.
+            Err(DeliveryError::Unavailable(reason))
+                if std::fs::metadata(path).map_or(true, |m| m.len() < len) =>
+            {
+                Err(DeliveryError::Permanent(format!(
+                    "the spooled file {} no longer holds its {len} bytes ({reason})",
+                    path.display()
+                )))
+            }
+            other => other,
+        }
+    }
 
     /// A TCP connect to the URL's host and port; or, given a probe URL, a GET that gets any
     /// answer at all (a 404 still proves the link works).
-    pub async fn probe(&self, url: Option<&Url>) -> Result<(), String> {
+    async fn probe(&self, how: &Probe) -> Result<(), String> {
+        let url = match how {
+            Probe::Tcp => None,
+            Probe::Http(u) => Some(u),
+        };
         match url {
             None => {
                 let (host, port) = (&self.probe_addr.0, self.probe_addr.1);

@@ -1,0 +1,202 @@
+//! The `file` sink: each job (or part of a job) becomes one file in a directory, written so that it
+//! appears whole or not at all and survives a power cut; a replay of the same records writes the
+//! same name again. The directory is never created: a missing one (an unmounted disk) is an outage
+//! and the link's probe waits for it. It does not retry or touch the store (the delivery worker
+//! does). Built by `sink::Sink::new` from `SinkKind::File`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{Batch, Deliver, DeliveryError, Probe, local};
+use crate::store::FileJob;
+
+/// For logs: the sink's type, name and directory.
+pub fn describe(name: &str, dir: &Path) -> String {
+    format!("file sink {name} ({})", dir.display())
+}
+
+/// A file sink ready to write.
+pub struct FileSink {
+    dir: PathBuf,
+    /// [`describe`]'s line, for failure reasons.
+    shown: String,
+}
+
+impl FileSink {
+    pub fn new(name: &str, dir: &Path) -> FileSink {
+        FileSink {
+            dir: dir.to_path_buf(),
+            shown: describe(name, dir),
+        }
+    }
+}
+
+impl Deliver for FileSink {
+    fn concurrency(&self) -> usize {
+        1
+    }
+
+    fn timeout(&self) -> Duration {
+        local::TIMEOUT
+    }
+
+    fn replay_rate(&self) -> Option<u64> {
+        None
+    }
+
+    async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
+        Ok(local::lines(batch.records))
+    }
+
+    /// Writes `body` as the batch's file.
+    async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
+        let (dir, name) = (self.dir.clone(), file_name(batch));
+        let written = local::off_the_loop(&self.shown, move || {
+            write_atomically(&dir, name.as_ref(), |f| f.write_all(&body))
+        })
+        .await?;
+        match written {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(DeliveryError::Unavailable(format!("{}: {e}", self.shown)))
+            }
+            Err(e) => Err(DeliveryError::transient(format!("{}: {e}", self.shown))),
+        }
+    }
+
+    /// Copies a file job's file into the directory, under the job's name and the file's own.
+    async fn send_file(&self, batch: &Batch<'_>, file: &FileJob) -> Result<(), DeliveryError> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut name = format!("{}-{:020}-", batch.stream, batch.job).into_bytes();
+        // Cut so the name (and its temporary `.<name>.tmp`) stays within NAME_MAX (255).
+        let original = file.name.as_bytes();
+        let room = 250usize.saturating_sub(name.len() + 5);
+        name.extend_from_slice(&original[..original.len().min(room)]);
+        let (dir, src, len) = (self.dir.clone(), file.path.clone(), file.len);
+        let written = local::off_the_loop(&self.shown, move || {
+            write_atomically(&dir, std::ffi::OsStr::from_bytes(&name), |f| {
+                local::short(local::copy_prefix(&src, len, f)?, len)
+            })
+        })
+        .await?;
+        local::spooled_outcome(&self.shown, written, &file.path)
+    }
+
+    /// Whether the directory is there (again).
+    async fn probe(&self, _how: &Probe) -> Result<(), String> {
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || {
+            if dir.is_dir() {
+                Ok(())
+            } else {
+                Err(format!("{} does not exist", dir.display()))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("probe stopped: {e}")))
+    }
+}
+
+/// The name of a batch's file: the same for every re-send of the same records.
+fn file_name(batch: &Batch<'_>) -> String {
+    if batch.whole {
+        format!("{}-{:020}.ndjson", batch.stream, batch.job)
+    } else {
+        format!(
+            "{}-{:020}-{}-{}.ndjson",
+            batch.stream, batch.job, batch.first, batch.end
+        )
+    }
+}
+
+/// Writes `dir/name` so that it appears whole or not at all, and stays after a power cut: `fill`
+/// writes a temporary file, which is fsync'd and renamed over the final name, then the directory is
+/// fsync'd. The directory must exist (a missing one is `NotFound`: an outage, not created).
+fn write_atomically(
+    dir: &Path,
+    name: &std::ffi::OsStr,
+    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    if !dir.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "the directory does not exist (colibri does not create it)",
+        ));
+    }
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(".tmp");
+    let tmp = dir.join(tmp_name);
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        fill(&mut f)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, dir.join(name))?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{batch, deliver};
+    use super::super::{LinkSpec, Sink, SinkConfig, SinkKind, SinkRetry};
+    use super::*;
+
+    fn file_sink(dir: &Path) -> Sink {
+        let cfg = SinkConfig {
+            name: "out".into(),
+            kind: SinkKind::File {
+                dir: dir.to_path_buf(),
+            },
+            retry: SinkRetry {
+                base: Duration::from_secs(1),
+                cap: Duration::from_secs(1),
+                max_attempts: 1,
+            },
+            link: LinkSpec::default(),
+        };
+        Sink::new(std::sync::Arc::new(cfg)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_job_becomes_one_whole_file_and_a_replay_overwrites_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = file_sink(dir.path());
+        let recs: [&[u8]; 2] = [b"{\"a\":1}", b"{\"b\":2}"];
+        deliver(&sink, &batch(7, &recs)).await.unwrap();
+        let path = dir.path().join("logs-00000000000000000007.ndjson");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"a\":1}\n{\"b\":2}\n"
+        );
+        // Delivered again after a crash: same name, same content, no second file.
+        let recs: [&[u8]; 2] = [b"{\"a\":1}", b"{\"b\":2}"];
+        deliver(&sink, &batch(7, &recs)).await.unwrap();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_directory_is_an_outage_and_is_not_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("not-mounted");
+        let sink = file_sink(&gone);
+        let e = deliver(&sink, &batch(1, &[b"x"])).await.unwrap_err();
+        assert!(
+            matches!(&e, DeliveryError::Unavailable(m) if m.contains("does not exist")),
+            "{e:?}"
+        );
+        assert!(!gone.exists(), "colibri must not create the directory");
+        assert!(sink.probe().await.is_err());
+        std::fs::create_dir(&gone).unwrap();
+        sink.probe().await.unwrap();
+    }
+}
