@@ -144,7 +144,7 @@ fn write_atomically(
 #[cfg(test)]
 mod tests {
     use super::super::tests::{batch, deliver};
-    use super::super::{LinkSpec, Sink, SinkConfig, SinkKind, SinkRetry};
+    use super::super::{LinkConfig, Sink, SinkConfig, SinkKind, SinkRetry};
     use super::*;
 
     fn file_sink(dir: &Path) -> Sink {
@@ -158,7 +158,7 @@ mod tests {
                 cap: Duration::from_secs(1),
                 max_attempts: 1,
             },
-            link: LinkSpec::default(),
+            link: LinkConfig::default(),
         };
         Sink::new(std::sync::Arc::new(cfg)).unwrap()
     }

@@ -29,7 +29,7 @@ const MIN_UPLOAD_RATE: u64 = 64 << 10;
 
 /// The compiled `type: http` settings.
 #[derive(Clone, PartialEq, Eq)]
-pub struct HttpSpec {
+pub struct HttpConfig {
     pub url: Url,
     pub method: HttpMethod,
     pub encoding: Encoding,
@@ -41,19 +41,19 @@ pub struct HttpSpec {
     pub timeout: Duration,
     /// Requests in flight at once; 1 keeps strict order.
     pub concurrency: u32,
-    pub tls: TlsSpec,
+    pub tls: TlsConfig,
     /// Bytes per second while a backlog drains; `None` is unlimited.
     pub replay_rate: Option<u64>,
 }
 
-impl std::fmt::Debug for HttpSpec {
+impl std::fmt::Debug for HttpConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let headers: Vec<_> = self
             .headers
             .iter()
             .map(|(k, _)| (k, "<redacted>"))
             .collect();
-        f.debug_struct("HttpSpec")
+        f.debug_struct("HttpConfig")
             .field("url", &self.url.as_str())
             .field("method", &self.method)
             .field("encoding", &self.encoding)
@@ -68,7 +68,7 @@ impl std::fmt::Debug for HttpSpec {
     }
 }
 
-impl HttpSpec {
+impl HttpConfig {
     /// What the records of a stream delivered here must be.
     pub fn record_format(&self) -> RecordFormat {
         match self.encoding {
@@ -121,7 +121,7 @@ pub enum Compression {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TlsSpec {
+pub struct TlsConfig {
     /// Trust only this CA bundle (PEM) instead of the system's roots.
     pub ca_file: Option<std::path::PathBuf>,
     /// Client certificate and key (PEM) for mutual TLS; both or neither.
@@ -156,7 +156,7 @@ pub struct HttpSink {
 impl HttpSink {
     /// Builds the client: reads the CA and client certificate files, checks the headers. Errors name
     /// the setting at fault.
-    pub fn new(spec: &HttpSpec) -> Result<HttpSink, SettingError> {
+    pub fn new(spec: &HttpConfig) -> Result<HttpSink, SettingError> {
         let mut url = spec.url.clone();
         let host = url
             .host_str()
@@ -347,14 +347,14 @@ impl Deliver for HttpSink {
     /// The request body for the batch's records, encoded and compressed.
     async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
         let body = encode(self.encoding, batch.records);
-        let c = self.compression;
-        if c == Compression::None {
+        let compression = self.compression;
+        if compression == Compression::None {
             return Ok(body);
         }
         let compressed = if body.len() < COMPRESS_INLINE_MAX {
-            compress(c, &body)
+            compress(compression, &body)
         } else {
-            tokio::task::spawn_blocking(move || compress(c, &body))
+            tokio::task::spawn_blocking(move || compress(compression, &body))
                 .await
                 .map_err(|e| DeliveryError::Transient {
                     reason: format!("compression stopped: {e}"),

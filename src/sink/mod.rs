@@ -28,14 +28,14 @@ pub struct SinkConfig {
     pub name: String,
     pub kind: SinkKind,
     pub retry: SinkRetry,
-    pub link: LinkSpec,
+    pub link: LinkConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SinkKind {
     File { dir: PathBuf },
     Stdout,
-    Http(Box<http::HttpSpec>),
+    Http(Box<http::HttpConfig>),
 }
 
 impl SinkConfig {
@@ -94,7 +94,7 @@ pub struct SinkRetry {
 
 /// When a sink counts as unreachable and how it is watched until it answers again (`link`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkSpec {
+pub struct LinkConfig {
     pub probe: Probe,
     /// Consecutive transport failures that turn the link down.
     pub down_after: u32,
@@ -102,9 +102,9 @@ pub struct LinkSpec {
     pub backoff_cap: Duration,
 }
 
-impl Default for LinkSpec {
+impl Default for LinkConfig {
     fn default() -> Self {
-        LinkSpec {
+        LinkConfig {
             probe: Probe::Tcp,
             down_after: 3,
             backoff_base: Duration::from_secs(1),
