@@ -2377,7 +2377,7 @@ fn compile_scrape(
 ) -> Option<crate::task::scrape::Scrape> {
     use crate::scrape::json::{JsonMapping, TimeUnit, check_pointer};
     use crate::scrape::lineproto::Precision;
-    use crate::task::scrape::{Format, Scrape};
+    use crate::task::scrape::{Format, Scrape, ScrapeConfig};
     let mut ok = true;
     let url = match parse_http_url(&spec.url) {
         Ok(u) => Some(u),
@@ -2511,16 +2511,16 @@ fn compile_scrape(
     };
     let url = url?;
     ok.then(|| {
-        Scrape::new(
+        Scrape::new(ScrapeConfig {
             url,
             headers,
             format,
-            spec.stream,
+            stream: spec.stream,
             measurement,
-            spec.tags.into_iter().collect(),
+            tags: spec.tags.into_iter().collect(),
             precision,
             max_body,
-        )
+        })
     })
 }
 

@@ -23,10 +23,12 @@ pub enum Format {
     Raw,
 }
 
+/// The compiled `http_scrape` settings.
 #[derive(Debug)]
-pub struct Scrape {
+pub struct ScrapeConfig {
     pub url: reqwest::Url,
-    headers: Vec<(String, String)>,
+    /// Extra request headers; values may hold credentials (sent marked sensitive).
+    pub headers: Vec<(String, String)>,
     pub format: Format,
     pub stream: String,
     pub measurement: String,
@@ -34,31 +36,29 @@ pub struct Scrape {
     /// The timestamp unit of line-protocol records (the stream's sink's `precision`).
     pub precision: Precision,
     pub max_body: u64,
+}
+
+/// A scrape task's handler: its settings (which it reads as, through `Deref`) and the client made
+/// from them at the first run.
+#[derive(Debug)]
+pub struct Scrape {
+    config: ScrapeConfig,
     /// Built at the first run (connection pool and all), then reused.
     client: OnceLock<Result<reqwest::Client, String>>,
 }
 
+impl std::ops::Deref for Scrape {
+    type Target = ScrapeConfig;
+
+    fn deref(&self) -> &ScrapeConfig {
+        &self.config
+    }
+}
+
 impl Scrape {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        url: reqwest::Url,
-        headers: Vec<(String, String)>,
-        format: Format,
-        stream: String,
-        measurement: String,
-        tags: Vec<(String, String)>,
-        precision: Precision,
-        max_body: u64,
-    ) -> Scrape {
+    pub fn new(config: ScrapeConfig) -> Scrape {
         Scrape {
-            url,
-            headers,
-            format,
-            stream,
-            measurement,
-            tags,
-            precision,
-            max_body,
+            config,
             client: OnceLock::new(),
         }
     }
