@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{Attempt, Outcome, RunContext};
+use super::{Attempt, Needs, Outcome, RunContext};
 use crate::net::client::{self, BadHeader, chain, shown_url};
 use crate::scrape::json::JsonMapping;
 use crate::scrape::lineproto::Precision;
@@ -60,6 +60,15 @@ impl Scrape {
         Scrape {
             config,
             client: OnceLock::new(),
+        }
+    }
+
+    /// Its stream, and its sink's `precision` it stamps records in.
+    pub fn needs(&self) -> Needs<'_> {
+        Needs {
+            stream: Some(&self.stream),
+            spool: None,
+            sink_settings: true,
         }
     }
 
