@@ -6,7 +6,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use super::{Batch, Deliver, DeliveryError, Probe, local};
 use crate::store::FileJob;
@@ -33,22 +32,6 @@ impl FileSink {
 }
 
 impl Deliver for FileSink {
-    fn concurrency(&self) -> usize {
-        1
-    }
-
-    fn timeout(&self) -> Duration {
-        local::TIMEOUT
-    }
-
-    fn replay_rate(&self) -> Option<u64> {
-        None
-    }
-
-    async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
-        Ok(local::lines(batch.records))
-    }
-
     /// Writes `body` as the batch's file.
     async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
         let (dir, name) = (self.dir.clone(), file_name(batch));
@@ -146,6 +129,7 @@ mod tests {
     use super::super::tests::{batch, deliver};
     use super::super::{LinkConfig, Sink, SinkConfig, SinkKind, SinkRetry};
     use super::*;
+    use std::time::Duration;
 
     fn file_sink(dir: &Path) -> Sink {
         let cfg = SinkConfig {

@@ -1,22 +1,11 @@
-//! What the sinks that write on this machine (`file`, `stdout`) share: their body (a record per
-//! line), their fixed limits, blocking writes run off the event loop, and a spooled file copied out
-//! whole with its failures classified. Each sink's own writing is in its file; called by
-//! [`super::file`] and [`super::stdout`].
+//! What the sinks that write on this machine (`file`, `stdout`) share beyond `Deliver`'s defaults
+//! (a record per line, one write at a time): blocking writes run off the event loop, and a spooled
+//! file copied out whole with its failures classified. Each sink's own writing is in its file;
+//! called by [`super::file`] and [`super::stdout`].
 
 use std::path::Path;
-use std::time::Duration;
 
 use super::DeliveryError;
-use super::http::{Encoding, encode};
-
-/// The longest a local write may take (it only bounds the link's trial: local writes have no
-/// timeout of their own).
-pub(super) const TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A record per line, as every local sink writes them.
-pub(super) fn lines(records: &[&[u8]]) -> Vec<u8> {
-    encode(Encoding::Ndjson, records)
-}
 
 /// Runs `write` on the blocking pool (a stat of a stale network mount, or a stdout nobody reads,
 /// can block for minutes); a writer that panicked may pass (`what` names the sink).

@@ -23,6 +23,7 @@ pub mod http;
 mod local;
 pub mod stdout;
 
+/// The compiled `sinks.<name>` entry: what every kind has, and the kind's own settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SinkConfig {
     pub name: String,
@@ -31,6 +32,7 @@ pub struct SinkConfig {
     pub link: LinkConfig,
 }
 
+/// Each kind's own compiled settings (its file in `sink/` says what they mean).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SinkKind {
     File { dir: PathBuf },
@@ -206,16 +208,26 @@ impl SettingError {
     }
 }
 
-/// What every kind of built sink does; [`Sink`] calls it on the kind it was built as.
+/// What every kind of built sink does; [`Sink`] calls it on the kind it was built as. The defaults
+/// are a local sink's: one write at a time, never paced, a record per line.
 trait Deliver {
     /// Requests in flight at once.
-    fn concurrency(&self) -> usize;
-    /// The longest a request may take.
-    fn timeout(&self) -> Duration;
+    fn concurrency(&self) -> usize {
+        1
+    }
+    /// The longest a request may take (for a local write, only what the link's trial waits for:
+    /// such writes have no timeout of their own).
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(10)
+    }
     /// Bytes per second while a backlog drains, if limited.
-    fn replay_rate(&self) -> Option<u64>;
+    fn replay_rate(&self) -> Option<u64> {
+        None
+    }
     /// The body that carries `batch`, as it goes over the wire.
-    async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError>;
+    async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
+        Ok(http::encode(http::Encoding::Ndjson, batch.records))
+    }
     /// Delivers `body` (made by `body` for `batch`).
     async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError>;
     /// Delivers the file of a file job, streamed from disk.

@@ -4,7 +4,6 @@
 //! `SinkKind::Stdout`.
 
 use std::io::Write;
-use std::time::Duration;
 
 use super::{Batch, Deliver, DeliveryError, Probe, local};
 use crate::store::FileJob;
@@ -29,22 +28,6 @@ impl StdoutSink {
 }
 
 impl Deliver for StdoutSink {
-    fn concurrency(&self) -> usize {
-        1
-    }
-
-    fn timeout(&self) -> Duration {
-        local::TIMEOUT
-    }
-
-    fn replay_rate(&self) -> Option<u64> {
-        None
-    }
-
-    async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
-        Ok(local::lines(batch.records))
-    }
-
     async fn send(&self, _batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
         local::off_the_loop(&self.shown, move || {
             let mut out = std::io::stdout().lock();
