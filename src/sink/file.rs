@@ -7,7 +7,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::{Batch, Deliver, DeliveryError, Probe, local};
+use super::deliver::{Batch, Deliver, DeliveryError, Probe};
+use super::local;
 use crate::store::FileJob;
 
 /// For logs: the sink's type, name and directory.
@@ -122,65 +123,4 @@ fn write_atomically(
         let _ = std::fs::remove_file(&tmp);
     }
     result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::tests::{batch, deliver};
-    use super::super::{LinkConfig, Sink, SinkConfig, SinkKind, SinkRetry};
-    use super::*;
-    use std::time::Duration;
-
-    fn file_sink(dir: &Path) -> Sink {
-        let cfg = SinkConfig {
-            name: "out".into(),
-            kind: SinkKind::File {
-                dir: dir.to_path_buf(),
-            },
-            retry: SinkRetry {
-                base: Duration::from_secs(1),
-                cap: Duration::from_secs(1),
-                max_attempts: 1,
-            },
-            link: LinkConfig::default(),
-        };
-        Sink::new(std::sync::Arc::new(cfg)).unwrap()
-    }
-
-    #[tokio::test]
-    async fn a_job_becomes_one_whole_file_and_a_replay_overwrites_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let sink = file_sink(dir.path());
-        let recs: [&[u8]; 2] = [b"{\"a\":1}", b"{\"b\":2}"];
-        deliver(&sink, &batch(7, &recs)).await.unwrap();
-        let path = dir.path().join("logs-00000000000000000007.ndjson");
-        assert_eq!(
-            std::fs::read_to_string(&path).unwrap(),
-            "{\"a\":1}\n{\"b\":2}\n"
-        );
-        // Delivered again after a crash: same name, same content, no second file.
-        let recs: [&[u8]; 2] = [b"{\"a\":1}", b"{\"b\":2}"];
-        deliver(&sink, &batch(7, &recs)).await.unwrap();
-        let names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names.len(), 1, "{names:?}");
-    }
-
-    #[tokio::test]
-    async fn a_missing_directory_is_an_outage_and_is_not_created() {
-        let dir = tempfile::tempdir().unwrap();
-        let gone = dir.path().join("not-mounted");
-        let sink = file_sink(&gone);
-        let e = deliver(&sink, &batch(1, &[b"x"])).await.unwrap_err();
-        assert!(
-            matches!(&e, DeliveryError::Unavailable(m) if m.contains("does not exist")),
-            "{e:?}"
-        );
-        assert!(!gone.exists(), "colibri must not create the directory");
-        assert!(sink.probe().await.is_err());
-        std::fs::create_dir(&gone).unwrap();
-        sink.probe().await.unwrap();
-    }
 }

@@ -14,7 +14,7 @@ use reqwest::header::{
 };
 use reqwest::{Client, Method, Url};
 
-use super::{Batch, Deliver, DeliveryError, Probe, RecordFormat, SettingError};
+use super::deliver::{Batch, Deliver, DeliveryError, Probe, RecordFormat, SettingError, lines};
 use crate::net::client::{self, BadHeader, chain, shown_url};
 use crate::store::FileJob;
 
@@ -512,16 +512,11 @@ pub fn content_disposition(name: &std::ffi::OsStr) -> String {
 
 /// Encodes records as one body.
 pub fn encode(encoding: Encoding, records: &[&[u8]]) -> Vec<u8> {
-    let len: usize = records.iter().map(|r| r.len() + 1).sum::<usize>() + 2;
-    let mut body = Vec::with_capacity(len);
     match encoding {
-        Encoding::Ndjson | Encoding::InfluxLine => {
-            for r in records {
-                body.extend_from_slice(r);
-                body.push(b'\n');
-            }
-        }
+        Encoding::Ndjson | Encoding::InfluxLine => lines(records),
         Encoding::JsonArray => {
+            let len: usize = records.iter().map(|r| r.len() + 1).sum::<usize>() + 2;
+            let mut body = Vec::with_capacity(len);
             body.push(b'[');
             for (i, r) in records.iter().enumerate() {
                 if i > 0 {
@@ -530,9 +525,9 @@ pub fn encode(encoding: Encoding, records: &[&[u8]]) -> Vec<u8> {
                 body.extend_from_slice(r);
             }
             body.push(b']');
+            body
         }
     }
-    body
 }
 
 fn compress(c: Compression, body: &[u8]) -> std::io::Result<Vec<u8>> {

@@ -1,11 +1,11 @@
 //! What the sinks that write on this machine (`file`, `stdout`) share beyond `Deliver`'s defaults
 //! (a record per line, one write at a time): blocking writes run off the event loop, and a spooled
 //! file copied out whole with its failures classified. Each sink's own writing is in its file;
-//! called by [`super::file`] and [`super::stdout`].
+//! called by the `file` and `stdout` sinks.
 
 use std::path::Path;
 
-use super::DeliveryError;
+use super::deliver::DeliveryError;
 
 /// Runs `write` on the blocking pool (a stat of a stale network mount, or a stdout nobody reads,
 /// can block for minutes); a writer that panicked may pass (`what` names the sink).

@@ -1,22 +1,24 @@
 //! Sinks: where a stream's jobs are delivered. A closed set chosen by `type:` in the file, one file
-//! each: [`http`], [`file`] (a job becomes one file, written atomically) and [`stdout`]. This file
-//! holds what they have in common: the compiled settings ([`SinkConfig`], with the kind's own in
-//! [`SinkKind`]), what a request carries ([`Batch`]), how a delivery fails ([`DeliveryError`]: may
-//! not reach, may pass, too large, never), and [`Sink`], which builds the kind's sink and
-//! dispatches to it, so nothing outside `sink/` knows the kinds but `config` (which compiles
-//! them). Retry timing, the link state and dead letters are the delivery worker's, the link
-//! monitor's and the store's business. `agent` builds a [`Sink`] from the config and `delivery`
-//! drives it.
+//! each: [`http`], [`file`] (a job becomes one file, written atomically) and [`stdout`], each
+//! implementing the contract in `deliver` ([`Batch`] in, [`DeliveryError`] out: may not reach, may
+//! pass, too large, never). This file holds the compiled settings ([`SinkConfig`], with the kind's
+//! own in [`SinkKind`]) and [`Sink`], which builds the kind's sink and dispatches to it, so nothing
+//! outside `sink/` knows the kinds but `config` (which compiles them). Retry timing, the link
+//! state and dead letters are the delivery worker's, the link monitor's and the store's business.
+//! `agent` builds a [`Sink`] from the config and `delivery` drives it.
 //!
 //! A new kind of sink is a file here with its settings and its built sink (implementing
-//! `Deliver`), a variant in [`SinkKind`] and in `Built`, and their arms below.
+//! `Deliver`), a variant in [`SinkKind`] and in `Built`, and their arms in this file.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::store::FileJob;
+use deliver::Deliver;
+pub use deliver::{Batch, DeliveryError, Probe, RecordFormat, SettingError};
 
+mod deliver;
 pub mod file;
 pub mod file_body;
 pub mod http;
@@ -59,33 +61,6 @@ impl SinkConfig {
     }
 }
 
-/// What a stream's records must be for its sink to carry them; every producer (ingest, `queue
-/// push`, tail sources, scrapes) writes or checks that format, so a sink is never handed a record it
-/// would send broken (a receiver that answers 2xx and drops what it cannot read loses it silently).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordFormat {
-    /// JSON values: an `http` sink with `encoding: ndjson` or `json_array`.
-    Json,
-    /// One InfluxDB line-protocol point per record, timestamps in this precision: an `http` sink
-    /// with `encoding: influx_line`.
-    LineProtocol(crate::scrape::lineproto::Precision),
-    /// Any single line: `file` and `stdout` sinks write a record per line, and a stream without a
-    /// sink only queues. The ingest API takes JSON for these (its contract); `queue push` and
-    /// scrapes may put other lines there.
-    Lines,
-}
-
-impl RecordFormat {
-    /// For messages: what the records are.
-    pub fn describe(self) -> &'static str {
-        match self {
-            RecordFormat::Json => "JSON records",
-            RecordFormat::LineProtocol(_) => "influx line protocol",
-            RecordFormat::Lines => "lines",
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SinkRetry {
     pub base: Duration,
@@ -113,127 +88,6 @@ impl Default for LinkConfig {
             backoff_cap: Duration::from_secs(60),
         }
     }
-}
-
-/// How a down link is tested. File sinks check their directory whatever is set.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Probe {
-    /// A TCP connect to the sink's host and port.
-    Tcp,
-    /// A GET of this URL that gets any answer.
-    Http(reqwest::Url),
-}
-
-/// Why a delivery failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DeliveryError {
-    /// The destination cannot be reached at all: no answer (refused, reset, timed out, TLS
-    /// handshake failed) or an unmounted directory. No attempt is spent: the job goes back to the
-    /// queue and the link monitor decides when to try again, however long that takes.
-    #[error("{0}")]
-    Unavailable(String),
-    /// The destination answered but the delivery failed in a way that may pass (5xx, 408, 429, a
-    /// full disk): an attempt is spent and the job is retried later, after `retry_after` when the
-    /// peer said so.
-    #[error("{reason}")]
-    Transient {
-        reason: String,
-        retry_after: Option<Duration>,
-    },
-    /// The destination refused the body as too large (413): send fewer records at a time.
-    #[error("{0}")]
-    TooLarge(String),
-    /// Will never succeed: the job goes to the dead letters with this reason.
-    #[error("{0}")]
-    Permanent(String),
-}
-
-impl DeliveryError {
-    pub(crate) fn transient(reason: String) -> Self {
-        DeliveryError::Transient {
-            reason,
-            retry_after: None,
-        }
-    }
-}
-
-/// What one request carries: some of a job's records.
-#[derive(Debug)]
-pub struct Batch<'a> {
-    pub stream: &'a str,
-    pub job: u64,
-    /// The records' positions in the job as it was first appended: `[first, end)`, and whether
-    /// that is the whole job.
-    pub first: u32,
-    pub end: u32,
-    pub whole: bool,
-    pub records: &'a [&'a [u8]],
-    /// For a file job: the file it ships (`records` then holds only its reference).
-    pub file: Option<&'a crate::store::FileJob>,
-    /// The store file's id: job ids restart in a new file, keys must not.
-    pub store_id: u64,
-}
-
-impl Batch<'_> {
-    /// The same for every re-send of the same records, different for any other content: a
-    /// receiver can drop a replay after a crash. `:` separates the parts because stream names
-    /// cannot contain it (they may contain `-`).
-    pub fn idempotency_key(&self) -> String {
-        if self.whole {
-            format!("{:016x}:{}:{}", self.store_id, self.stream, self.job)
-        } else {
-            format!(
-                "{:016x}:{}:{}:{}-{}",
-                self.store_id, self.stream, self.job, self.first, self.end
-            )
-        }
-    }
-}
-
-/// A setting that cannot be used, and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}{}{message}", .field, if .field.is_empty() { "" } else { ": " })]
-pub struct SettingError {
-    /// The setting's path within the sink, e.g. `tls.ca_file`; empty for the sink as a whole.
-    pub field: String,
-    pub message: String,
-}
-
-impl SettingError {
-    fn new(field: impl Into<String>, message: String) -> Self {
-        SettingError {
-            field: field.into(),
-            message,
-        }
-    }
-}
-
-/// What every kind of built sink does; [`Sink`] calls it on the kind it was built as. The defaults
-/// are a local sink's: one write at a time, never paced, a record per line.
-trait Deliver {
-    /// Requests in flight at once.
-    fn concurrency(&self) -> usize {
-        1
-    }
-    /// The longest a request may take (for a local write, only what the link's trial waits for:
-    /// such writes have no timeout of their own).
-    fn timeout(&self) -> Duration {
-        Duration::from_secs(10)
-    }
-    /// Bytes per second while a backlog drains, if limited.
-    fn replay_rate(&self) -> Option<u64> {
-        None
-    }
-    /// The body that carries `batch`, as it goes over the wire.
-    async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
-        Ok(http::encode(http::Encoding::Ndjson, batch.records))
-    }
-    /// Delivers `body` (made by `body` for `batch`).
-    async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError>;
-    /// Delivers the file of a file job, streamed from disk.
-    async fn send_file(&self, batch: &Batch<'_>, file: &FileJob) -> Result<(), DeliveryError>;
-    /// Whether the destination can be reached again (`how`: the sink's `link.probe`).
-    async fn probe(&self, how: &Probe) -> Result<(), String>;
 }
 
 /// The built sink of each kind.
@@ -319,34 +173,65 @@ impl Sink {
 
 #[cfg(test)]
 mod tests {
+    use super::deliver::tests::batch;
     use super::*;
+    use std::path::Path;
 
-    pub(super) fn batch<'a>(id: u64, records: &'a [&'a [u8]]) -> Batch<'a> {
-        Batch {
-            stream: "logs",
-            job: id,
-            first: 0,
-            end: records.len() as u32,
-            whole: true,
-            records,
-            file: None,
-            store_id: 0xabc,
-        }
-    }
-
-    pub(super) async fn deliver(sink: &Sink, batch: &Batch<'_>) -> Result<(), DeliveryError> {
+    async fn deliver(sink: &Sink, batch: &Batch<'_>) -> Result<(), DeliveryError> {
         let body = sink.body(batch).await?;
         sink.send(batch, body).await
     }
 
-    #[test]
-    fn idempotency_keys_name_the_store_stream_job_and_part() {
-        let recs: [&[u8]; 2] = [b"a", b"b"];
-        let mut b = batch(7, &recs);
-        assert_eq!(b.idempotency_key(), "0000000000000abc:logs:7");
-        b.whole = false;
-        b.first = 4;
-        b.end = 6;
-        assert_eq!(b.idempotency_key(), "0000000000000abc:logs:7:4-6");
+    fn file_sink(dir: &Path) -> Sink {
+        let cfg = SinkConfig {
+            name: "out".into(),
+            kind: SinkKind::File {
+                dir: dir.to_path_buf(),
+            },
+            retry: SinkRetry {
+                base: Duration::from_secs(1),
+                cap: Duration::from_secs(1),
+                max_attempts: 1,
+            },
+            link: LinkConfig::default(),
+        };
+        Sink::new(std::sync::Arc::new(cfg)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_job_becomes_one_whole_file_and_a_replay_overwrites_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = file_sink(dir.path());
+        let recs: [&[u8]; 2] = [b"{\"a\":1}", b"{\"b\":2}"];
+        deliver(&sink, &batch(7, &recs)).await.unwrap();
+        let path = dir.path().join("logs-00000000000000000007.ndjson");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"a\":1}\n{\"b\":2}\n"
+        );
+        // Delivered again after a crash: same name, same content, no second file.
+        let recs: [&[u8]; 2] = [b"{\"a\":1}", b"{\"b\":2}"];
+        deliver(&sink, &batch(7, &recs)).await.unwrap();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_directory_is_an_outage_and_is_not_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("not-mounted");
+        let sink = file_sink(&gone);
+        let e = deliver(&sink, &batch(1, &[b"x"])).await.unwrap_err();
+        assert!(
+            matches!(&e, DeliveryError::Unavailable(m) if m.contains("does not exist")),
+            "{e:?}"
+        );
+        assert!(!gone.exists(), "colibri must not create the directory");
+        assert!(sink.probe().await.is_err());
+        std::fs::create_dir(&gone).unwrap();
+        sink.probe().await.unwrap();
     }
 }

@@ -5,7 +5,8 @@
 
 use std::io::Write;
 
-use super::{Batch, Deliver, DeliveryError, Probe, local};
+use super::deliver::{Batch, Deliver, DeliveryError, Probe};
+use super::local;
 use crate::store::FileJob;
 
 /// For logs: the sink's type and name.
