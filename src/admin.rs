@@ -4,7 +4,7 @@
 //! SIGHUP; the answer says what happened). A non-loopback address is refused at load unless
 //! `allow_remote: true` and a token; with a token, `/metrics` and `/-/reload` need it (Bearer).
 //!
-//! It owns the routes, the listener's settings (its connections are `crate::server`'s) and
+//! It owns the routes, the listener's settings (its connections are `crate::net::server`'s) and
 //! [`render`], which reads every counter colibri keeps (tasks, streams through a store snapshot,
 //! sinks, the store writer, tail sources, the process) into one page; it changes nothing itself:
 //! a reload is a request to the agent's main loop, which owns the running parts. Started by
@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::delivery::SinkRuntime;
-use crate::ingest::Token;
 use crate::metrics::{Kind, Text};
+use crate::net::token::Token;
 use crate::store::writer::StoreHandle;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
@@ -144,14 +144,14 @@ pub async fn start(
     state: Arc<AgentState>,
     stopping: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = crate::server::bind(config.listen)
+    let listener = crate::net::server::bind(config.listen)
         .with_context(|| format!("cannot listen on {} (admin.listen)", config.listen))?;
     let local = listener
         .local_addr()
         .context("the listener has no address")?;
     tracing::info!(listen = %local, token = config.token.is_some(), "admin endpoint listening");
     let config = Arc::new(config);
-    let limits = crate::server::Limits {
+    let limits = crate::net::server::Limits {
         name: "admin",
         max_connections: MAX_CONNECTIONS,
         header_timeout: HEADER_TIMEOUT,
@@ -162,7 +162,9 @@ pub async fn start(
         let (state, config) = (Arc::clone(&state), Arc::clone(&config));
         async move { handle(req, &state, &config, peer).await }
     };
-    let task = tokio::spawn(crate::server::serve(listener, limits, stopping, handler));
+    let task = tokio::spawn(crate::net::server::serve(
+        listener, limits, stopping, handler,
+    ));
     Ok((local, task))
 }
 

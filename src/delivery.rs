@@ -187,7 +187,7 @@ impl SinkRuntime {
 struct Pacer {
     rate: f64,
     tokens: f64,
-    at: Instant,
+    refilled_at: Instant,
 }
 
 impl Pacer {
@@ -195,14 +195,16 @@ impl Pacer {
         Pacer {
             rate: bytes_per_sec as f64,
             tokens: bytes_per_sec as f64,
-            at: Instant::now(),
+            refilled_at: Instant::now(),
         }
     }
 
     /// How long to wait before a request may start; `None`: start now (and `bytes` are taken).
     fn admit(&mut self, bytes: u64, now: Instant) -> Option<Duration> {
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.at = now;
+        let elapsed = now
+            .saturating_duration_since(self.refilled_at)
+            .as_secs_f64();
+        self.refilled_at = now;
         self.tokens = (self.tokens + elapsed * self.rate).min(self.rate);
         if self.tokens < 0.0 {
             return Some(Duration::from_secs_f64(-self.tokens / self.rate));
@@ -388,13 +390,15 @@ async fn deliver_job(
             store.release(job.lease);
             return Next::Go;
         };
-        let s = &rt.stats;
+        let stats = &rt.stats;
         match result {
             Ok(body_bytes) => {
                 rt.link.answered();
-                s.requests_ok.fetch_add(1, Relaxed);
-                s.records_delivered.fetch_add(part.len() as u64, Relaxed);
-                s.bytes_delivered.fetch_add(body_bytes, Relaxed);
+                stats.requests_ok.fetch_add(1, Relaxed);
+                stats
+                    .records_delivered
+                    .fetch_add(part.len() as u64, Relaxed);
+                stats.bytes_delivered.fetch_add(body_bytes, Relaxed);
                 if end == n {
                     tracing::debug!(stream, job = id, records = part.len(), "delivered");
                     let ack = Box::pin(store.ack_later(job.lease.clone()));
@@ -415,7 +419,7 @@ async fn deliver_job(
                 start = end;
             }
             Err(DeliveryError::Unavailable(reason)) => {
-                s.requests_transport.fetch_add(1, Relaxed);
+                stats.requests_transport.fetch_add(1, Relaxed);
                 store.release(job.lease);
                 let failures = rt.link.transport_failed(&reason);
                 tracing::debug!(
@@ -435,7 +439,7 @@ async fn deliver_job(
             }
             Err(DeliveryError::TooLarge(reason)) => {
                 rt.link.answered();
-                s.requests_too_large.fetch_add(1, Relaxed);
+                stats.requests_too_large.fetch_add(1, Relaxed);
                 if end - start > 1 {
                     chunk = (end - start).div_ceil(2);
                     tracing::warn!(
@@ -467,8 +471,8 @@ async fn deliver_job(
                     store.release(job.lease);
                     return Next::Go;
                 }
-                s.dead_lettered_jobs.fetch_add(1, Relaxed);
-                s.dead_lettered_records.fetch_add(1, Relaxed);
+                stats.dead_lettered_jobs.fetch_add(1, Relaxed);
+                stats.dead_lettered_records.fetch_add(1, Relaxed);
                 start = end;
             }
             Err(DeliveryError::Transient {
@@ -476,7 +480,7 @@ async fn deliver_job(
                 retry_after,
             }) => {
                 rt.link.answered();
-                s.requests_retryable.fetch_add(1, Relaxed);
+                stats.requests_retryable.fetch_add(1, Relaxed);
                 let retry = rt.sink.config.retry;
                 let delay = match retry_after {
                     Some(d) => d.min(RETRY_AFTER_MAX),
@@ -491,7 +495,7 @@ async fn deliver_job(
             }
             Err(DeliveryError::Permanent(reason)) => {
                 rt.link.answered();
-                s.requests_rejected.fetch_add(1, Relaxed);
+                stats.requests_rejected.fetch_add(1, Relaxed);
                 let failure = Failure::Permanent { reason };
                 return record_failure(stream, rt, store, job, n - start, failure).await;
             }
@@ -561,11 +565,11 @@ async fn record_failure(
     let reason = match &failure {
         Failure::Transient { reason, .. } | Failure::Permanent { reason } => reason.clone(),
     };
-    let s = &rt.stats;
+    let stats = &rt.stats;
     let lease = job.lease.clone();
     match store.fail(job.lease, failure).await {
         Ok(Failed::Retry { attempts, due_ms }) => {
-            s.attempts_failed.fetch_add(1, Relaxed);
+            stats.attempts_failed.fetch_add(1, Relaxed);
             tracing::warn!(
                 stream,
                 sink = rt.sink.name(),
@@ -578,9 +582,11 @@ async fn record_failure(
             return Next::Retry { due_ms };
         }
         Ok(Failed::Dead { attempts }) => {
-            s.attempts_failed.fetch_add(1, Relaxed);
-            s.dead_lettered_jobs.fetch_add(1, Relaxed);
-            s.dead_lettered_records.fetch_add(records as u64, Relaxed);
+            stats.attempts_failed.fetch_add(1, Relaxed);
+            stats.dead_lettered_jobs.fetch_add(1, Relaxed);
+            stats
+                .dead_lettered_records
+                .fetch_add(records as u64, Relaxed);
             tracing::error!(
                 stream,
                 sink = rt.sink.name(),

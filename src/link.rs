@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::units::fmt_duration;
-use crate::sink::{LinkSpec, Sink};
+use crate::sink::{LinkConfig, Sink};
 use crate::store::writer::StoreHandle;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +32,7 @@ enum State {
 /// The state of one sink's link, shared by its workers and its monitor.
 pub struct Link {
     sink: String,
-    spec: LinkSpec,
+    config: LinkConfig,
     state: watch::Sender<State>,
     /// Consecutive transport failures since the last answer.
     failures: AtomicU32,
@@ -46,10 +46,10 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn new(sink: &str, spec: LinkSpec, trial_quiet: Duration) -> Link {
+    pub fn new(sink: &str, config: LinkConfig, trial_quiet: Duration) -> Link {
         Link {
             sink: sink.to_string(),
-            spec,
+            config,
             state: watch::Sender::new(State::Up),
             failures: AtomicU32::new(0),
             down: Mutex::new(None),
@@ -97,7 +97,7 @@ impl Link {
                 *s = State::Down;
                 true
             }
-            State::Up if n >= self.spec.down_after => {
+            State::Up if n >= self.config.down_after => {
                 *s = State::Down;
                 true
             }
@@ -145,8 +145,8 @@ impl Link {
     pub fn pause_after(&self, failures: u32) -> Duration {
         crate::backoff::jittered(
             failures.saturating_sub(1),
-            self.spec.backoff_base,
-            self.spec.backoff_cap,
+            self.config.backoff_base,
+            self.config.backoff_cap,
         )
     }
 }
@@ -184,7 +184,7 @@ pub async fn monitor(
         let mut tries = 0u32;
         loop {
             let wait =
-                crate::backoff::jittered(tries, link.spec.backoff_base, link.spec.backoff_cap);
+                crate::backoff::jittered(tries, link.config.backoff_base, link.config.backoff_cap);
             tries = tries.saturating_add(1);
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
@@ -245,9 +245,9 @@ mod tests {
     fn link(down_after: u32) -> Link {
         Link::new(
             "s",
-            LinkSpec {
+            LinkConfig {
                 down_after,
-                ..LinkSpec::default()
+                ..LinkConfig::default()
             },
             Duration::from_secs(30),
         )

@@ -5,11 +5,11 @@
 //! `log`, `workers`, `shutdown_grace`); those keep their running values, so the config the plan
 //! hands back (`effective`) is the new file with them put back. Pure: the agent applies the plan.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::task::{Action, TaskDef};
+use crate::task::TaskDef;
 
 /// Top-level settings a running process cannot change.
 const RESTART_ONLY: &[&str] = &[
@@ -55,8 +55,8 @@ impl Plan {
 }
 
 fn diff(
-    old: &std::collections::BTreeMap<String, String>,
-    new: &std::collections::BTreeMap<String, String>,
+    old: &BTreeMap<String, String>,
+    new: &BTreeMap<String, String>,
 ) -> (Vec<String>, Vec<String>, Vec<String>) {
     let mut added = Vec::new();
     let mut changed = Vec::new();
@@ -132,14 +132,8 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
         }
     }
     for name in &held_sinks {
-        if let Some(k) = old.sinks.iter().find(|k| &k.name == name) {
-            new.sinks.retain(|n| &n.name != name);
-            new.sinks.push(Arc::clone(k));
-        }
-        match old.fingerprint.sinks.get(name) {
-            Some(v) => new.fingerprint.sinks.insert(name.clone(), v.clone()),
-            None => new.fingerprint.sinks.remove(name),
-        };
+        keep_running(&old.sinks, &mut new.sinks, name, |k| &k.name);
+        keep_print(&old.fingerprint.sinks, &mut new.fingerprint.sinks, name);
     }
     let (of, nf) = (&old.fingerprint, &new.fingerprint);
     let sinks = Changes {
@@ -181,18 +175,12 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
         .any(|k| k == "data_dir" || k == "storage");
     let mut held: Vec<String> = Vec::new();
     for def in &new.tasks {
-        let (stream, spools) = match &def.action {
-            Action::HttpScrape(s) => (Some(s.stream.as_str()), false),
-            Action::FileMove(m) => match &m.ship {
-                Some(ship) => (Some(ship.stream.as_str()), true),
-                None => (None, false),
-            },
-            Action::Exec(_) => (None, false),
-        };
+        let needs = def.action.needs();
+        let stream = needs.stream;
         let depends = stream
             .and_then(sink_of)
             .is_some_and(|k| touched.contains(k))
-            && matches!(def.action, Action::HttpScrape(_));
+            && needs.sink_settings;
         let is_new = ta.contains(&def.name);
         if !(is_new || tc.contains(&def.name) || depends) {
             continue;
@@ -204,7 +192,7 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
             Some(st) if sink_of(st).is_some_and(|k| held_sinks.contains(k)) => Some(format!(
                 "its stream {st:?} is delivered by a sink that waits for the restart"
             )),
-            Some(_) if spools && storage_changed => {
+            Some(_) if needs.spool.is_some() && storage_changed => {
                 Some("it spools under data_dir, whose settings changed".to_string())
             }
             _ => None,
@@ -234,14 +222,8 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
     ca.retain(|n| !held_sources.contains(n));
     cc.retain(|n| !held_sources.contains(n));
     for name in &held_sources {
-        new.sources.retain(|s| &s.name != name);
-        if let Some(s) = old.sources.iter().find(|s| &s.name == name) {
-            new.sources.push(Arc::clone(s));
-        }
-        match old.fingerprint.sources.get(name) {
-            Some(v) => new.fingerprint.sources.insert(name.clone(), v.clone()),
-            None => new.fingerprint.sources.remove(name),
-        };
+        keep_running(&old.sources, &mut new.sources, name, |s| &s.name);
+        keep_print(&old.fingerprint.sources, &mut new.fingerprint.sources, name);
     }
     let sources = Changes {
         added: ca,
@@ -261,22 +243,13 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
     new.ingest = old.ingest.clone();
     new.admin = old.admin.clone();
     for k in RESTART_ONLY {
-        match old.fingerprint.top.get(*k) {
-            Some(v) => new.fingerprint.top.insert(k.to_string(), v.clone()),
-            None => new.fingerprint.top.remove(*k),
-        };
+        keep_print(&old.fingerprint.top, &mut new.fingerprint.top, k);
     }
     new.fingerprint.streams = old.fingerprint.streams.clone();
     // Held tasks keep running as they are (or stay absent), so the next reload sees them again.
     for name in &held {
-        new.tasks.retain(|t| &t.name != name);
-        if let Some(t) = old.tasks.iter().find(|t| &t.name == name) {
-            new.tasks.push(Arc::clone(t));
-        }
-        match old.fingerprint.tasks.get(name) {
-            Some(v) => new.fingerprint.tasks.insert(name.clone(), v.clone()),
-            None => new.fingerprint.tasks.remove(name),
-        };
+        keep_running(&old.tasks, &mut new.tasks, name, |t| &t.name);
+        keep_print(&old.fingerprint.tasks, &mut new.fingerprint.tasks, name);
     }
     Plan {
         tasks,
@@ -285,6 +258,24 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
         needs_restart,
         effective: new,
     }
+}
+
+/// Puts the running entry `name` back in place of the new one (or leaves it absent, as it is
+/// while running), so it goes on as it is until the restart.
+fn keep_running<T>(old: &[Arc<T>], new: &mut Vec<Arc<T>>, name: &str, name_of: fn(&T) -> &str) {
+    new.retain(|e| name_of(e) != name);
+    if let Some(e) = old.iter().find(|e| name_of(e) == name) {
+        new.push(Arc::clone(e));
+    }
+}
+
+/// Puts the running fingerprint of `name` back (or its absence), so the next reload sees the
+/// same change again.
+fn keep_print(old: &BTreeMap<String, String>, new: &mut BTreeMap<String, String>, name: &str) {
+    match old.get(name) {
+        Some(v) => new.insert(name.to_string(), v.clone()),
+        None => new.remove(name),
+    };
 }
 
 #[cfg(test)]

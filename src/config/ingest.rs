@@ -9,7 +9,8 @@ use serde::Deserialize;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{Dur, Size, de_opt_u32, fmt_size};
-use crate::ingest::{IngestConfig, Token};
+use crate::ingest::IngestConfig;
+use crate::net::token::Token;
 use crate::sink::RecordFormat;
 
 /// Defaults, also named in the field docs below and in `schemas/openapi.yaml`.

@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use crate::logging::LogFile;
 use crate::schedule::{self, Offset, Schedule, Zone};
-use crate::sink::{LinkSpec, Probe, RecordFormat, SinkConfig, SinkKind, SinkRetry};
+use crate::sink::{LinkConfig, Probe, RecordFormat, SinkConfig, SinkKind, SinkRetry};
 use crate::store::{BatchConfig, StorageConfig, StreamConfig, WhenFull};
 use crate::task::file_move::{FileMove, OnConflict};
 use crate::task::{Action, RetryPolicy, TaskDef, exec::Exec};
@@ -1456,7 +1456,7 @@ fn compile_admin(
         token: spec
             .token
             .filter(|t| !t.is_empty())
-            .map(crate::ingest::Token::new),
+            .map(crate::net::token::Token::new),
     })
 }
 
@@ -1632,7 +1632,7 @@ fn compile_sink(
     }
     .map_err(|(p, m)| err(&p, m))
     .ok()?;
-    let mut link = LinkSpec::default();
+    let mut link = LinkConfig::default();
     let (kind, retry) = match spec {
         SinkSpec::File(FileSinkSpec { path, retry }) => {
             let dir = base.join(&path);
@@ -1771,7 +1771,7 @@ fn compile_http(
         );
     }
     let file = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
-    let http = crate::sink::http::HttpSpec {
+    let http = crate::sink::http::HttpConfig {
         url,
         method: match spec.method {
             None | Some(HttpMethodSpec::Post) => crate::sink::http::HttpMethod::Post,
@@ -1791,7 +1791,7 @@ fn compile_http(
         headers: spec.headers.into_iter().collect(),
         timeout,
         concurrency,
-        tls: crate::sink::http::TlsSpec {
+        tls: crate::sink::http::TlsConfig {
             ca_file: file(&spec.tls.ca_file),
             client_cert: file(&spec.tls.client_cert),
             client_key: file(&spec.tls.client_key),
@@ -1821,8 +1821,8 @@ fn parse_http_url(s: &str) -> Result<reqwest::Url, String> {
     Ok(url)
 }
 
-fn compile_link(spec: &LinkSpecFile, url: &str, err: &mut impl FnMut(&str, String)) -> LinkSpec {
-    let d = LinkSpec::default();
+fn compile_link(spec: &LinkSpecFile, url: &str, err: &mut impl FnMut(&str, String)) -> LinkConfig {
+    let d = LinkConfig::default();
     let probe = match (spec.probe, &spec.probe_url) {
         (None | Some(ProbeSpec::Tcp), None) => Probe::Tcp,
         (None | Some(ProbeSpec::Tcp), Some(_)) => {
@@ -1842,7 +1842,7 @@ fn compile_link(spec: &LinkSpecFile, url: &str, err: &mut impl FnMut(&str, Strin
             }
         }
     };
-    let link = LinkSpec {
+    let link = LinkConfig {
         probe,
         down_after: spec.down_after.unwrap_or(d.down_after),
         backoff_base: spec.backoff_base.map_or(d.backoff_base, |x| x.0),
@@ -2377,7 +2377,7 @@ fn compile_scrape(
 ) -> Option<crate::task::scrape::Scrape> {
     use crate::scrape::json::{JsonMapping, TimeUnit, check_pointer};
     use crate::scrape::lineproto::Precision;
-    use crate::task::scrape::{Format, Scrape};
+    use crate::task::scrape::{Format, Scrape, ScrapeConfig};
     let mut ok = true;
     let url = match parse_http_url(&spec.url) {
         Ok(u) => Some(u),
@@ -2511,16 +2511,16 @@ fn compile_scrape(
     };
     let url = url?;
     ok.then(|| {
-        Scrape::new(
+        Scrape::new(ScrapeConfig {
             url,
             headers,
             format,
-            spec.stream,
+            stream: spec.stream,
             measurement,
-            spec.tags.into_iter().collect(),
+            tags: spec.tags.into_iter().collect(),
             precision,
             max_body,
-        )
+        })
     })
 }
 

@@ -511,7 +511,7 @@ streams:
 #[test]
 fn http_sinks_compile_with_defaults_and_every_setting() {
     use crate::sink::http::{Compression, Encoding, HttpMethod};
-    use crate::sink::{LinkSpec, Probe};
+    use crate::sink::{LinkConfig, Probe};
     let dir = tempfile::tempdir().unwrap();
     let ca = rcgen::generate_simple_self_signed(vec!["test-ca".to_string()]).unwrap();
     std::fs::write(dir.path().join("ca.pem"), ca.cert.pem()).unwrap();
@@ -547,7 +547,7 @@ sinks:
     assert_eq!(h.timeout, Duration::from_secs(10));
     assert_eq!(h.concurrency, 1);
     assert_eq!(h.replay_rate, None);
-    assert_eq!(up.link, LinkSpec::default());
+    assert_eq!(up.link, LinkConfig::default());
     let full = c.sinks.iter().find(|s| s.name == "full").unwrap();
     let SinkKind::Http(h) = &full.kind else {
         panic!("{:?}", full.kind)

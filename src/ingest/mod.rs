@@ -2,7 +2,7 @@
 //! `200 {"accepted": N}` only once the records are on disk (the store writer's reply to the append).
 //! The contract is `schemas/openapi.yaml`; the request handling and the status codes are in
 //! [`api`], the body formats in [`body`]; connections (bounded, deadlines from accept, the idle
-//! one closed for a newcomer, half-closed clients answered) are `crate::server`'s.
+//! one closed for a newcomer, half-closed clients answered) are `crate::net::server`'s.
 //!
 //! This file owns the listener's life: [`start`] binds it (a taken port stops colibri's start).
 //! The stop: from `stopping` on, new requests are answered 503 while requests in progress finish
@@ -23,6 +23,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::units::{fmt_duration, fmt_size};
+use crate::net::token::Token;
 use crate::store::writer::StoreHandle;
 
 /// hyper's read buffer per connection (its default is ~400 KiB): request headers must fit.
@@ -103,33 +104,6 @@ pub(crate) fn give_back_memory() {
     });
 }
 
-/// The bearer token: never printed, compared in constant time.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Token(String);
-
-impl Token {
-    pub fn new(token: String) -> Self {
-        Token(token)
-    }
-
-    /// Whether `given` is the token, in time that depends on the token's length only.
-    pub fn matches(&self, given: &[u8]) -> bool {
-        let want = self.0.as_bytes();
-        let mut diff = want.len() ^ given.len();
-        for (i, w) in want.iter().enumerate() {
-            let g = given.get(i).copied().unwrap_or(0);
-            diff |= usize::from(w ^ g);
-        }
-        std::hint::black_box(diff) == 0
-    }
-}
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(<redacted>)")
-    }
-}
-
 /// What every connection and request shares.
 pub(crate) struct Shared {
     pub config: IngestConfig,
@@ -165,7 +139,7 @@ pub async fn start(
     store: StoreHandle,
     stopping: CancellationToken,
 ) -> anyhow::Result<Running> {
-    let listener = crate::server::bind(config.listen)
+    let listener = crate::net::server::bind(config.listen)
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let local = listener
         .local_addr()
@@ -184,7 +158,7 @@ pub async fn start(
             "ingest listens beyond this machine without a token: anyone who can reach the port can append records (set ingest.token)"
         );
     }
-    let limits = crate::server::Limits {
+    let limits = crate::net::server::Limits {
         name: "ingest",
         max_connections: config.max_connections as usize,
         header_timeout: HEADER_TIMEOUT.min(config.read_timeout),
@@ -209,7 +183,7 @@ pub async fn start(
         }
     };
     let close = CancellationToken::new();
-    let task = tokio::spawn(crate::server::serve(
+    let task = tokio::spawn(crate::net::server::serve(
         listener,
         limits,
         close.clone(),

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use super::{Attempt, Outcome, RunContext};
+use super::{Attempt, Needs, Outcome, RunContext};
 use crate::files::{copy_to_temp, exists, fsync_dir, is_copy_of, place_numbered, rename_noreplace};
 use crate::store::writer::StoreHandle;
 
@@ -102,6 +102,15 @@ struct Report {
 }
 
 impl FileMove {
+    /// With `to_stream`: its stream and its spool.
+    pub fn needs(&self) -> Needs<'_> {
+        Needs {
+            stream: self.ship.as_ref().map(|ship| ship.stream.as_str()),
+            spool: self.ship.as_ref().map(|ship| ship.spool_dir.as_path()),
+            sink_settings: false,
+        }
+    }
+
     /// Runs one attempt: the file work on the blocking pool, stopped between files on timeout or
     /// abort (the attempt then waits for the file in progress to finish or be rolled back).
     pub async fn run(&self, timeout: Duration, ctx: &RunContext) -> Attempt {

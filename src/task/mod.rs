@@ -52,6 +52,27 @@ impl Action {
             Action::HttpScrape(_) => "http_scrape",
         }
     }
+
+    /// What the task relies on beyond its own entry (for `reload` to hold or re-make it).
+    pub fn needs(&self) -> Needs<'_> {
+        match self {
+            Action::Exec(_) => Needs::default(),
+            Action::FileMove(m) => m.needs(),
+            Action::HttpScrape(s) => s.needs(),
+        }
+    }
+}
+
+/// What a task relies on outside its own entry in the file: a reload holds it while one of these
+/// waits for a restart, and re-makes it when its stream's sink changes under it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Needs<'a> {
+    /// The stream it appends to: it must be running.
+    pub stream: Option<&'a str>,
+    /// The directory under `data_dir` it spools files in: its storage settings must be running.
+    pub spool: Option<&'a std::path::Path>,
+    /// It was compiled with settings of its stream's sink (a scrape's `precision`).
+    pub sink_settings: bool,
 }
 
 /// Counters of one task, kept across its runs and across reloads (by name; see [`stats`]), and

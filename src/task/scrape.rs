@@ -9,11 +9,11 @@
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{Attempt, Outcome, RunContext};
+use super::{Attempt, Needs, Outcome, RunContext};
+use crate::net::client::{self, BadHeader, chain, shown_url};
 use crate::scrape::json::JsonMapping;
 use crate::scrape::lineproto::Precision;
 use crate::scrape::{json, prometheus};
-use crate::sink::http::chain;
 
 /// How an answer becomes records.
 #[derive(Debug, Clone)]
@@ -23,10 +23,12 @@ pub enum Format {
     Raw,
 }
 
+/// The compiled `http_scrape` settings.
 #[derive(Debug)]
-pub struct Scrape {
+pub struct ScrapeConfig {
     pub url: reqwest::Url,
-    headers: Vec<(String, String)>,
+    /// Extra request headers; values may hold credentials (sent marked sensitive).
+    pub headers: Vec<(String, String)>,
     pub format: Format,
     pub stream: String,
     pub measurement: String,
@@ -34,51 +36,51 @@ pub struct Scrape {
     /// The timestamp unit of line-protocol records (the stream's sink's `precision`).
     pub precision: Precision,
     pub max_body: u64,
+}
+
+/// A scrape task's handler: its settings (which it reads as, through `Deref`) and the client made
+/// from them at the first run.
+#[derive(Debug)]
+pub struct Scrape {
+    config: ScrapeConfig,
     /// Built at the first run (connection pool and all), then reused.
     client: OnceLock<Result<reqwest::Client, String>>,
 }
 
+impl std::ops::Deref for Scrape {
+    type Target = ScrapeConfig;
+
+    fn deref(&self) -> &ScrapeConfig {
+        &self.config
+    }
+}
+
 impl Scrape {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        url: reqwest::Url,
-        headers: Vec<(String, String)>,
-        format: Format,
-        stream: String,
-        measurement: String,
-        tags: Vec<(String, String)>,
-        precision: Precision,
-        max_body: u64,
-    ) -> Scrape {
+    pub fn new(config: ScrapeConfig) -> Scrape {
         Scrape {
-            url,
-            headers,
-            format,
-            stream,
-            measurement,
-            tags,
-            precision,
-            max_body,
+            config,
             client: OnceLock::new(),
+        }
+    }
+
+    /// Its stream, and its sink's `precision` it stamps records in.
+    pub fn needs(&self) -> Needs<'_> {
+        Needs {
+            stream: Some(&self.stream),
+            spool: None,
+            sink_settings: true,
         }
     }
 
     fn client(&self) -> Result<&reqwest::Client, String> {
         self.client
             .get_or_init(|| {
-                crate::sink::http::install_crypto_provider();
-                let mut headers = reqwest::header::HeaderMap::new();
-                for (k, v) in &self.headers {
-                    let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
-                        .map_err(|_| format!("headers.{k}: not a valid header name"))?;
-                    let mut value = reqwest::header::HeaderValue::from_str(v)
-                        .map_err(|_| format!("headers.{k}: not a valid header value"))?;
-                    value.set_sensitive(true);
-                    headers.insert(name, value);
-                }
-                reqwest::Client::builder()
-                    .no_proxy()
-                    .user_agent(crate::sink::http::USER_AGENT)
+                let headers =
+                    client::sensitive_headers(&self.headers).map_err(|bad| match bad {
+                        BadHeader::Name(k) => format!("headers.{k}: not a valid header name"),
+                        BadHeader::Value(k) => format!("headers.{k}: not a valid header value"),
+                    })?;
+                client::builder()
                     .default_headers(headers)
                     .redirect(reqwest::redirect::Policy::limited(3))
                     .pool_max_idle_per_host(1)
@@ -124,7 +126,7 @@ impl Scrape {
             .duration_since(UNIX_EPOCH)
             .map_err(|_| "the clock is before 1970")?;
         let ts_ns = i64::try_from(now.as_nanos()).map_err(|_| "the clock is past 2262")?;
-        let shown = crate::sink::http::shown_url(&self.url);
+        let shown = shown_url(&self.url);
         let mut resp = self
             .client()?
             .get(self.url.clone())

@@ -1,0 +1,9 @@
+//! HTTP plumbing below every edge: [`server`] (the HTTP/1.1 server under the ingest API and the
+//! admin endpoint: bind, accept, connection slots), [`token`] (the bearer token both listeners
+//! check) and [`client`] (what the `http` sink and the `http_scrape` task share: `User-Agent`,
+//! rustls' provider, header and URL handling, error chains). None of it knows what a request
+//! means or what a sink is; `ingest`, `admin`, `sink` and `task` build on it.
+
+pub mod client;
+pub mod server;
+pub mod token;

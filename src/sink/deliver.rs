@@ -1,0 +1,198 @@
+//! The contract between `Sink` and each kind of sink: the [`Deliver`] trait every kind's built sink
+//! implements, what passes through it ([`Batch`] in, [`DeliveryError`] out, the [`Probe`] a down
+//! link is tested by), what the records of a stream delivered by it must be ([`RecordFormat`]),
+//! and how a kind refuses a setting ([`SettingError`]). It knows no kind: `sink/mod.rs` and the
+//! kinds' files (`http`, `file`, `stdout`) build on it; `delivery` and `config` use its types
+//! through `sink`'s re-exports.
+
+use std::time::Duration;
+
+use crate::store::FileJob;
+
+/// What a stream's records must be for its sink to carry them; every producer (ingest, `queue
+/// push`, tail sources, scrapes) writes or checks that format, so a sink is never handed a record it
+/// would send broken (a receiver that answers 2xx and drops what it cannot read loses it silently).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordFormat {
+    /// JSON values: an `http` sink with `encoding: ndjson` or `json_array`.
+    Json,
+    /// One InfluxDB line-protocol point per record, timestamps in this precision: an `http` sink
+    /// with `encoding: influx_line`.
+    LineProtocol(crate::scrape::lineproto::Precision),
+    /// Any single line: `file` and `stdout` sinks write a record per line, and a stream without a
+    /// sink only queues. The ingest API takes JSON for these (its contract); `queue push` and
+    /// scrapes may put other lines there.
+    Lines,
+}
+
+impl RecordFormat {
+    /// For messages: what the records are.
+    pub fn describe(self) -> &'static str {
+        match self {
+            RecordFormat::Json => "JSON records",
+            RecordFormat::LineProtocol(_) => "influx line protocol",
+            RecordFormat::Lines => "lines",
+        }
+    }
+}
+
+/// How a down link is tested. File sinks check their directory whatever is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// A TCP connect to the sink's host and port.
+    Tcp,
+    /// A GET of this URL that gets any answer.
+    Http(reqwest::Url),
+}
+
+/// Why a delivery failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeliveryError {
+    /// The destination cannot be reached at all: no answer (refused, reset, timed out, TLS
+    /// handshake failed) or an unmounted directory. No attempt is spent: the job goes back to the
+    /// queue and the link monitor decides when to try again, however long that takes.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The destination answered but the delivery failed in a way that may pass (5xx, 408, 429, a
+    /// full disk): an attempt is spent and the job is retried later, after `retry_after` when the
+    /// peer said so.
+    #[error("{reason}")]
+    Transient {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
+    /// The destination refused the body as too large (413): send fewer records at a time.
+    #[error("{0}")]
+    TooLarge(String),
+    /// Will never succeed: the job goes to the dead letters with this reason.
+    #[error("{0}")]
+    Permanent(String),
+}
+
+impl DeliveryError {
+    pub(super) fn transient(reason: String) -> Self {
+        DeliveryError::Transient {
+            reason,
+            retry_after: None,
+        }
+    }
+}
+
+/// What one request carries: some of a job's records.
+#[derive(Debug)]
+pub struct Batch<'a> {
+    pub stream: &'a str,
+    pub job: u64,
+    /// The records' positions in the job as it was first appended: `[first, end)`, and whether
+    /// that is the whole job.
+    pub first: u32,
+    pub end: u32,
+    pub whole: bool,
+    pub records: &'a [&'a [u8]],
+    /// For a file job: the file it ships (`records` then holds only its reference).
+    pub file: Option<&'a crate::store::FileJob>,
+    /// The store file's id: job ids restart in a new file, keys must not.
+    pub store_id: u64,
+}
+
+impl Batch<'_> {
+    /// The same for every re-send of the same records, different for any other content: a
+    /// receiver can drop a replay after a crash. `:` separates the parts because stream names
+    /// cannot contain it (they may contain `-`).
+    pub fn idempotency_key(&self) -> String {
+        if self.whole {
+            format!("{:016x}:{}:{}", self.store_id, self.stream, self.job)
+        } else {
+            format!(
+                "{:016x}:{}:{}:{}-{}",
+                self.store_id, self.stream, self.job, self.first, self.end
+            )
+        }
+    }
+}
+
+/// A setting that cannot be used, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}{message}", .field, if .field.is_empty() { "" } else { ": " })]
+pub struct SettingError {
+    /// The setting's path within the sink, e.g. `tls.ca_file`; empty for the sink as a whole.
+    pub field: String,
+    pub message: String,
+}
+
+impl SettingError {
+    pub(super) fn new(field: impl Into<String>, message: String) -> Self {
+        SettingError {
+            field: field.into(),
+            message,
+        }
+    }
+}
+
+/// What every kind of built sink does; `Sink` calls it on the kind it was built as. The defaults
+/// are a local sink's: one write at a time, never paced, a record per line.
+pub(super) trait Deliver {
+    /// Requests in flight at once.
+    fn concurrency(&self) -> usize {
+        1
+    }
+    /// The longest a request may take (for a local write, only what the link's trial waits for:
+    /// such writes have no timeout of their own).
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(10)
+    }
+    /// Bytes per second while a backlog drains, if limited.
+    fn replay_rate(&self) -> Option<u64> {
+        None
+    }
+    /// The body that carries `batch`, as it goes over the wire.
+    async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
+        Ok(lines(batch.records))
+    }
+    /// Delivers `body` (made by `body` for `batch`).
+    async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError>;
+    /// Delivers the file of a file job, streamed from disk.
+    async fn send_file(&self, batch: &Batch<'_>, file: &FileJob) -> Result<(), DeliveryError>;
+    /// Whether the destination can be reached again (`how`: the sink's `link.probe`).
+    async fn probe(&self, how: &Probe) -> Result<(), String>;
+}
+
+/// A record per line: the body of every sink that does not say otherwise (`Deliver::body`).
+pub fn lines(records: &[&[u8]]) -> Vec<u8> {
+    let len: usize = records.iter().map(|r| r.len() + 1).sum();
+    let mut body = Vec::with_capacity(len);
+    for r in records {
+        body.extend_from_slice(r);
+        body.push(b'\n');
+    }
+    body
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    pub(in crate::sink) fn batch<'a>(id: u64, records: &'a [&'a [u8]]) -> Batch<'a> {
+        Batch {
+            stream: "logs",
+            job: id,
+            first: 0,
+            end: records.len() as u32,
+            whole: true,
+            records,
+            file: None,
+            store_id: 0xabc,
+        }
+    }
+
+    #[test]
+    fn idempotency_keys_name_the_store_stream_job_and_part() {
+        let recs: [&[u8]; 2] = [b"a", b"b"];
+        let mut b = batch(7, &recs);
+        assert_eq!(b.idempotency_key(), "0000000000000abc:logs:7");
+        b.whole = false;
+        b.first = 4;
+        b.end = 6;
+        assert_eq!(b.idempotency_key(), "0000000000000abc:logs:7:4-6");
+    }
+}
