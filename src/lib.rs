@@ -1,26 +1,26 @@
 //! colibri: a resident agent for edge machines. This crate is the whole agent; `main.rs` only calls
 //! [`cli::main`]. See ARCHITECTURE.md for the map of modules and the invariants between them.
 
-pub mod admin;
-pub mod agent;
-pub mod backoff;
+pub(crate) mod admin;
+pub(crate) mod agent;
+pub(crate) mod backoff;
 pub mod cli;
-pub mod clock;
+pub(crate) mod clock;
 pub mod config;
-pub mod delivery;
-pub mod files;
-pub mod ingest;
-pub mod link;
-pub mod logging;
-pub mod metrics;
-pub mod net;
-pub mod notify;
-pub mod reload;
-pub mod schedule;
-pub mod scheduler;
+pub(crate) mod delivery;
+pub(crate) mod files;
+pub(crate) mod ingest;
+pub(crate) mod link;
+pub(crate) mod logging;
+pub(crate) mod metrics;
+pub(crate) mod net;
+pub(crate) mod notify;
+pub(crate) mod reload;
+pub(crate) mod schedule;
+pub(crate) mod scheduler;
 pub mod scrape;
-pub mod sink;
+pub(crate) mod sink;
 pub mod store;
-pub mod tail;
-pub mod task;
-pub mod zone;
+pub(crate) mod tail;
+pub(crate) mod task;
+pub(crate) mod zone;

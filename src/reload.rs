@@ -30,6 +30,7 @@ pub struct Changes<T> {
 }
 
 impl<T> Changes<T> {
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
     }
@@ -46,6 +47,7 @@ pub struct Plan {
 }
 
 impl Plan {
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.tasks.is_empty()
             && self.sinks.is_empty()

@@ -117,13 +117,10 @@ impl Plan {
         wall - (now.mono - self.origin).as_nanos() as i128
     }
 
+    #[cfg(test)]
     /// Number of tasks planned.
     pub fn len(&self) -> usize {
         self.by_name.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
     }
 
     /// Adds or replaces a task. `at_start` is true for the tasks present when the agent starts (only
@@ -166,6 +163,7 @@ impl Plan {
         }
     }
 
+    #[cfg(test)]
     pub fn stats(&self, name: &str) -> Option<Arc<TaskStats>> {
         let i = *self.by_name.get(name)?;
         self.slots[i].as_ref().map(|s| Arc::clone(&s.stats))
@@ -373,10 +371,12 @@ impl Scheduler {
         (s, SchedulerHandle { tx })
     }
 
+    #[cfg(test)]
     pub fn plan(&self) -> &Plan {
         &self.plan
     }
 
+    #[cfg(test)]
     pub fn wakeups(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.wakeups)
     }
