@@ -23,4 +23,5 @@ pub mod sink;
 pub mod store;
 pub mod tail;
 pub mod task;
+pub mod units;
 pub mod zone;

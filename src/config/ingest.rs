@@ -8,10 +8,11 @@ use serde::Deserialize;
 
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
-use super::units::{Dur, Size, de_opt_u32, fmt_size};
+use super::units::{Dur, Size, de_opt_u32};
 use crate::ingest::IngestConfig;
 use crate::net::token::Token;
 use crate::sink::RecordFormat;
+use crate::units::fmt_size;
 
 /// Defaults, also named in the field docs below and in `schemas/openapi.yaml`.
 pub const DEFAULT_MAX_BODY: u64 = 4 << 20;

@@ -547,7 +547,7 @@ impl<'de> Deserialize<'de> for OffsetSpec {
         let v = Value::deserialize(d)?;
         match &v {
             Value::String(s) if s.trim() == "random" => Ok(OffsetSpec(Offset::Random)),
-            Value::String(s) => units::parse_duration(s)
+            Value::String(s) => crate::units::parse_duration(s)
                 .map(|d| OffsetSpec(Offset::Fixed(d)))
                 .map_err(|e| serde::de::Error::custom(format!("{e}, or write random"))),
             other => Err(serde::de::Error::custom(format!(
@@ -2097,13 +2097,13 @@ fn compile_task(
             "timeout",
             format!(
                 "{}{} must be shorter than shutdown_grace ({}), so a stop can let the run finish",
-                units::fmt_duration(timeout),
+                crate::units::fmt_duration(timeout),
                 if common.timeout.is_none() {
                     " (the default)"
                 } else {
                     ""
                 },
-                units::fmt_duration(grace)
+                crate::units::fmt_duration(grace)
             ),
         );
     }
@@ -2120,8 +2120,8 @@ fn compile_task(
             "retry_cap",
             format!(
                 "{} is shorter than retry_base ({})",
-                units::fmt_duration(retry.cap),
-                units::fmt_duration(retry.base)
+                crate::units::fmt_duration(retry.cap),
+                crate::units::fmt_duration(retry.base)
             ),
         );
     }

@@ -295,7 +295,7 @@ pub fn compile(
         if d < min {
             err(
                 field,
-                format!("must be at least {}", super::units::fmt_duration(min)),
+                format!("must be at least {}", crate::units::fmt_duration(min)),
             );
         }
         d
