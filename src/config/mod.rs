@@ -9,6 +9,7 @@
 //! `tasks[3] "rotate": schedule "61 * * * *": minute 61 out of range 0-59`. A value that came from
 //! `${VAR}` is never shown in a problem (it may be a secret): the message names the variable.
 
+pub mod admin;
 pub mod env;
 pub mod ingest;
 pub mod sources;
@@ -26,12 +27,13 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use crate::logging::LogFile;
+use crate::logging::{LogFile, LogFormat, LogLevel};
 use crate::schedule::{self, Offset, Schedule, Zone};
 use crate::sink::{LinkConfig, Probe, RecordFormat, SinkConfig, SinkKind, SinkRetry};
 use crate::store::{BatchConfig, StorageConfig, StreamConfig, WhenFull};
 use crate::task::file_move::{FileMove, OnConflict};
 use crate::task::{Action, RetryPolicy, TaskDef, exec::Exec};
+use admin::AdminConfig;
 #[cfg(feature = "schema")]
 use units::u32_schema;
 use units::{Dur, Size, de_u32};
@@ -78,31 +80,10 @@ pub struct FileSpec {
     /// The admin endpoint: `GET /metrics` (Prometheus text), `/healthz`, `/readyz`, `POST /-/reload`.
     /// On by default, on 127.0.0.1:9464.
     #[serde(default)]
-    pub admin: Option<AdminSpec>,
+    pub admin: Option<admin::AdminSpec>,
     /// Producers of records that run on their own (log tailing), by name.
     #[serde(default)]
     pub sources: BTreeMap<String, sources::SourceSpec>,
-}
-
-/// `admin:` settings.
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct AdminSpec {
-    /// Serve the admin endpoint. Default true.
-    #[serde(default = "yes")]
-    pub enabled: bool,
-    /// `address:port` to listen on. Default `127.0.0.1:9464`. An address other than loopback
-    /// (127.0.0.0/8, ::1) needs `allow_remote: true` and a `token`.
-    #[serde(default)]
-    pub listen: Option<String>,
-    /// Allow a non-loopback `listen` address (then `token` is required). Default false.
-    #[serde(default)]
-    pub allow_remote: bool,
-    /// When set, `GET /metrics` and `POST /-/reload` need `Authorization: Bearer <token>`
-    /// (`/healthz` and `/readyz` never do). Never logged.
-    #[serde(default)]
-    pub token: Option<String>,
 }
 
 fn yes() -> bool {
@@ -448,27 +429,6 @@ const DEFAULT_LOG_MAX_SIZE: u64 = 50 << 20;
 const MIN_LOG_MAX_SIZE: u64 = 64 << 10;
 const DEFAULT_LOG_MAX_FILES: u32 = 10;
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "lowercase")]
-pub enum LogLevel {
-    Error,
-    Warn,
-    #[default]
-    Info,
-    Debug,
-    Trace,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
-
 /// One scheduled task: the fields every task has, plus those of its `type`.
 // `compile_task` reads the two halves separately so each can reject unknown keys, which `flatten`
 // cannot; this struct exists for the schema.
@@ -804,7 +764,7 @@ pub struct Config {
     pub ingest: Option<crate::ingest::IngestConfig>,
     pub sources: Vec<Arc<crate::tail::TailConfig>>,
     /// `None`: switched off.
-    pub admin: Option<crate::admin::AdminConfig>,
+    pub admin: Option<AdminConfig>,
     /// Per entry, what the file said: a reload compares these.
     pub fingerprint: Fingerprint,
     /// SHA-256 of the file's bytes (hex).
@@ -1343,7 +1303,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
             message,
         })
     };
-    let admin = compile_admin(spec.admin, &mut top);
+    let admin = admin::compile_admin(spec.admin, &mut top);
 
     let task_values = match tasks_value {
         None | Some(Value::Null) => Vec::new(),
@@ -1407,56 +1367,6 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
         fingerprint,
         sha256: String::new(),
         warnings: Vec::new(),
-    })
-}
-
-fn compile_admin(
-    spec: Option<AdminSpec>,
-    err: &mut impl FnMut(&str, String),
-) -> Option<crate::admin::AdminConfig> {
-    let spec = spec.unwrap_or(AdminSpec {
-        enabled: true,
-        listen: None,
-        allow_remote: false,
-        token: None,
-    });
-    if !spec.enabled {
-        return None;
-    }
-    let text = spec
-        .listen
-        .as_deref()
-        .unwrap_or(crate::admin::DEFAULT_LISTEN);
-    let listen: std::net::SocketAddr = match text.parse() {
-        Ok(a) => a,
-        Err(_) => {
-            err(
-                "admin.listen",
-                format!("{text:?} is not an address:port such as 127.0.0.1:9464"),
-            );
-            return None;
-        }
-    };
-    if !listen.ip().is_loopback() && !spec.allow_remote {
-        err(
-            "admin.listen",
-            format!(
-                "{listen} is not a loopback address: set admin.allow_remote: true (and a token) to serve metrics and reload beyond this machine"
-            ),
-        );
-    }
-    if spec.allow_remote && spec.token.as_deref().is_none_or(str::is_empty) {
-        err(
-            "admin.token",
-            "is required with allow_remote: true (Authorization: Bearer <token>)".into(),
-        );
-    }
-    Some(crate::admin::AdminConfig {
-        listen,
-        token: spec
-            .token
-            .filter(|t| !t.is_empty())
-            .map(crate::net::token::Token::new),
     })
 }
 
