@@ -1,6 +1,11 @@
+use std::os::unix::fs::PermissionsExt;
+
+use super::tasks::{COMMON_KEYS, DEFAULT_TIMEOUT, TaskCommon};
 use super::*;
+use crate::schedule::{Offset, Schedule, Zone};
 use crate::sink::{SinkKind, SinkRetry};
 use crate::store::{BatchConfig, StorageConfig, WhenFull};
+use crate::task::{Action, RetryPolicy};
 
 fn env(name: &str) -> Option<String> {
     match name {
