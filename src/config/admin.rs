@@ -3,6 +3,7 @@
 //! access is allowed, and then a token). It does not serve anything: `crate::admin` does, with the
 //! value compiled here. Called by `config::compile`.
 
+use super::Problems;
 use std::net::SocketAddr;
 
 use serde::Deserialize;
@@ -43,7 +44,7 @@ pub struct AdminSpec {
 
 pub(super) fn compile_admin(
     spec: Option<AdminSpec>,
-    err: &mut impl FnMut(&str, String),
+    err: &mut Problems<'_>,
 ) -> Option<AdminConfig> {
     let spec = spec.unwrap_or(AdminSpec {
         enabled: true,
@@ -58,7 +59,7 @@ pub(super) fn compile_admin(
     let listen: std::net::SocketAddr = match text.parse() {
         Ok(a) => a,
         Err(_) => {
-            err(
+            err.add(
                 "admin.listen",
                 format!("{text:?} is not an address:port such as 127.0.0.1:9464"),
             );
@@ -66,7 +67,7 @@ pub(super) fn compile_admin(
         }
     };
     if !listen.ip().is_loopback() && !spec.allow_remote {
-        err(
+        err.add(
             "admin.listen",
             format!(
                 "{listen} is not a loopback address: set admin.allow_remote: true (and a token) to serve metrics and reload beyond this machine"
@@ -74,7 +75,7 @@ pub(super) fn compile_admin(
         );
     }
     if spec.allow_remote && spec.token.as_deref().is_none_or(str::is_empty) {
-        err(
+        err.add(
             "admin.token",
             "is required with allow_remote: true (Authorization: Bearer <token>)".into(),
         );

@@ -2,6 +2,7 @@
 //! `compile_log`, which resolves and checks the file. It does not log (`logging` does, with the
 //! values read here). Called by `config::compile`.
 
+use super::Problems;
 use std::path::Path;
 
 use serde::Deserialize;
@@ -44,18 +45,14 @@ const MIN_LOG_MAX_SIZE: u64 = 64 << 10;
 const DEFAULT_LOG_MAX_FILES: u32 = 10;
 
 /// `log.file` and its rotation; `None` when events go to stderr.
-pub(super) fn compile_log(
-    spec: &LogSpec,
-    base: &Path,
-    err: &mut dyn FnMut(&str, String),
-) -> Option<LogFile> {
+pub(super) fn compile_log(spec: &LogSpec, base: &Path, err: &mut Problems<'_>) -> Option<LogFile> {
     let Some(file) = &spec.file else {
         for (key, set) in [
             ("log.max_size", spec.max_size.is_some()),
             ("log.max_files", spec.max_files.is_some()),
         ] {
             if set {
-                err(
+                err.add(
                     key,
                     "only applies with log.file (without it events go to stderr)".into(),
                 );
@@ -66,13 +63,13 @@ pub(super) fn compile_log(
     let max_size = spec.max_size.map_or(DEFAULT_LOG_MAX_SIZE, |s| s.0);
     let max_files = spec.max_files.unwrap_or(DEFAULT_LOG_MAX_FILES);
     if max_size < MIN_LOG_MAX_SIZE {
-        err("log.max_size", "must be at least 64KiB".into());
+        err.add("log.max_size", "must be at least 64KiB".into());
     }
     if max_files == 0 {
-        err("log.max_files", "must be at least 1".into());
+        err.add("log.max_files", "must be at least 1".into());
     }
     if file.trim().is_empty() {
-        err("log.file", "must name a file".into());
+        err.add("log.file", "must name a file".into());
         return None;
     }
     let path = base.join(file);
@@ -83,7 +80,7 @@ pub(super) fn compile_log(
         _ => Path::new("."),
     };
     match std::fs::metadata(dir) {
-        Err(e) => err(
+        Err(e) => err.add(
             "log.file",
             format!(
                 "directory {}: {} (colibri does not create it)",
@@ -91,10 +88,12 @@ pub(super) fn compile_log(
                 io_reason(&e)
             ),
         ),
-        Ok(m) if !m.is_dir() => err("log.file", format!("{} is not a directory", dir.display())),
+        Ok(m) if !m.is_dir() => {
+            err.add("log.file", format!("{} is not a directory", dir.display()))
+        }
         Ok(_) => {
             if path.is_dir() {
-                err("log.file", format!("{} is a directory", path.display()));
+                err.add("log.file", format!("{} is a directory", path.display()));
             }
         }
     }

@@ -207,6 +207,63 @@ impl fmt::Display for Problem {
     }
 }
 
+/// The one way every check in config reports a problem: the list being collected, and the path of
+/// the part being checked, so each section names paths relative to itself and the problem still
+/// carries its full path in the file.
+pub(super) struct Problems<'p> {
+    list: &'p mut Vec<Problem>,
+    /// The part's own path; empty at the top of the file.
+    at: String,
+    /// Between `at` and a path below it: `.` in a mapping (`sinks.out.url`), `: ` after a task
+    /// (`tasks[3] "rotate": timeout`), whose name is quoted.
+    sep: &'static str,
+}
+
+impl<'p> Problems<'p> {
+    /// Reports into `list`, paths as given (the top of the file).
+    pub(super) fn new(list: &'p mut Vec<Problem>) -> Self {
+        Problems {
+            list,
+            at: String::new(),
+            sep: ".",
+        }
+    }
+
+    /// One problem at `path`, relative to this part; `""` is the part itself.
+    pub(super) fn add(&mut self, path: &str, message: String) {
+        let path = self.join(path);
+        self.list.push(Problem { path, message });
+    }
+
+    /// A reporter for the mapping entry at `path` (`sinks.out`): paths below it follow a `.`.
+    pub(super) fn under(&mut self, path: &str) -> Problems<'_> {
+        let at = self.join(path);
+        Problems {
+            list: &mut *self.list,
+            at,
+            sep: ".",
+        }
+    }
+
+    /// A reporter for the task shown as `at` (`tasks[3] "rotate"`): paths below it follow a `: `.
+    pub(super) fn under_task(&mut self, at: &str) -> Problems<'_> {
+        let at = self.join(at);
+        Problems {
+            list: &mut *self.list,
+            at,
+            sep: ": ",
+        }
+    }
+
+    fn join(&self, path: &str) -> String {
+        match (self.at.is_empty(), path.is_empty()) {
+            (true, _) => path.to_string(),
+            (false, true) => self.at.clone(),
+            (false, false) => format!("{}{}{path}", self.at, self.sep),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     // The reason is part of the message and not a `source`: a caller printing the chain
@@ -351,7 +408,7 @@ pub fn load_str_with(
         .collect();
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut compiled = Vec::new();
-    let config = compile(root, path, &base, &mut compiled).map(|mut c| {
+    let config = compile(root, path, &base, &mut Problems::new(&mut compiled)).map(|mut c| {
         let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
         c.sha256 = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
         c
@@ -529,12 +586,12 @@ pub(super) fn de_at<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, (
 
 /// Validates the expanded tree and builds the runtime config. Returns `None` only when the file's top
 /// level is unusable; otherwise keeps going so every problem is reported.
-fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>) -> Option<Config> {
+fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>) -> Option<Config> {
     let Value::Object(mut map) = root else {
-        problems.push(Problem {
-            path: String::new(),
-            message: "the file must be a mapping of settings (data_dir, tasks, ...)".into(),
-        });
+        problems.add(
+            "",
+            "the file must be a mapping of settings (data_dir, tasks, ...)".into(),
+        );
         return None;
     };
     let tasks_value = map.remove("tasks");
@@ -571,36 +628,30 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
             Ok(_) => {
                 good.insert(key, value);
             }
-            Err((path, message)) => problems.push(Problem { path, message }),
+            Err((path, message)) => problems.add(&path, message),
         }
     }
     let spec: FileSpec = match de_at(Value::Object(good)) {
         Ok(s) => s,
         Err((path, message)) => {
-            problems.push(Problem { path, message });
+            problems.add(&path, message);
             return None;
         }
     };
-    let mut top = |path: &str, message: String| {
-        problems.push(Problem {
-            path: path.into(),
-            message,
-        })
-    };
     if spec.data_dir.trim().is_empty() {
-        top("data_dir", "must not be empty".into());
+        problems.add("data_dir", "must not be empty".into());
     }
     if spec.workers == 0 {
-        top("workers", "must be at least 1".into());
+        problems.add("workers", "must be at least 1".into());
     }
     let grace = spec.shutdown_grace.0;
     if grace.is_zero() {
-        top("shutdown_grace", "must be positive".into());
+        problems.add("shutdown_grace", "must be positive".into());
     }
 
-    let log_file = compile_log(&spec.log, base, &mut top);
+    let log_file = compile_log(&spec.log, base, problems);
 
-    let storage = storage::compile(&spec.storage, &mut top);
+    let storage = storage::compile(&spec.storage, problems);
     // Every name the file declares, compiled or not: an entry with a problem of its own is still
     // known to the entries that refer to it, which must not add a false "not defined".
     let declared = |v: &Option<Value>| match v {
@@ -616,10 +667,10 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
             .map(Arc::new)
             .collect(),
         Some(other) => {
-            problems.push(Problem {
-                path: "sinks".into(),
-                message: format!("expected a mapping of sink names to settings, found {other}"),
-            });
+            problems.add(
+                "sinks",
+                format!("expected a mapping of sink names to settings, found {other}"),
+            );
             Vec::new()
         }
     };
@@ -631,10 +682,10 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
             .filter_map(|(name, value)| compile_stream(name, value, &sink_names, problems))
             .collect(),
         Some(other) => {
-            problems.push(Problem {
-                path: "streams".into(),
-                message: format!("expected a mapping of stream names to settings, found {other}"),
-            });
+            problems.add(
+                "streams",
+                format!("expected a mapping of stream names to settings, found {other}"),
+            );
             Vec::new()
         }
     };
@@ -652,53 +703,41 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
                 let (_, rest) = split_type(value, &["tail"], &mut err)?;
                 let spec = de_at(rest)
                     .map(sources::SourceSpec::Tail)
-                    .map_err(|(p, m)| err(&p, m))
+                    .map_err(|(p, m)| err.add(&p, m))
                     .ok()?;
                 sources::compile(&name, spec, base, &stream_names, &mut err)
             })
             .map(Arc::new)
             .collect(),
         Some(other) => {
-            problems.push(Problem {
-                path: "sources".into(),
-                message: format!("expected a mapping of source names to settings, found {other}"),
-            });
+            problems.add(
+                "sources",
+                format!("expected a mapping of source names to settings, found {other}"),
+            );
             Vec::new()
         }
     };
-    let ingest = spec.ingest.and_then(|i| {
-        let mut err = |path: &str, message: String| {
-            problems.push(Problem {
-                path: format!("ingest.{path}"),
-                message,
-            })
-        };
-        ingest::compile(i, &stream_formats, &mut err)
-    });
+    let ingest = spec
+        .ingest
+        .and_then(|i| ingest::compile(i, &stream_formats, &mut problems.under("ingest")));
     for src in &sources {
         if let RecordFormat::LineProtocol(_) = stream_format(&streams, &sinks, &src.stream) {
-            problems.push(Problem {
-                path: format!("sources.{}.stream", src.name),
-                message: format!(
+            problems.add(
+                &format!("sources.{}.stream", src.name),
+                format!(
                     "stream {:?} is delivered as influx line protocol (its sink has encoding: influx_line), but a tail source's records are JSON objects ({{\"line\": ...}}) its sink would send unreadable: send this source to a stream with a JSON or file sink",
                     src.stream
                 ),
-            });
+            );
         }
     }
-    let mut top = |path: &str, message: String| {
-        problems.push(Problem {
-            path: path.into(),
-            message,
-        })
-    };
-    let admin = admin::compile_admin(spec.admin, &mut top);
+    let admin = admin::compile_admin(spec.admin, problems);
 
     let task_values = match tasks_value {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) => items,
         Some(other) => {
-            top("tasks", format!("expected a list of tasks, found {other}"));
+            problems.add("tasks", format!("expected a list of tasks, found {other}"));
             Vec::new()
         }
     };
@@ -725,10 +764,10 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
         };
         if let Some(n) = &name {
             if let Some(first) = seen.get(n) {
-                problems.push(Problem {
-                    path: at.clone(),
-                    message: format!("duplicate name (first used by tasks[{first}])"),
-                });
+                problems.add(
+                    &at,
+                    format!("duplicate name (first used by tasks[{first}])"),
+                );
             } else {
                 seen.insert(n.clone(), i);
             }
@@ -776,19 +815,11 @@ pub(super) fn named<'p>(
     what: &str,
     name: &str,
     value: Value,
-    problems: &'p mut Vec<Problem>,
-) -> (Value, impl FnMut(&str, String) + 'p) {
-    let at = format!("{section}.{name}");
-    let mut err = move |path: &str, message: String| {
-        let path = if path.is_empty() {
-            at.clone()
-        } else {
-            format!("{at}.{path}")
-        };
-        problems.push(Problem { path, message })
-    };
+    problems: &'p mut Problems<'_>,
+) -> (Value, Problems<'p>) {
+    let mut err = problems.under(&format!("{section}.{name}"));
     if !valid_name(name) {
-        err(
+        err.add(
             "",
             format!("a {what} name must be 1-64 letters, digits, -, _ or ."),
         );
@@ -802,10 +833,10 @@ pub(super) fn named_entry<'p, T: serde::de::DeserializeOwned>(
     what: &str,
     name: &str,
     value: Value,
-    problems: &'p mut Vec<Problem>,
-) -> (Option<T>, impl FnMut(&str, String) + 'p) {
+    problems: &'p mut Problems<'_>,
+) -> (Option<T>, Problems<'p>) {
     let (value, mut err) = named(section, what, name, value, problems);
-    let spec = de_at(value).map_err(|(p, m)| err(&p, m)).ok();
+    let spec = de_at(value).map_err(|(p, m)| err.add(&p, m)).ok();
     (spec, err)
 }
 
@@ -816,7 +847,7 @@ pub(super) fn named_entry<'p, T: serde::de::DeserializeOwned>(
 pub(super) fn split_type(
     value: Value,
     types: &[&str],
-    err: &mut impl FnMut(&str, String),
+    err: &mut Problems<'_>,
 ) -> Option<(String, Value)> {
     let one_of = || {
         types
@@ -826,7 +857,7 @@ pub(super) fn split_type(
             .join(", ")
     };
     let Value::Object(mut map) = value else {
-        err(
+        err.add(
             "",
             format!(
                 "expected a mapping with a type ({}) and its settings, found {value}",
@@ -837,19 +868,19 @@ pub(super) fn split_type(
     };
     match map.remove("type") {
         None => {
-            err("", format!("missing field `type` (one of {})", one_of()));
+            err.add("", format!("missing field `type` (one of {})", one_of()));
             None
         }
         Some(Value::String(t)) if types.contains(&t.as_str()) => Some((t, Value::Object(map))),
         Some(Value::String(t)) => {
-            err(
+            err.add(
                 "type",
                 format!("unknown variant `{t}`, expected one of {}", one_of()),
             );
             None
         }
         Some(other) => {
-            err(
+            err.add(
                 "type",
                 format!("expected one of {}, found {other}", one_of()),
             );

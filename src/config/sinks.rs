@@ -13,7 +13,7 @@ use serde_json::Value;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{self, Dur, Size};
-use super::{Problem, de_at, named, split_type};
+use super::{Problems, de_at, named, split_type};
 use crate::sink::{LinkConfig, Probe, SinkConfig, SinkKind, SinkRetry};
 
 /// A destination for a stream's jobs.
@@ -227,7 +227,7 @@ pub(super) fn compile_sink(
     name: String,
     value: Value,
     base: &Path,
-    problems: &mut Vec<Problem>,
+    problems: &mut Problems<'_>,
 ) -> Option<SinkConfig> {
     let (value, mut err) = named("sinks", "sink", &name, value, problems);
     let (kind, rest) = split_type(value, SINK_TYPES, &mut err)?;
@@ -236,14 +236,14 @@ pub(super) fn compile_sink(
         "stdout" => de_at(rest).map(SinkSpec::Stdout),
         _ => de_at(rest).map(|h| SinkSpec::Http(Box::new(h))),
     }
-    .map_err(|(p, m)| err(&p, m))
+    .map_err(|(p, m)| err.add(&p, m))
     .ok()?;
     let mut link = LinkConfig::default();
     let (kind, retry) = match spec {
         SinkSpec::File(FileSinkSpec { path, retry }) => {
             let dir = base.join(&path);
             if dir.exists() && !dir.is_dir() {
-                err(
+                err.add(
                     "path",
                     format!("{} exists and is not a directory", dir.display()),
                 );
@@ -274,13 +274,13 @@ pub(super) fn compile_sink(
         max_attempts: retry.max_attempts.unwrap_or(8),
     };
     if retry.base.is_zero() {
-        err("retry.base", "must be positive".into());
+        err.add("retry.base", "must be positive".into());
     }
     if retry.cap < retry.base {
-        err("retry.cap", "must not be shorter than retry.base".into());
+        err.add("retry.cap", "must not be shorter than retry.base".into());
     }
     if retry.max_attempts == 0 {
-        err("retry.max_attempts", "must be at least 1".into());
+        err.add("retry.max_attempts", "must be at least 1".into());
     }
     Some(SinkConfig {
         name,
@@ -304,19 +304,19 @@ const RESERVED_HEADERS: &[&str] = &[
 pub(super) fn compile_http(
     spec: HttpSinkSpec,
     base: &Path,
-    err: &mut impl FnMut(&str, String),
+    err: &mut Problems<'_>,
 ) -> Option<SinkKind> {
     let mut url = match parse_http_url(&spec.url) {
         Ok(u) => u,
         Err(m) => {
-            err("url", m);
+            err.add("url", m);
             return None;
         }
     };
     let influx = matches!(spec.encoding, Some(EncodingSpec::InfluxLine));
     let precision = match (influx, spec.precision) {
         (false, Some(_)) => {
-            err("precision", "only applies to encoding: influx_line".into());
+            err.add("precision", "only applies to encoding: influx_line".into());
             None
         }
         (false, None) => None,
@@ -324,7 +324,7 @@ pub(super) fn compile_http(
     };
     if let Some(p) = precision {
         if url.query_pairs().any(|(k, _)| k == "precision") {
-            err(
+            err.add(
                 "url",
                 "names a precision: set the precision setting instead (it is added to every request)"
                     .into(),
@@ -356,22 +356,22 @@ pub(super) fn compile_http(
         };
         if let Some(m) = problem {
             headers_ok = false;
-            err(&format!("headers.{k}"), m.into());
+            err.add(&format!("headers.{k}"), m.into());
         }
     }
     let timeout = spec.timeout.map_or(Duration::from_secs(10), |d| d.0);
     if timeout.is_zero() {
-        err("timeout", "must be positive".into());
+        err.add("timeout", "must be positive".into());
     }
     let concurrency = spec.concurrency.unwrap_or(1);
     if !(1..=64).contains(&concurrency) {
-        err(
+        err.add(
             "concurrency",
             format!("must be between 1 and 64, not {concurrency}"),
         );
     }
     if spec.replay_rate.is_some_and(|r| r.0 == 0) {
-        err(
+        err.add(
             "replay_rate",
             "must be positive (leave it out for unlimited)".into(),
         );
@@ -408,7 +408,7 @@ pub(super) fn compile_http(
     // Building the client reads and parses the TLS files: a bad CA is reported now, not at the
     // first delivery.
     if headers_ok && let Err(e) = crate::sink::http::HttpSink::new(&http) {
-        err(&e.field, e.message);
+        err.add(&e.field, e.message);
     }
     Some(SinkKind::Http(Box::new(http)))
 }
@@ -427,16 +427,12 @@ pub(super) fn parse_http_url(s: &str) -> Result<reqwest::Url, String> {
     Ok(url)
 }
 
-pub(super) fn compile_link(
-    spec: &LinkSpecFile,
-    url: &str,
-    err: &mut impl FnMut(&str, String),
-) -> LinkConfig {
+pub(super) fn compile_link(spec: &LinkSpecFile, url: &str, err: &mut Problems<'_>) -> LinkConfig {
     let d = LinkConfig::default();
     let probe = match (spec.probe, &spec.probe_url) {
         (None | Some(ProbeSpec::Tcp), None) => Probe::Tcp,
         (None | Some(ProbeSpec::Tcp), Some(_)) => {
-            err("link.probe_url", "is only used with probe: http".into());
+            err.add("link.probe_url", "is only used with probe: http".into());
             Probe::Tcp
         }
         (Some(ProbeSpec::Http), u) => {
@@ -445,7 +441,7 @@ pub(super) fn compile_link(
                 // A bad sink URL is reported under `url` already.
                 Err(m) => {
                     if u.is_some() {
-                        err("link.probe_url", m);
+                        err.add("link.probe_url", m);
                     }
                     Probe::Tcp
                 }
@@ -459,13 +455,13 @@ pub(super) fn compile_link(
         backoff_cap: spec.backoff_cap.map_or(d.backoff_cap, |x| x.0),
     };
     if link.down_after == 0 {
-        err("link.down_after", "must be at least 1".into());
+        err.add("link.down_after", "must be at least 1".into());
     }
     if link.backoff_base.is_zero() {
-        err("link.backoff_base", "must be positive".into());
+        err.add("link.backoff_base", "must be positive".into());
     }
     if link.backoff_cap < link.backoff_base {
-        err(
+        err.add(
             "link.backoff_cap",
             "must not be shorter than link.backoff_base".into(),
         );

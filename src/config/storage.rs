@@ -2,6 +2,7 @@
 //! store's `StorageConfig`. It does not enforce the budget (the store does). Called by
 //! `config::compile`.
 
+use super::Problems;
 use serde::Deserialize;
 
 use super::units::Size;
@@ -22,13 +23,13 @@ pub struct StorageSpec {
 }
 
 /// The budget, with its defaults (2GiB of jobs, 256MiB kept free).
-pub(super) fn compile(spec: &StorageSpec, err: &mut impl FnMut(&str, String)) -> StorageConfig {
+pub(super) fn compile(spec: &StorageSpec, err: &mut Problems<'_>) -> StorageConfig {
     let storage = StorageConfig {
         max_bytes: spec.max_bytes.map_or(2 << 30, |s| s.0),
         min_free: spec.min_free.map_or(256 << 20, |s| s.0),
     };
     if storage.max_bytes == 0 {
-        err("storage.max_bytes", "must be positive".into());
+        err.add("storage.max_bytes", "must be positive".into());
     }
     storage
 }

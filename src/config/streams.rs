@@ -10,7 +10,7 @@ use serde_json::Value;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{self, Dur, Size};
-use super::{Problem, named_entry};
+use super::{Problems, named_entry};
 use crate::store::{BatchConfig, StreamConfig, WhenFull};
 
 /// One stream: a bounded, durable FIFO of transfer jobs.
@@ -83,7 +83,7 @@ pub(super) fn compile_stream(
     name: String,
     value: Value,
     sinks: &[&str],
-    problems: &mut Vec<Problem>,
+    problems: &mut Problems<'_>,
 ) -> Option<StreamConfig> {
     let (spec, mut err) = named_entry::<StreamSpec>("streams", "stream", &name, value, problems);
     let spec = spec?;
@@ -95,7 +95,7 @@ pub(super) fn compile_stream(
         } else {
             sinks.join(", ")
         };
-        err(
+        err.add(
             "sink",
             format!("sink {sink:?} is not defined under sinks: (defined: {known})"),
         );
@@ -106,20 +106,20 @@ pub(super) fn compile_stream(
         linger: spec.batch.linger.map_or(Duration::from_secs(1), |d| d.0),
     };
     if batch.max_records == 0 {
-        err("batch.max_records", "must be at least 1".into());
+        err.add("batch.max_records", "must be at least 1".into());
     }
     if batch.max_bytes == 0 {
-        err("batch.max_bytes", "must be positive".into());
+        err.add("batch.max_bytes", "must be positive".into());
     }
     let max_jobs = spec.max_jobs.unwrap_or(100_000);
     if max_jobs == 0 {
-        err("max_jobs", "must be at least 1".into());
+        err.add("max_jobs", "must be at least 1".into());
     }
     let max_bytes = spec.max_bytes.map_or(256 << 20, |s| s.0);
     // A full job is its records plus a header and 4 bytes per record.
     let job_max = batch.max_bytes + 64 + 4 * u64::from(batch.max_records);
     if max_bytes < job_max {
-        err(
+        err.add(
             "max_bytes",
             format!(
                 "{max_bytes} bytes cannot hold one full job of batch.max_bytes ({job_max} bytes with its framing)"
@@ -127,7 +127,7 @@ pub(super) fn compile_stream(
         );
     }
     if spec.ttl.is_some_and(|d| d.0.is_zero()) {
-        err(
+        err.add(
             "ttl",
             "must be positive (leave it out to keep jobs until delivered)".into(),
         );

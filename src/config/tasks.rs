@@ -18,7 +18,7 @@ use super::sinks::parse_http_url;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{self, Dur, Size};
-use super::{Problem, de_at, io_reason, stream_format, valid_name};
+use super::{Problems, de_at, io_reason, stream_format, valid_name};
 use crate::schedule::{self, Offset, Schedule, Zone};
 use crate::sink::{RecordFormat, SinkConfig, SinkKind};
 use crate::store::{StorageConfig, StreamConfig};
@@ -359,19 +359,12 @@ pub(super) fn compile_task(
     value: Value,
     at: &str,
     ctx: &TaskCtx<'_>,
-    problems: &mut Vec<Problem>,
+    problems: &mut Problems<'_>,
 ) -> Option<TaskDef> {
     let (base, grace) = (ctx.base, ctx.grace);
-    let mut err = |path: &str, message: String| {
-        let path = if path.is_empty() {
-            at.to_string()
-        } else {
-            format!("{at}: {path}")
-        };
-        problems.push(Problem { path, message })
-    };
+    let mut err = problems.under_task(at);
     let Value::Object(map) = value else {
-        err(
+        err.add(
             "",
             format!("expected a mapping with name, type, schedule ..., found {value}"),
         );
@@ -383,16 +376,16 @@ pub(super) fn compile_task(
         .partition(|(k, _)| COMMON_KEYS.contains(&k.as_str()));
     let kind_ok = match kind_map.get("type") {
         None => {
-            err("", format!("missing field `type` (one of: {TASK_TYPES})"));
+            err.add("", format!("missing field `type` (one of: {TASK_TYPES})"));
             false
         }
         Some(Value::String(t)) if !TASK_TYPES.split(", ").any(|k| k == t) => {
-            err("type", format!("unknown type {t:?} (one of: {TASK_TYPES})"));
+            err.add("type", format!("unknown type {t:?} (one of: {TASK_TYPES})"));
             false
         }
         Some(Value::String(_)) => true,
         Some(other) => {
-            err(
+            err.add(
                 "type",
                 format!("expected one of: {TASK_TYPES}, found {other}"),
             );
@@ -400,7 +393,7 @@ pub(super) fn compile_task(
         }
     };
     let common: Option<TaskCommon> = de_at(Value::Object(common_map))
-        .map_err(|(p, m)| err(&p, m))
+        .map_err(|(p, m)| err.add(&p, m))
         .ok();
     // The type's own struct, so a problem inside it keeps its field (see `split_type`).
     let kind: Option<TaskKind> = if kind_ok {
@@ -413,7 +406,7 @@ pub(super) fn compile_task(
             // Checked above: the only type left.
             _ => de_at(rest).map(|s| TaskKind::HttpScrape(Box::new(s))),
         }
-        .map_err(|(p, m)| err(&p, m))
+        .map_err(|(p, m)| err.add(&p, m))
         .ok()
     } else {
         None
@@ -421,7 +414,7 @@ pub(super) fn compile_task(
     let common = common?;
 
     if !valid_name(&common.name) {
-        err(
+        err.add(
             "name",
             format!("{:?} must be 1-64 letters, digits, -, _ or .", common.name),
         );
@@ -432,18 +425,18 @@ pub(super) fn compile_task(
         Some(tz) => match crate::zone::NamedZone::load(tz) {
             Ok(z) => Zone::Named(z),
             Err(m) => {
-                err("tz", m);
+                err.add("tz", m);
                 Zone::Local
             }
         },
     };
     let schedule = match (&common.schedule, common.every) {
         (Some(_), Some(_)) => {
-            err("", "has both schedule and every; use one".into());
+            err.add("", "has both schedule and every; use one".into());
             None
         }
         (None, None) => {
-            err(
+            err.add(
                 "",
                 "needs a schedule (crontab expression) or every (interval)".into(),
             );
@@ -451,25 +444,25 @@ pub(super) fn compile_task(
         }
         (Some(text), None) => {
             if common.offset.is_some() {
-                err("offset", "only applies to every, not to schedule".into());
+                err.add("offset", "only applies to every, not to schedule".into());
             }
             match schedule::parse_cron(text, zone) {
                 Ok(s) => Some(s),
                 Err(e) => {
-                    err("", format!("schedule {text:?}: {e}"));
+                    err.add("", format!("schedule {text:?}: {e}"));
                     None
                 }
             }
         }
         (None, Some(Dur(period))) => {
             if common.tz.is_some() {
-                err(
+                err.add(
                     "tz",
                     "only applies to schedule; an interval does not depend on the time zone".into(),
                 );
             }
             if period.is_zero() {
-                err("every", "must be positive".into());
+                err.add("every", "must be positive".into());
                 None
             } else {
                 let offset = common.offset.map_or(Offset::Fixed(Duration::ZERO), |o| o.0);
@@ -480,9 +473,9 @@ pub(super) fn compile_task(
 
     let timeout = common.timeout.map_or(DEFAULT_TIMEOUT, |d| d.0);
     if timeout.is_zero() {
-        err("timeout", "must be positive".into());
+        err.add("timeout", "must be positive".into());
     } else if timeout >= grace {
-        err(
+        err.add(
             "timeout",
             format!(
                 "{}{} must be shorter than shutdown_grace ({}), so a stop can let the run finish",
@@ -502,10 +495,10 @@ pub(super) fn compile_task(
         cap: common.retry_cap.map_or(DEFAULT_RETRY_CAP, |d| d.0),
     };
     if retry.base.is_zero() {
-        err("retry_base", "must be positive".into());
+        err.add("retry_base", "must be positive".into());
     }
     if retry.cap < retry.base {
-        err(
+        err.add(
             "retry_cap",
             format!(
                 "{} is shorter than retry_base ({})",
@@ -533,23 +526,19 @@ pub(super) fn compile_task(
     })
 }
 
-pub(super) fn compile_exec(
-    spec: ExecSpec,
-    base: &Path,
-    err: &mut dyn FnMut(&str, String),
-) -> Option<Exec> {
+pub(super) fn compile_exec(spec: ExecSpec, base: &Path, err: &mut Problems<'_>) -> Option<Exec> {
     let mut argv: Vec<String> = spec.command.into_iter().map(|s| s.0).collect();
     let mut ok = true;
     match argv.first_mut() {
         None => {
-            err(
+            err.add(
                 "command",
                 "must name a program, e.g. [\"/usr/bin/env\", \"true\"]".into(),
             );
             ok = false;
         }
         Some(p) if p.is_empty() => {
-            err("command[0]", "the program name is empty".into());
+            err.add("command[0]", "the program name is empty".into());
             ok = false;
         }
         Some(program) => {
@@ -561,15 +550,15 @@ pub(super) fn compile_exec(
             if path.is_absolute() {
                 match std::fs::metadata(path) {
                     Err(e) => {
-                        err("command[0]", format!("{program}: {}", io_reason(&e)));
+                        err.add("command[0]", format!("{program}: {}", io_reason(&e)));
                         ok = false;
                     }
                     Ok(m) if !m.is_file() => {
-                        err("command[0]", format!("{program} is not a regular file"));
+                        err.add("command[0]", format!("{program} is not a regular file"));
                         ok = false;
                     }
                     Ok(m) if m.permissions().mode() & 0o111 == 0 => {
-                        err("command[0]", format!("{program} is not executable"));
+                        err.add("command[0]", format!("{program} is not executable"));
                         ok = false;
                     }
                     Ok(_) => {}
@@ -581,13 +570,13 @@ pub(super) fn compile_exec(
     if let Some(dir) = &cwd
         && !dir.is_dir()
     {
-        err("cwd", format!("{} is not a directory", dir.display()));
+        err.add("cwd", format!("{} is not a directory", dir.display()));
         ok = false;
     }
     let mut env = Vec::with_capacity(spec.env.len());
     for (k, v) in spec.env {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.0.contains('\0') {
-            err(
+            err.add(
                 &format!("env.{k}"),
                 "variable names must be non-empty without = or NUL".into(),
             );
@@ -602,23 +591,23 @@ pub(super) fn compile_file_move(
     spec: FileMoveSpec,
     task: &str,
     ctx: &TaskCtx<'_>,
-    err: &mut dyn FnMut(&str, String),
+    err: &mut Problems<'_>,
 ) -> Option<FileMove> {
     let base = ctx.base;
     let mut ok = true;
-    let dir = |field: &str, text: &str, err: &mut dyn FnMut(&str, String)| {
+    let dir = |field: &str, text: &str, err: &mut Problems<'_>| {
         if text.is_empty() {
-            err(field, "must name a directory".into());
+            err.add(field, "must name a directory".into());
             return None;
         }
         let path = base.join(text);
         match std::fs::metadata(&path) {
             Err(e) => {
-                err(field, format!("{}: {}", path.display(), io_reason(&e)));
+                err.add(field, format!("{}: {}", path.display(), io_reason(&e)));
                 None
             }
             Ok(m) if !m.is_dir() => {
-                err(field, format!("{} is not a directory", path.display()));
+                err.add(field, format!("{} is not a directory", path.display()));
                 None
             }
             Ok(_) => Some(path),
@@ -627,11 +616,11 @@ pub(super) fn compile_file_move(
     let from = dir("from", &spec.from, err);
     let (to, ship) = match (&spec.to, &spec.to_stream) {
         (Some(_), Some(_)) => {
-            err("to_stream", "is instead of to; set one of them".into());
+            err.add("to_stream", "is instead of to; set one of them".into());
             (None, None)
         }
         (None, None) => {
-            err(
+            err.add(
                 "",
                 "needs to (a directory) or to_stream (a stream to ship the files through)".into(),
             );
@@ -639,14 +628,14 @@ pub(super) fn compile_file_move(
         }
         (Some(to), None) => {
             if spec.archive.is_some() {
-                err("archive", "only applies to to_stream".into());
+                err.add("archive", "only applies to to_stream".into());
                 ok = false;
             }
             (dir("to", to, err), None)
         }
         (None, Some(stream)) => {
             if spec.on_conflict.is_some() {
-                err(
+                err.add(
                     "on_conflict",
                     "only applies to to; spooled files get unique names".into(),
                 );
@@ -656,7 +645,7 @@ pub(super) fn compile_file_move(
                 Ok(s) => s.max_bytes.min(ctx.storage.max_bytes),
                 Err(m) => {
                     if let Some(m) = m {
-                        err("to_stream", m);
+                        err.add("to_stream", m);
                     }
                     ok = false;
                     0
@@ -694,18 +683,18 @@ pub(super) fn compile_file_move(
             _ => f == t,
         };
         if same {
-            err(
+            err.add(
                 "to",
                 format!("{} is the same directory as from", t.display()),
             );
             ok = false;
         }
     }
-    let mut globs = |field: &str, list: &[String], err: &mut dyn FnMut(&str, String)| {
+    let mut globs = |field: &str, list: &[String], err: &mut Problems<'_>| {
         let mut out = Vec::with_capacity(list.len());
         for (i, g) in list.iter().enumerate() {
             if g.is_empty() || g.contains('/') {
-                err(
+                err.add(
                     &format!("{field}[{i}]"),
                     format!("{g:?} must be a non-empty glob on the file name, without /"),
                 );
@@ -715,7 +704,7 @@ pub(super) fn compile_file_move(
             match glob::Pattern::new(g) {
                 Ok(p) => out.push(p),
                 Err(e) => {
-                    err(&format!("{field}[{i}]"), format!("{g:?}: {e}"));
+                    err.add(&format!("{field}[{i}]"), format!("{g:?}: {e}"));
                     ok = false;
                 }
             }
@@ -725,7 +714,7 @@ pub(super) fn compile_file_move(
     let pattern = globs("pattern", &spec.pattern, err);
     let exclude = globs("exclude", &spec.exclude, err);
     if spec.pattern.is_empty() {
-        err(
+        err.add(
             "pattern",
             "must list at least one glob, e.g. [\"*.csv\"]".into(),
         );
@@ -733,7 +722,7 @@ pub(super) fn compile_file_move(
     }
     let settle = spec.settle.map_or(DEFAULT_SETTLE, |d| d.0);
     if settle.is_zero() {
-        err(
+        err.add(
             "settle",
             "must be positive, so a file still being written is never taken".into(),
         );
@@ -741,7 +730,7 @@ pub(super) fn compile_file_move(
     }
     let max_files = spec.max_files.unwrap_or(DEFAULT_MAX_FILES);
     if max_files == 0 {
-        err("max_files", "must be at least 1".into());
+        err.add("max_files", "must be at least 1".into());
         ok = false;
     }
     let on_conflict = match spec.on_conflict.unwrap_or(OnConflictSpec::Rename) {
@@ -766,7 +755,7 @@ pub(super) fn compile_scrape(
     spec: HttpScrapeSpec,
     task: &str,
     ctx: &TaskCtx<'_>,
-    err: &mut dyn FnMut(&str, String),
+    err: &mut Problems<'_>,
 ) -> Option<crate::task::scrape::Scrape> {
     use crate::scrape::json::{JsonMapping, TimeUnit, check_pointer};
     use crate::scrape::lineproto::Precision;
@@ -775,7 +764,7 @@ pub(super) fn compile_scrape(
     let url = match parse_http_url(&spec.url) {
         Ok(u) => Some(u),
         Err(m) => {
-            err("url", m);
+            err.add("url", m);
             None
         }
     };
@@ -783,7 +772,7 @@ pub(super) fn compile_scrape(
     let precision = match ctx.stream(&spec.stream) {
         Err(m) => {
             if let Some(m) = m {
-                err("stream", m);
+                err.add("stream", m);
             }
             ok = false;
             Precision::Ns
@@ -812,15 +801,15 @@ pub(super) fn compile_scrape(
         _ => None,
     };
     if let Some(why) = refused {
-        err("stream", format!("{:?}: {why}", spec.stream));
+        err.add("stream", format!("{:?}: {why}", spec.stream));
         ok = false;
     }
     if line_protocol && let Err(m) = crate::scrape::lineproto::check_measurement(&measurement) {
-        err("measurement", m);
+        err.add("measurement", m);
         ok = false;
     }
     if !line_protocol && !spec.tags.is_empty() {
-        err(
+        err.add(
             "tags",
             "only apply to line protocol (format: prometheus or json)".into(),
         );
@@ -829,10 +818,10 @@ pub(super) fn compile_scrape(
     let mut headers = Vec::with_capacity(spec.headers.len());
     for (k, v) in spec.headers {
         if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
-            err(&format!("headers.{k}"), "is not a valid header name".into());
+            err.add(&format!("headers.{k}"), "is not a valid header name".into());
             ok = false;
         } else if reqwest::header::HeaderValue::from_str(&v).is_err() {
-            err(
+            err.add(
                 &format!("headers.{k}"),
                 "the value has characters a header cannot carry (control characters or non-ASCII)"
                     .into(),
@@ -843,7 +832,7 @@ pub(super) fn compile_scrape(
     }
     let max_body = spec.max_body.map_or(DEFAULT_SCRAPE_MAX_BODY, |s| s.0);
     if max_body == 0 {
-        err("max_body", "must be positive".into());
+        err.add("max_body", "must be positive".into());
         ok = false;
     }
     let format = match (spec.format, spec.json) {
@@ -851,7 +840,7 @@ pub(super) fn compile_scrape(
             let j = j.unwrap_or_default();
             let mut pointer = |field: &str, p: &str| {
                 if let Err(m) = check_pointer(p) {
-                    err(field, format!("{p:?}: {m}"));
+                    err.add(field, format!("{p:?}: {m}"));
                     ok = false;
                 }
             };
@@ -868,7 +857,7 @@ pub(super) fn compile_scrape(
                 pointer("json.time", t);
             }
             if j.time.is_none() && j.time_unit.is_some() {
-                err("json.time_unit", "only applies with json.time".into());
+                err.add("json.time_unit", "only applies with json.time".into());
                 ok = false;
             }
             let unit = match j.time_unit.unwrap_or(TimeUnitSpec::Ms) {
@@ -886,7 +875,7 @@ pub(super) fn compile_scrape(
             })
         }
         (f, Some(_)) => {
-            err(
+            err.add(
                 "json",
                 format!(
                     "only applies to format: json (this task is format: {})",
