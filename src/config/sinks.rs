@@ -95,7 +95,7 @@ pub struct HttpSinkSpec {
     #[serde(default)]
     pub retry: RetrySpec,
     #[serde(default)]
-    pub link: LinkSpecFile,
+    pub link: LinkSpec,
     /// Bytes per second while a backlog is replayed (after an outage or at start), e.g. `256KiB`,
     /// so a reconnecting cellular link is not flooded. Unset: unlimited.
     #[serde(default)]
@@ -178,7 +178,10 @@ pub struct TlsSpec {
 #[derive(Debug, Default, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
-pub struct LinkSpecFile {
+// The schema keeps the name the type had when `LinkSpec` was a runtime type: the committed schema
+// (and editors' references into it) stay as they are.
+#[cfg_attr(feature = "schema", schemars(rename = "LinkSpecFile"))]
+pub struct LinkSpec {
     /// `tcp` (default: connect to the URL's host and port) or `http` (a GET of `probe_url`, or of
     /// `url`, that gets any answer).
     #[serde(default)]
@@ -427,7 +430,7 @@ pub(super) fn parse_http_url(s: &str) -> Result<reqwest::Url, String> {
     Ok(url)
 }
 
-pub(super) fn compile_link(spec: &LinkSpecFile, url: &str, err: &mut Problems<'_>) -> LinkConfig {
+pub(super) fn compile_link(spec: &LinkSpec, url: &str, err: &mut Problems<'_>) -> LinkConfig {
     let d = LinkConfig::default();
     let probe = match (spec.probe, &spec.probe_url) {
         (None | Some(ProbeSpec::Tcp), None) => Probe::Tcp,
