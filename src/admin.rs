@@ -24,12 +24,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::config::admin::AdminConfig;
 use crate::delivery::SinkRuntime;
 use crate::metrics::{Kind, Text};
-use crate::net::token::Token;
 use crate::store::writer::StoreHandle;
 
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 /// Connections served at once; past that the one idle longest is closed for a newcomer.
 const MAX_CONNECTIONS: usize = 64;
 /// From accept to a complete request header (a scraper that stalls does not hold a slot long).
@@ -42,13 +41,6 @@ const MAX_BUF: usize = 16 << 10;
 const MAX_RELOAD_BODY: usize = 64 << 10;
 /// How long `/readyz` and the metrics wait for the store writer's snapshot.
 const STORE_ANSWER: Duration = Duration::from_secs(5);
-
-/// The compiled `admin:` section.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdminConfig {
-    pub listen: SocketAddr,
-    pub token: Option<Token>,
-}
 
 /// What a reload did, for `POST /-/reload` and the log.
 pub type ReloadResult = Result<ReloadReport, String>;

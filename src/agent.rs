@@ -31,12 +31,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{AgentState, Live, ReloadReport, ReloadResult};
 use crate::clock::{self, SystemClock};
-use crate::config::{Config, units::fmt_duration};
+use crate::config::Config;
 use crate::delivery::{SinkRuntime, SinkStats};
 use crate::notify::notify;
 use crate::scheduler::{Change, Scheduler, SchedulerHandle};
 use crate::store::{self, OpenOptions, Store, StoreError, writer};
 use crate::task::RunContext;
+use crate::units::fmt_duration;
 
 /// Exit status after a second stop signal cut the grace short.
 pub const EXIT_FORCED: i32 = 1;

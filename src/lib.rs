@@ -23,4 +23,5 @@ pub(crate) mod sink;
 pub mod store;
 pub(crate) mod tail;
 pub(crate) mod task;
+pub(crate) mod units;
 pub(crate) mod zone;

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::units::fmt_duration;
 use crate::sink::{LinkConfig, Sink};
 use crate::store::writer::StoreHandle;
+use crate::units::fmt_duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {

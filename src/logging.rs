@@ -12,13 +12,36 @@ use std::io::IsTerminal;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use serde::Deserialize;
 use tracing::Dispatch;
 use tracing::level_filters::LevelFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
-use crate::config::{LogFormat, LogLevel};
-
 pub use file::LogFile;
+
+// The level and format are the `log:` section's values as they are written in the file; serde reads
+// them straight into these types so config needs no copy. No `///` docs here: they would become
+// schema descriptions, and the schema must not change.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
 
 /// The longest [`flush`] waits for the writer thread: a stop must not hang on a dead disk.
 const FLUSH_WAIT: Duration = Duration::from_secs(2);

@@ -112,11 +112,11 @@ impl fmt::Display for Schedule {
                 Zone::Named(tz) => write!(f, "{} ({tz})", c.text),
             },
             Schedule::Every { period, offset } => {
-                write!(f, "every {}", crate::config::units::fmt_duration(*period))?;
+                write!(f, "every {}", crate::units::fmt_duration(*period))?;
                 match offset {
                     Offset::Fixed(d) if d.is_zero() => Ok(()),
                     Offset::Fixed(d) => {
-                        write!(f, " from +{}", crate::config::units::fmt_duration(*d))
+                        write!(f, " from +{}", crate::units::fmt_duration(*d))
                     }
                     Offset::Random => write!(f, " (random offset)"),
                 }

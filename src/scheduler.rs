@@ -23,9 +23,9 @@ use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
 
 use crate::clock::Clock;
-use crate::config::units::fmt_duration;
 use crate::schedule::Schedule;
 use crate::task::{self, RunContext, TaskDef, TaskStats, exec::KILL_GRACE};
+use crate::units::fmt_duration;
 
 /// A wall-clock move larger than this, relative to the monotonic clock, is a jump.
 pub const JUMP_TOLERANCE: Duration = Duration::from_secs(2);

@@ -11,11 +11,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{
-    self, Config, Unset,
-    units::{fmt_duration, fmt_size},
-};
+use crate::config::{self, Config, Unset};
 use crate::schedule::{Offset, Schedule};
+use crate::units::{fmt_duration, fmt_size};
 
 #[derive(Debug, Parser)]
 #[command(

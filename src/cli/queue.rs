@@ -14,14 +14,12 @@ use anyhow::Context as _;
 
 use clap::{Args, Subcommand};
 
-use crate::config::{
-    self, Config, Unset,
-    units::{fmt_duration, fmt_size},
-};
+use crate::config::{self, Config, Unset};
 use crate::ingest::body;
 use crate::scrape::lineparse;
 use crate::sink::RecordFormat;
 use crate::store::{self, OpenOptions, Store, StoreError};
+use crate::units::{fmt_duration, fmt_size};
 
 #[derive(Debug, Subcommand)]
 pub enum QueueCommand {
@@ -122,7 +120,7 @@ pub struct DeadTarget {
 }
 
 fn parse_dur(s: &str) -> Result<std::time::Duration, String> {
-    config::units::parse_duration(s)
+    crate::units::parse_duration(s)
 }
 
 /// Jobs per transaction for long operations, so progress can be shown and memory stays bounded.

@@ -1,6 +1,7 @@
 //! The `ingest:` section: its file shape and its compilation into [`crate::ingest::IngestConfig`].
 //! Called by `config::compile`; the server itself is `crate::ingest`.
 
+use super::Problems;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -8,10 +9,11 @@ use serde::Deserialize;
 
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
-use super::units::{Dur, Size, de_opt_u32, fmt_size};
+use super::units::{Dur, Size, de_opt_u32};
 use crate::ingest::IngestConfig;
 use crate::net::token::Token;
 use crate::sink::RecordFormat;
+use crate::units::fmt_size;
 
 /// Defaults, also named in the field docs below and in `schemas/openapi.yaml`.
 pub const DEFAULT_MAX_BODY: u64 = 4 << 20;
@@ -110,16 +112,16 @@ impl std::fmt::Debug for IngestSpec {
     }
 }
 
-/// Compiles the section; `None` when ingest is off. Problems go to `err(path, message)` with paths
+/// Compiles the section; `None` when ingest is off. Problems go to `err.add(path, message)` with paths
 /// relative to `ingest`. Every field is checked even when `listen` is unset.
-pub fn compile(
+pub(super) fn compile(
     spec: IngestSpec,
     streams: &[(&str, RecordFormat)],
-    err: &mut impl FnMut(&str, String),
+    err: &mut Problems<'_>,
 ) -> Option<IngestConfig> {
     let max_body = spec.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0);
     if !(1024..=MAX_MAX_BODY).contains(&max_body) {
-        err(
+        err.add(
             "max_body",
             format!("{max_body} bytes is out of range 1KiB-256MiB"),
         );
@@ -128,7 +130,7 @@ pub fn compile(
         None => None,
         Some(t) if t.is_empty() => {
             // An empty `${TOKEN:-}` must not quietly turn authentication off.
-            err(
+            err.add(
                 "token",
                 "must not be empty (leave the field out to accept requests without a token)".into(),
             );
@@ -136,7 +138,7 @@ pub fn compile(
         }
         Some(t) if !t.bytes().all(|b| b.is_ascii_graphic()) => {
             // Not the value: it is a secret.
-            err(
+            err.add(
                 "token",
                 "must be printable ASCII without spaces (it travels in an HTTP header)".into(),
             );
@@ -147,7 +149,7 @@ pub fn compile(
     let max_memory = spec.max_memory.map_or(DEFAULT_MAX_MEMORY, |s| s.0);
     let worst = crate::ingest::body_cost(max_body, true, max_body);
     if !(1 << 20..=MAX_MAX_MEMORY).contains(&max_memory) {
-        err(
+        err.add(
             "max_memory",
             format!(
                 "{} is out of range 1MiB-192MiB (the packaged unit caps all of colibri at MemoryMax=256M)",
@@ -155,7 +157,7 @@ pub fn compile(
             ),
         );
     } else if (1024..=MAX_MAX_BODY).contains(&max_body) && worst > max_memory {
-        err(
+        err.add(
             "max_body",
             format!(
                 "a request of max_body ({}) may hold up to {} while it is read and stored (twice its decompressed size, plus its records), more than ingest.max_memory ({}): lower max_body or raise max_memory",
@@ -167,23 +169,23 @@ pub fn compile(
     }
     let max_connections = spec.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
     if !(1..=65_536).contains(&max_connections) {
-        err(
+        err.add(
             "max_connections",
             format!("{max_connections} is out of range 1-65536"),
         );
     }
     let max_requests = spec.max_requests.unwrap_or(DEFAULT_MAX_REQUESTS);
     if !(1..=4096).contains(&max_requests) {
-        err(
+        err.add(
             "max_requests",
             format!("{max_requests} is out of range 1-4096"),
         );
     }
     let read_timeout = spec.read_timeout.map_or(DEFAULT_READ_TIMEOUT, |d| d.0);
     if read_timeout.is_zero() {
-        err("read_timeout", "must be positive".into());
+        err.add("read_timeout", "must be positive".into());
     } else if read_timeout > MAX_READ_TIMEOUT {
-        err(
+        err.add(
             "read_timeout",
             "must be at most 60s (a stop waits up to read_timeout + wait for requests in progress)"
                 .into(),
@@ -191,7 +193,7 @@ pub fn compile(
     }
     let wait = spec.wait.map_or(DEFAULT_WAIT, |d| d.0);
     if wait > MAX_WAIT {
-        err(
+        err.add(
             "wait",
             "must be at most 60s (the client waits that long for its answer, and a stop waits for it)"
                 .into(),
@@ -201,7 +203,7 @@ pub fn compile(
     let listen: SocketAddr = match listen.trim().parse() {
         Ok(addr) => addr,
         Err(_) => {
-            err(
+            err.add(
                 "listen",
                 format!(
                     "{listen:?} is not an address:port (write e.g. 127.0.0.1:9465 or [::1]:9465; host names are not resolved)"
@@ -211,7 +213,7 @@ pub fn compile(
         }
     };
     if !listen.ip().is_loopback() && token.is_none() && !spec.allow_remote {
-        err(
+        err.add(
             "listen",
             format!(
                 "{listen} is not a loopback address and there is no token: anyone who can reach it could append records; set ingest.token, or ingest.allow_remote: true to accept that"
@@ -219,7 +221,7 @@ pub fn compile(
         );
     }
     if streams.is_empty() {
-        err(
+        err.add(
             "listen",
             "ingest needs at least one stream to append to: define one under streams:".into(),
         );
@@ -247,10 +249,12 @@ mod tests {
         let spec: IngestSpec = serde_saphyr::from_str(yaml).expect("test yaml");
         let mut problems = Vec::new();
         let streams: Vec<_> = streams.iter().map(|&s| (s, RecordFormat::Json)).collect();
-        let c = compile(spec, &streams, &mut |p: &str, m: String| {
-            problems.push(format!("ingest.{p}: {m}"))
-        });
-        (c, problems)
+        let c = compile(
+            spec,
+            &streams,
+            &mut Problems::new(&mut problems).under("ingest"),
+        );
+        (c, problems.iter().map(|p| p.to_string()).collect())
     }
 
     #[test]

@@ -8,33 +8,44 @@
 //! Validation collects every problem before refusing, each with its path in the file, e.g.
 //! `tasks[3] "rotate": schedule "61 * * * *": minute 61 out of range 0-59`. A value that came from
 //! `${VAR}` is never shown in a problem (it may be a secret): the message names the variable.
+//!
+//! Each section of the file has a module of its own holding its shape and its compile step
+//! (`admin`, `log`, `storage`, `sinks`, `streams`, `tasks`, `ingest`, `sources`); this one keeps the
+//! top level (`FileSpec`, `Config`, `Problem`), loading, and the glue the sections share.
 
+pub mod admin;
 pub mod env;
 pub mod ingest;
+pub mod log;
+pub mod sinks;
 pub mod sources;
+pub mod storage;
+pub mod streams;
+pub mod tasks;
 pub mod units;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-#[cfg(feature = "schema")]
-use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use serde_json::Value;
 
-use crate::logging::LogFile;
-use crate::schedule::{self, Offset, Schedule, Zone};
-use crate::sink::{LinkConfig, Probe, RecordFormat, SinkConfig, SinkKind, SinkRetry};
-use crate::store::{BatchConfig, StorageConfig, StreamConfig, WhenFull};
-use crate::task::file_move::{FileMove, OnConflict};
-use crate::task::{Action, RetryPolicy, TaskDef, exec::Exec};
+use crate::logging::{LogFile, LogFormat, LogLevel};
+use crate::sink::{RecordFormat, SinkConfig};
+use crate::store::{StorageConfig, StreamConfig};
+use crate::task::TaskDef;
+use admin::AdminConfig;
+use log::{LogSpec, compile_log};
+use sinks::{SinkSpec, compile_sink};
+use storage::StorageSpec;
+use streams::{StreamSpec, compile_stream};
+use tasks::{TaskCtx, TaskSpec, compile_task};
 #[cfg(feature = "schema")]
 use units::u32_schema;
-use units::{Dur, Size, de_u32};
+use units::{Dur, de_u32};
 
 // ---------------------------------------------------------------------------------------------------
 // The file's shape. Field docs become the schema's descriptions, which editors show on hover.
@@ -78,34 +89,13 @@ pub struct FileSpec {
     /// The admin endpoint: `GET /metrics` (Prometheus text), `/healthz`, `/readyz`, `POST /-/reload`.
     /// On by default, on 127.0.0.1:9464.
     #[serde(default)]
-    pub admin: Option<AdminSpec>,
+    pub admin: Option<admin::AdminSpec>,
     /// Producers of records that run on their own (log tailing), by name.
     #[serde(default)]
     pub sources: BTreeMap<String, sources::SourceSpec>,
 }
 
-/// `admin:` settings.
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct AdminSpec {
-    /// Serve the admin endpoint. Default true.
-    #[serde(default = "yes")]
-    pub enabled: bool,
-    /// `address:port` to listen on. Default `127.0.0.1:9464`. An address other than loopback
-    /// (127.0.0.0/8, ::1) needs `allow_remote: true` and a `token`.
-    #[serde(default)]
-    pub listen: Option<String>,
-    /// Allow a non-loopback `listen` address (then `token` is required). Default false.
-    #[serde(default)]
-    pub allow_remote: bool,
-    /// When set, `GET /metrics` and `POST /-/reload` need `Authorization: Bearer <token>`
-    /// (`/healthz` and `/readyz` never do). Never logged.
-    #[serde(default)]
-    pub token: Option<String>,
-}
-
-fn yes() -> bool {
+pub(super) fn yes() -> bool {
     true
 }
 
@@ -120,293 +110,6 @@ pub struct Fingerprint {
     pub sources: BTreeMap<String, String>,
 }
 
-/// A destination for a stream's jobs.
-// Read by `compile_sink` through the variant's own struct (`split_type`), so a problem inside an
-// entry keeps its field path; the enum is the file's shape for the schema.
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum SinkSpec {
-    /// Each job becomes one file in `path` (`<stream>-<job id>.ndjson`, a record per line), written
-    /// under a temporary name, fsync'd and renamed into place, so a reader never sees half a file and
-    /// a job delivered twice after a crash overwrites itself. The directory must exist: colibri does
-    /// not create it, so an unmounted disk is noticed instead of filled on the root filesystem.
-    File(FileSinkSpec),
-    /// Each job's records are written to colibri's stdout, a record per line.
-    Stdout(StdoutSinkSpec),
-    /// Each job is one HTTP request (a job refused with 413 is sent in halves). Every request carries
-    /// an `Idempotency-Key` (store, stream, job and, for a part, its record range) and a
-    /// `User-Agent: colibri/<version>`.
-    Http(Box<HttpSinkSpec>),
-}
-
-const SINK_TYPES: &[&str] = &["file", "stdout", "http"];
-
-/// `type: file` settings.
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct FileSinkSpec {
-    /// The directory. Relative paths are read from the config file's directory.
-    pub path: String,
-    #[serde(default)]
-    pub retry: RetrySpec,
-}
-
-/// `type: stdout` settings.
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct StdoutSinkSpec {
-    #[serde(default)]
-    pub retry: RetrySpec,
-}
-
-/// `type: http` settings.
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct HttpSinkSpec {
-    /// Where requests go: an `http://` or `https://` URL.
-    pub url: String,
-    /// `post` (default) or `put`.
-    #[serde(default)]
-    pub method: Option<HttpMethodSpec>,
-    /// How records become a body; they are passed through as stored. Default `ndjson`.
-    #[serde(default)]
-    pub encoding: Option<EncodingSpec>,
-    /// With `encoding: influx_line`: the unit of the records' timestamps, sent as the request's
-    /// `precision` parameter (`u` for microseconds on `/write`, as InfluxDB 1.x and VictoriaMetrics
-    /// expect; `us` on `/api/v2/write`). `http_scrape` tasks writing to a stream of this sink
-    /// timestamp their records in it. Default `ns`.
-    #[serde(default)]
-    pub precision: Option<PrecisionSpec>,
-    /// Body compression (`Content-Encoding`). Default `none`.
-    #[serde(default)]
-    pub compression: Option<CompressionSpec>,
-    /// Extra request headers, e.g. `Authorization: "Bearer ${TOKEN}"`. Values are never logged.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// Longest wait for a whole request and its answer. Default 10s.
-    #[serde(default)]
-    pub timeout: Option<Dur>,
-    /// Requests in flight at once, 1-64. Default 1, which keeps strict order.
-    #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
-    pub concurrency: Option<u32>,
-    #[serde(default)]
-    pub tls: TlsSpec,
-    #[serde(default)]
-    pub retry: RetrySpec,
-    #[serde(default)]
-    pub link: LinkSpecFile,
-    /// Bytes per second while a backlog is replayed (after an outage or at start), e.g. `256KiB`,
-    /// so a reconnecting cellular link is not flooded. Unset: unlimited.
-    #[serde(default)]
-    pub replay_rate: Option<Size>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum HttpMethodSpec {
-    Post,
-    Put,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum EncodingSpec {
-    /// A record per line, `application/x-ndjson`: the stream's records are JSON values.
-    Ndjson,
-    /// One JSON array of the records, `application/json`: the stream's records are JSON values.
-    JsonArray,
-    /// A record per line, `text/plain` (InfluxDB / VictoriaMetrics `/write`): the stream's records
-    /// are line-protocol points (ingest takes `text/plain` for it, `queue push` checks each line;
-    /// tail sources and `format: raw` scrapes cannot feed it).
-    InfluxLine,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum PrecisionSpec {
-    Ns,
-    Us,
-    Ms,
-    S,
-}
-
-impl PrecisionSpec {
-    fn compile(self) -> crate::scrape::lineproto::Precision {
-        use crate::scrape::lineproto::Precision;
-        match self {
-            PrecisionSpec::Ns => Precision::Ns,
-            PrecisionSpec::Us => Precision::Us,
-            PrecisionSpec::Ms => Precision::Ms,
-            PrecisionSpec::S => Precision::S,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum CompressionSpec {
-    None,
-    Gzip,
-    Zstd,
-}
-
-/// TLS for `https://` URLs (rustls; the system's roots unless `ca_file` is set).
-#[derive(Debug, Default, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct TlsSpec {
-    /// PEM bundle of the CAs to trust instead of the system's. Relative to the config file.
-    #[serde(default)]
-    pub ca_file: Option<String>,
-    /// PEM client certificate for mutual TLS (with `client_key`).
-    #[serde(default)]
-    pub client_cert: Option<String>,
-    /// PEM private key of `client_cert`.
-    #[serde(default)]
-    pub client_key: Option<String>,
-    /// The name the server certificate must carry (and the SNI sent), when the URL's host differs.
-    #[serde(default)]
-    pub server_name: Option<String>,
-}
-
-/// When the destination counts as unreachable and how it is probed until it answers.
-#[derive(Debug, Default, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct LinkSpecFile {
-    /// `tcp` (default: connect to the URL's host and port) or `http` (a GET of `probe_url`, or of
-    /// `url`, that gets any answer).
-    #[serde(default)]
-    pub probe: Option<ProbeSpec>,
-    /// The URL an `http` probe GETs. Default: the sink's `url`.
-    #[serde(default)]
-    pub probe_url: Option<String>,
-    /// Consecutive requests without an answer that turn the link down. Default 3.
-    #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
-    pub down_after: Option<u32>,
-    /// First probe delay; then doubling with jitter. Default 1s.
-    #[serde(default)]
-    pub backoff_base: Option<Dur>,
-    /// Longest probe delay. Default 60s.
-    #[serde(default)]
-    pub backoff_cap: Option<Dur>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum ProbeSpec {
-    Tcp,
-    Http,
-}
-
-/// How failed deliveries are retried.
-#[derive(Debug, Default, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct RetrySpec {
-    /// First retry delay; attempt n waits `base * 2^n * (0.5 + random)`, at most `cap`. Default 1s.
-    #[serde(default)]
-    pub base: Option<Dur>,
-    /// Longest retry delay. Default 5m.
-    #[serde(default)]
-    pub cap: Option<Dur>,
-    /// Attempts before a job goes to the dead letters. Default 8.
-    #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
-    pub max_attempts: Option<u32>,
-}
-
-/// Global storage limits.
-#[derive(Debug, Default, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct StorageSpec {
-    /// Most bytes of queued jobs (ready, retry and dead, all streams together). Default 2GiB.
-    #[serde(default)]
-    pub max_bytes: Option<Size>,
-    /// Free space on the data directory's filesystem that colibri never eats into; below it every
-    /// stream behaves as full. Default 256MiB.
-    #[serde(default)]
-    pub min_free: Option<Size>,
-}
-
-/// One stream: a bounded, durable FIFO of transfer jobs.
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct StreamSpec {
-    /// The sink the stream is delivered to (a name under `sinks:`). A stream without one only queues.
-    #[serde(default)]
-    pub sink: Option<String>,
-    /// How records are cut into transfer jobs.
-    #[serde(default)]
-    pub batch: BatchSpec,
-    /// Most jobs queued (ready and retry). Default 100000.
-    #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
-    pub max_jobs: Option<u32>,
-    /// Most bytes queued (ready and retry). Default 256MiB.
-    #[serde(default)]
-    pub max_bytes: Option<Size>,
-    /// What a full stream does: `block` (producers wait, then get an error), `drop_oldest` (the oldest
-    /// ready jobs are deleted and counted), `drop_newest` (new records are refused and counted).
-    #[serde(default)]
-    pub when_full: WhenFullSpec,
-    /// Jobs older than this are deleted and counted as expired. Default: kept until delivered.
-    #[serde(default)]
-    pub ttl: Option<Dur>,
-    /// Dead letters: jobs that failed for good.
-    #[serde(default)]
-    pub dead_letter: DeadLetterSpec,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct BatchSpec {
-    /// Most records in one job. Default 1000.
-    #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
-    pub max_records: Option<u32>,
-    /// Most bytes of records in one job. Default 1MiB.
-    #[serde(default)]
-    pub max_bytes: Option<Size>,
-    /// How long a source may hold records back to fill a job. Default 1s.
-    #[serde(default)]
-    pub linger: Option<Dur>,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum WhenFullSpec {
-    #[default]
-    Block,
-    DropOldest,
-    DropNewest,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct DeadLetterSpec {
-    /// Most dead jobs kept; beyond it the oldest is deleted and counted. Default 10000.
-    #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
-    pub max_jobs: Option<u32>,
-}
-
 fn default_data_dir() -> String {
     "/var/lib/colibri".into()
 }
@@ -415,354 +118,6 @@ fn default_workers() -> u32 {
 }
 fn default_grace() -> Dur {
     Dur(Duration::from_secs(15))
-}
-
-/// Logging settings.
-#[derive(Debug, Default, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct LogSpec {
-    /// The least severe level written.
-    #[serde(default)]
-    pub level: LogLevel,
-    /// `text` for people at a terminal, `json` (one object per line) for machines.
-    #[serde(default)]
-    pub format: LogFormat,
-    /// Write events to this file instead of stderr, for machines without journald. The directory
-    /// must exist: colibri does not create it. The file is created with mode 0640 and appended to.
-    /// Relative paths are read from the config file's directory.
-    #[serde(default)]
-    pub file: Option<String>,
-    /// With `file`: rotate when the next event would take the file past this size (at least
-    /// 64KiB). Default 50MiB.
-    #[serde(default)]
-    pub max_size: Option<Size>,
-    /// With `file`: rotated files kept, `<file>.1` the newest to `<file>.<max_files>` the oldest;
-    /// older ones are deleted. Default 10.
-    #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
-    pub max_files: Option<u32>,
-}
-
-const DEFAULT_LOG_MAX_SIZE: u64 = 50 << 20;
-const MIN_LOG_MAX_SIZE: u64 = 64 << 10;
-const DEFAULT_LOG_MAX_FILES: u32 = 10;
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "lowercase")]
-pub enum LogLevel {
-    Error,
-    Warn,
-    #[default]
-    Info,
-    Debug,
-    Trace,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
-
-/// One scheduled task: the fields every task has, plus those of its `type`.
-// `compile_task` reads the two halves separately so each can reject unknown keys, which `flatten`
-// cannot; this struct exists for the schema.
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct TaskSpec {
-    #[serde(flatten)]
-    pub common: TaskCommon,
-    #[serde(flatten)]
-    pub kind: TaskKind,
-}
-
-/// Fields shared by every task type. Keep [`COMMON_KEYS`] in step (a test checks).
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct TaskCommon {
-    /// Unique name: letters, digits, `-`, `_` and `.`. It appears in every log line of the task.
-    pub name: String,
-    /// A crontab expression: 5 fields (minute hour day-of-month month day-of-week), or 6 with seconds
-    /// first; names like MON-FRI; or a macro: @reboot (once at start), @hourly, @daily, @midnight,
-    /// @weekly, @monthly, @yearly, @annually. Exclusive with `every`.
-    #[serde(default)]
-    pub schedule: Option<String>,
-    /// A fixed interval such as 30s, measured on the monotonic clock. Exclusive with `schedule`.
-    #[serde(default)]
-    pub every: Option<Dur>,
-    /// With `every`: when the first run falls after start. A duration, or `random` for a uniform offset
-    /// within one period, so many tasks with one interval do not fire together. Default 0s.
-    #[serde(default)]
-    pub offset: Option<OffsetSpec>,
-    /// With `schedule`: the IANA time zone the expression is read in, e.g. Europe/Berlin. Default: the
-    /// machine's local zone.
-    #[serde(default)]
-    pub tz: Option<String>,
-    /// How long one attempt may run before its process group is terminated. Default 10s; must be
-    /// shorter than `shutdown_grace`.
-    #[serde(default)]
-    pub timeout: Option<Dur>,
-    /// Extra attempts after a failure (non-zero exit, timeout). Default 0.
-    #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
-    pub max_retry: Option<u32>,
-    /// First retry delay; attempt n waits `retry_base * 2^n * (0.5 + random)`, at most `retry_cap`.
-    /// Default 1s.
-    #[serde(default)]
-    pub retry_base: Option<Dur>,
-    /// Longest retry delay. Default 5m.
-    #[serde(default)]
-    pub retry_cap: Option<Dur>,
-}
-
-/// The keys of [`TaskCommon`]; everything else in a task belongs to its type.
-pub const COMMON_KEYS: [&str; 9] = [
-    "name",
-    "schedule",
-    "every",
-    "offset",
-    "tz",
-    "timeout",
-    "max_retry",
-    "retry_base",
-    "retry_cap",
-];
-
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-const DEFAULT_RETRY_BASE: Duration = Duration::from_secs(1);
-const DEFAULT_RETRY_CAP: Duration = Duration::from_secs(300);
-
-/// `offset:` is a duration or the word `random`.
-#[derive(Debug, Clone, Copy)]
-pub struct OffsetSpec(pub Offset);
-
-impl<'de> Deserialize<'de> for OffsetSpec {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let v = Value::deserialize(d)?;
-        match &v {
-            Value::String(s) if s.trim() == "random" => Ok(OffsetSpec(Offset::Random)),
-            Value::String(s) => units::parse_duration(s)
-                .map(|d| OffsetSpec(Offset::Fixed(d)))
-                .map_err(|e| serde::de::Error::custom(format!("{e}, or write random"))),
-            other => Err(serde::de::Error::custom(format!(
-                "expected a duration such as 10s or the word random, found {other}"
-            ))),
-        }
-    }
-}
-
-#[cfg(feature = "schema")]
-impl JsonSchema for OffsetSpec {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "Offset".into()
-    }
-    fn json_schema(g: &mut SchemaGenerator) -> Schema {
-        let dur = g.subschema_for::<Dur>();
-        json_schema!({ "anyOf": [ { "const": "random" }, dur ] })
-    }
-}
-
-/// The task types. A closed set: each variant is a handler in `task::`.
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum TaskKind {
-    /// Run a program. No shell is involved unless the command names one (`["sh", "-c", "..."]`).
-    Exec(ExecSpec),
-    /// Move settled files from one directory to another: rename(2) on one filesystem; across
-    /// filesystems copy, fsync, rename into place, then remove the source. Or, with `to_stream`,
-    /// ship them upstream.
-    FileMove(FileMoveSpec),
-    /// GET a (local) endpoint and turn the answer into records of a stream, each carrying the
-    /// scrape's time: Prometheus text (a line-protocol record per sample, labels as tags), JSON
-    /// (line-protocol records through a mapping), or the raw body.
-    HttpScrape(Box<HttpScrapeSpec>),
-}
-
-const TASK_TYPES: &str = "exec, file_move, http_scrape";
-
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct HttpScrapeSpec {
-    /// What to GET: an `http://` or `https://` URL.
-    pub url: String,
-    /// How the answer becomes records: `prometheus` (text exposition format: each sample becomes an
-    /// InfluxDB line-protocol record `<measurement>,<labels> <metric>=<value> <time>`), `json`
-    /// (line-protocol records through `json:`), or `raw` (one JSON record per answer:
-    /// `{"time_ms", "task", "url", "status", "body"}`).
-    pub format: ScrapeFormatSpec,
-    /// The stream the records go to. Line-protocol timestamps are written in the `precision` of
-    /// the stream's sink (ns when it has none).
-    pub stream: String,
-    /// Extra request headers, e.g. `Authorization: "Bearer ${TOKEN}"`. Values are never logged.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// The line-protocol measurement (`prometheus`, `json`). Default: the task's name.
-    #[serde(default)]
-    pub measurement: Option<String>,
-    /// Tags added to every line-protocol record; they win over labels of the same name.
-    #[serde(default)]
-    pub tags: BTreeMap<String, String>,
-    /// Answers larger than this fail the scrape. Default 16MiB.
-    #[serde(default)]
-    pub max_body: Option<Size>,
-    /// With `format: json`: which parts of the document become records, fields and tags.
-    #[serde(default)]
-    pub json: Option<JsonMappingSpec>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum ScrapeFormatSpec {
-    Prometheus,
-    Json,
-    Raw,
-}
-
-/// How a JSON answer becomes line-protocol records. Pointers are RFC 6901 (`/data/items`, `~1` for a
-/// `/` in a key).
-#[derive(Debug, Default, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct JsonMappingSpec {
-    /// Pointer to an array (one record per element) or to one object. Default: the whole document
-    /// is one record.
-    #[serde(default)]
-    pub records: Option<String>,
-    /// Field name -> pointer within a record. Numbers (always written as floats), booleans and
-    /// strings. Default: every top-level number and boolean of the record.
-    #[serde(default)]
-    pub fields: BTreeMap<String, String>,
-    /// Tag name -> pointer within a record (strings, or numbers and booleans as text).
-    #[serde(default)]
-    pub tags: BTreeMap<String, String>,
-    /// Pointer to the record's own timestamp. Default: the scrape's time.
-    #[serde(default)]
-    pub time: Option<String>,
-    /// The unit of `time`: `s`, `ms` (default), `ns` or `rfc3339`.
-    #[serde(default)]
-    pub time_unit: Option<TimeUnitSpec>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum TimeUnitSpec {
-    S,
-    Ms,
-    Ns,
-    Rfc3339,
-}
-
-const DEFAULT_SCRAPE_MAX_BODY: u64 = 16 << 20;
-
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct ExecSpec {
-    /// The program and its arguments. A program named by an absolute path must exist and be
-    /// executable; a relative path with a `/` is read from the config file's directory; a bare name is
-    /// looked up in PATH when the task runs. colibri expands `${VAR}` here before any shell sees the
-    /// text: write `$${VAR}` for a shell variable in braces and `$$$$` for the shell's `$$`.
-    pub command: Vec<Scalar>,
-    /// Extra environment variables for the program (colibri's own environment is inherited).
-    #[serde(default)]
-    pub env: BTreeMap<String, Scalar>,
-    /// Working directory. Default: colibri's own. Relative paths are read from the config file's
-    /// directory.
-    #[serde(default)]
-    pub cwd: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct FileMoveSpec {
-    /// The directory files are taken from (not recursive). Must exist when the config is loaded.
-    /// Relative paths are read from the config file's directory.
-    pub from: String,
-    /// Globs on the file name (`*.csv`, `scan-??.pdf`); a file matching any of them is taken. A name
-    /// starting with `.` only matches a pattern that starts with `.`, so writers' hidden temporary
-    /// files are left alone.
-    pub pattern: Vec<String>,
-    /// Globs on the file name that are never taken, even when `pattern` matches.
-    #[serde(default)]
-    pub exclude: Vec<String>,
-    /// The directory files are moved into. Must exist when the config is loaded and differ from
-    /// `from`. Relative paths are read from the config file's directory. Either this or
-    /// `to_stream`.
-    #[serde(default)]
-    pub to: Option<String>,
-    /// Instead of `to`: ship each file upstream through this stream. The file is moved into the
-    /// data directory's spool (`spool/<task>/`, counted in the stream's and the store's byte
-    /// bounds) and queued as one job; its sink uploads it whole as the request body, streamed from
-    /// disk, with its name in `Content-Disposition`. After delivery it is deleted, or moved to
-    /// `archive`. A full stream leaves files in `from`.
-    #[serde(default)]
-    pub to_stream: Option<String>,
-    /// With `to_stream`: delivered files are moved into this directory (a name already there gets
-    /// a number) instead of being deleted. Must exist when the config is loaded.
-    #[serde(default)]
-    pub archive: Option<String>,
-    /// Only files whose modification time is at least this old are moved, so a file still being
-    /// written is never taken. Default 30s.
-    #[serde(default)]
-    pub settle: Option<Dur>,
-    /// When the name already exists in `to` (not used with `to_stream`): `rename` (default) moves the file as `name.1.ext`,
-    /// `name.2.ext`, ...; `overwrite` replaces the existing file; `skip` leaves the file in `from`.
-    #[serde(default)]
-    pub on_conflict: Option<OnConflictSpec>,
-    /// At most this many files per run (oldest first); the rest wait for the next run. Default 1000.
-    #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
-    pub max_files: Option<u32>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum OnConflictSpec {
-    Rename,
-    Overwrite,
-    Skip,
-}
-
-const DEFAULT_SETTLE: Duration = Duration::from_secs(30);
-const DEFAULT_MAX_FILES: u32 = 1000;
-
-/// A string that may be written as a YAML number or boolean (`command: [sleep, 5]`).
-#[derive(Debug, Clone)]
-pub struct Scalar(pub String);
-
-impl<'de> Deserialize<'de> for Scalar {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match Value::deserialize(d)? {
-            Value::String(s) => Ok(Scalar(s)),
-            Value::Number(n) => Ok(Scalar(n.to_string())),
-            Value::Bool(b) => Ok(Scalar(b.to_string())),
-            other => Err(serde::de::Error::custom(format!(
-                "expected a string, number or boolean, found {other}"
-            ))),
-        }
-    }
-}
-
-#[cfg(feature = "schema")]
-impl JsonSchema for Scalar {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "Scalar".into()
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({ "type": ["string", "number", "boolean"] })
-    }
 }
 
 /// The JSON Schema of the file, as committed in `schemas/colibri.schema.json`: generated from the
@@ -804,7 +159,7 @@ pub struct Config {
     pub ingest: Option<crate::ingest::IngestConfig>,
     pub sources: Vec<Arc<crate::tail::TailConfig>>,
     /// `None`: switched off.
-    pub admin: Option<crate::admin::AdminConfig>,
+    pub admin: Option<AdminConfig>,
     /// Per entry, what the file said: a reload compares these.
     pub fingerprint: Fingerprint,
     /// SHA-256 of the file's bytes (hex).
@@ -822,7 +177,7 @@ impl Config {
     }
 }
 
-fn stream_format(
+pub(super) fn stream_format(
     streams: &[StreamConfig],
     sinks: &[Arc<SinkConfig>],
     stream: &str,
@@ -848,6 +203,63 @@ impl fmt::Display for Problem {
             f.write_str(&self.message)
         } else {
             write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// The one way every check in config reports a problem: the list being collected, and the path of
+/// the part being checked, so each section names paths relative to itself and the problem still
+/// carries its full path in the file.
+pub(super) struct Problems<'p> {
+    list: &'p mut Vec<Problem>,
+    /// The part's own path; empty at the top of the file.
+    at: String,
+    /// Between `at` and a path below it: `.` in a mapping (`sinks.out.url`), `: ` after a task
+    /// (`tasks[3] "rotate": timeout`), whose name is quoted.
+    sep: &'static str,
+}
+
+impl<'p> Problems<'p> {
+    /// Reports into `list`, paths as given (the top of the file).
+    pub(super) fn new(list: &'p mut Vec<Problem>) -> Self {
+        Problems {
+            list,
+            at: String::new(),
+            sep: ".",
+        }
+    }
+
+    /// One problem at `path`, relative to this part; `""` is the part itself.
+    pub(super) fn add(&mut self, path: &str, message: String) {
+        let path = self.join(path);
+        self.list.push(Problem { path, message });
+    }
+
+    /// A reporter for the mapping entry at `path` (`sinks.out`): paths below it follow a `.`.
+    pub(super) fn under(&mut self, path: &str) -> Problems<'_> {
+        let at = self.join(path);
+        Problems {
+            list: &mut *self.list,
+            at,
+            sep: ".",
+        }
+    }
+
+    /// A reporter for the task shown as `at` (`tasks[3] "rotate"`): paths below it follow a `: `.
+    pub(super) fn under_task(&mut self, at: &str) -> Problems<'_> {
+        let at = self.join(at);
+        Problems {
+            list: &mut *self.list,
+            at,
+            sep: ": ",
+        }
+    }
+
+    fn join(&self, path: &str) -> String {
+        match (self.at.is_empty(), path.is_empty()) {
+            (true, _) => path.to_string(),
+            (false, true) => self.at.clone(),
+            (false, false) => format!("{}{}{path}", self.at, self.sep),
         }
     }
 }
@@ -996,7 +408,7 @@ pub fn load_str_with(
         .collect();
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut compiled = Vec::new();
-    let config = compile(root, path, &base, &mut compiled).map(|mut c| {
+    let config = compile(root, path, &base, &mut Problems::new(&mut compiled)).map(|mut c| {
         let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
         c.sha256 = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
         c
@@ -1164,7 +576,7 @@ fn replace_word(text: &str, word: &str, with: &str) -> String {
     out
 }
 
-fn de_at<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, (String, String)> {
+pub(super) fn de_at<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, (String, String)> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let path = if path == "." { String::new() } else { path };
@@ -1174,12 +586,12 @@ fn de_at<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, (String, Str
 
 /// Validates the expanded tree and builds the runtime config. Returns `None` only when the file's top
 /// level is unusable; otherwise keeps going so every problem is reported.
-fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>) -> Option<Config> {
+fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>) -> Option<Config> {
     let Value::Object(mut map) = root else {
-        problems.push(Problem {
-            path: String::new(),
-            message: "the file must be a mapping of settings (data_dir, tasks, ...)".into(),
-        });
+        problems.add(
+            "",
+            "the file must be a mapping of settings (data_dir, tasks, ...)".into(),
+        );
         return None;
     };
     let tasks_value = map.remove("tasks");
@@ -1216,42 +628,30 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
             Ok(_) => {
                 good.insert(key, value);
             }
-            Err((path, message)) => problems.push(Problem { path, message }),
+            Err((path, message)) => problems.add(&path, message),
         }
     }
     let spec: FileSpec = match de_at(Value::Object(good)) {
         Ok(s) => s,
         Err((path, message)) => {
-            problems.push(Problem { path, message });
+            problems.add(&path, message);
             return None;
         }
     };
-    let mut top = |path: &str, message: String| {
-        problems.push(Problem {
-            path: path.into(),
-            message,
-        })
-    };
     if spec.data_dir.trim().is_empty() {
-        top("data_dir", "must not be empty".into());
+        problems.add("data_dir", "must not be empty".into());
     }
     if spec.workers == 0 {
-        top("workers", "must be at least 1".into());
+        problems.add("workers", "must be at least 1".into());
     }
     let grace = spec.shutdown_grace.0;
     if grace.is_zero() {
-        top("shutdown_grace", "must be positive".into());
+        problems.add("shutdown_grace", "must be positive".into());
     }
 
-    let log_file = compile_log(&spec.log, base, &mut top);
+    let log_file = compile_log(&spec.log, base, problems);
 
-    let storage = StorageConfig {
-        max_bytes: spec.storage.max_bytes.map_or(2 << 30, |s| s.0),
-        min_free: spec.storage.min_free.map_or(256 << 20, |s| s.0),
-    };
-    if storage.max_bytes == 0 {
-        top("storage.max_bytes", "must be positive".into());
-    }
+    let storage = storage::compile(&spec.storage, problems);
     // Every name the file declares, compiled or not: an entry with a problem of its own is still
     // known to the entries that refer to it, which must not add a false "not defined".
     let declared = |v: &Option<Value>| match v {
@@ -1267,10 +667,10 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
             .map(Arc::new)
             .collect(),
         Some(other) => {
-            problems.push(Problem {
-                path: "sinks".into(),
-                message: format!("expected a mapping of sink names to settings, found {other}"),
-            });
+            problems.add(
+                "sinks",
+                format!("expected a mapping of sink names to settings, found {other}"),
+            );
             Vec::new()
         }
     };
@@ -1282,10 +682,10 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
             .filter_map(|(name, value)| compile_stream(name, value, &sink_names, problems))
             .collect(),
         Some(other) => {
-            problems.push(Problem {
-                path: "streams".into(),
-                message: format!("expected a mapping of stream names to settings, found {other}"),
-            });
+            problems.add(
+                "streams",
+                format!("expected a mapping of stream names to settings, found {other}"),
+            );
             Vec::new()
         }
     };
@@ -1303,53 +703,41 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
                 let (_, rest) = split_type(value, &["tail"], &mut err)?;
                 let spec = de_at(rest)
                     .map(sources::SourceSpec::Tail)
-                    .map_err(|(p, m)| err(&p, m))
+                    .map_err(|(p, m)| err.add(&p, m))
                     .ok()?;
                 sources::compile(&name, spec, base, &stream_names, &mut err)
             })
             .map(Arc::new)
             .collect(),
         Some(other) => {
-            problems.push(Problem {
-                path: "sources".into(),
-                message: format!("expected a mapping of source names to settings, found {other}"),
-            });
+            problems.add(
+                "sources",
+                format!("expected a mapping of source names to settings, found {other}"),
+            );
             Vec::new()
         }
     };
-    let ingest = spec.ingest.and_then(|i| {
-        let mut err = |path: &str, message: String| {
-            problems.push(Problem {
-                path: format!("ingest.{path}"),
-                message,
-            })
-        };
-        ingest::compile(i, &stream_formats, &mut err)
-    });
+    let ingest = spec
+        .ingest
+        .and_then(|i| ingest::compile(i, &stream_formats, &mut problems.under("ingest")));
     for src in &sources {
         if let RecordFormat::LineProtocol(_) = stream_format(&streams, &sinks, &src.stream) {
-            problems.push(Problem {
-                path: format!("sources.{}.stream", src.name),
-                message: format!(
+            problems.add(
+                &format!("sources.{}.stream", src.name),
+                format!(
                     "stream {:?} is delivered as influx line protocol (its sink has encoding: influx_line), but a tail source's records are JSON objects ({{\"line\": ...}}) its sink would send unreadable: send this source to a stream with a JSON or file sink",
                     src.stream
                 ),
-            });
+            );
         }
     }
-    let mut top = |path: &str, message: String| {
-        problems.push(Problem {
-            path: path.into(),
-            message,
-        })
-    };
-    let admin = compile_admin(spec.admin, &mut top);
+    let admin = admin::compile_admin(spec.admin, problems);
 
     let task_values = match tasks_value {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) => items,
         Some(other) => {
-            top("tasks", format!("expected a list of tasks, found {other}"));
+            problems.add("tasks", format!("expected a list of tasks, found {other}"));
             Vec::new()
         }
     };
@@ -1376,10 +764,10 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
         };
         if let Some(n) = &name {
             if let Some(first) = seen.get(n) {
-                problems.push(Problem {
-                    path: at.clone(),
-                    message: format!("duplicate name (first used by tasks[{first}])"),
-                });
+                problems.add(
+                    &at,
+                    format!("duplicate name (first used by tasks[{first}])"),
+                );
             } else {
                 seen.insert(n.clone(), i);
             }
@@ -1410,116 +798,8 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Vec<Problem>)
     })
 }
 
-fn compile_admin(
-    spec: Option<AdminSpec>,
-    err: &mut impl FnMut(&str, String),
-) -> Option<crate::admin::AdminConfig> {
-    let spec = spec.unwrap_or(AdminSpec {
-        enabled: true,
-        listen: None,
-        allow_remote: false,
-        token: None,
-    });
-    if !spec.enabled {
-        return None;
-    }
-    let text = spec
-        .listen
-        .as_deref()
-        .unwrap_or(crate::admin::DEFAULT_LISTEN);
-    let listen: std::net::SocketAddr = match text.parse() {
-        Ok(a) => a,
-        Err(_) => {
-            err(
-                "admin.listen",
-                format!("{text:?} is not an address:port such as 127.0.0.1:9464"),
-            );
-            return None;
-        }
-    };
-    if !listen.ip().is_loopback() && !spec.allow_remote {
-        err(
-            "admin.listen",
-            format!(
-                "{listen} is not a loopback address: set admin.allow_remote: true (and a token) to serve metrics and reload beyond this machine"
-            ),
-        );
-    }
-    if spec.allow_remote && spec.token.as_deref().is_none_or(str::is_empty) {
-        err(
-            "admin.token",
-            "is required with allow_remote: true (Authorization: Bearer <token>)".into(),
-        );
-    }
-    Some(crate::admin::AdminConfig {
-        listen,
-        token: spec
-            .token
-            .filter(|t| !t.is_empty())
-            .map(crate::net::token::Token::new),
-    })
-}
-
-/// `log.file` and its rotation; `None` when events go to stderr.
-fn compile_log(spec: &LogSpec, base: &Path, err: &mut dyn FnMut(&str, String)) -> Option<LogFile> {
-    let Some(file) = &spec.file else {
-        for (key, set) in [
-            ("log.max_size", spec.max_size.is_some()),
-            ("log.max_files", spec.max_files.is_some()),
-        ] {
-            if set {
-                err(
-                    key,
-                    "only applies with log.file (without it events go to stderr)".into(),
-                );
-            }
-        }
-        return None;
-    };
-    let max_size = spec.max_size.map_or(DEFAULT_LOG_MAX_SIZE, |s| s.0);
-    let max_files = spec.max_files.unwrap_or(DEFAULT_LOG_MAX_FILES);
-    if max_size < MIN_LOG_MAX_SIZE {
-        err("log.max_size", "must be at least 64KiB".into());
-    }
-    if max_files == 0 {
-        err("log.max_files", "must be at least 1".into());
-    }
-    if file.trim().is_empty() {
-        err("log.file", "must name a file".into());
-        return None;
-    }
-    let path = base.join(file);
-    // The directory must be there already, as for every other path: a missing one usually means
-    // an unmounted disk, which should not be filled from the root filesystem.
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    match std::fs::metadata(dir) {
-        Err(e) => err(
-            "log.file",
-            format!(
-                "directory {}: {} (colibri does not create it)",
-                dir.display(),
-                io_reason(&e)
-            ),
-        ),
-        Ok(m) if !m.is_dir() => err("log.file", format!("{} is not a directory", dir.display())),
-        Ok(_) => {
-            if path.is_dir() {
-                err("log.file", format!("{} is a directory", path.display()));
-            }
-        }
-    }
-    Some(LogFile {
-        path,
-        max_size,
-        max_files,
-    })
-}
-
 /// Names of tasks and streams: they appear in logs, metric labels and table names.
-fn valid_name(name: &str) -> bool {
+pub(super) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name
@@ -1530,24 +810,16 @@ fn valid_name(name: &str) -> bool {
 /// The first step for one entry of a named map (`sinks.<name>`, `streams.<name>`): the name is
 /// checked. Returns the entry and a reporter for the caller's own checks (paths relative to the
 /// entry).
-fn named<'p>(
+pub(super) fn named<'p>(
     section: &str,
     what: &str,
     name: &str,
     value: Value,
-    problems: &'p mut Vec<Problem>,
-) -> (Value, impl FnMut(&str, String) + 'p) {
-    let at = format!("{section}.{name}");
-    let mut err = move |path: &str, message: String| {
-        let path = if path.is_empty() {
-            at.clone()
-        } else {
-            format!("{at}.{path}")
-        };
-        problems.push(Problem { path, message })
-    };
+    problems: &'p mut Problems<'_>,
+) -> (Value, Problems<'p>) {
+    let mut err = problems.under(&format!("{section}.{name}"));
     if !valid_name(name) {
-        err(
+        err.add(
             "",
             format!("a {what} name must be 1-64 letters, digits, -, _ or ."),
         );
@@ -1556,15 +828,15 @@ fn named<'p>(
 }
 
 /// [`named`], then the entry deserialized, problems reported under its path.
-fn named_entry<'p, T: serde::de::DeserializeOwned>(
+pub(super) fn named_entry<'p, T: serde::de::DeserializeOwned>(
     section: &str,
     what: &str,
     name: &str,
     value: Value,
-    problems: &'p mut Vec<Problem>,
-) -> (Option<T>, impl FnMut(&str, String) + 'p) {
+    problems: &'p mut Problems<'_>,
+) -> (Option<T>, Problems<'p>) {
     let (value, mut err) = named(section, what, name, value, problems);
-    let spec = de_at(value).map_err(|(p, m)| err(&p, m)).ok();
+    let spec = de_at(value).map_err(|(p, m)| err.add(&p, m)).ok();
     (spec, err)
 }
 
@@ -1572,10 +844,10 @@ fn named_entry<'p, T: serde::de::DeserializeOwned>(
 /// the rest as that type's own struct. Reading the internally tagged enum whole would lose the
 /// path of a problem inside it (serde buffers the entry first), and `encoding: xml` would be
 /// reported at the entry instead of at `encoding`.
-fn split_type(
+pub(super) fn split_type(
     value: Value,
     types: &[&str],
-    err: &mut impl FnMut(&str, String),
+    err: &mut Problems<'_>,
 ) -> Option<(String, Value)> {
     let one_of = || {
         types
@@ -1585,7 +857,7 @@ fn split_type(
             .join(", ")
     };
     let Value::Object(mut map) = value else {
-        err(
+        err.add(
             "",
             format!(
                 "expected a mapping with a type ({}) and its settings, found {value}",
@@ -1596,19 +868,19 @@ fn split_type(
     };
     match map.remove("type") {
         None => {
-            err("", format!("missing field `type` (one of {})", one_of()));
+            err.add("", format!("missing field `type` (one of {})", one_of()));
             None
         }
         Some(Value::String(t)) if types.contains(&t.as_str()) => Some((t, Value::Object(map))),
         Some(Value::String(t)) => {
-            err(
+            err.add(
                 "type",
                 format!("unknown variant `{t}`, expected one of {}", one_of()),
             );
             None
         }
         Some(other) => {
-            err(
+            err.add(
                 "type",
                 format!("expected one of {}, found {other}", one_of()),
             );
@@ -1617,914 +889,7 @@ fn split_type(
     }
 }
 
-fn compile_sink(
-    name: String,
-    value: Value,
-    base: &Path,
-    problems: &mut Vec<Problem>,
-) -> Option<SinkConfig> {
-    let (value, mut err) = named("sinks", "sink", &name, value, problems);
-    let (kind, rest) = split_type(value, SINK_TYPES, &mut err)?;
-    let spec = match kind.as_str() {
-        "file" => de_at(rest).map(SinkSpec::File),
-        "stdout" => de_at(rest).map(SinkSpec::Stdout),
-        _ => de_at(rest).map(|h| SinkSpec::Http(Box::new(h))),
-    }
-    .map_err(|(p, m)| err(&p, m))
-    .ok()?;
-    let mut link = LinkConfig::default();
-    let (kind, retry) = match spec {
-        SinkSpec::File(FileSinkSpec { path, retry }) => {
-            let dir = base.join(&path);
-            if dir.exists() && !dir.is_dir() {
-                err(
-                    "path",
-                    format!("{} exists and is not a directory", dir.display()),
-                );
-            }
-            // A missing directory is definite: no point in waiting for more failures.
-            link.down_after = 1;
-            (SinkKind::File { dir }, retry)
-        }
-        SinkSpec::Stdout(StdoutSinkSpec { retry }) => (SinkKind::Stdout, retry),
-        SinkSpec::Http(spec) => {
-            let spec = *spec;
-            let retry = spec.retry;
-            link = compile_link(&spec.link, &spec.url, &mut err);
-            let kind = compile_http(
-                HttpSinkSpec {
-                    retry: RetrySpec::default(),
-                    ..spec
-                },
-                base,
-                &mut err,
-            )?;
-            (kind, retry)
-        }
-    };
-    let retry = SinkRetry {
-        base: retry.base.map_or(Duration::from_secs(1), |d| d.0),
-        cap: retry.cap.map_or(Duration::from_secs(300), |d| d.0),
-        max_attempts: retry.max_attempts.unwrap_or(8),
-    };
-    if retry.base.is_zero() {
-        err("retry.base", "must be positive".into());
-    }
-    if retry.cap < retry.base {
-        err("retry.cap", "must not be shorter than retry.base".into());
-    }
-    if retry.max_attempts == 0 {
-        err("retry.max_attempts", "must be at least 1".into());
-    }
-    Some(SinkConfig {
-        name,
-        kind,
-        retry,
-        link,
-    })
-}
-
-/// Headers colibri sets itself; a configured one would be overwritten or would break the framing.
-const RESERVED_HEADERS: &[&str] = &[
-    "content-type",
-    "content-encoding",
-    "content-length",
-    "transfer-encoding",
-    "host",
-    "idempotency-key",
-    "user-agent",
-];
-
-fn compile_http(
-    spec: HttpSinkSpec,
-    base: &Path,
-    err: &mut impl FnMut(&str, String),
-) -> Option<SinkKind> {
-    let mut url = match parse_http_url(&spec.url) {
-        Ok(u) => u,
-        Err(m) => {
-            err("url", m);
-            return None;
-        }
-    };
-    let influx = matches!(spec.encoding, Some(EncodingSpec::InfluxLine));
-    let precision = match (influx, spec.precision) {
-        (false, Some(_)) => {
-            err("precision", "only applies to encoding: influx_line".into());
-            None
-        }
-        (false, None) => None,
-        (true, p) => Some(p.unwrap_or(PrecisionSpec::Ns).compile()),
-    };
-    if let Some(p) = precision {
-        if url.query_pairs().any(|(k, _)| k == "precision") {
-            err(
-                "url",
-                "names a precision: set the precision setting instead (it is added to every request)"
-                    .into(),
-            );
-        }
-        // InfluxDB 1.x (and VictoriaMetrics' /write) call microseconds `u`; 2.x calls them `us`.
-        let v2 = url.path().trim_end_matches('/').ends_with("/api/v2/write");
-        let value = match p {
-            crate::scrape::lineproto::Precision::Us if !v2 => "u",
-            p => p.name(),
-        };
-        url.query_pairs_mut().append_pair("precision", value);
-    }
-    let mut headers_ok = true;
-    let mut seen = std::collections::HashSet::new();
-    for (k, v) in &spec.headers {
-        let lower = k.to_ascii_lowercase();
-        let problem = if !seen.insert(lower.clone()) {
-            Some("is set twice (header names are case-insensitive)")
-        } else if RESERVED_HEADERS.contains(&lower.as_str()) {
-            Some("is set by colibri itself and cannot be configured")
-        } else if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
-            Some("is not a valid header name")
-        } else if reqwest::header::HeaderValue::from_str(v).is_err() {
-            // The value itself is never echoed: it may be a credential.
-            Some("the value has characters a header cannot carry (control characters or non-ASCII)")
-        } else {
-            None
-        };
-        if let Some(m) = problem {
-            headers_ok = false;
-            err(&format!("headers.{k}"), m.into());
-        }
-    }
-    let timeout = spec.timeout.map_or(Duration::from_secs(10), |d| d.0);
-    if timeout.is_zero() {
-        err("timeout", "must be positive".into());
-    }
-    let concurrency = spec.concurrency.unwrap_or(1);
-    if !(1..=64).contains(&concurrency) {
-        err(
-            "concurrency",
-            format!("must be between 1 and 64, not {concurrency}"),
-        );
-    }
-    if spec.replay_rate.is_some_and(|r| r.0 == 0) {
-        err(
-            "replay_rate",
-            "must be positive (leave it out for unlimited)".into(),
-        );
-    }
-    let file = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
-    let http = crate::sink::http::HttpConfig {
-        url,
-        method: match spec.method {
-            None | Some(HttpMethodSpec::Post) => crate::sink::http::HttpMethod::Post,
-            Some(HttpMethodSpec::Put) => crate::sink::http::HttpMethod::Put,
-        },
-        encoding: match spec.encoding {
-            None | Some(EncodingSpec::Ndjson) => crate::sink::http::Encoding::Ndjson,
-            Some(EncodingSpec::JsonArray) => crate::sink::http::Encoding::JsonArray,
-            Some(EncodingSpec::InfluxLine) => crate::sink::http::Encoding::InfluxLine,
-        },
-        precision,
-        compression: match spec.compression {
-            None | Some(CompressionSpec::None) => crate::sink::http::Compression::None,
-            Some(CompressionSpec::Gzip) => crate::sink::http::Compression::Gzip,
-            Some(CompressionSpec::Zstd) => crate::sink::http::Compression::Zstd,
-        },
-        headers: spec.headers.into_iter().collect(),
-        timeout,
-        concurrency,
-        tls: crate::sink::http::TlsConfig {
-            ca_file: file(&spec.tls.ca_file),
-            client_cert: file(&spec.tls.client_cert),
-            client_key: file(&spec.tls.client_key),
-            server_name: spec.tls.server_name,
-        },
-        replay_rate: spec.replay_rate.map(|r| r.0),
-    };
-    // Building the client reads and parses the TLS files: a bad CA is reported now, not at the
-    // first delivery.
-    if headers_ok && let Err(e) = crate::sink::http::HttpSink::new(&http) {
-        err(&e.field, e.message);
-    }
-    Some(SinkKind::Http(Box::new(http)))
-}
-
-fn parse_http_url(s: &str) -> Result<reqwest::Url, String> {
-    let url = reqwest::Url::parse(s).map_err(|e| format!("{s:?} is not a valid URL: {e}"))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!(
-            "{s:?}: the scheme must be http or https, not {}",
-            url.scheme()
-        ));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(format!("{s:?} has no host"));
-    }
-    Ok(url)
-}
-
-fn compile_link(spec: &LinkSpecFile, url: &str, err: &mut impl FnMut(&str, String)) -> LinkConfig {
-    let d = LinkConfig::default();
-    let probe = match (spec.probe, &spec.probe_url) {
-        (None | Some(ProbeSpec::Tcp), None) => Probe::Tcp,
-        (None | Some(ProbeSpec::Tcp), Some(_)) => {
-            err("link.probe_url", "is only used with probe: http".into());
-            Probe::Tcp
-        }
-        (Some(ProbeSpec::Http), u) => {
-            match parse_http_url(u.as_deref().unwrap_or(url)) {
-                Ok(u) => Probe::Http(u),
-                // A bad sink URL is reported under `url` already.
-                Err(m) => {
-                    if u.is_some() {
-                        err("link.probe_url", m);
-                    }
-                    Probe::Tcp
-                }
-            }
-        }
-    };
-    let link = LinkConfig {
-        probe,
-        down_after: spec.down_after.unwrap_or(d.down_after),
-        backoff_base: spec.backoff_base.map_or(d.backoff_base, |x| x.0),
-        backoff_cap: spec.backoff_cap.map_or(d.backoff_cap, |x| x.0),
-    };
-    if link.down_after == 0 {
-        err("link.down_after", "must be at least 1".into());
-    }
-    if link.backoff_base.is_zero() {
-        err("link.backoff_base", "must be positive".into());
-    }
-    if link.backoff_cap < link.backoff_base {
-        err(
-            "link.backoff_cap",
-            "must not be shorter than link.backoff_base".into(),
-        );
-    }
-    link
-}
-
-fn compile_stream(
-    name: String,
-    value: Value,
-    sinks: &[&str],
-    problems: &mut Vec<Problem>,
-) -> Option<StreamConfig> {
-    let (spec, mut err) = named_entry::<StreamSpec>("streams", "stream", &name, value, problems);
-    let spec = spec?;
-    if let Some(sink) = &spec.sink
-        && !sinks.contains(&sink.as_str())
-    {
-        let known = if sinks.is_empty() {
-            "none".to_string()
-        } else {
-            sinks.join(", ")
-        };
-        err(
-            "sink",
-            format!("sink {sink:?} is not defined under sinks: (defined: {known})"),
-        );
-    }
-    let batch = BatchConfig {
-        max_records: spec.batch.max_records.unwrap_or(1000),
-        max_bytes: spec.batch.max_bytes.map_or(1 << 20, |s| s.0),
-        linger: spec.batch.linger.map_or(Duration::from_secs(1), |d| d.0),
-    };
-    if batch.max_records == 0 {
-        err("batch.max_records", "must be at least 1".into());
-    }
-    if batch.max_bytes == 0 {
-        err("batch.max_bytes", "must be positive".into());
-    }
-    let max_jobs = spec.max_jobs.unwrap_or(100_000);
-    if max_jobs == 0 {
-        err("max_jobs", "must be at least 1".into());
-    }
-    let max_bytes = spec.max_bytes.map_or(256 << 20, |s| s.0);
-    // A full job is its records plus a header and 4 bytes per record.
-    let job_max = batch.max_bytes + 64 + 4 * u64::from(batch.max_records);
-    if max_bytes < job_max {
-        err(
-            "max_bytes",
-            format!(
-                "{max_bytes} bytes cannot hold one full job of batch.max_bytes ({job_max} bytes with its framing)"
-            ),
-        );
-    }
-    if spec.ttl.is_some_and(|d| d.0.is_zero()) {
-        err(
-            "ttl",
-            "must be positive (leave it out to keep jobs until delivered)".into(),
-        );
-    }
-    Some(StreamConfig {
-        name,
-        sink: spec.sink,
-        batch,
-        max_jobs: u64::from(max_jobs),
-        max_bytes,
-        when_full: match spec.when_full {
-            WhenFullSpec::Block => WhenFull::Block,
-            WhenFullSpec::DropOldest => WhenFull::DropOldest,
-            WhenFullSpec::DropNewest => WhenFull::DropNewest,
-        },
-        ttl: spec.ttl.map(|d| d.0),
-        dead_max_jobs: u64::from(spec.dead_letter.max_jobs.unwrap_or(10_000)),
-    })
-}
-
-/// What a task's checks need from the rest of the file.
-struct TaskCtx<'a> {
-    /// The config file's directory.
-    base: &'a Path,
-    grace: Duration,
-    data_dir: &'a Path,
-    streams: &'a [StreamConfig],
-    /// Every stream the file names, including those with problems of their own.
-    declared_streams: &'a [String],
-    sinks: &'a [Arc<SinkConfig>],
-    storage: StorageConfig,
-}
-
-impl TaskCtx<'_> {
-    /// The stream `name`. `Err(None)`: it is declared but has problems of its own, already
-    /// reported; `Err(Some(..))`: it is not defined.
-    fn stream(&self, name: &str) -> Result<&StreamConfig, Option<String>> {
-        if let Some(s) = self.streams.iter().find(|s| s.name == name) {
-            return Ok(s);
-        }
-        if self.declared_streams.iter().any(|s| s == name) {
-            return Err(None);
-        }
-        Err(Some(format!(
-            "stream {name:?} is not defined under streams: (defined: {})",
-            if self.declared_streams.is_empty() {
-                "none".to_string()
-            } else {
-                self.declared_streams.join(", ")
-            }
-        )))
-    }
-}
-
-fn compile_task(
-    value: Value,
-    at: &str,
-    ctx: &TaskCtx<'_>,
-    problems: &mut Vec<Problem>,
-) -> Option<TaskDef> {
-    let (base, grace) = (ctx.base, ctx.grace);
-    let mut err = |path: &str, message: String| {
-        let path = if path.is_empty() {
-            at.to_string()
-        } else {
-            format!("{at}: {path}")
-        };
-        problems.push(Problem { path, message })
-    };
-    let Value::Object(map) = value else {
-        err(
-            "",
-            format!("expected a mapping with name, type, schedule ..., found {value}"),
-        );
-        return None;
-    };
-    // Split the shared fields from the type's own, so each half can reject unknown keys.
-    let (common_map, kind_map): (serde_json::Map<_, _>, serde_json::Map<_, _>) = map
-        .into_iter()
-        .partition(|(k, _)| COMMON_KEYS.contains(&k.as_str()));
-    let kind_ok = match kind_map.get("type") {
-        None => {
-            err("", format!("missing field `type` (one of: {TASK_TYPES})"));
-            false
-        }
-        Some(Value::String(t)) if !TASK_TYPES.split(", ").any(|k| k == t) => {
-            err("type", format!("unknown type {t:?} (one of: {TASK_TYPES})"));
-            false
-        }
-        Some(Value::String(_)) => true,
-        Some(other) => {
-            err(
-                "type",
-                format!("expected one of: {TASK_TYPES}, found {other}"),
-            );
-            false
-        }
-    };
-    let common: Option<TaskCommon> = de_at(Value::Object(common_map))
-        .map_err(|(p, m)| err(&p, m))
-        .ok();
-    // The type's own struct, so a problem inside it keeps its field (see `split_type`).
-    let kind: Option<TaskKind> = if kind_ok {
-        let mut kind_map = kind_map;
-        let kind = kind_map.remove("type");
-        let rest = Value::Object(kind_map);
-        match kind.as_ref().and_then(Value::as_str) {
-            Some("exec") => de_at(rest).map(TaskKind::Exec),
-            Some("file_move") => de_at(rest).map(TaskKind::FileMove),
-            // Checked above: the only type left.
-            _ => de_at(rest).map(|s| TaskKind::HttpScrape(Box::new(s))),
-        }
-        .map_err(|(p, m)| err(&p, m))
-        .ok()
-    } else {
-        None
-    };
-    let common = common?;
-
-    if !valid_name(&common.name) {
-        err(
-            "name",
-            format!("{:?} must be 1-64 letters, digits, -, _ or .", common.name),
-        );
-    }
-
-    let zone = match &common.tz {
-        None => Zone::Local,
-        Some(tz) => match crate::zone::NamedZone::load(tz) {
-            Ok(z) => Zone::Named(z),
-            Err(m) => {
-                err("tz", m);
-                Zone::Local
-            }
-        },
-    };
-    let schedule = match (&common.schedule, common.every) {
-        (Some(_), Some(_)) => {
-            err("", "has both schedule and every; use one".into());
-            None
-        }
-        (None, None) => {
-            err(
-                "",
-                "needs a schedule (crontab expression) or every (interval)".into(),
-            );
-            None
-        }
-        (Some(text), None) => {
-            if common.offset.is_some() {
-                err("offset", "only applies to every, not to schedule".into());
-            }
-            match schedule::parse_cron(text, zone) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    err("", format!("schedule {text:?}: {e}"));
-                    None
-                }
-            }
-        }
-        (None, Some(Dur(period))) => {
-            if common.tz.is_some() {
-                err(
-                    "tz",
-                    "only applies to schedule; an interval does not depend on the time zone".into(),
-                );
-            }
-            if period.is_zero() {
-                err("every", "must be positive".into());
-                None
-            } else {
-                let offset = common.offset.map_or(Offset::Fixed(Duration::ZERO), |o| o.0);
-                Some(Schedule::Every { period, offset })
-            }
-        }
-    };
-
-    let timeout = common.timeout.map_or(DEFAULT_TIMEOUT, |d| d.0);
-    if timeout.is_zero() {
-        err("timeout", "must be positive".into());
-    } else if timeout >= grace {
-        err(
-            "timeout",
-            format!(
-                "{}{} must be shorter than shutdown_grace ({}), so a stop can let the run finish",
-                units::fmt_duration(timeout),
-                if common.timeout.is_none() {
-                    " (the default)"
-                } else {
-                    ""
-                },
-                units::fmt_duration(grace)
-            ),
-        );
-    }
-    let retry = RetryPolicy {
-        max_retry: common.max_retry.unwrap_or(0),
-        base: common.retry_base.map_or(DEFAULT_RETRY_BASE, |d| d.0),
-        cap: common.retry_cap.map_or(DEFAULT_RETRY_CAP, |d| d.0),
-    };
-    if retry.base.is_zero() {
-        err("retry_base", "must be positive".into());
-    }
-    if retry.cap < retry.base {
-        err(
-            "retry_cap",
-            format!(
-                "{} is shorter than retry_base ({})",
-                units::fmt_duration(retry.cap),
-                units::fmt_duration(retry.base)
-            ),
-        );
-    }
-
-    let action = match kind? {
-        TaskKind::Exec(spec) => compile_exec(spec, base, &mut err).map(Action::Exec),
-        TaskKind::FileMove(spec) => {
-            compile_file_move(spec, &common.name, ctx, &mut err).map(Action::FileMove)
-        }
-        TaskKind::HttpScrape(spec) => {
-            compile_scrape(*spec, &common.name, ctx, &mut err).map(Action::HttpScrape)
-        }
-    };
-    Some(TaskDef {
-        name: common.name,
-        schedule: schedule?,
-        timeout,
-        retry,
-        action: action?,
-    })
-}
-
-fn compile_exec(spec: ExecSpec, base: &Path, err: &mut dyn FnMut(&str, String)) -> Option<Exec> {
-    let mut argv: Vec<String> = spec.command.into_iter().map(|s| s.0).collect();
-    let mut ok = true;
-    match argv.first_mut() {
-        None => {
-            err(
-                "command",
-                "must name a program, e.g. [\"/usr/bin/env\", \"true\"]".into(),
-            );
-            ok = false;
-        }
-        Some(p) if p.is_empty() => {
-            err("command[0]", "the program name is empty".into());
-            ok = false;
-        }
-        Some(program) => {
-            let path = Path::new(program.as_str());
-            if path.is_relative() && program.contains('/') {
-                *program = base.join(path).to_string_lossy().into_owned();
-            }
-            let path = Path::new(program.as_str());
-            if path.is_absolute() {
-                match std::fs::metadata(path) {
-                    Err(e) => {
-                        err("command[0]", format!("{program}: {}", io_reason(&e)));
-                        ok = false;
-                    }
-                    Ok(m) if !m.is_file() => {
-                        err("command[0]", format!("{program} is not a regular file"));
-                        ok = false;
-                    }
-                    Ok(m) if m.permissions().mode() & 0o111 == 0 => {
-                        err("command[0]", format!("{program} is not executable"));
-                        ok = false;
-                    }
-                    Ok(_) => {}
-                }
-            }
-        }
-    }
-    let cwd = spec.cwd.map(|c| base.join(c));
-    if let Some(dir) = &cwd
-        && !dir.is_dir()
-    {
-        err("cwd", format!("{} is not a directory", dir.display()));
-        ok = false;
-    }
-    let mut env = Vec::with_capacity(spec.env.len());
-    for (k, v) in spec.env {
-        if k.is_empty() || k.contains('=') || k.contains('\0') || v.0.contains('\0') {
-            err(
-                &format!("env.{k}"),
-                "variable names must be non-empty without = or NUL".into(),
-            );
-            ok = false;
-        }
-        env.push((k, v.0));
-    }
-    ok.then_some(Exec { argv, env, cwd })
-}
-
-fn compile_file_move(
-    spec: FileMoveSpec,
-    task: &str,
-    ctx: &TaskCtx<'_>,
-    err: &mut dyn FnMut(&str, String),
-) -> Option<FileMove> {
-    let base = ctx.base;
-    let mut ok = true;
-    let dir = |field: &str, text: &str, err: &mut dyn FnMut(&str, String)| {
-        if text.is_empty() {
-            err(field, "must name a directory".into());
-            return None;
-        }
-        let path = base.join(text);
-        match std::fs::metadata(&path) {
-            Err(e) => {
-                err(field, format!("{}: {}", path.display(), io_reason(&e)));
-                None
-            }
-            Ok(m) if !m.is_dir() => {
-                err(field, format!("{} is not a directory", path.display()));
-                None
-            }
-            Ok(_) => Some(path),
-        }
-    };
-    let from = dir("from", &spec.from, err);
-    let (to, ship) = match (&spec.to, &spec.to_stream) {
-        (Some(_), Some(_)) => {
-            err("to_stream", "is instead of to; set one of them".into());
-            (None, None)
-        }
-        (None, None) => {
-            err(
-                "",
-                "needs to (a directory) or to_stream (a stream to ship the files through)".into(),
-            );
-            (None, None)
-        }
-        (Some(to), None) => {
-            if spec.archive.is_some() {
-                err("archive", "only applies to to_stream".into());
-                ok = false;
-            }
-            (dir("to", to, err), None)
-        }
-        (None, Some(stream)) => {
-            if spec.on_conflict.is_some() {
-                err(
-                    "on_conflict",
-                    "only applies to to; spooled files get unique names".into(),
-                );
-                ok = false;
-            }
-            let max_bytes = match ctx.stream(stream) {
-                Ok(s) => s.max_bytes.min(ctx.storage.max_bytes),
-                Err(m) => {
-                    if let Some(m) = m {
-                        err("to_stream", m);
-                    }
-                    ok = false;
-                    0
-                }
-            };
-            let archive = match &spec.archive {
-                None => None,
-                Some(a) => {
-                    let d = dir("archive", a, err);
-                    if d.is_none() {
-                        ok = false;
-                    }
-                    d
-                }
-            };
-            let spool_rel = crate::store::spool::task_dir(task);
-            let spool_dir = ctx.data_dir.join(&spool_rel);
-            let ship = crate::task::file_move::Ship {
-                stream: stream.clone(),
-                spool_dir: spool_dir.clone(),
-                spool_rel,
-                archive,
-                min_free: ctx.storage.min_free,
-                max_bytes,
-                recovered: Default::default(),
-            };
-            (Some(spool_dir), Some(ship))
-        }
-    };
-    if let (Some(f), Some(t)) = (&from, &to)
-        && ship.is_none()
-    {
-        let same = match (std::fs::canonicalize(f), std::fs::canonicalize(t)) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => f == t,
-        };
-        if same {
-            err(
-                "to",
-                format!("{} is the same directory as from", t.display()),
-            );
-            ok = false;
-        }
-    }
-    let mut globs = |field: &str, list: &[String], err: &mut dyn FnMut(&str, String)| {
-        let mut out = Vec::with_capacity(list.len());
-        for (i, g) in list.iter().enumerate() {
-            if g.is_empty() || g.contains('/') {
-                err(
-                    &format!("{field}[{i}]"),
-                    format!("{g:?} must be a non-empty glob on the file name, without /"),
-                );
-                ok = false;
-                continue;
-            }
-            match glob::Pattern::new(g) {
-                Ok(p) => out.push(p),
-                Err(e) => {
-                    err(&format!("{field}[{i}]"), format!("{g:?}: {e}"));
-                    ok = false;
-                }
-            }
-        }
-        out
-    };
-    let pattern = globs("pattern", &spec.pattern, err);
-    let exclude = globs("exclude", &spec.exclude, err);
-    if spec.pattern.is_empty() {
-        err(
-            "pattern",
-            "must list at least one glob, e.g. [\"*.csv\"]".into(),
-        );
-        ok = false;
-    }
-    let settle = spec.settle.map_or(DEFAULT_SETTLE, |d| d.0);
-    if settle.is_zero() {
-        err(
-            "settle",
-            "must be positive, so a file still being written is never taken".into(),
-        );
-        ok = false;
-    }
-    let max_files = spec.max_files.unwrap_or(DEFAULT_MAX_FILES);
-    if max_files == 0 {
-        err("max_files", "must be at least 1".into());
-        ok = false;
-    }
-    let on_conflict = match spec.on_conflict.unwrap_or(OnConflictSpec::Rename) {
-        OnConflictSpec::Rename => OnConflict::Rename,
-        OnConflictSpec::Overwrite => OnConflict::Overwrite,
-        OnConflictSpec::Skip => OnConflict::Skip,
-    };
-    let (from, to) = (from?, to?);
-    ok.then_some(FileMove {
-        from,
-        to,
-        ship,
-        pattern,
-        exclude,
-        settle,
-        on_conflict,
-        max_files: max_files as usize,
-    })
-}
-
-fn compile_scrape(
-    spec: HttpScrapeSpec,
-    task: &str,
-    ctx: &TaskCtx<'_>,
-    err: &mut dyn FnMut(&str, String),
-) -> Option<crate::task::scrape::Scrape> {
-    use crate::scrape::json::{JsonMapping, TimeUnit, check_pointer};
-    use crate::scrape::lineproto::Precision;
-    use crate::task::scrape::{Format, Scrape, ScrapeConfig};
-    let mut ok = true;
-    let url = match parse_http_url(&spec.url) {
-        Ok(u) => Some(u),
-        Err(m) => {
-            err("url", m);
-            None
-        }
-    };
-    // The precision of the stream's sink, so timestamps mean what the write URL says.
-    let precision = match ctx.stream(&spec.stream) {
-        Err(m) => {
-            if let Some(m) = m {
-                err("stream", m);
-            }
-            ok = false;
-            Precision::Ns
-        }
-        Ok(st) => st
-            .sink
-            .as_deref()
-            .and_then(|name| ctx.sinks.iter().find(|s| s.name == name))
-            .and_then(|s| match &s.kind {
-                SinkKind::Http(h) => h.precision,
-                _ => None,
-            })
-            .unwrap_or(Precision::Ns),
-    };
-    let measurement = spec.measurement.unwrap_or_else(|| task.to_string());
-    let line_protocol = !matches!(spec.format, ScrapeFormatSpec::Raw);
-    // What the scrape writes must be what the stream's sink sends.
-    let carries = stream_format(ctx.streams, ctx.sinks, &spec.stream);
-    let refused = match (line_protocol, carries) {
-        (false, RecordFormat::LineProtocol(_)) => Some(
-            "format: raw writes JSON records, but the stream's sink sends influx line protocol (encoding: influx_line): use format: prometheus or json, or a stream with a JSON sink",
-        ),
-        (true, RecordFormat::Json) => Some(
-            "this format writes influx line protocol, but the stream's sink sends JSON (encoding: ndjson or json_array): use format: raw, or a stream whose sink has encoding: influx_line",
-        ),
-        _ => None,
-    };
-    if let Some(why) = refused {
-        err("stream", format!("{:?}: {why}", spec.stream));
-        ok = false;
-    }
-    if line_protocol && let Err(m) = crate::scrape::lineproto::check_measurement(&measurement) {
-        err("measurement", m);
-        ok = false;
-    }
-    if !line_protocol && !spec.tags.is_empty() {
-        err(
-            "tags",
-            "only apply to line protocol (format: prometheus or json)".into(),
-        );
-        ok = false;
-    }
-    let mut headers = Vec::with_capacity(spec.headers.len());
-    for (k, v) in spec.headers {
-        if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
-            err(&format!("headers.{k}"), "is not a valid header name".into());
-            ok = false;
-        } else if reqwest::header::HeaderValue::from_str(&v).is_err() {
-            err(
-                &format!("headers.{k}"),
-                "the value has characters a header cannot carry (control characters or non-ASCII)"
-                    .into(),
-            );
-            ok = false;
-        }
-        headers.push((k, v));
-    }
-    let max_body = spec.max_body.map_or(DEFAULT_SCRAPE_MAX_BODY, |s| s.0);
-    if max_body == 0 {
-        err("max_body", "must be positive".into());
-        ok = false;
-    }
-    let format = match (spec.format, spec.json) {
-        (ScrapeFormatSpec::Json, j) => {
-            let j = j.unwrap_or_default();
-            let mut pointer = |field: &str, p: &str| {
-                if let Err(m) = check_pointer(p) {
-                    err(field, format!("{p:?}: {m}"));
-                    ok = false;
-                }
-            };
-            if let Some(r) = &j.records {
-                pointer("json.records", r);
-            }
-            for (name, p) in &j.fields {
-                pointer(&format!("json.fields.{name}"), p);
-            }
-            for (name, p) in &j.tags {
-                pointer(&format!("json.tags.{name}"), p);
-            }
-            if let Some(t) = &j.time {
-                pointer("json.time", t);
-            }
-            if j.time.is_none() && j.time_unit.is_some() {
-                err("json.time_unit", "only applies with json.time".into());
-                ok = false;
-            }
-            let unit = match j.time_unit.unwrap_or(TimeUnitSpec::Ms) {
-                TimeUnitSpec::S => TimeUnit::S,
-                TimeUnitSpec::Ms => TimeUnit::Ms,
-                TimeUnitSpec::Ns => TimeUnit::Ns,
-                TimeUnitSpec::Rfc3339 => TimeUnit::Rfc3339,
-            };
-            Format::Json(JsonMapping {
-                records: j.records,
-                measurement: measurement.clone(),
-                fields: j.fields.into_iter().collect(),
-                tags: j.tags.into_iter().collect(),
-                time: j.time.map(|t| (t, unit)),
-            })
-        }
-        (f, Some(_)) => {
-            err(
-                "json",
-                format!(
-                    "only applies to format: json (this task is format: {})",
-                    match f {
-                        ScrapeFormatSpec::Prometheus => "prometheus",
-                        _ => "raw",
-                    }
-                ),
-            );
-            ok = false;
-            Format::Raw
-        }
-        (ScrapeFormatSpec::Prometheus, None) => Format::Prometheus,
-        (ScrapeFormatSpec::Raw, None) => Format::Raw,
-    };
-    let url = url?;
-    ok.then(|| {
-        Scrape::new(ScrapeConfig {
-            url,
-            headers,
-            format,
-            stream: spec.stream,
-            measurement,
-            tags: spec.tags.into_iter().collect(),
-            precision,
-            max_body,
-        })
-    })
-}
-
-fn io_reason(e: &std::io::Error) -> String {
+pub(super) fn io_reason(e: &std::io::Error) -> String {
     match e.kind() {
         std::io::ErrorKind::NotFound => "no such file".into(),
         std::io::ErrorKind::PermissionDenied => "permission denied".into(),

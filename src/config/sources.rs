@@ -2,6 +2,7 @@
 //! compilation into [`crate::tail::TailConfig`]. Called by `config::compile`; the sources themselves
 //! live in `crate::tail`.
 
+use super::Problems;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -141,13 +142,13 @@ pub struct MultilineSpec {
     pub timeout: Option<Dur>,
 }
 
-/// Compiles one source; problems go to `err(path, message)` with paths relative to the source.
-pub fn compile(
+/// Compiles one source; problems go to `err.add(path, message)` with paths relative to the source.
+pub(super) fn compile(
     name: &str,
     spec: SourceSpec,
     base: &Path,
     streams: &[&str],
-    err: &mut impl FnMut(&str, String),
+    err: &mut Problems<'_>,
 ) -> Option<TailConfig> {
     let SourceSpec::Tail(spec) = spec;
     let spec = *spec;
@@ -157,7 +158,7 @@ pub fn compile(
         } else {
             streams.join(", ")
         };
-        err(
+        err.add(
             "stream",
             format!(
                 "stream {:?} is not defined under streams: (defined: {known})",
@@ -166,7 +167,7 @@ pub fn compile(
         );
     }
     if spec.paths.is_empty() {
-        err("paths", "at least one glob pattern is needed".into());
+        err.add("paths", "at least one glob pattern is needed".into());
     }
     // Relative patterns are read from the config file's directory, whose name may hold glob
     // characters of its own: those are escaped.
@@ -182,11 +183,11 @@ pub fn compile(
     for (i, p) in spec.paths.iter().enumerate() {
         let at = format!("paths[{i}]");
         if p.trim().is_empty() {
-            err(&at, "must not be empty".into());
+            err.add(&at, "must not be empty".into());
             continue;
         }
         if p.ends_with('/') {
-            err(
+            err.add(
                 &at,
                 format!("{p:?} names a directory; match the files in it, e.g. \"{p}*.log\""),
             );
@@ -195,7 +196,7 @@ pub fn compile(
         let abs = absolute(p);
         match glob::Pattern::new(&abs) {
             Ok(_) => patterns.push(abs),
-            Err(e) => err(&at, format!("bad glob {p:?}: {e}")),
+            Err(e) => err.add(&at, format!("bad glob {p:?}: {e}")),
         }
     }
     let mut exclude = Vec::new();
@@ -209,16 +210,16 @@ pub fn compile(
                 name_only,
                 text: p.clone(),
             }),
-            Ok(_) => err(&at, "must not be empty".into()),
-            Err(e) => err(&at, format!("bad glob {p:?}: {e}")),
+            Ok(_) => err.add(&at, "must not be empty".into()),
+            Err(e) => err.add(&at, format!("bad glob {p:?}: {e}")),
         }
     }
-    let regexes = |field: &str, list: &[String], err: &mut dyn FnMut(&str, String)| {
+    let regexes = |field: &str, list: &[String], err: &mut Problems<'_>| {
         let mut out = Vec::new();
         for (i, r) in list.iter().enumerate() {
             match regex_lite::Regex::new(r) {
                 Ok(re) => out.push(re),
-                Err(e) => err(&format!("{field}[{i}]"), format!("bad regex {r:?}: {e}")),
+                Err(e) => err.add(&format!("{field}[{i}]"), format!("bad regex {r:?}: {e}")),
             }
         }
         out
@@ -239,7 +240,7 @@ pub fn compile(
         .max_line_bytes
         .map_or(crate::tail::DEFAULT_MAX_LINE_BYTES, |s| s.0);
     if max_line_bytes == 0 || max_line_bytes > MAX_LINE_LIMIT {
-        err(
+        err.add(
             "max_line_bytes",
             format!("must be between 1 byte and 16MiB, not {max_line_bytes} bytes"),
         );
@@ -248,7 +249,7 @@ pub fn compile(
         let start = match regex_lite::Regex::new(&m.start) {
             Ok(re) => Some(re),
             Err(e) => {
-                err(
+                err.add(
                     "multiline.start",
                     format!("bad regex {:?}: {e}", m.start),
                 );
@@ -257,13 +258,13 @@ pub fn compile(
         };
         let max_lines = m.max_lines.unwrap_or(500);
         if max_lines == 0 {
-            err("multiline.max_lines", "must be at least 1".into());
+            err.add("multiline.max_lines", "must be at least 1".into());
         }
         let max_bytes = m.max_bytes.map_or(1 << 20, |s| s.0);
         if max_bytes > MAX_LINE_LIMIT {
-            err("multiline.max_bytes", "must be at most 16MiB".into());
+            err.add("multiline.max_bytes", "must be at most 16MiB".into());
         } else if max_bytes < max_line_bytes {
-            err(
+            err.add(
                 "multiline.max_bytes",
                 format!(
                     "{max_bytes} bytes is less than max_line_bytes ({max_line_bytes}): one line must fit in a record"
@@ -272,7 +273,7 @@ pub fn compile(
         }
         let timeout = m.timeout.map_or(Duration::from_secs(1), |d| d.0);
         if timeout.is_zero() {
-            err("multiline.timeout", "must be positive".into());
+            err.add("multiline.timeout", "must be positive".into());
         }
         Some(MultilineConfig {
             start: start?,
@@ -283,23 +284,20 @@ pub fn compile(
     });
     for key in spec.labels.keys() {
         if key.is_empty() {
-            err("labels", "a label name must not be empty".into());
+            err.add("labels", "a label name must not be empty".into());
         }
     }
-    let positive = |field: &str,
-                    d: Option<Dur>,
-                    default: Duration,
-                    min: Duration,
-                    err: &mut dyn FnMut(&str, String)| {
-        let d = d.map_or(default, |d| d.0);
-        if d < min {
-            err(
-                field,
-                format!("must be at least {}", super::units::fmt_duration(min)),
-            );
-        }
-        d
-    };
+    let positive =
+        |field: &str, d: Option<Dur>, default: Duration, min: Duration, err: &mut Problems<'_>| {
+            let d = d.map_or(default, |d| d.0);
+            if d < min {
+                err.add(
+                    field,
+                    format!("must be at least {}", crate::units::fmt_duration(min)),
+                );
+            }
+            d
+        };
     let poll_interval = positive(
         "poll_interval",
         spec.poll_interval,

@@ -215,7 +215,7 @@ fn no_memory(max_memory: u64) -> Reject {
         StatusCode::SERVICE_UNAVAILABLE,
         format!(
             "the bodies of other requests hold the memory ingest may use (ingest.max_memory, {}): nothing was stored, send it again",
-            crate::config::units::fmt_size(max_memory)
+            crate::units::fmt_size(max_memory)
         ),
     )
     .retry_after(RETRY_MEMORY)

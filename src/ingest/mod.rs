@@ -22,9 +22,9 @@ use anyhow::Context as _;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::units::{fmt_duration, fmt_size};
 use crate::net::token::Token;
 use crate::store::writer::StoreHandle;
+use crate::units::{fmt_duration, fmt_size};
 
 /// hyper's read buffer per connection (its default is ~400 KiB): request headers must fit.
 const MAX_BUF: usize = 64 << 10;

@@ -19,7 +19,7 @@ use tracing::level_filters::LevelFilter;
 use tracing::{Dispatch, Level, Metadata};
 use tracing_subscriber::fmt::MakeWriter;
 
-use crate::config::LogFormat;
+use super::LogFormat;
 
 /// Lines the queue holds before INFO and below are dropped and WARN and ERROR wait: at a few
 /// hundred bytes a line, a few MB at most (twice that while the writer works through a full

@@ -33,9 +33,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::units::fmt_duration;
 use crate::store::writer::StoreHandle;
 use crate::store::{AppendError, Appended};
+use crate::units::fmt_duration;
 use tailer::{Batch, Limits, Settings, StepInput, Tailer};
 use watch::{Inotify, Watcher};
 
@@ -116,7 +116,7 @@ impl TailConfig {
         if self.max_line_bytes as u64 != DEFAULT_MAX_LINE_BYTES {
             notes.push(format!(
                 "max_line_bytes {}",
-                crate::config::units::fmt_size(self.max_line_bytes as u64)
+                crate::units::fmt_size(self.max_line_bytes as u64)
             ));
         }
         if !self.labels.is_empty() {

@@ -1,0 +1,473 @@
+//! The `sinks:` section: the file shape of each sink kind (file, stdout, http and its link, TLS,
+//! retry and probe settings) and `compile_sink`, which checks an entry and builds the
+//! `sink::SinkConfig` the delivery layer runs. It does not deliver anything (`sink` and `delivery`
+//! do) and does not know which streams use a sink (`streams`). Called by `config::compile`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+#[cfg(feature = "schema")]
+use super::units::u32_schema;
+use super::units::{self, Dur, Size};
+use super::{Problems, de_at, named, split_type};
+use crate::sink::{LinkConfig, Probe, SinkConfig, SinkKind, SinkRetry};
+
+/// A destination for a stream's jobs.
+// Read by `compile_sink` through the variant's own struct (`split_type`), so a problem inside an
+// entry keeps its field path; the enum is the file's shape for the schema.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SinkSpec {
+    /// Each job becomes one file in `path` (`<stream>-<job id>.ndjson`, a record per line), written
+    /// under a temporary name, fsync'd and renamed into place, so a reader never sees half a file and
+    /// a job delivered twice after a crash overwrites itself. The directory must exist: colibri does
+    /// not create it, so an unmounted disk is noticed instead of filled on the root filesystem.
+    File(FileSinkSpec),
+    /// Each job's records are written to colibri's stdout, a record per line.
+    Stdout(StdoutSinkSpec),
+    /// Each job is one HTTP request (a job refused with 413 is sent in halves). Every request carries
+    /// an `Idempotency-Key` (store, stream, job and, for a part, its record range) and a
+    /// `User-Agent: colibri/<version>`.
+    Http(Box<HttpSinkSpec>),
+}
+
+const SINK_TYPES: &[&str] = &["file", "stdout", "http"];
+
+/// `type: file` settings.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct FileSinkSpec {
+    /// The directory. Relative paths are read from the config file's directory.
+    pub path: String,
+    #[serde(default)]
+    pub retry: RetrySpec,
+}
+
+/// `type: stdout` settings.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct StdoutSinkSpec {
+    #[serde(default)]
+    pub retry: RetrySpec,
+}
+
+/// `type: http` settings.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct HttpSinkSpec {
+    /// Where requests go: an `http://` or `https://` URL.
+    pub url: String,
+    /// `post` (default) or `put`.
+    #[serde(default)]
+    pub method: Option<HttpMethodSpec>,
+    /// How records become a body; they are passed through as stored. Default `ndjson`.
+    #[serde(default)]
+    pub encoding: Option<EncodingSpec>,
+    /// With `encoding: influx_line`: the unit of the records' timestamps, sent as the request's
+    /// `precision` parameter (`u` for microseconds on `/write`, as InfluxDB 1.x and VictoriaMetrics
+    /// expect; `us` on `/api/v2/write`). `http_scrape` tasks writing to a stream of this sink
+    /// timestamp their records in it. Default `ns`.
+    #[serde(default)]
+    pub precision: Option<PrecisionSpec>,
+    /// Body compression (`Content-Encoding`). Default `none`.
+    #[serde(default)]
+    pub compression: Option<CompressionSpec>,
+    /// Extra request headers, e.g. `Authorization: "Bearer ${TOKEN}"`. Values are never logged.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Longest wait for a whole request and its answer. Default 10s.
+    #[serde(default)]
+    pub timeout: Option<Dur>,
+    /// Requests in flight at once, 1-64. Default 1, which keeps strict order.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub concurrency: Option<u32>,
+    #[serde(default)]
+    pub tls: TlsSpec,
+    #[serde(default)]
+    pub retry: RetrySpec,
+    #[serde(default)]
+    pub link: LinkSpec,
+    /// Bytes per second while a backlog is replayed (after an outage or at start), e.g. `256KiB`,
+    /// so a reconnecting cellular link is not flooded. Unset: unlimited.
+    #[serde(default)]
+    pub replay_rate: Option<Size>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum HttpMethodSpec {
+    Post,
+    Put,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum EncodingSpec {
+    /// A record per line, `application/x-ndjson`: the stream's records are JSON values.
+    Ndjson,
+    /// One JSON array of the records, `application/json`: the stream's records are JSON values.
+    JsonArray,
+    /// A record per line, `text/plain` (InfluxDB / VictoriaMetrics `/write`): the stream's records
+    /// are line-protocol points (ingest takes `text/plain` for it, `queue push` checks each line;
+    /// tail sources and `format: raw` scrapes cannot feed it).
+    InfluxLine,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum PrecisionSpec {
+    Ns,
+    Us,
+    Ms,
+    S,
+}
+
+impl PrecisionSpec {
+    fn compile(self) -> crate::scrape::lineproto::Precision {
+        use crate::scrape::lineproto::Precision;
+        match self {
+            PrecisionSpec::Ns => Precision::Ns,
+            PrecisionSpec::Us => Precision::Us,
+            PrecisionSpec::Ms => Precision::Ms,
+            PrecisionSpec::S => Precision::S,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum CompressionSpec {
+    None,
+    Gzip,
+    Zstd,
+}
+
+/// TLS for `https://` URLs (rustls; the system's roots unless `ca_file` is set).
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TlsSpec {
+    /// PEM bundle of the CAs to trust instead of the system's. Relative to the config file.
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    /// PEM client certificate for mutual TLS (with `client_key`).
+    #[serde(default)]
+    pub client_cert: Option<String>,
+    /// PEM private key of `client_cert`.
+    #[serde(default)]
+    pub client_key: Option<String>,
+    /// The name the server certificate must carry (and the SNI sent), when the URL's host differs.
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
+/// When the destination counts as unreachable and how it is probed until it answers.
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+// The schema keeps the name the type had when `LinkSpec` was a runtime type: the committed schema
+// (and editors' references into it) stay as they are.
+#[cfg_attr(feature = "schema", schemars(rename = "LinkSpecFile"))]
+pub struct LinkSpec {
+    /// `tcp` (default: connect to the URL's host and port) or `http` (a GET of `probe_url`, or of
+    /// `url`, that gets any answer).
+    #[serde(default)]
+    pub probe: Option<ProbeSpec>,
+    /// The URL an `http` probe GETs. Default: the sink's `url`.
+    #[serde(default)]
+    pub probe_url: Option<String>,
+    /// Consecutive requests without an answer that turn the link down. Default 3.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub down_after: Option<u32>,
+    /// First probe delay; then doubling with jitter. Default 1s.
+    #[serde(default)]
+    pub backoff_base: Option<Dur>,
+    /// Longest probe delay. Default 60s.
+    #[serde(default)]
+    pub backoff_cap: Option<Dur>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeSpec {
+    Tcp,
+    Http,
+}
+
+/// How failed deliveries are retried.
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    /// First retry delay; attempt n waits `base * 2^n * (0.5 + random)`, at most `cap`. Default 1s.
+    #[serde(default)]
+    pub base: Option<Dur>,
+    /// Longest retry delay. Default 5m.
+    #[serde(default)]
+    pub cap: Option<Dur>,
+    /// Attempts before a job goes to the dead letters. Default 8.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub max_attempts: Option<u32>,
+}
+
+pub(super) fn compile_sink(
+    name: String,
+    value: Value,
+    base: &Path,
+    problems: &mut Problems<'_>,
+) -> Option<SinkConfig> {
+    let (value, mut err) = named("sinks", "sink", &name, value, problems);
+    let (kind, rest) = split_type(value, SINK_TYPES, &mut err)?;
+    let spec = match kind.as_str() {
+        "file" => de_at(rest).map(SinkSpec::File),
+        "stdout" => de_at(rest).map(SinkSpec::Stdout),
+        _ => de_at(rest).map(|h| SinkSpec::Http(Box::new(h))),
+    }
+    .map_err(|(p, m)| err.add(&p, m))
+    .ok()?;
+    let mut link = LinkConfig::default();
+    let (kind, retry) = match spec {
+        SinkSpec::File(FileSinkSpec { path, retry }) => {
+            let dir = base.join(&path);
+            if dir.exists() && !dir.is_dir() {
+                err.add(
+                    "path",
+                    format!("{} exists and is not a directory", dir.display()),
+                );
+            }
+            // A missing directory is definite: no point in waiting for more failures.
+            link.down_after = 1;
+            (SinkKind::File { dir }, retry)
+        }
+        SinkSpec::Stdout(StdoutSinkSpec { retry }) => (SinkKind::Stdout, retry),
+        SinkSpec::Http(spec) => {
+            let spec = *spec;
+            let retry = spec.retry;
+            link = compile_link(&spec.link, &spec.url, &mut err);
+            let kind = compile_http(
+                HttpSinkSpec {
+                    retry: RetrySpec::default(),
+                    ..spec
+                },
+                base,
+                &mut err,
+            )?;
+            (kind, retry)
+        }
+    };
+    let retry = SinkRetry {
+        base: retry.base.map_or(Duration::from_secs(1), |d| d.0),
+        cap: retry.cap.map_or(Duration::from_secs(300), |d| d.0),
+        max_attempts: retry.max_attempts.unwrap_or(8),
+    };
+    if retry.base.is_zero() {
+        err.add("retry.base", "must be positive".into());
+    }
+    if retry.cap < retry.base {
+        err.add("retry.cap", "must not be shorter than retry.base".into());
+    }
+    if retry.max_attempts == 0 {
+        err.add("retry.max_attempts", "must be at least 1".into());
+    }
+    Some(SinkConfig {
+        name,
+        kind,
+        retry,
+        link,
+    })
+}
+
+/// Headers colibri sets itself; a configured one would be overwritten or would break the framing.
+const RESERVED_HEADERS: &[&str] = &[
+    "content-type",
+    "content-encoding",
+    "content-length",
+    "transfer-encoding",
+    "host",
+    "idempotency-key",
+    "user-agent",
+];
+
+pub(super) fn compile_http(
+    spec: HttpSinkSpec,
+    base: &Path,
+    err: &mut Problems<'_>,
+) -> Option<SinkKind> {
+    let mut url = match parse_http_url(&spec.url) {
+        Ok(u) => u,
+        Err(m) => {
+            err.add("url", m);
+            return None;
+        }
+    };
+    let influx = matches!(spec.encoding, Some(EncodingSpec::InfluxLine));
+    let precision = match (influx, spec.precision) {
+        (false, Some(_)) => {
+            err.add("precision", "only applies to encoding: influx_line".into());
+            None
+        }
+        (false, None) => None,
+        (true, p) => Some(p.unwrap_or(PrecisionSpec::Ns).compile()),
+    };
+    if let Some(p) = precision {
+        if url.query_pairs().any(|(k, _)| k == "precision") {
+            err.add(
+                "url",
+                "names a precision: set the precision setting instead (it is added to every request)"
+                    .into(),
+            );
+        }
+        // InfluxDB 1.x (and VictoriaMetrics' /write) call microseconds `u`; 2.x calls them `us`.
+        let v2 = url.path().trim_end_matches('/').ends_with("/api/v2/write");
+        let value = match p {
+            crate::scrape::lineproto::Precision::Us if !v2 => "u",
+            p => p.name(),
+        };
+        url.query_pairs_mut().append_pair("precision", value);
+    }
+    let mut headers_ok = true;
+    let mut seen = std::collections::HashSet::new();
+    for (k, v) in &spec.headers {
+        let lower = k.to_ascii_lowercase();
+        let problem = if !seen.insert(lower.clone()) {
+            Some("is set twice (header names are case-insensitive)")
+        } else if RESERVED_HEADERS.contains(&lower.as_str()) {
+            Some("is set by colibri itself and cannot be configured")
+        } else if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
+            Some("is not a valid header name")
+        } else if reqwest::header::HeaderValue::from_str(v).is_err() {
+            // The value itself is never echoed: it may be a credential.
+            Some("the value has characters a header cannot carry (control characters or non-ASCII)")
+        } else {
+            None
+        };
+        if let Some(m) = problem {
+            headers_ok = false;
+            err.add(&format!("headers.{k}"), m.into());
+        }
+    }
+    let timeout = spec.timeout.map_or(Duration::from_secs(10), |d| d.0);
+    if timeout.is_zero() {
+        err.add("timeout", "must be positive".into());
+    }
+    let concurrency = spec.concurrency.unwrap_or(1);
+    if !(1..=64).contains(&concurrency) {
+        err.add(
+            "concurrency",
+            format!("must be between 1 and 64, not {concurrency}"),
+        );
+    }
+    if spec.replay_rate.is_some_and(|r| r.0 == 0) {
+        err.add(
+            "replay_rate",
+            "must be positive (leave it out for unlimited)".into(),
+        );
+    }
+    let file = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
+    let http = crate::sink::http::HttpConfig {
+        url,
+        method: match spec.method {
+            None | Some(HttpMethodSpec::Post) => crate::sink::http::HttpMethod::Post,
+            Some(HttpMethodSpec::Put) => crate::sink::http::HttpMethod::Put,
+        },
+        encoding: match spec.encoding {
+            None | Some(EncodingSpec::Ndjson) => crate::sink::http::Encoding::Ndjson,
+            Some(EncodingSpec::JsonArray) => crate::sink::http::Encoding::JsonArray,
+            Some(EncodingSpec::InfluxLine) => crate::sink::http::Encoding::InfluxLine,
+        },
+        precision,
+        compression: match spec.compression {
+            None | Some(CompressionSpec::None) => crate::sink::http::Compression::None,
+            Some(CompressionSpec::Gzip) => crate::sink::http::Compression::Gzip,
+            Some(CompressionSpec::Zstd) => crate::sink::http::Compression::Zstd,
+        },
+        headers: spec.headers.into_iter().collect(),
+        timeout,
+        concurrency,
+        tls: crate::sink::http::TlsConfig {
+            ca_file: file(&spec.tls.ca_file),
+            client_cert: file(&spec.tls.client_cert),
+            client_key: file(&spec.tls.client_key),
+            server_name: spec.tls.server_name,
+        },
+        replay_rate: spec.replay_rate.map(|r| r.0),
+    };
+    // Building the client reads and parses the TLS files: a bad CA is reported now, not at the
+    // first delivery.
+    if headers_ok && let Err(e) = crate::sink::http::HttpSink::new(&http) {
+        err.add(&e.field, e.message);
+    }
+    Some(SinkKind::Http(Box::new(http)))
+}
+
+pub(super) fn parse_http_url(s: &str) -> Result<reqwest::Url, String> {
+    let url = reqwest::Url::parse(s).map_err(|e| format!("{s:?} is not a valid URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "{s:?}: the scheme must be http or https, not {}",
+            url.scheme()
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{s:?} has no host"));
+    }
+    Ok(url)
+}
+
+pub(super) fn compile_link(spec: &LinkSpec, url: &str, err: &mut Problems<'_>) -> LinkConfig {
+    let d = LinkConfig::default();
+    let probe = match (spec.probe, &spec.probe_url) {
+        (None | Some(ProbeSpec::Tcp), None) => Probe::Tcp,
+        (None | Some(ProbeSpec::Tcp), Some(_)) => {
+            err.add("link.probe_url", "is only used with probe: http".into());
+            Probe::Tcp
+        }
+        (Some(ProbeSpec::Http), u) => {
+            match parse_http_url(u.as_deref().unwrap_or(url)) {
+                Ok(u) => Probe::Http(u),
+                // A bad sink URL is reported under `url` already.
+                Err(m) => {
+                    if u.is_some() {
+                        err.add("link.probe_url", m);
+                    }
+                    Probe::Tcp
+                }
+            }
+        }
+    };
+    let link = LinkConfig {
+        probe,
+        down_after: spec.down_after.unwrap_or(d.down_after),
+        backoff_base: spec.backoff_base.map_or(d.backoff_base, |x| x.0),
+        backoff_cap: spec.backoff_cap.map_or(d.backoff_cap, |x| x.0),
+    };
+    if link.down_after == 0 {
+        err.add("link.down_after", "must be at least 1".into());
+    }
+    if link.backoff_base.is_zero() {
+        err.add("link.backoff_base", "must be positive".into());
+    }
+    if link.backoff_cap < link.backoff_base {
+        err.add(
+            "link.backoff_cap",
+            "must not be shorter than link.backoff_base".into(),
+        );
+    }
+    link
+}

@@ -1,0 +1,149 @@
+//! The `streams:` section: the file shape of a durable queue (batching, when full, TTL, dead
+//! letters) and `compile_stream`, which checks an entry against the sinks declared and builds the
+//! store's `StreamConfig`. It does not queue anything (`store` does). Called by `config::compile`.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+#[cfg(feature = "schema")]
+use super::units::u32_schema;
+use super::units::{self, Dur, Size};
+use super::{Problems, named_entry};
+use crate::store::{BatchConfig, StreamConfig, WhenFull};
+
+/// One stream: a bounded, durable FIFO of transfer jobs.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct StreamSpec {
+    /// The sink the stream is delivered to (a name under `sinks:`). A stream without one only queues.
+    #[serde(default)]
+    pub sink: Option<String>,
+    /// How records are cut into transfer jobs.
+    #[serde(default)]
+    pub batch: BatchSpec,
+    /// Most jobs queued (ready and retry). Default 100000.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub max_jobs: Option<u32>,
+    /// Most bytes queued (ready and retry). Default 256MiB.
+    #[serde(default)]
+    pub max_bytes: Option<Size>,
+    /// What a full stream does: `block` (producers wait, then get an error), `drop_oldest` (the oldest
+    /// ready jobs are deleted and counted), `drop_newest` (new records are refused and counted).
+    #[serde(default)]
+    pub when_full: WhenFullSpec,
+    /// Jobs older than this are deleted and counted as expired. Default: kept until delivered.
+    #[serde(default)]
+    pub ttl: Option<Dur>,
+    /// Dead letters: jobs that failed for good.
+    #[serde(default)]
+    pub dead_letter: DeadLetterSpec,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct BatchSpec {
+    /// Most records in one job. Default 1000.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub max_records: Option<u32>,
+    /// Most bytes of records in one job. Default 1MiB.
+    #[serde(default)]
+    pub max_bytes: Option<Size>,
+    /// How long a source may hold records back to fill a job. Default 1s.
+    #[serde(default)]
+    pub linger: Option<Dur>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum WhenFullSpec {
+    #[default]
+    Block,
+    DropOldest,
+    DropNewest,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterSpec {
+    /// Most dead jobs kept; beyond it the oldest is deleted and counted. Default 10000.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub max_jobs: Option<u32>,
+}
+
+pub(super) fn compile_stream(
+    name: String,
+    value: Value,
+    sinks: &[&str],
+    problems: &mut Problems<'_>,
+) -> Option<StreamConfig> {
+    let (spec, mut err) = named_entry::<StreamSpec>("streams", "stream", &name, value, problems);
+    let spec = spec?;
+    if let Some(sink) = &spec.sink
+        && !sinks.contains(&sink.as_str())
+    {
+        let known = if sinks.is_empty() {
+            "none".to_string()
+        } else {
+            sinks.join(", ")
+        };
+        err.add(
+            "sink",
+            format!("sink {sink:?} is not defined under sinks: (defined: {known})"),
+        );
+    }
+    let batch = BatchConfig {
+        max_records: spec.batch.max_records.unwrap_or(1000),
+        max_bytes: spec.batch.max_bytes.map_or(1 << 20, |s| s.0),
+        linger: spec.batch.linger.map_or(Duration::from_secs(1), |d| d.0),
+    };
+    if batch.max_records == 0 {
+        err.add("batch.max_records", "must be at least 1".into());
+    }
+    if batch.max_bytes == 0 {
+        err.add("batch.max_bytes", "must be positive".into());
+    }
+    let max_jobs = spec.max_jobs.unwrap_or(100_000);
+    if max_jobs == 0 {
+        err.add("max_jobs", "must be at least 1".into());
+    }
+    let max_bytes = spec.max_bytes.map_or(256 << 20, |s| s.0);
+    // A full job is its records plus a header and 4 bytes per record.
+    let job_max = batch.max_bytes + 64 + 4 * u64::from(batch.max_records);
+    if max_bytes < job_max {
+        err.add(
+            "max_bytes",
+            format!(
+                "{max_bytes} bytes cannot hold one full job of batch.max_bytes ({job_max} bytes with its framing)"
+            ),
+        );
+    }
+    if spec.ttl.is_some_and(|d| d.0.is_zero()) {
+        err.add(
+            "ttl",
+            "must be positive (leave it out to keep jobs until delivered)".into(),
+        );
+    }
+    Some(StreamConfig {
+        name,
+        sink: spec.sink,
+        batch,
+        max_jobs: u64::from(max_jobs),
+        max_bytes,
+        when_full: match spec.when_full {
+            WhenFullSpec::Block => WhenFull::Block,
+            WhenFullSpec::DropOldest => WhenFull::DropOldest,
+            WhenFullSpec::DropNewest => WhenFull::DropNewest,
+        },
+        ttl: spec.ttl.map(|d| d.0),
+        dead_max_jobs: u64::from(spec.dead_letter.max_jobs.unwrap_or(10_000)),
+    })
+}

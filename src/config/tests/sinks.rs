@@ -1,0 +1,174 @@
+//! Tests of the `sinks:` section: each kind compiles with its defaults and every setting, streams
+//! must name a sink that exists, and mistakes are reported at their field.
+
+use super::*;
+
+#[test]
+fn sinks_compile_and_streams_must_name_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::create_dir(dir.path().join("outbox")).unwrap();
+    let text = r#"
+sinks:
+  out: { type: file, path: outbox, retry: { base: 200ms, cap: 10s, max_attempts: 3 } }
+  console: { type: stdout }
+streams:
+  logs: { sink: out }
+  plain: {}
+"#;
+    let c = load_str(text, &cfg, &env).unwrap();
+    assert_eq!(c.sinks.len(), 2);
+    let out = c.sinks.iter().find(|s| s.name == "out").unwrap();
+    assert_eq!(
+        out.kind,
+        SinkKind::File {
+            dir: dir.path().join("outbox")
+        }
+    );
+    assert_eq!(
+        out.retry,
+        SinkRetry {
+            base: Duration::from_millis(200),
+            cap: Duration::from_secs(10),
+            max_attempts: 3
+        }
+    );
+    let console = c.sinks.iter().find(|s| s.name == "console").unwrap();
+    assert_eq!(console.retry.max_attempts, 8);
+    assert_eq!(c.streams[0].sink.as_deref(), Some("out"));
+    assert_eq!(c.streams[1].sink, None);
+
+    let p = problems(
+        r#"
+sinks:
+  a: { type: ftp }
+  b: { type: stdout, colour: blue }
+  c: { type: file }
+  d: { type: file, path: /etc/passwd }
+  e: { type: stdout, retry: { base: 0s, cap: 0s, max_attempts: 0 } }
+streams:
+  s: { sink: nowhere }
+"#,
+    );
+    let expect = [
+        "sinks.a.type: unknown variant `ftp`, expected one of `file`, `stdout`, `http`",
+        "sinks.b.colour: unknown field `colour`",
+        "sinks.c: missing field `path`",
+        "sinks.d.path: /etc/passwd exists and is not a directory",
+        "sinks.e.retry.base: must be positive",
+        "sinks.e.retry.max_attempts: must be at least 1",
+        "streams.s.sink: sink \"nowhere\" is not defined under sinks: (defined: a, b, c, d, e)",
+    ];
+    for e in expect {
+        assert!(
+            p.iter().any(|l| l.starts_with(e)),
+            "missing {e:?} in\n{}",
+            p.join("\n")
+        );
+    }
+}
+
+#[test]
+fn http_sinks_compile_with_defaults_and_every_setting() {
+    use crate::sink::http::{Compression, Encoding, HttpMethod};
+    use crate::sink::{LinkConfig, Probe};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = rcgen::generate_simple_self_signed(vec!["test-ca".to_string()]).unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.cert.pem()).unwrap();
+    let cfg = dir.path().join("colibri.yaml");
+    let env = |k: &str| (k == "TOKEN").then(|| "s3cret".to_string());
+    let text = r#"
+sinks:
+  up:
+    type: http
+    url: http://127.0.0.1:8428/write
+  full:
+    type: http
+    url: https://10.0.0.5:8443/ingest
+    method: put
+    encoding: influx_line
+    compression: zstd
+    headers: { Authorization: "Bearer ${TOKEN}" }
+    timeout: 3s
+    concurrency: 4
+    tls: { ca_file: ca.pem, server_name: collector.example }
+    retry: { base: 2s, cap: 1m, max_attempts: 5 }
+    link: { probe: http, probe_url: "https://10.0.0.5:8443/health", down_after: 2, backoff_base: 500ms, backoff_cap: 30s }
+    replay_rate: 256KiB
+"#;
+    let c = load_str(text, &cfg, &env).unwrap();
+    let up = c.sinks.iter().find(|s| s.name == "up").unwrap();
+    let SinkKind::Http(h) = &up.kind else {
+        panic!("{:?}", up.kind)
+    };
+    assert_eq!(h.method, HttpMethod::Post);
+    assert_eq!(h.encoding, Encoding::Ndjson);
+    assert_eq!(h.compression, Compression::None);
+    assert_eq!(h.timeout, Duration::from_secs(10));
+    assert_eq!(h.concurrency, 1);
+    assert_eq!(h.replay_rate, None);
+    assert_eq!(up.link, LinkConfig::default());
+    let full = c.sinks.iter().find(|s| s.name == "full").unwrap();
+    let SinkKind::Http(h) = &full.kind else {
+        panic!("{:?}", full.kind)
+    };
+    assert_eq!(h.method, HttpMethod::Put);
+    assert_eq!(h.encoding, Encoding::InfluxLine);
+    assert_eq!(h.compression, Compression::Zstd);
+    assert_eq!(
+        h.headers,
+        vec![("Authorization".into(), "Bearer s3cret".into())]
+    );
+    assert_eq!(h.concurrency, 4);
+    assert_eq!(h.tls.ca_file, Some(dir.path().join("ca.pem")));
+    assert_eq!(h.tls.server_name.as_deref(), Some("collector.example"));
+    assert_eq!(h.replay_rate, Some(256 * 1024));
+    assert_eq!(full.retry.max_attempts, 5);
+    assert_eq!(full.link.down_after, 2);
+    assert_eq!(
+        full.link.probe,
+        Probe::Http("https://10.0.0.5:8443/health".parse().unwrap())
+    );
+    // Header values may be credentials: never in Debug output.
+    let debug = format!("{full:?}");
+    assert!(!debug.contains("s3cret"), "{debug}");
+}
+
+#[test]
+fn http_sink_mistakes_are_reported_by_field() {
+    let p = problems(
+        r#"
+sinks:
+  a: { type: http, url: "ftp://x/y" }
+  b: { type: http, url: "not a url" }
+  c: { type: http, url: "http://h/", concurrency: 0, timeout: 0s, replay_rate: 0 }
+  d: { type: http, url: "http://h/", headers: { Content-Type: text/csv, "bad name": x, X-Tag: a, x-tag: b } }
+  e: { type: http, url: "https://h/", tls: { ca_file: /nonexistent/ca.pem } }
+  f: { type: http, url: "https://h/", tls: { client_cert: /nonexistent/c.pem } }
+  g: { type: http, url: "http://h/", link: { down_after: 0, probe_url: "http://h/health" } }
+  h: { type: http, url: "http://h/", encoding: csv }
+"#,
+    );
+    let expect = [
+        "sinks.a.url: \"ftp://x/y\": the scheme must be http or https, not ftp",
+        "sinks.b.url: \"not a url\" is not a valid URL",
+        "sinks.c.timeout: must be positive",
+        "sinks.c.concurrency: must be between 1 and 64, not 0",
+        "sinks.c.replay_rate: must be positive",
+        "sinks.d.headers.Content-Type: is set by colibri itself",
+        "sinks.d.headers.bad name: is not a valid header name",
+        "sinks.d.headers.x-tag: is set twice (header names are case-insensitive)",
+        "sinks.e.tls.ca_file: /nonexistent/ca.pem: cannot read",
+        "sinks.f.tls.client_key: missing: tls.client_cert needs it",
+        "sinks.g.link.down_after: must be at least 1",
+        "sinks.g.link.probe_url: is only used with probe: http",
+        "sinks.h.encoding: unknown variant `csv`, expected one of `ndjson`, `json_array`, `influx_line`",
+    ];
+    for e in expect {
+        assert!(
+            p.iter().any(|l| l.starts_with(e)),
+            "missing {e:?} in\n{}",
+            p.join("\n")
+        );
+    }
+}

@@ -1,0 +1,104 @@
+//! Tests of the `streams:` and `storage:` sections: defaults, every setting, and every problem
+//! reported with its path.
+
+use super::*;
+
+#[test]
+fn streams_and_storage_compile_with_defaults() {
+    let c = load(
+        r#"
+storage: { max_bytes: 1GiB, min_free: 64MiB }
+streams:
+  logs:
+    batch: { max_records: 500, max_bytes: 256KiB, linger: 250ms }
+    max_jobs: 5000
+    max_bytes: 512MiB
+    when_full: drop_oldest
+    ttl: 7d
+    dead_letter: { max_jobs: 100 }
+  metrics: {}
+"#,
+    )
+    .unwrap();
+    assert_eq!(
+        c.storage,
+        StorageConfig {
+            max_bytes: 1 << 30,
+            min_free: 64 << 20
+        }
+    );
+    assert_eq!(c.streams.len(), 2);
+    let logs = &c.streams[0];
+    assert_eq!(logs.name, "logs");
+    assert_eq!(
+        logs.batch,
+        BatchConfig {
+            max_records: 500,
+            max_bytes: 256 << 10,
+            linger: Duration::from_millis(250)
+        }
+    );
+    assert_eq!((logs.max_jobs, logs.max_bytes), (5000, 512 << 20));
+    assert_eq!(logs.when_full, WhenFull::DropOldest);
+    assert_eq!(logs.ttl, Some(Duration::from_secs(7 * 86400)));
+    assert_eq!(logs.dead_max_jobs, 100);
+    let m = &c.streams[1];
+    assert_eq!(
+        m.batch,
+        BatchConfig {
+            max_records: 1000,
+            max_bytes: 1 << 20,
+            linger: Duration::from_secs(1)
+        }
+    );
+    assert_eq!(
+        (m.max_jobs, m.max_bytes, m.when_full, m.ttl, m.dead_max_jobs),
+        (100_000, 256 << 20, WhenFull::Block, None, 10_000)
+    );
+    assert_eq!(
+        load("").unwrap().storage,
+        StorageConfig {
+            max_bytes: 2 << 30,
+            min_free: 256 << 20
+        }
+    );
+}
+
+#[test]
+fn stream_problems_are_all_reported() {
+    let p = problems(
+        r#"
+storage: { max_bytes: 0B }
+streams:
+  "bad name": {}
+  a: { sink: central }
+  b: { batch: { max_records: 0, max_bytes: 0B } }
+  c: { max_jobs: 0, ttl: 0s }
+  d: { max_bytes: 1KiB, batch: { max_bytes: 1MiB } }
+  e: { when_full: explode }
+  f: { flavour: vanilla }
+  g: 5
+"#,
+    );
+    let expect = [
+        "storage.max_bytes: must be positive",
+        "streams.bad name: a stream name must be 1-64 letters",
+        "streams.a.sink: sink \"central\" is not defined",
+        "streams.b.batch.max_records: must be at least 1",
+        "streams.b.batch.max_bytes: must be positive",
+        "streams.c.max_jobs: must be at least 1",
+        "streams.c.ttl: must be positive",
+        "streams.d.max_bytes: 1024 bytes cannot hold one full job of batch.max_bytes (1052640 bytes with its framing)",
+        "streams.e.when_full: unknown variant `explode`",
+        "streams.f.flavour: unknown field `flavour`",
+        "streams.g: invalid type: integer",
+    ];
+    for e in expect {
+        assert!(
+            p.iter().any(|l| l.starts_with(e)),
+            "missing {e:?} in\n{}",
+            p.join("\n")
+        );
+    }
+    assert_eq!(p.len(), expect.len(), "{p:#?}");
+}
