@@ -17,7 +17,10 @@
 //!
 //! Counters are kept per source ([`stats`]) and logged in a summary at stop.
 
+pub mod batch;
 pub mod checkpoint;
+pub mod emit;
+pub mod identity;
 pub mod lines;
 pub mod record;
 pub mod tailer;
@@ -36,7 +39,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::units::fmt_duration;
 use crate::store::writer::StoreHandle;
 use crate::store::{AppendError, Appended};
-use tailer::{Batch, Limits, Settings, StepInput, Tailer};
+use batch::{Batch, Limits};
+use emit::Settings;
+use tailer::{StepInput, Tailer};
 use watch::{Inotify, Watcher};
 
 /// `max_line_bytes` when the config does not say.
