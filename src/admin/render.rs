@@ -8,6 +8,7 @@
 //! [`AgentState`]). The families and their types are documented in `deploy/prometheus/metrics.txt`
 //! and must stay the same. Called by the `/metrics` route.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::SystemTime;
 
@@ -18,6 +19,8 @@ use crate::delivery::SinkRuntime;
 use crate::metrics::{Histogram, Kind, Text};
 use crate::store::Counters;
 use crate::store::writer::{Snapshot, StoreHandle};
+use crate::tail::TailStats;
+use crate::task::TaskStats;
 
 /// The whole metrics page.
 pub async fn render(state: &AgentState) -> String {
@@ -35,7 +38,7 @@ pub async fn render(state: &AgentState) -> String {
     );
     process_metrics(&mut t, state.started);
     config_metrics(&mut t, state, &live.config);
-    task_metrics(&mut t);
+    task_metrics(&mut t, &state.task_stats.all());
     let snap = match &state.store {
         Some(s) => tokio::time::timeout(STORE_ANSWER, s.snapshot())
             .await
@@ -50,7 +53,7 @@ pub async fn render(state: &AgentState) -> String {
     if let Some(store) = &state.store {
         store_metrics(&mut t, store, snap.as_ref(), &live.config);
     }
-    source_metrics(&mut t);
+    source_metrics(&mut t, &state.source_stats.all());
     t.finish()
 }
 
@@ -187,8 +190,7 @@ fn config_metrics(t: &mut Text, state: &AgentState, config: &Config) {
     t.sample("colibri_config_info", &[("sha256", &config.sha256)], 1.0);
 }
 
-fn task_metrics(t: &mut Text) {
-    let stats = crate::task::all_stats();
+fn task_metrics(t: &mut Text, stats: &[(String, Arc<TaskStats>)]) {
     let tasks = Items {
         label: "task",
         items: stats.iter().map(|(n, s)| (n.as_str(), &**s)).collect(),
@@ -327,7 +329,7 @@ fn stream_metrics(t: &mut Text, snap: &Snapshot) {
     );
 }
 
-fn sink_metrics(t: &mut Text, sinks: &[std::sync::Arc<SinkRuntime>], snap: Option<&Snapshot>) {
+fn sink_metrics(t: &mut Text, sinks: &[Arc<SinkRuntime>], snap: Option<&Snapshot>) {
     let sinks = Items {
         label: "sink",
         items: sinks.iter().map(|rt| (rt.sink.name(), &**rt)).collect(),
@@ -457,8 +459,7 @@ fn store_metrics(t: &mut Text, store: &StoreHandle, snap: Option<&Snapshot>, con
     );
 }
 
-fn source_metrics(t: &mut Text) {
-    let stats = crate::tail::all_stats();
+fn source_metrics(t: &mut Text, stats: &[(String, Arc<TailStats>)]) {
     let sources = Items {
         label: "source",
         items: stats.iter().map(|(n, s)| (n.as_str(), &**s)).collect(),

@@ -1,6 +1,6 @@
 //! What the admin endpoint reads and the agent's main loop writes: [`AgentState`] holds the live
-//! config and the sinks it started (swapped whole on reload), the config generation, the last
-//! reload's status and what readiness depends on; plus the reload request and its report that
+//! config and the sinks it started (swapped whole on reload), the task and source counters, the
+//! config generation, the last reload's status and what readiness depends on; plus the reload request and its report that
 //! travel between the endpoint and the main loop.
 //!
 //! It does not serve anything (the routes are in `admin`) nor render metrics (`admin::render`),
@@ -15,7 +15,10 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Config;
 use crate::delivery::SinkRuntime;
+use crate::metrics::Registry;
 use crate::store::writer::StoreHandle;
+use crate::tail::TailStats;
+use crate::task::TaskStats;
 
 /// What a reload did, for `POST /-/reload` and the log.
 pub type ReloadResult = Result<ReloadReport, String>;
@@ -54,6 +57,10 @@ pub struct AgentState {
     /// Cleared if the scheduler ends.
     pub scheduler_running: AtomicBool,
     pub reloads: mpsc::Sender<ReloadRequest>,
+    /// The counters of tasks and tail sources, by name (the agent's: it hands them out when it
+    /// builds a task or a source).
+    pub task_stats: Arc<Registry<TaskStats>>,
+    pub source_stats: Arc<Registry<TailStats>>,
 }
 
 impl AgentState {
@@ -62,6 +69,8 @@ impl AgentState {
         sinks: Vec<Arc<SinkRuntime>>,
         store: Option<StoreHandle>,
         reloads: mpsc::Sender<ReloadRequest>,
+        task_stats: Arc<Registry<TaskStats>>,
+        source_stats: Arc<Registry<TailStats>>,
     ) -> AgentState {
         let now = unix_s(SystemTime::now());
         AgentState {
@@ -75,6 +84,8 @@ impl AgentState {
             stopping: AtomicBool::new(false),
             scheduler_running: AtomicBool::new(true),
             reloads,
+            task_stats,
+            source_stats,
         }
     }
 
