@@ -35,7 +35,7 @@ pub enum Format {
     LineProtocol { stamp: i64 },
 }
 
-/// The request body's `Content-Encoding` (the sink's body format is `sink::Encoding`).
+/// The request body's `Content-Encoding` (the sink's body format is `sink::http::Encoding`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContentEncoding {
     Identity,
