@@ -33,9 +33,11 @@ use crate::admin::{AgentState, Live, ReloadReport, ReloadResult};
 use crate::clock::{self, SystemClock};
 use crate::config::Config;
 use crate::delivery::{SinkRuntime, SinkStats};
+use crate::metrics::Registry;
 use crate::notify::notify;
 use crate::scheduler::{Change, Scheduler, SchedulerHandle};
 use crate::store::{self, OpenOptions, Store, StoreError, writer};
+use crate::tail::TailStats;
 use crate::task::RunContext;
 use crate::units::fmt_duration;
 
@@ -71,7 +73,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tracing::warn!(error = %e, "cannot watch for wall-clock changes; jumps are noticed within an hour");
     }
     let config = Arc::new(config);
-    let parts = Parts::start(&config, store_handle.clone(), &ctx.stopping).await?;
+    // The agent owns the task and source counters: they outlive the tasks and sources a reload
+    // replaces, and the metrics page reads them from the state.
+    let task_stats = Arc::new(Registry::default());
+    let source_stats = Arc::new(Registry::default());
+    let parts = Parts::start(
+        &config,
+        store_handle.clone(),
+        &ctx.stopping,
+        Arc::clone(&source_stats),
+    )
+    .await?;
     let (scheduler, tasks) = Scheduler::new(
         &config.tasks,
         Arc::new(SystemClock),
@@ -79,6 +91,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.workers,
         config.shutdown_grace,
         clock_set,
+        Arc::clone(&task_stats),
     );
     let (reload_tx, mut reload_rx) = mpsc::channel(4);
     let state = Arc::new(AgentState::new(
@@ -86,6 +99,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         parts.runtimes(),
         store_handle.clone(),
         reload_tx,
+        task_stats,
+        source_stats,
     ));
     let admin_stop = CancellationToken::new();
     let admin = match &config.admin {
@@ -278,7 +293,7 @@ impl Agent {
         }
         for name in &plan.tasks.removed {
             self.tasks.send(Change::Remove(name.clone()));
-            crate::task::forget_stats(name);
+            self.state.task_stats.forget(name);
             changes.push(format!("task {name}: removed"));
         }
         for (what, defs) in [
@@ -367,6 +382,9 @@ struct Parts {
     sinks: BTreeMap<String, SinkGroup>,
     sources: BTreeMap<String, SourceGroup>,
     ingest: Option<crate::ingest::Running>,
+    /// Every source's counters, by name (also read by the metrics page): a source restarted by a
+    /// reload, or removed and added again, goes on counting into the same ones.
+    source_stats: Arc<Registry<TailStats>>,
     /// Groups stopped by a reload, still finishing their work: awaited at the stop.
     retired: Vec<JoinHandle<()>>,
 }
@@ -376,8 +394,12 @@ impl Parts {
         config: &Config,
         store: Option<writer::StoreHandle>,
         stopping: &CancellationToken,
+        source_stats: Arc<Registry<TailStats>>,
     ) -> anyhow::Result<Parts> {
-        let mut parts = Parts::default();
+        let mut parts = Parts {
+            source_stats,
+            ..Parts::default()
+        };
         let Some(store) = store else {
             return Ok(parts);
         };
@@ -480,12 +502,13 @@ impl Parts {
             return;
         };
         let stop = stopping.child_token();
+        let stats = self.source_stats.get(name);
         let (cfg, store, token) = (Arc::clone(cfg), store.clone(), stop.clone());
         let task = tokio::spawn(async move {
             if let Some(old) = before {
                 let _ = old.await;
             }
-            crate::tail::run(cfg, store, token).await;
+            crate::tail::run(cfg, stats, store, token).await;
         });
         self.sources
             .insert(name.to_string(), SourceGroup { stop, task });

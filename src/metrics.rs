@@ -2,10 +2,13 @@
 //! and [`Text`], the text exposition format (0.0.4) written by hand: `# HELP`/`# TYPE` per family,
 //! escaped label values, `_bucket`/`_sum`/`_count` for histograms. What is exported, and from where,
 //! is `admin::render`; this module only knows the format. Counters themselves live with the code
-//! that counts (task, delivery, store writer, tail), so nothing here is on a hot path.
+//! that counts (task, delivery, store writer, tail), so nothing here is on a hot path; a
+//! [`Registry`] keeps such counters by name for the agent, which owns them.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Seconds: task runs (a scrape takes milliseconds, a backup hours).
@@ -20,6 +23,46 @@ pub const REQUEST_BUCKETS: &[f64] = &[
 pub const COMMIT_BUCKETS: &[f64] = &[
     0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
+
+/// Counters by name that outlive what counts into them (a task replaced by a reload, a source
+/// rebuilt after a store error): the agent creates one per kind, hands each task or source its
+/// counters when it is built ([`Registry::get`]) and the metrics page reads them all, by name.
+pub struct Registry<T> {
+    by_name: Mutex<BTreeMap<String, Arc<T>>>,
+}
+
+impl<T> Default for Registry<T> {
+    fn default() -> Self {
+        Registry {
+            by_name: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+impl<T: Default> Registry<T> {
+    /// The counters of `name`, created on first use.
+    pub fn get(&self, name: &str) -> Arc<T> {
+        let mut all = self.by_name.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(all.entry(name.to_string()).or_default())
+    }
+
+    /// Every counter set, by name.
+    pub fn all(&self) -> Vec<(String, Arc<T>)> {
+        let all = self.by_name.lock().unwrap_or_else(|e| e.into_inner());
+        all.iter()
+            .map(|(k, v)| (k.clone(), Arc::clone(v)))
+            .collect()
+    }
+
+    /// Drops the counters of `name` (what counted into them is gone), so its series leave the
+    /// metrics; a later [`Registry::get`] starts from zero.
+    pub fn forget(&self, name: &str) {
+        self.by_name
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+    }
+}
 
 /// Counts of observations per upper bound (not cumulative until rendered), and their sum.
 #[derive(Debug)]

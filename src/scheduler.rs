@@ -23,6 +23,7 @@ use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
 
 use crate::clock::Clock;
+use crate::metrics::Registry;
 use crate::schedule::Schedule;
 use crate::task::{self, RunContext, TaskDef, TaskStats, exec::KILL_GRACE};
 use crate::units::fmt_duration;
@@ -96,11 +97,15 @@ pub struct Plan {
     origin: Instant,
     /// `wall - mono` (ns) when the wall clock was last trusted; a change beyond the tolerance is a jump.
     reference: i128,
+    /// The agent's task counters: a new slot takes its task's (a task a reload changed keeps
+    /// its slot and so its counters).
+    stats: Arc<Registry<TaskStats>>,
 }
 
 impl Plan {
-    pub fn new(now: Now) -> Self {
+    pub fn new(now: Now, stats: Arc<Registry<TaskStats>>) -> Self {
         let mut p = Plan {
+            stats,
             slots: Vec::new(),
             by_name: HashMap::new(),
             heap: BinaryHeap::new(),
@@ -138,7 +143,7 @@ impl Plan {
             None => {
                 self.slots.push(Some(Slot {
                     def: Arc::clone(&def),
-                    stats: task::stats(&def.name),
+                    stats: self.stats.get(&def.name),
                     generation: 0,
                     running: false,
                 }));
@@ -346,12 +351,13 @@ impl Scheduler {
         workers: usize,
         grace: Duration,
         clock_set: Arc<Notify>,
+        stats: Arc<Registry<TaskStats>>,
     ) -> (Self, SchedulerHandle) {
         let now = Now {
             mono: Instant::now(),
             wall: clock.wall(),
         };
-        let mut plan = Plan::new(now);
+        let mut plan = Plan::new(now, stats);
         for t in tasks {
             plan.upsert(Arc::clone(t), now, true);
         }

@@ -256,20 +256,13 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
             let mut s = open(&c, Access::Change)?;
             known(&s, &target.stream)?;
             let total = s.counters(&target.stream).map_or(0, |c| c.dead_jobs);
-            let (mut jobs, mut records) = (0u64, 0u64);
-            let mut progress = Progress::new("replayed", total);
-            loop {
-                let mut tx = s.transaction()?;
-                let (j, r) = tx.replay_dead(&target.stream, id, CHUNK)?;
-                tx.commit()?;
-                jobs += j;
-                records += r;
-                progress.show(jobs);
-                if j == 0 || id.is_some() {
-                    break;
-                }
-            }
-            progress.done();
+            let (jobs, records) = in_chunks(
+                &mut s,
+                "replayed",
+                total,
+                |tx| tx.replay_dead(&target.stream, id, CHUNK),
+                |j| j == 0 || id.is_some(),
+            )?;
             if json {
                 let doc = serde_json::json!({
                     "stream": target.stream, "replayed_jobs": jobs, "replayed_records": records,
@@ -321,20 +314,13 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
                 }
             }
             let before = older_than.map(|d| store::now_ms().saturating_sub(d.as_millis() as u64));
-            let (mut jobs, mut records) = (0u64, 0u64);
-            let mut progress = Progress::new("purged", counters.dead_jobs);
-            loop {
-                let mut tx = s.transaction()?;
-                let (j, r) = tx.purge_dead(&target.stream, before, CHUNK)?;
-                tx.commit()?;
-                jobs += j;
-                records += r;
-                progress.show(jobs);
-                if j < CHUNK as u64 {
-                    break;
-                }
-            }
-            progress.done();
+            let (jobs, records) = in_chunks(
+                &mut s,
+                "purged",
+                counters.dead_jobs,
+                |tx| tx.purge_dead(&target.stream, before, CHUNK),
+                |j| j < CHUNK as u64,
+            )?;
             // Purged file jobs take their spooled files with them.
             s.dispose_now()?;
             if json {
@@ -353,6 +339,33 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Changes dead letters one chunk per transaction (`dead replay`, `dead purge`) until `last`
+/// says, from the jobs a chunk changed, that it was the last one; shows progress on a terminal.
+/// The jobs and records changed in all.
+fn in_chunks(
+    s: &mut Store,
+    verb: &'static str,
+    total: u64,
+    mut chunk: impl FnMut(&mut store::Tx<'_>) -> Result<(u64, u64), StoreError>,
+    last: impl Fn(u64) -> bool,
+) -> anyhow::Result<(u64, u64)> {
+    let (mut jobs, mut records) = (0u64, 0u64);
+    let mut progress = Progress::new(verb, total);
+    loop {
+        let mut tx = s.transaction()?;
+        let (j, r) = chunk(&mut tx)?;
+        tx.commit()?;
+        jobs += j;
+        records += r;
+        progress.show(jobs);
+        if last(j) {
+            break;
+        }
+    }
+    progress.done();
+    Ok((jobs, records))
 }
 
 /// `1 record`, `2 records`.

@@ -312,8 +312,12 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
     }
     // Room in the memory budget for what this body can cost, before any of it is read: all the
     // bodies in progress together stay within max_memory. No room within `wait`: 503.
-    let cost = super::body_cost(length, encoding == body::Encoding::Gzip, cfg.max_body)
-        .min(cfg.max_memory);
+    let cost = super::body_cost(
+        length,
+        encoding == body::ContentEncoding::Gzip,
+        cfg.max_body,
+    )
+    .min(cfg.max_memory);
     let cost = u32::try_from(cost).expect("max_memory is at most 192MiB");
     let _memory = tokio::select! {
         p = tokio::time::timeout(cfg.wait, s.memory.acquire_many(cost)) => match p {
@@ -334,7 +338,7 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
     };
     let wire = read_body(req.into_body(), length, cfg.read_timeout).await?;
     let max_body = cfg.max_body;
-    let parsed = if wire.len() <= INLINE_MAX && encoding == body::Encoding::Identity {
+    let parsed = if wire.len() <= INLINE_MAX && encoding == body::ContentEncoding::Identity {
         body::records(wire, format, encoding, max_body)
     } else {
         tokio::task::spawn_blocking(move || body::records(wire, format, encoding, max_body))

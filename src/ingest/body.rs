@@ -35,8 +35,9 @@ pub enum Format {
     LineProtocol { stamp: i64 },
 }
 
+/// The request body's `Content-Encoding` (the sink's body format is `sink::http::Encoding`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Encoding {
+pub enum ContentEncoding {
     Identity,
     Gzip,
 }
@@ -136,13 +137,13 @@ pub fn format_of(
 }
 
 /// The `Content-Encoding`; `Err` (415) for anything but none, `identity` and `gzip`.
-pub fn encoding_of(content_encoding: Option<&str>) -> Result<Encoding, String> {
+pub fn encoding_of(content_encoding: Option<&str>) -> Result<ContentEncoding, String> {
     match content_encoding
         .map(|e| e.trim().to_ascii_lowercase())
         .as_deref()
     {
-        None | Some("") | Some("identity") => Ok(Encoding::Identity),
-        Some("gzip") | Some("x-gzip") => Ok(Encoding::Gzip),
+        None | Some("") | Some("identity") => Ok(ContentEncoding::Identity),
+        Some("gzip") | Some("x-gzip") => Ok(ContentEncoding::Gzip),
         Some(other) => Err(format!(
             "Content-Encoding {other:?} is not accepted: send gzip or no encoding"
         )),
@@ -154,12 +155,12 @@ pub fn encoding_of(content_encoding: Option<&str>) -> Result<Encoding, String> {
 pub fn records(
     wire: Vec<u8>,
     format: Format,
-    encoding: Encoding,
+    encoding: ContentEncoding,
     max_body: u64,
 ) -> Result<Vec<Vec<u8>>, BadBody> {
     let body = match encoding {
-        Encoding::Identity => wire,
-        Encoding::Gzip => {
+        ContentEncoding::Identity => wire,
+        ContentEncoding::Gzip => {
             let body = gunzip(&wire, max_body)?;
             // Freed before the records are split out: at most the body and its records are held
             // at once (about twice max_body), not the compressed copy too.
@@ -300,20 +301,11 @@ fn json_array(body: &[u8]) -> Result<Vec<Vec<u8>>, BadBody> {
         loop {
             let index = out.len();
             let start = i;
-            let (mut depth, mut in_str, mut esc) = (0usize, false, false);
+            let (mut depth, mut strings) = (0usize, Strings::default());
             while i < n {
                 let b = body[i];
-                if in_str {
-                    if esc {
-                        esc = false;
-                    } else if b == b'\\' {
-                        esc = true;
-                    } else if b == b'"' {
-                        in_str = false;
-                    }
-                } else {
+                if !strings.takes(b) {
                     match b {
-                        b'"' => in_str = true,
                         b'[' | b'{' => depth += 1,
                         b']' | b'}' if depth == 0 => break,
                         b']' | b'}' => depth -= 1,
@@ -367,23 +359,40 @@ fn json_array(body: &[u8]) -> Result<Vec<Vec<u8>>, BadBody> {
 /// Valid JSON without the whitespace outside strings (numbers and strings kept exactly as sent).
 fn compact(elem: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(elem.len());
-    let (mut in_str, mut esc) = (false, false);
+    let mut strings = Strings::default();
     for &b in elem {
-        if in_str {
-            out.push(b);
-            if esc {
-                esc = false;
-            } else if b == b'\\' {
-                esc = true;
-            } else if b == b'"' {
-                in_str = false;
-            }
-        } else if !matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
-            in_str = b == b'"';
+        if strings.takes(b) || !matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
             out.push(b);
         }
     }
     out
+}
+
+/// Follows JSON strings byte by byte (escapes included): the one scanner of the array split and
+/// of [`compact`], which must not look inside strings.
+#[derive(Default)]
+struct Strings {
+    open: bool,
+    escaped: bool,
+}
+
+impl Strings {
+    /// Whether `b` is part of a string, its quotes included.
+    fn takes(&mut self, b: u8) -> bool {
+        if self.open {
+            if self.escaped {
+                self.escaped = false;
+            } else if b == b'\\' {
+                self.escaped = true;
+            } else if b == b'"' {
+                self.open = false;
+            }
+            true
+        } else {
+            self.open = b == b'"';
+            self.open
+        }
+    }
 }
 
 #[cfg(test)]
@@ -436,9 +445,9 @@ mod tests {
             Ok(Format::JsonArray)
         );
         assert!(format_of(Some("text/plain"), RecordFormat::Lines, 0).is_err());
-        assert_eq!(encoding_of(None), Ok(Encoding::Identity));
-        assert_eq!(encoding_of(Some("identity")), Ok(Encoding::Identity));
-        assert_eq!(encoding_of(Some("GZIP")), Ok(Encoding::Gzip));
+        assert_eq!(encoding_of(None), Ok(ContentEncoding::Identity));
+        assert_eq!(encoding_of(Some("identity")), Ok(ContentEncoding::Identity));
+        assert_eq!(encoding_of(Some("GZIP")), Ok(ContentEncoding::Gzip));
         assert!(encoding_of(Some("br")).is_err());
         assert!(encoding_of(Some("gzip, gzip")).is_err());
     }
@@ -446,9 +455,17 @@ mod tests {
     #[test]
     fn ndjson_lines_are_records_and_a_bad_line_is_named() {
         let body = b"{\"a\":1}\r\n\n  [1, 2]  \n\"s\"\n".to_vec();
-        let r = records(body, Format::Ndjson, Encoding::Identity, 1 << 20);
+        let r = records(body, Format::Ndjson, ContentEncoding::Identity, 1 << 20);
         assert_eq!(texts(r), ["{\"a\":1}", "[1, 2]", "\"s\""]);
-        assert!(texts(records(vec![], Format::Ndjson, Encoding::Identity, 10)).is_empty());
+        assert!(
+            texts(records(
+                vec![],
+                Format::Ndjson,
+                ContentEncoding::Identity,
+                10
+            ))
+            .is_empty()
+        );
         let (m, line, index) = bad(ndjson(b"{}\n\n{\"a\":}\n{}"));
         assert_eq!((line, index), (Some(3), None), "{m}");
         assert!(m.starts_with("line 3 is not JSON: "), "{m}");
@@ -523,18 +540,18 @@ mod tests {
 
     #[test]
     fn gzip_is_bounded_by_the_decompressed_size() {
-        let r = records(gz(b"1\n2\n"), Format::Ndjson, Encoding::Gzip, 4);
+        let r = records(gz(b"1\n2\n"), Format::Ndjson, ContentEncoding::Gzip, 4);
         assert_eq!(texts(r), ["1", "2"]);
         let bomb = gz(&vec![b' '; 10 << 20]);
         assert!(bomb.len() < 64 << 10);
         assert!(matches!(
-            records(bomb, Format::Ndjson, Encoding::Gzip, 1 << 20),
+            records(bomb, Format::Ndjson, ContentEncoding::Gzip, 1 << 20),
             Err(BadBody::TooLarge(_))
         ));
         let (m, _, _) = bad(records(
             b"not gzip".to_vec(),
             Format::Ndjson,
-            Encoding::Gzip,
+            ContentEncoding::Gzip,
             100,
         ));
         assert!(m.contains("gzip"), "{m}");
@@ -579,7 +596,7 @@ mod tests {
         let r = records(
             body,
             Format::LineProtocol { stamp: 9 },
-            Encoding::Identity,
+            ContentEncoding::Identity,
             1 << 20,
         );
         assert_eq!(texts(r), ["cpu,host=a v=1 5", "cpu v=2 9"]);
@@ -594,7 +611,7 @@ mod tests {
         let r = records(
             gz.finish().expect("gzip"),
             Format::LineProtocol { stamp: 1 },
-            Encoding::Gzip,
+            ContentEncoding::Gzip,
             1 << 20,
         );
         assert_eq!(texts(r), ["m v=1 1", "m v=2 3"]);

@@ -97,7 +97,7 @@ fn wall(h: u32, m: u32, s: u32) -> DateTime<Utc> {
 #[test]
 fn interval_tasks_fire_on_time_in_order() {
     let mut c = Clocks::at(wall(10, 0, 0));
-    let mut plan = Plan::new(c.now());
+    let mut plan = Plan::new(c.now(), Default::default());
     plan.upsert(def("fast", every(2)), c.now(), true);
     plan.upsert(def("slow", every(5)), c.now(), true);
     // Both are due at start.
@@ -132,7 +132,7 @@ fn interval_tasks_fire_on_time_in_order() {
 #[test]
 fn fixed_offsets_and_random_offsets_spread_the_first_run() {
     let c = Clocks::at(wall(10, 0, 0));
-    let mut plan = Plan::new(c.now());
+    let mut plan = Plan::new(c.now(), Default::default());
     let offset = |o| Schedule::Every {
         period: Duration::from_secs(60),
         offset: o,
@@ -143,7 +143,7 @@ fn fixed_offsets_and_random_offsets_spread_the_first_run() {
         true,
     );
     assert_eq!(plan.next_deadline(), Some(c.mono0 + Duration::from_secs(7)));
-    let mut plan = Plan::new(c.now());
+    let mut plan = Plan::new(c.now(), Default::default());
     for i in 0..500 {
         plan.upsert(def(&format!("r{i}"), offset(Offset::Random)), c.now(), true);
     }
@@ -169,7 +169,7 @@ fn fixed_offsets_and_random_offsets_spread_the_first_run() {
 #[test]
 fn cron_tasks_fire_at_their_wall_times() {
     let mut c = Clocks::at(wall(10, 0, 30));
-    let mut plan = Plan::new(c.now());
+    let mut plan = Plan::new(c.now(), Default::default());
     plan.upsert(def("minutely", cron("* * * * *")), c.now(), true);
     assert_eq!(
         plan.next_deadline(),
@@ -188,7 +188,7 @@ fn cron_tasks_fire_at_their_wall_times() {
 #[test]
 fn reboot_runs_once_at_start_only() {
     let mut c = Clocks::at(wall(10, 0, 0));
-    let mut plan = Plan::new(c.now());
+    let mut plan = Plan::new(c.now(), Default::default());
     plan.upsert(def("boot", Schedule::Reboot), c.now(), true);
     assert_eq!(
         plan.pop_due(c.now()).map(|f| f.def.name.clone()).as_deref(),
@@ -203,7 +203,7 @@ fn reboot_runs_once_at_start_only() {
 #[test]
 fn add_remove_and_change_while_planned() {
     let mut c = Clocks::at(wall(10, 0, 0));
-    let mut plan = Plan::new(c.now());
+    let mut plan = Plan::new(c.now(), Default::default());
     plan.upsert(
         def(
             "a",
@@ -278,7 +278,7 @@ fn add_remove_and_change_while_planned() {
 #[test]
 fn missed_occurrences_are_skipped_not_burst() {
     let mut c = Clocks::at(wall(10, 0, 0));
-    let mut plan = Plan::new(c.now());
+    let mut plan = Plan::new(c.now(), Default::default());
     plan.upsert(def("i", every(1)), c.now(), true);
     plan.upsert(def("m", cron("* * * * *")), c.now(), true);
     assert!(plan.pop_due(c.now()).is_some()); // i at start
@@ -301,7 +301,7 @@ fn missed_occurrences_are_skipped_not_burst() {
 #[test]
 fn a_forward_clock_jump_replans_instead_of_firing_everything() {
     let mut c = Clocks::at(wall(10, 0, 0));
-    let mut plan = Plan::new(c.now());
+    let mut plan = Plan::new(c.now(), Default::default());
     plan.upsert(def("hourly", cron("0 * * * *")), c.now(), true);
     plan.upsert(def("tick", every(10)), c.now(), true);
     assert!(plan.pop_due(c.now()).is_some()); // tick at start
@@ -327,7 +327,7 @@ fn a_forward_clock_jump_replans_instead_of_firing_everything() {
 #[test]
 fn a_backward_clock_jump_does_not_sleep_for_a_day() {
     let mut c = Clocks::at(wall(10, 30, 0));
-    let mut plan = Plan::new(c.now());
+    let mut plan = Plan::new(c.now(), Default::default());
     plan.upsert(def("hourly", cron("0 * * * *")), c.now(), true);
     assert_eq!(
         plan.next_deadline(),
@@ -348,7 +348,7 @@ fn a_backward_clock_jump_does_not_sleep_for_a_day() {
 #[test]
 fn small_drift_is_not_a_jump() {
     let mut c = Clocks::at(wall(10, 0, 0));
-    let plan = Plan::new(c.now());
+    let plan = Plan::new(c.now(), Default::default());
     c.jump = chrono::Duration::milliseconds(1500);
     assert!(
         plan.clock_jump(c.advance(Duration::from_secs(3600)))
@@ -373,7 +373,15 @@ async fn idle_scheduler_does_not_wake() {
     let clock = FakeClock::starting_at(wall(10, 0, 0));
     let tasks = [def("later", cron("0 11 * * *")), def("hourly", every(3600))];
     let c = ctx();
-    let (mut s, _h) = Scheduler::new(&tasks, clock, c.clone(), 2, S, Arc::new(Notify::new()));
+    let (mut s, _h) = Scheduler::new(
+        &tasks,
+        clock,
+        c.clone(),
+        2,
+        S,
+        Arc::new(Notify::new()),
+        Default::default(),
+    );
     // Take "hourly"'s start run out of the way so only future work is planned.
     s.plan.pop_due(Now {
         mono: Instant::now(),
@@ -394,7 +402,15 @@ async fn clock_set_notification_wakes_and_replans() {
     let tasks = [def("hourly", cron("0 * * * *"))];
     let c = ctx();
     let notify = Arc::new(Notify::new());
-    let (s, _h) = Scheduler::new(&tasks, clock.clone(), c.clone(), 2, S, notify.clone());
+    let (s, _h) = Scheduler::new(
+        &tasks,
+        clock.clone(),
+        c.clone(),
+        2,
+        S,
+        notify.clone(),
+        Default::default(),
+    );
     let wakeups = s.wakeups();
     let run = tokio::spawn(s.run());
     tokio::time::sleep(Duration::from_secs(60)).await;
@@ -428,6 +444,7 @@ async fn handle_changes_and_overlap_skips() {
         4,
         Duration::from_secs(5),
         Arc::new(Notify::new()),
+        Default::default(),
     );
     let stats = s.plan().stats("slow").unwrap();
     let run = tokio::spawn(s.run());
@@ -478,6 +495,7 @@ async fn grace_expiry_kills_running_tasks() {
         1,
         Duration::from_millis(300),
         Arc::new(Notify::new()),
+        Default::default(),
     );
     let stats = s.plan().stats("stuck").unwrap();
     let run = tokio::spawn(s.run());

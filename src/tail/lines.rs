@@ -127,6 +127,15 @@ pub struct Group {
     pub last: Instant,
 }
 
+/// One line as split from a file: its bytes (without the newline, cut at `max_line_bytes`),
+/// where it starts, and whether it was cut.
+#[derive(Debug, Clone, Copy)]
+pub struct Line<'a> {
+    pub bytes: &'a [u8],
+    pub offset: u64,
+    pub truncated: bool,
+}
+
 /// Assembles groups: a line matching `start` begins a group; lines that do not are added to the
 /// current one (a file that starts with them begins a group with them). A group is complete when the
 /// next one begins, when adding a line would pass `max_lines` or `max_bytes` (the line then begins
@@ -142,17 +151,19 @@ impl Assembler {
     /// Adds one line to the pending group, or begins a group with it when there is none (a group
     /// the line completes was taken by the caller). `tail` is called only when the line begins a
     /// group.
-    #[allow(clippy::too_many_arguments)]
     pub fn push(
         &mut self,
         cfg: &MultilineConfig,
-        line: &[u8],
-        offset: u64,
-        truncated: bool,
+        line: Line<'_>,
         starts: bool,
         now: Instant,
         tail: impl FnOnce() -> u64,
     ) {
+        let Line {
+            bytes: line,
+            offset,
+            truncated,
+        } = line;
         if let Some(g) = &mut self.pending
             && !starts
             && g.lines < cfg.max_lines
@@ -314,7 +325,12 @@ mod tests {
             if a.completes(cfg, l.len(), starts) {
                 out.push(a.pending.take().unwrap());
             }
-            a.push(cfg, l.as_bytes(), off, false, starts, t, || off * 10);
+            let line = Line {
+                bytes: l.as_bytes(),
+                offset: off,
+                truncated: false,
+            };
+            a.push(cfg, line, starts, t, || off * 10);
             off += l.len() as u64 + 1;
         }
         out
@@ -358,7 +374,12 @@ mod tests {
         // It expires a timeout after its last line; a line added moves that on.
         assert_eq!(a.deadline(&cfg), Some(t + Duration::from_secs(1)));
         let later = t + Duration::from_millis(500);
-        a.push(&cfg, b"  more", 57, false, false, later, || unreachable!());
+        let line = Line {
+            bytes: b"  more",
+            offset: 57,
+            truncated: false,
+        };
+        a.push(&cfg, line, false, later, || unreachable!());
         assert_eq!(a.deadline(&cfg), Some(later + Duration::from_secs(1)));
         a.pending = None;
         assert!(a.deadline(&cfg).is_none());

@@ -17,17 +17,19 @@
 //!
 //! Counters are kept per source ([`stats`]) and logged in a summary at stop.
 
+pub mod batch;
 pub mod checkpoint;
+pub mod emit;
+pub mod identity;
 pub mod lines;
 pub mod record;
 pub mod tailer;
 pub mod watch;
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -36,7 +38,9 @@ use tokio_util::sync::CancellationToken;
 use crate::store::writer::StoreHandle;
 use crate::store::{AppendError, Appended};
 use crate::units::fmt_duration;
-use tailer::{Batch, Limits, Settings, StepInput, Tailer};
+use batch::{Batch, Limits};
+use emit::Settings;
+use tailer::{StepInput, Tailer};
 use watch::{Inotify, Watcher};
 
 /// `max_line_bytes` when the config does not say.
@@ -137,7 +141,8 @@ impl TailConfig {
     }
 }
 
-/// What a source did, since the process started (kept for the metrics endpoint; logged at stop).
+/// What a source did, since the process started (kept by name in the agent's `Registry`, so they
+/// outlive a reload and a source's rebuilds; read by the metrics endpoint; logged at stop).
 #[derive(Debug, Default)]
 pub struct TailStats {
     /// Lines read from files (each line of a multiline group counts).
@@ -161,25 +166,6 @@ pub struct TailStats {
     pub appends: AtomicU64,
     /// Times the source was rebuilt from its stored checkpoint after a store error.
     pub restarts: AtomicU64,
-}
-
-/// The counters of the source `name` (created on first use; they outlive a reload).
-pub fn stats(name: &str) -> Arc<TailStats> {
-    let mut all = registry().lock().unwrap_or_else(|e| e.into_inner());
-    Arc::clone(all.entry(name.to_string()).or_default())
-}
-
-/// Every source's counters, by name.
-pub fn all_stats() -> Vec<(String, Arc<TailStats>)> {
-    let all = registry().lock().unwrap_or_else(|e| e.into_inner());
-    all.iter()
-        .map(|(k, v)| (k.clone(), Arc::clone(v)))
-        .collect()
-}
-
-fn registry() -> &'static Mutex<BTreeMap<String, Arc<TailStats>>> {
-    static REGISTRY: OnceLock<Mutex<BTreeMap<String, Arc<TailStats>>>> = OnceLock::new();
-    REGISTRY.get_or_init(Default::default)
 }
 
 /// The machine's host name.
@@ -207,8 +193,12 @@ const RETRY_CAP: Duration = Duration::from_secs(5);
 const RESTART_CAP: Duration = Duration::from_secs(10);
 
 /// Follows the files of one source until `stopping`.
-pub async fn run(config: Arc<TailConfig>, store: StoreHandle, stopping: CancellationToken) {
-    let stats = stats(&config.name);
+pub async fn run(
+    config: Arc<TailConfig>,
+    stats: Arc<TailStats>,
+    store: StoreHandle,
+    stopping: CancellationToken,
+) {
     // The stream's settings, from the writer (an unavailable store has none yet: wait; a writer
     // that failed and is reopening answers again later).
     let mut attempt = 0u32;

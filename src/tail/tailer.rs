@@ -1,7 +1,9 @@
-//! The synchronous core of one tail source: which files it follows (glob scans, identities,
-//! rotation, truncation, copies), reading them in large chunks into a [`Batch`] of records, and the
-//! checkpoint that describes exactly what the records cover. It does blocking file I/O and is run
-//! on tokio's blocking pool by the driver in `mod.rs`, which owns timing, inotify and the store.
+//! The synchronous core of one tail source: the files it follows and their roles (rotation,
+//! truncation, copies), reading them in large chunks into a [`Batch`] of records, and the
+//! checkpoint that describes exactly what the records cover. Which files it follows is
+//! `tailer/discover.rs`; what tells files apart is `identity.rs`; lines become records in
+//! `emit.rs`. It does blocking file I/O and is run on tokio's blocking pool by the driver in
+//! `mod.rs`, which owns timing, inotify and the store.
 //!
 //! A followed file is, at any moment, one of:
 //! - **active**: matched by `paths` (and not `exclude`) at the last scan;
@@ -13,227 +15,25 @@
 //!   passes (then a copy that holds the bytes the original was read to is read from there, and
 //!   anything else, e.g. a new file with the same banner, is read whole; never from its own end).
 
+mod discover;
+
 use std::collections::{HashMap, HashSet};
-use std::ffi::OsString;
-use std::fs::{File, Metadata};
-use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
+use super::TailStats;
+use super::batch::Batch;
 use super::checkpoint::{self, Checkpoint, Entry};
-use super::lines::{self, Assembler, Group};
+use super::emit::{Emit, Settings};
+use super::identity::{Identity, mtime, read_full_at, read_head, tail_at, window};
+use super::lines::{self, Assembler, Line};
 use super::record::{self, FP_BYTES, hash};
-use super::watch::{self, Event, Watcher};
-use super::{StartAt, TailConfig, TailStats};
-
-/// An append starts no new job past this many bytes (and holds at most twice as many): whole
-/// jobs of the stream's `batch` size where they are smaller, otherwise about this much. Larger
-/// appends gain nothing (the commit's fsync is already a small part) and cost memory.
-pub const APPEND_BYTES: usize = 256 << 10;
-pub const APPEND_RECORDS: usize = 8192;
-/// How `paths` patterns match: `*` stops at `/`, `**` crosses it.
-const GLOB: glob::MatchOptions = glob::MatchOptions {
-    case_sensitive: true,
-    require_literal_separator: true,
-    require_literal_leading_dot: false,
-};
-/// Smallest read.
-const MIN_CHUNK: usize = 256 << 10;
-/// Entries of a directory looked at when searching it for a renamed file or a copy.
-const DIR_SEARCH_LIMIT: usize = 10_000;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Identity {
-    pub dev: u64,
-    pub ino: u64,
-}
-
-impl Identity {
-    pub fn of(m: &Metadata) -> Identity {
-        Identity {
-            dev: m.dev(),
-            ino: m.ino(),
-        }
-    }
-}
-
-/// What one source needs at run time besides its config.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub cfg: Arc<TailConfig>,
-    /// `,"host":...,"labels":{...}`.
-    pub extra: String,
-    /// Bytes read at once (past the 256 bytes of context before the position).
-    pub chunk: usize,
-    /// Largest record the stream can hold.
-    pub record_limit: usize,
-}
-
-impl Settings {
-    pub fn new(cfg: Arc<TailConfig>, host: Option<&str>, stream_max_bytes: u64) -> Settings {
-        let extra = record::extra_fields(host, &cfg.labels);
-        let chunk = MIN_CHUNK.max(2 * cfg.max_line_bytes + 2);
-        let record_limit = usize::try_from(stream_max_bytes.saturating_sub(256))
-            .unwrap_or(usize::MAX)
-            .max(64);
-        Settings {
-            cfg,
-            extra,
-            chunk,
-            record_limit,
-        }
-    }
-}
-
-/// How much one append may carry. The store cuts an append into jobs of `job_records` /
-/// `job_bytes` and refuses (or, under `block`, parks) one with more jobs than the stream holds, so
-/// a batch is kept to half the stream's `max_jobs` and `max_bytes`. Past `bytes` it starts no new
-/// job; it never holds more than twice `bytes`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    pub job_records: usize,
-    pub job_bytes: usize,
-    pub jobs: usize,
-    pub records: usize,
-    pub bytes: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            job_records: 1000,
-            job_bytes: 1 << 20,
-            jobs: usize::MAX,
-            records: APPEND_RECORDS,
-            bytes: APPEND_BYTES,
-        }
-    }
-}
-
-impl Limits {
-    pub fn for_stream(s: &crate::store::StreamConfig) -> Limits {
-        Limits {
-            job_records: (s.batch.max_records as usize).max(1),
-            job_bytes: usize::try_from(s.batch.max_bytes)
-                .unwrap_or(usize::MAX)
-                .max(1),
-            jobs: usize::try_from(s.max_jobs / 2).unwrap_or(usize::MAX).max(1),
-            records: APPEND_RECORDS,
-            bytes: APPEND_BYTES.min(usize::try_from(s.max_bytes / 4).unwrap_or(usize::MAX)),
-        }
-    }
-}
-
-/// Records read and not yet appended, with the checkpoint that covers them.
-#[derive(Debug, Default)]
-pub struct Batch {
-    pub records: Vec<Vec<u8>>,
-    /// Record bytes plus their framing in a job.
-    pub bytes: usize,
-    /// The state after the last record (set whenever it changed since the last append).
-    pub checkpoint: Option<Vec<u8>>,
-    /// When the oldest thing in the batch (a record or a checkpoint change) arrived.
-    pub since: Option<Instant>,
-    limits: Limits,
-    /// Jobs the store will cut the records into, and the last one's records and bytes.
-    jobs: usize,
-    job_records: usize,
-    job_bytes: usize,
-    /// A record did not fit.
-    refused: bool,
-}
-
-impl Batch {
-    pub fn new(limits: Limits) -> Batch {
-        Batch {
-            limits,
-            ..Batch::default()
-        }
-    }
-
-    /// An empty batch with the same limits.
-    pub fn take(&mut self) -> Batch {
-        std::mem::replace(self, Batch::new(self.limits))
-    }
-
-    /// Whether a record of `len` bytes starts a new job (the store's cut, see `Store::append`).
-    fn opens_job(&self, len: usize) -> bool {
-        self.jobs == 0
-            || self.job_records >= self.limits.job_records
-            || self.job_bytes + len > self.limits.job_bytes
-    }
-
-    /// Whether records of these sizes fit (a first record always does). A refusal makes the batch
-    /// full.
-    pub fn fits(&mut self, lens: &[usize]) -> bool {
-        let fits = self.would_fit(lens);
-        self.refused |= !fits;
-        fits
-    }
-
-    fn would_fit(&self, lens: &[usize]) -> bool {
-        let (mut n, mut bytes, mut jobs, mut jr, mut jb) = (
-            self.records.len(),
-            self.bytes,
-            self.jobs,
-            self.job_records,
-            self.job_bytes,
-        );
-        for &len in lens {
-            if n > 0 {
-                let opens =
-                    jobs == 0 || jr >= self.limits.job_records || jb + len > self.limits.job_bytes;
-                if n >= self.limits.records
-                    || bytes + len + 4 > 2 * self.limits.bytes
-                    || (opens && (jobs >= self.limits.jobs || bytes >= self.limits.bytes))
-                {
-                    return false;
-                }
-            }
-            if jobs == 0 || jr >= self.limits.job_records || jb + len > self.limits.job_bytes {
-                jobs += 1;
-                jr = 0;
-                jb = 0;
-            }
-            jr += 1;
-            jb += len;
-            n += 1;
-            bytes += len + 4;
-        }
-        true
-    }
-
-    pub fn push(&mut self, rec: Vec<u8>, now: Instant) {
-        let len = rec.len();
-        if self.opens_job(len) {
-            self.jobs += 1;
-            self.job_records = 0;
-            self.job_bytes = 0;
-        }
-        self.job_records += 1;
-        self.job_bytes += len;
-        self.bytes += len + 4;
-        self.records.push(rec);
-        self.since.get_or_insert(now);
-    }
-
-    /// No room for more (a hint between reads: records are checked one by one with `fits`).
-    pub fn is_full(&self) -> bool {
-        self.refused
-            || self.records.len() >= self.limits.records
-            || self.bytes >= 2 * self.limits.bytes
-            || (self.jobs >= self.limits.jobs && self.job_records >= self.limits.job_records)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.records.is_empty() && self.checkpoint.is_none()
-    }
-}
+use super::watch::{Event, Watcher};
 
 /// What happened since the last step, for the tailer to act on.
 #[derive(Debug, Default)]
@@ -333,71 +133,11 @@ pub struct Tailer {
     unreadable: HashSet<PathBuf>,
 }
 
-fn read_full_at(file: &File, buf: &mut [u8], mut offset: u64) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read_at(&mut buf[n..], offset) {
-            Ok(0) => break,
-            Ok(k) => {
-                n += k;
-                offset += k as u64;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
-/// `[offset - min(offset, 256), offset)`.
-fn window(offset: u64) -> (u64, usize) {
-    let len = offset.min(FP_BYTES as u64);
-    (offset - len, len as usize)
-}
-
-/// The hash of `len` bytes at `at`, if the file has them all.
-fn hash_at(file: &File, at: u64, len: usize) -> Option<u64> {
-    let mut b = [0u8; FP_BYTES];
-    match read_full_at(file, &mut b[..len], at) {
-        Ok(n) if n == len => Some(hash(&b[..len])),
-        _ => None,
-    }
-}
-
-fn tail_at(file: &File, offset: u64) -> Option<u64> {
-    let (start, len) = window(offset);
-    hash_at(file, start, len)
-}
-
-/// The first min(size, 256) bytes of a file of `size` bytes.
 /// Where a file that starts like `orig` is read from when it is a copy of it: `orig`'s read
 /// position, if it has the bytes `orig` was read to (the 256 before the position are the same).
 fn copy_offset(file: &File, size: u64, orig: &Tracked) -> Option<u64> {
     let pos = orig.pos;
     (pos > 0 && size >= pos && tail_at(file, pos) == Some(orig.tail)).then_some(pos)
-}
-
-fn read_head(file: &File, size: u64) -> Vec<u8> {
-    let mut b = vec![0u8; size.min(FP_BYTES as u64) as usize];
-    let n = read_full_at(file, &mut b, 0).unwrap_or(0);
-    b.truncate(n);
-    b
-}
-
-fn mtime(m: &Metadata) -> (i64, i64) {
-    (m.mtime(), m.mtime_nsec())
-}
-
-fn path_from(bytes: &[u8]) -> PathBuf {
-    PathBuf::from(OsString::from_vec(bytes.to_vec()))
-}
-
-/// Whether `file` is the file `e` describes, at least `e.offset` long with the same bytes at its
-/// start and before the offset.
-fn same_content(file: &File, size: u64, e: &Entry) -> bool {
-    size >= e.offset
-        && hash_at(file, 0, e.fp_len as usize) == Some(e.fp)
-        && tail_at(file, e.offset) == Some(e.tail)
 }
 
 impl Tailer {
@@ -453,296 +193,6 @@ impl Tailer {
 
     fn is_tracked(&self, id: Identity) -> bool {
         self.files.iter().any(|f| f.id == id)
-    }
-
-    /// Regular files matched by `paths` and not by `exclude`, one path per identity, in pattern
-    /// order then path order.
-    fn scan(&self) -> Vec<(PathBuf, Identity)> {
-        let opts = GLOB;
-        let mut seen = HashSet::new();
-        let mut out = Vec::new();
-        for pattern in &self.s.cfg.patterns {
-            let Ok(paths) = glob::glob_with(pattern, opts) else {
-                continue;
-            };
-            for path in paths.flatten() {
-                if self.excluded(&path) {
-                    continue;
-                }
-                let Ok(meta) = std::fs::metadata(&path) else {
-                    continue;
-                };
-                if meta.is_file() && seen.insert(Identity::of(&meta)) {
-                    out.push((path, Identity::of(&meta)));
-                }
-            }
-        }
-        out
-    }
-
-    /// Whether a scan would find `path`: matched by `paths`, not by `exclude`.
-    fn matched(&self, path: &Path) -> bool {
-        !self.excluded(path)
-            && self
-                .s
-                .cfg
-                .patterns
-                .iter()
-                .any(|p| glob::Pattern::new(p).is_ok_and(|p| p.matches_path_with(path, GLOB)))
-    }
-
-    fn excluded(&self, path: &Path) -> bool {
-        self.s.cfg.exclude.iter().any(|e| {
-            if e.name_only {
-                path.file_name()
-                    .is_some_and(|n| e.pattern.matches(&n.to_string_lossy()))
-            } else {
-                e.pattern.matches_path(path)
-            }
-        })
-    }
-
-    /// Watches the directories that hold matches or may: those of the files found and those the
-    /// patterns' directory parts match.
-    fn watch_dirs(&mut self, candidates: &[(PathBuf, Identity)]) {
-        let Some(w) = self.watcher else { return };
-        let mut dirs: Vec<PathBuf> = candidates
-            .iter()
-            .filter_map(|(p, _)| p.parent().map(Path::to_path_buf))
-            .collect();
-        for pattern in &self.s.cfg.patterns {
-            let Some((parent, _)) = pattern.rsplit_once('/') else {
-                continue;
-            };
-            let parent = if parent.is_empty() { "/" } else { parent };
-            if let Ok(found) = glob::glob(parent) {
-                dirs.extend(found.flatten().filter(|d| d.is_dir()));
-            }
-        }
-        for d in dirs {
-            if self.dirs.contains_key(&d) {
-                continue;
-            }
-            match w.add(&d, watch::DIR_MASK) {
-                Ok(wd) => {
-                    self.dirs.insert(d.clone(), wd);
-                    self.dir_wds.insert(wd, d);
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => self.watch_failed = true,
-                Err(_) => {}
-            }
-        }
-    }
-
-    /// Follows the file of a checkpoint entry again: where the scan found it, renamed in its
-    /// directory, or as a copy (copy-truncate while colibri was stopped).
-    fn resume(&mut self, e: Entry, candidates: &[(PathBuf, Identity)], now: Instant) {
-        let id = Identity {
-            dev: e.dev,
-            ino: e.ino,
-        };
-        let logical = path_from(&e.path);
-        if let Some((path, _)) = candidates.iter().find(|(_, c)| *c == id) {
-            if let Some((file, meta)) = open_as(path, id) {
-                if same_content(&file, meta.len(), &e) {
-                    self.track(
-                        file,
-                        &meta,
-                        logical,
-                        e.offset,
-                        e.skipping,
-                        Role::Active,
-                        now,
-                        "checkpoint",
-                    );
-                    return;
-                }
-                // Replaced or truncated while colibri was stopped: the scan reads it from its
-                // start; the lines it had past the offset may be in a copy.
-                self.stats.truncations.fetch_add(1, Relaxed);
-                tracing::info!(source = %self.s.cfg.name, path = %path.display(), offset = e.offset, "file truncated or replaced while colibri was stopped: reading it from its start");
-            }
-            let dir = path.parent().map(Path::to_path_buf);
-            if let Some(copy) = self.recover_copy(&e, dir.as_deref(), logical, now) {
-                self.waits.insert(id, copy);
-            }
-            return;
-        }
-        // Not where the patterns look any more: renamed away (rotated) or deleted.
-        let dir = logical.parent().map(Path::to_path_buf);
-        if let Some(dir) = &dir {
-            let found = search_dir(dir, |_, m| Identity::of(m) == id);
-            if let Some(path) = found
-                && let Some((file, meta)) = open_as(&path, id)
-                && same_content(&file, meta.len(), &e)
-            {
-                self.track(
-                    file,
-                    &meta,
-                    logical,
-                    e.offset,
-                    e.skipping,
-                    Role::Rotated,
-                    now,
-                    "rotated while stopped",
-                );
-                return;
-            }
-        }
-        self.recover_copy(&e, dir.as_deref(), logical, now);
-    }
-
-    /// Looks in `dir` for a copy of the entry's file holding its bytes up to the offset, and
-    /// follows it from there: as an active file when the patterns match it (`app.log*` matches the
-    /// copy `app.log.1`), so that it is not released and then found again as a new file and read
-    /// whole; as a rotated one otherwise.
-    fn recover_copy(
-        &mut self,
-        e: &Entry,
-        dir: Option<&Path>,
-        logical: PathBuf,
-        now: Instant,
-    ) -> Option<Identity> {
-        if e.offset == 0 || e.fp_len == 0 {
-            return None;
-        }
-        let dir = dir?;
-        let tracked: HashSet<Identity> = self.files.iter().map(|f| f.id).collect();
-        let found = search_dir(dir, |path, m| {
-            !tracked.contains(&Identity::of(m))
-                && m.len() >= e.offset
-                && File::open(path).is_ok_and(|f| same_content(&f, m.len(), e))
-        });
-        if let Some(path) = found
-            && let Ok(file) = File::open(&path)
-            && let Ok(meta) = file.metadata()
-            && same_content(&file, meta.len(), e)
-        {
-            tracing::info!(source = %self.s.cfg.name, path = %logical.display(), copy = %path.display(), offset = e.offset, "reading the rest of a truncated file from its copy");
-            let copy = Identity::of(&meta);
-            let role = if self.matched(&path) {
-                Role::Active
-            } else {
-                Role::Rotated
-            };
-            self.track(
-                file, &meta, logical, e.offset, e.skipping, role, now, "copy",
-            );
-            return Some(copy);
-        }
-        None
-    }
-
-    /// Starts following a file the scan found and nobody follows yet.
-    fn discover(&mut self, path: &Path, now: Instant, first_life: bool) {
-        let file = match File::open(path) {
-            Ok(f) => f,
-            Err(e) => {
-                if self.unreadable.len() < 1000 && self.unreadable.insert(path.to_path_buf()) {
-                    tracing::warn!(source = %self.s.cfg.name, path = %path.display(), error = %e, "cannot open a matched file; it is skipped until it can be");
-                }
-                return;
-            }
-        };
-        let Ok(meta) = file.metadata() else { return };
-        if !meta.is_file() || self.is_tracked(Identity::of(&meta)) {
-            return;
-        }
-        let (pos, role, why) = if first_life && self.s.cfg.start_at == StartAt::End {
-            (meta.len(), Role::Active, "new, start_at end")
-        } else {
-            (0, Role::New { since: now }, "new")
-        };
-        self.track(file, &meta, path.to_path_buf(), pos, false, role, now, why);
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn track(
-        &mut self,
-        file: File,
-        meta: &Metadata,
-        path: PathBuf,
-        pos: u64,
-        skipping: bool,
-        role: Role,
-        now: Instant,
-        why: &str,
-    ) {
-        let id = Identity::of(meta);
-        let head = read_head(&file, meta.len());
-        let tail = tail_at(&file, pos).unwrap_or(0);
-        let wd = match self.watcher {
-            Some(w) => match w.add_fd(file.as_raw_fd(), watch::FILE_MASK) {
-                Ok(wd) => {
-                    self.file_wds.insert(wd, id);
-                    Some(wd)
-                }
-                Err(_) => {
-                    self.watch_failed = true;
-                    None
-                }
-            },
-            None => None,
-        };
-        tracing::info!(source = %self.s.cfg.name, path = %path.display(), offset = pos, size = meta.len(), why, "following file");
-        self.stats.files_opened.fetch_add(1, Relaxed);
-        self.files.push(Tracked {
-            id,
-            path_json: record::json_string(&path.to_string_lossy()),
-            path,
-            file,
-            head,
-            pos,
-            seen: pos,
-            mtime: (i64::MIN, 0),
-            tail,
-            skipping,
-            group: Assembler::default(),
-            role,
-            dirty: true,
-            verify: true,
-            wd,
-            idle_since: now,
-            wait_for: self.waits.remove(&id),
-        });
-        self.changed = true;
-    }
-
-    /// Expands the globs again: new files are followed, followed files no longer matched are
-    /// rotated (read to their end, then released).
-    fn rescan(&mut self, now: Instant) {
-        self.rescan_wanted = false;
-        let candidates = self.scan();
-        let present: HashSet<Identity> = candidates.iter().map(|(_, id)| *id).collect();
-        for f in &mut self.files {
-            let here = present.contains(&f.id);
-            match f.role {
-                Role::Rotated if here => f.role = Role::Active,
-                Role::New { .. } | Role::Held { .. } if !here => {
-                    // Gone before it was read: read it whole.
-                    f.role = Role::Rotated;
-                    f.dirty = true;
-                    f.verify = true;
-                    f.idle_since = now;
-                }
-                Role::Active if !here => {
-                    f.role = Role::Rotated;
-                    f.dirty = true;
-                    f.verify = true;
-                    f.idle_since = now;
-                    self.stats.rotations.fetch_add(1, Relaxed);
-                    tracing::info!(source = %self.s.cfg.name, path = %f.path.display(), offset = f.pos, "file rotated or deleted: reading it to its end");
-                }
-                _ => {}
-            }
-        }
-        let tracked: HashSet<Identity> = self.files.iter().map(|f| f.id).collect();
-        for (path, id) in &candidates {
-            if !tracked.contains(id) {
-                self.discover(path, now, false);
-            }
-        }
-        self.watch_dirs(&candidates);
     }
 
     pub fn apply(&mut self, input: &StepInput) {
@@ -996,7 +446,13 @@ impl Tailer {
             if let Some(g) = f.group.pending.take() {
                 // The file is read again from its start: its pending group goes now, even past
                 // the batch's limits (by one record).
-                offer_group(&self.s, &self.stats, &f.path_json, batch, &g, now, true);
+                let emit = Emit {
+                    s: &self.s,
+                    stats: &self.stats,
+                    path_json: &f.path_json,
+                    now,
+                };
+                emit.offer_group(batch, &g, true);
             }
             (f.id, f.pos, f.tail, f.head.clone())
         };
@@ -1126,18 +582,18 @@ impl Tailer {
                 f.skipping,
                 max_line,
                 |line, offset, truncated| {
-                    let taken = take_line(
+                    let emit = Emit {
                         s,
                         stats,
-                        group,
                         path_json,
-                        batch,
-                        line,
+                        now,
+                    };
+                    let line = Line {
+                        bytes: line,
                         offset,
                         truncated,
-                        now,
-                        || window_hash(offset),
-                    );
+                    };
+                    let taken = emit.take_line(group, batch, line, || window_hash(offset));
                     stopped = !taken;
                     taken
                 },
@@ -1176,7 +632,13 @@ impl Tailer {
                 if !f.dirty
                     && f.group.deadline(ml).is_some_and(|d| d <= now)
                     && let Some(g) = &f.group.pending
-                    && offer_group(&self.s, &self.stats, &f.path_json, batch, g, now, false)
+                    && (Emit {
+                        s: &self.s,
+                        stats: &self.stats,
+                        path_json: &f.path_json,
+                        now,
+                    })
+                    .offer_group(batch, g, false)
                 {
                     f.group.pending = None;
                     self.changed = true;
@@ -1287,25 +749,31 @@ impl Tailer {
             let Tracked {
                 group, path_json, ..
             } = f;
-            if !take_line(
-                &self.s,
-                &self.stats,
-                group,
+            let emit = Emit {
+                s: &self.s,
+                stats: &self.stats,
                 path_json,
-                batch,
-                cut,
-                f.pos,
-                truncated,
                 now,
-                || tail,
-            ) {
+            };
+            let line = Line {
+                bytes: cut,
+                offset: f.pos,
+                truncated,
+            };
+            if !emit.take_line(group, batch, line, || tail) {
                 return false;
             }
             f.pos = f.seen;
             self.changed = true;
         }
         if let Some(g) = &f.group.pending {
-            if !offer_group(&self.s, &self.stats, &f.path_json, batch, g, now, false) {
+            let emit = Emit {
+                s: &self.s,
+                stats: &self.stats,
+                path_json: &f.path_json,
+                now,
+            };
+            if !emit.offer_group(batch, g, false) {
                 return false;
             }
             f.group.pending = None;
@@ -1320,148 +788,6 @@ impl Tailer {
         self.changed = true;
         true
     }
-}
-
-/// Opens `path` if it still is the file `id`.
-fn open_as(path: &Path, id: Identity) -> Option<(File, Metadata)> {
-    let file = File::open(path).ok()?;
-    let meta = file.metadata().ok()?;
-    (meta.is_file() && Identity::of(&meta) == id).then_some((file, meta))
-}
-
-/// The first regular file in `dir` (at most [`DIR_SEARCH_LIMIT`] entries looked at) that `pred`
-/// accepts.
-fn search_dir(dir: &Path, mut pred: impl FnMut(&Path, &Metadata) -> bool) -> Option<PathBuf> {
-    let entries = std::fs::read_dir(dir).ok()?;
-    for entry in entries.flatten().take(DIR_SEARCH_LIMIT) {
-        let path = entry.path();
-        if let Ok(m) = std::fs::metadata(&path)
-            && m.is_file()
-            && pred(&path, &m)
-        {
-            return Some(path);
-        }
-    }
-    None
-}
-
-/// Takes one line of a file into its multiline group or, without multiline, into the batch as a
-/// record. False when the batch has no room for what the line completes (nothing changed then).
-#[allow(clippy::too_many_arguments)]
-fn take_line(
-    s: &Settings,
-    stats: &TailStats,
-    group: &mut Assembler,
-    path_json: &str,
-    batch: &mut Batch,
-    line: &[u8],
-    offset: u64,
-    truncated: bool,
-    now: Instant,
-    tail: impl FnOnce() -> u64,
-) -> bool {
-    match &s.cfg.multiline {
-        Some(ml) => {
-            let starts = ml.start.is_match(&record::text(line));
-            if group.completes(ml, line.len(), starts) {
-                let g = group
-                    .pending
-                    .as_ref()
-                    .expect("completes only a pending group");
-                if !offer_group(s, stats, path_json, batch, g, now, false) {
-                    return false;
-                }
-                group.pending = None;
-            }
-            group.push(ml, line, offset, truncated, starts, now, tail);
-        }
-        None => {
-            let text = record::text(line);
-            if !offer(
-                s, stats, path_json, batch, &text, &text, offset, 1, truncated, now, false,
-            ) {
-                return false;
-            }
-        }
-    }
-    stats.lines_read.fetch_add(1, Relaxed);
-    if truncated {
-        stats.truncated_lines.fetch_add(1, Relaxed);
-    }
-    true
-}
-
-#[allow(clippy::too_many_arguments)]
-fn offer_group(
-    s: &Settings,
-    stats: &TailStats,
-    path_json: &str,
-    batch: &mut Batch,
-    g: &Group,
-    now: Instant,
-    force: bool,
-) -> bool {
-    let text = record::text(&g.text);
-    let first = match text.find('\n') {
-        Some(i) => &text[..i],
-        None => &text[..],
-    };
-    offer(
-        s,
-        stats,
-        path_json,
-        batch,
-        &text,
-        first,
-        g.offset,
-        g.lines,
-        g.truncated,
-        now,
-        force,
-    )
-}
-
-/// Filters a record and, when kept, adds it to the batch if it fits (or `force`). False when it
-/// did not fit (nothing changed then).
-#[allow(clippy::too_many_arguments)]
-fn offer(
-    s: &Settings,
-    stats: &TailStats,
-    path_json: &str,
-    batch: &mut Batch,
-    text: &str,
-    first: &str,
-    offset: u64,
-    lines: u32,
-    truncated: bool,
-    now: Instant,
-    force: bool,
-) -> bool {
-    if !s.cfg.filter.is_empty() && !s.cfg.filter.keeps(text, first) {
-        stats.filtered_lines.fetch_add(u64::from(lines), Relaxed);
-        return true;
-    }
-    let mut rec = record::encode(text, path_json, offset, lines, truncated, &s.extra);
-    let mut cut = false;
-    if rec.len() > s.record_limit {
-        // Only for streams whose max_bytes is smaller than a line: cut it to what surely fits
-        // (escaping can make a byte six).
-        let room = s
-            .record_limit
-            .saturating_sub(path_json.len() + s.extra.len() + 80)
-            / 6;
-        let text = record::text(record::cut_at_char(text.as_bytes(), room));
-        rec = record::encode(&text, path_json, offset, lines, true, &s.extra);
-        cut = !truncated;
-    }
-    if !force && !batch.fits(&[rec.len()]) {
-        return false;
-    }
-    if cut {
-        stats.truncated_lines.fetch_add(1, Relaxed);
-    }
-    batch.push(rec, now);
-    true
 }
 
 impl Drop for Tailer {

@@ -75,8 +75,8 @@ pub struct Needs<'a> {
     pub sink_settings: bool,
 }
 
-/// Counters of one task, kept across its runs and across reloads (by name; see [`stats`]), and
-/// exposed as metrics.
+/// Counters of one task, kept across its runs and across reloads that change it (the agent's
+/// `Registry`, by name; a reload that removes the task drops them), and exposed as metrics.
 #[derive(Debug)]
 pub struct TaskStats {
     pub ok: AtomicU64,
@@ -105,35 +105,6 @@ impl Default for TaskStats {
             duration: crate::metrics::Histogram::new(crate::metrics::TASK_BUCKETS),
         }
     }
-}
-
-fn registry() -> &'static std::sync::Mutex<std::collections::BTreeMap<String, Arc<TaskStats>>> {
-    static REGISTRY: std::sync::OnceLock<
-        std::sync::Mutex<std::collections::BTreeMap<String, Arc<TaskStats>>>,
-    > = std::sync::OnceLock::new();
-    REGISTRY.get_or_init(Default::default)
-}
-
-/// The counters of the task `name`, created on first use; a task changed by a reload keeps them.
-pub fn stats(name: &str) -> Arc<TaskStats> {
-    let mut all = registry().lock().unwrap_or_else(|e| e.into_inner());
-    Arc::clone(all.entry(name.to_string()).or_default())
-}
-
-/// Every task's counters, by name.
-pub fn all_stats() -> Vec<(String, Arc<TaskStats>)> {
-    let all = registry().lock().unwrap_or_else(|e| e.into_inner());
-    all.iter()
-        .map(|(k, v)| (k.clone(), Arc::clone(v)))
-        .collect()
-}
-
-/// Drops the counters of a task a reload removed, so its series leave the metrics.
-pub fn forget_stats(name: &str) {
-    registry()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(name);
 }
 
 /// How one attempt ended.

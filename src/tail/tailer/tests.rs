@@ -6,9 +6,11 @@ use super::*;
 use std::io::Write;
 use std::time::Duration;
 
+use crate::tail::batch::Limits;
+use crate::tail::identity::same_content;
 use crate::tail::lines::MultilineConfig;
 use crate::tail::record::Filter;
-use crate::tail::{Exclude, StartAt, WatchMode};
+use crate::tail::{Exclude, StartAt, TailConfig, WatchMode};
 
 fn config(dir: &Path, patterns: &[&str]) -> TailConfig {
     TailConfig {
@@ -670,49 +672,4 @@ fn a_batch_holds_what_the_stream_takes_in_one_append() {
         r.checkpoint().files[0].offset,
         numbered("a", 0, 20).len() as u64
     );
-}
-
-#[test]
-fn batches_count_jobs_as_the_store_cuts_them() {
-    let mut b = Batch::new(Limits {
-        job_records: 2,
-        job_bytes: 100,
-        jobs: 2,
-        records: 10,
-        bytes: 1000,
-    });
-    let now = Instant::now();
-    assert!(b.fits(&[500]), "a first record always fits");
-    b.push(vec![b'x'; 60], now);
-    b.push(vec![b'x'; 30], now); // job 1: 2 records
-    assert!(!b.is_full());
-    b.push(vec![b'x'; 60], now); // job 2
-    assert!(b.fits(&[40]), "fits in job 2 by records and bytes");
-    assert!(!b.fits(&[41]), "would open job 3");
-    assert!(b.is_full(), "a refusal makes it full");
-    let b = Batch::new(b.limits).take();
-    assert!(b.records.is_empty() && !b.is_full());
-    // Past `bytes`, no new job; never past twice `bytes`.
-    let mut b = Batch::new(Limits {
-        job_records: 2,
-        job_bytes: 100,
-        jobs: 10,
-        records: 100,
-        bytes: 100,
-    });
-    for len in [60, 30, 10, 10] {
-        assert!(b.fits(&[len]), "{len}");
-        b.push(vec![0; len], now);
-    }
-    assert!(!b.fits(&[5]), "a third job past 100 bytes");
-    let mut b = Batch::new(b.limits);
-    b.push(vec![0; 10], now);
-    assert!(b.fits(&[90]) && !b.fits(&[190]), "twice the bytes at most");
-    let mut b = Batch::new(Limits {
-        records: 2,
-        ..Limits::default()
-    });
-    b.push(vec![1], now);
-    b.push(vec![1], now);
-    assert!(b.is_full() && !b.would_fit(&[1]));
 }

@@ -1,0 +1,218 @@
+//! The admin endpoint (`admin:`, on by default on 127.0.0.1:9464): `GET /metrics` (Prometheus
+//! text), `GET /healthz` (the process answers), `GET /readyz` (the store is open and the scheduler
+//! runs; 503 with the reason otherwise), `POST /-/reload` (the same all-or-nothing reload as
+//! SIGHUP; the answer says what happened). A non-loopback address is refused at load unless
+//! `allow_remote: true` and a token; with a token, `/metrics` and `/-/reload` need it (Bearer).
+//!
+//! This file owns the routes, the bearer token check and the listener's settings (its connections
+//! are `crate::net::server`'s). What the endpoint reads is [`state`]'s [`AgentState`]; the page of
+//! `/metrics` is [`render`]'s. It changes nothing itself: a reload is a request to the agent's
+//! main loop, which owns the running parts. Started by `agent`.
+
+mod render;
+mod state;
+
+pub use render::render;
+pub use state::{AgentState, Live, ReloadReport, ReloadRequest, ReloadResult};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::admin::AdminConfig;
+
+/// Connections served at once; past that the one idle longest is closed for a newcomer.
+const MAX_CONNECTIONS: usize = 64;
+/// From accept to a complete request header (a scraper that stalls does not hold a slot long).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A kept-alive connection between requests.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// hyper's read buffer per connection: request headers must fit.
+const MAX_BUF: usize = 16 << 10;
+/// The body of `POST /-/reload` is not used: at most this much of it is read.
+const MAX_RELOAD_BODY: usize = 64 << 10;
+/// How long `/readyz` and the metrics wait for the store writer's snapshot.
+const STORE_ANSWER: Duration = Duration::from_secs(5);
+
+/// Binds the listener (a taken port stops colibri's start) and serves until `stopping`.
+pub async fn start(
+    config: AdminConfig,
+    state: Arc<AgentState>,
+    stopping: CancellationToken,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = crate::net::server::bind(config.listen)
+        .with_context(|| format!("cannot listen on {} (admin.listen)", config.listen))?;
+    let local = listener
+        .local_addr()
+        .context("the listener has no address")?;
+    tracing::info!(listen = %local, token = config.token.is_some(), "admin endpoint listening");
+    let config = Arc::new(config);
+    let limits = crate::net::server::Limits {
+        name: "admin",
+        max_connections: MAX_CONNECTIONS,
+        header_timeout: HEADER_TIMEOUT,
+        idle_timeout: IDLE_TIMEOUT,
+        max_buf: MAX_BUF,
+    };
+    let handler = move |req, peer| {
+        let (state, config) = (Arc::clone(&state), Arc::clone(&config));
+        async move { handle(req, &state, &config, peer).await }
+    };
+    let task = tokio::spawn(crate::net::server::serve(
+        listener, limits, stopping, handler,
+    ));
+    Ok((local, task))
+}
+
+/// A request without the token: one WARN, then a count per minute (a scanner trying tokens must
+/// not flood the log).
+fn log_unauthorized(path: &str, peer: SocketAddr) {
+    let first = crate::logging::summary::first("admin 401", 1, Duration::from_secs(60), || {
+        |n, _, window| {
+            tracing::warn!(
+                status = 401,
+                repeated = n,
+                "admin request refused: {n} more like it in the last {}s",
+                crate::logging::summary::secs(window)
+            )
+        }
+    });
+    if first {
+        tracing::warn!(status = 401, path, %peer, reason = "no or wrong bearer token", "admin request refused");
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<bytes::Bytes>> {
+    let mut r = Response::new(Full::new(bytes::Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    state: &AgentState,
+    config: &AdminConfig,
+    peer: SocketAddr,
+) -> Response<Full<bytes::Bytes>> {
+    let path = req.uri().path().to_string();
+    let allowed = match path.as_str() {
+        "/metrics" | "/healthz" | "/readyz" => Method::GET,
+        "/-/reload" => Method::POST,
+        _ => {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz; POST /-/reload)\n"
+                ),
+            );
+        }
+    };
+    if req.method() != allowed && !(allowed == Method::GET && req.method() == Method::HEAD) {
+        let mut r = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{path} takes {allowed}\n"),
+        );
+        r.headers_mut().insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static(if allowed == Method::GET {
+                "GET, HEAD"
+            } else {
+                "POST"
+            }),
+        );
+        return r;
+    }
+    let guarded = matches!(path.as_str(), "/metrics" | "/-/reload");
+    if guarded && let Some(token) = &config.token {
+        let given = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        if !given.is_some_and(|g| token.matches(g)) {
+            log_unauthorized(&path, peer);
+            let mut r = text(
+                StatusCode::UNAUTHORIZED,
+                "this endpoint needs Authorization: Bearer <admin.token>\n".into(),
+            );
+            r.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                hyper::header::HeaderValue::from_static("Bearer"),
+            );
+            return r;
+        }
+    }
+    match path.as_str() {
+        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/readyz" => match state.not_ready(STORE_ANSWER).await {
+            None => text(StatusCode::OK, "ready\n".into()),
+            Some(why) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}\n"),
+            ),
+        },
+        "/metrics" => {
+            let mut r = text(StatusCode::OK, render(state).await);
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            r
+        }
+        _ => {
+            // The body is not used; read (a little of) it so the connection stays usable.
+            let body = http_body_util::Limited::new(req.into_body(), MAX_RELOAD_BODY);
+            if tokio::time::timeout(IDLE_TIMEOUT, body.collect())
+                .await
+                .map_or(true, |r| r.is_err())
+            {
+                let mut r = text(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "POST /-/reload takes no body (at most {MAX_RELOAD_BODY} bytes of one are read)\n"
+                    ),
+                );
+                r.headers_mut().insert(
+                    hyper::header::CONNECTION,
+                    hyper::header::HeaderValue::from_static("close"),
+                );
+                return r;
+            }
+            let (reply, rx) = oneshot::channel();
+            if state.reloads.send(ReloadRequest { reply }).await.is_err() {
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "colibri is stopping\n".into(),
+                );
+            }
+            match rx.await {
+                Ok(Ok(report)) => {
+                    let mut body = format!("reloaded: generation {}\n", report.generation);
+                    for c in &report.changes {
+                        body.push_str(c);
+                        body.push('\n');
+                    }
+                    text(StatusCode::OK, body)
+                }
+                Ok(Err(problems)) => text(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!("reload refused, the running config stays:\n{problems}\n"),
+                ),
+                Err(_) => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "colibri is stopping\n".into(),
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,498 @@
+//! The page of `GET /metrics`: every counter colibri keeps (the process, the config's
+//! generation, tasks, streams through a store snapshot, sinks, the store writer, tail sources)
+//! written in the Prometheus text format of `crate::metrics`. Most families have one sample per
+//! task, stream, sink or source; they are written through [`Items`], so a family is one row of a
+//! table and adding a counter is adding a row.
+//!
+//! It reads and never changes: the counters live with the code that counts them (reached through
+//! [`AgentState`]). The families and their types are documented in `deploy/prometheus/metrics.txt`
+//! and must stay the same. Called by the `/metrics` route.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::SystemTime;
+
+use super::STORE_ANSWER;
+use super::state::{AgentState, unix_s};
+use crate::config::Config;
+use crate::delivery::SinkRuntime;
+use crate::metrics::{Histogram, Kind, Text};
+use crate::store::Counters;
+use crate::store::writer::{Snapshot, StoreHandle};
+use crate::tail::TailStats;
+use crate::task::TaskStats;
+
+/// The whole metrics page.
+pub async fn render(state: &AgentState) -> String {
+    let mut t = Text::default();
+    let live = state.live.load();
+    t.family(
+        "colibri_build_info",
+        Kind::Gauge,
+        "colibri's version (always 1).",
+    );
+    t.sample(
+        "colibri_build_info",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1.0,
+    );
+    process_metrics(&mut t, state.started);
+    config_metrics(&mut t, state, &live.config);
+    task_metrics(&mut t, &state.task_stats.all());
+    let snap = match &state.store {
+        Some(s) => tokio::time::timeout(STORE_ANSWER, s.snapshot())
+            .await
+            .ok()
+            .and_then(Result::ok),
+        None => None,
+    };
+    if let Some(snap) = &snap {
+        stream_metrics(&mut t, snap);
+    }
+    sink_metrics(&mut t, &live.sinks, snap.as_ref());
+    if let Some(store) = &state.store {
+        store_metrics(&mut t, store, snap.as_ref(), &live.config);
+    }
+    source_metrics(&mut t, &state.source_stats.all());
+    t.finish()
+}
+
+/// What a family reads of one item.
+type Read<T> = fn(&T) -> u64;
+
+/// The parts of a family split by a second label: that label's value and what it reads.
+type Parts<T> = [(&'static str, Read<T>)];
+
+/// The items of the families that have one sample each per task, stream, sink or source: the
+/// label that names them (`task`, `stream`, ...) and, per item, that name and what is read.
+struct Items<'a, T> {
+    label: &'static str,
+    items: Vec<(&'a str, &'a T)>,
+}
+
+impl<T> Items<'_, T> {
+    /// One family, a sample per item.
+    fn family(&self, t: &mut Text, metric: &str, kind: Kind, help: &str, read: impl Fn(&T) -> u64) {
+        t.family(metric, kind, help);
+        for (name, item) in &self.items {
+            t.sample(metric, &[(self.label, name)], read(item) as f64);
+        }
+    }
+
+    /// A family per row of `rows`: (name, help, what it reads).
+    fn families(&self, t: &mut Text, kind: Kind, rows: &[(&str, &str, Read<T>)]) {
+        for (metric, help, read) in rows {
+            self.family(t, metric, kind, help, read);
+        }
+    }
+
+    /// One family whose samples are split per item by a second label `by` (an outcome, a
+    /// queue, a reason): a sample per item and part, in that order.
+    fn split(
+        &self,
+        t: &mut Text,
+        metric: &str,
+        kind: Kind,
+        help: &str,
+        by: &str,
+        parts: &Parts<T>,
+    ) {
+        t.family(metric, kind, help);
+        for (name, item) in &self.items {
+            for (part, read) in parts {
+                t.sample(metric, &[(self.label, name), (by, part)], read(item) as f64);
+            }
+        }
+    }
+
+    /// A histogram family, one histogram per item.
+    fn histograms(&self, t: &mut Text, metric: &str, help: &str, read: fn(&T) -> &Histogram) {
+        t.family(metric, Kind::Histogram, help);
+        for (name, item) in &self.items {
+            t.histogram(metric, &[(self.label, name)], read(item));
+        }
+    }
+}
+
+fn process_metrics(t: &mut Text, started: SystemTime) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let rss_kib: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    t.single(
+        "colibri_process_resident_memory_bytes",
+        Kind::Gauge,
+        "Resident memory of the colibri process.",
+        rss_kib * 1024.0,
+    );
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    t.single(
+        "colibri_process_open_fds",
+        Kind::Gauge,
+        "Open file descriptors.",
+        fds as f64,
+    );
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11..13).map_or(0.0, |v| {
+        v.iter().filter_map(|x| x.parse::<f64>().ok()).sum()
+    });
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    t.single(
+        "colibri_process_cpu_seconds_total",
+        Kind::Counter,
+        "User and system CPU time.",
+        if hz > 0.0 { ticks / hz } else { 0.0 },
+    );
+    t.single(
+        "colibri_process_start_time_seconds",
+        Kind::Gauge,
+        "When the process started, Unix seconds.",
+        unix_s(started) as f64,
+    );
+}
+
+fn config_metrics(t: &mut Text, state: &AgentState, config: &Config) {
+    t.single(
+        "colibri_config_generation",
+        Kind::Gauge,
+        "The running config: 1 at start, +1 per successful reload.",
+        state.generation.load(Relaxed) as f64,
+    );
+    t.single(
+        "colibri_config_last_reload_successful",
+        Kind::Gauge,
+        "Whether the last reload was applied (1) or refused (0).",
+        f64::from(u8::from(state.last_reload_ok.load(Relaxed))),
+    );
+    t.single(
+        "colibri_config_last_reload_success_timestamp_seconds",
+        Kind::Gauge,
+        "When a config was last applied (the start, or a reload), Unix seconds.",
+        state.last_success_s.load(Relaxed) as f64,
+    );
+    t.single(
+        "colibri_config_last_reload_failure_timestamp_seconds",
+        Kind::Gauge,
+        "When a reload was last refused, Unix seconds (0: never).",
+        state.last_failure_s.load(Relaxed) as f64,
+    );
+    t.family(
+        "colibri_config_info",
+        Kind::Gauge,
+        "The running config file's SHA-256 (always 1).",
+    );
+    t.sample("colibri_config_info", &[("sha256", &config.sha256)], 1.0);
+}
+
+fn task_metrics(t: &mut Text, stats: &[(String, Arc<TaskStats>)]) {
+    let tasks = Items {
+        label: "task",
+        items: stats.iter().map(|(n, s)| (n.as_str(), &**s)).collect(),
+    };
+    tasks.split(
+        t,
+        "colibri_task_runs_total",
+        Kind::Counter,
+        "Finished task runs by outcome (retries are part of one run).",
+        "outcome",
+        &[
+            ("ok", |s| s.ok.load(Relaxed)),
+            ("failed", |s| s.failed.load(Relaxed)),
+            ("timeout", |s| s.timeouts.load(Relaxed)),
+            ("cancelled", |s| s.cancelled.load(Relaxed)),
+        ],
+    );
+    tasks.families(
+        t,
+        Kind::Counter,
+        &[
+            (
+                "colibri_task_skipped_total",
+                "Runs skipped because the previous run was still going.",
+                |s| s.skipped.load(Relaxed),
+            ),
+            (
+                "colibri_task_retries_total",
+                "Attempts after a run's first.",
+                |s| s.retries.load(Relaxed),
+            ),
+        ],
+    );
+    tasks.histograms(
+        t,
+        "colibri_task_duration_seconds",
+        "How long task runs took, retries included.",
+        |s| &s.duration,
+    );
+}
+
+fn stream_metrics(t: &mut Text, snap: &Snapshot) {
+    let streams = Items {
+        label: "stream",
+        items: snap
+            .streams
+            .iter()
+            .map(|(c, n)| (c.name.as_str(), n))
+            .collect(),
+    };
+    let queues: [(&str, &str, &Parts<Counters>); 3] = [
+        (
+            "colibri_stream_jobs",
+            "Transfer jobs in a stream's queue now.",
+            &[
+                ("ready", |c| c.ready_jobs),
+                ("retry", |c| c.retry_jobs),
+                ("dead", |c| c.dead_jobs),
+            ],
+        ),
+        (
+            "colibri_stream_records",
+            "Records in a stream's queue now.",
+            &[
+                ("ready", |c| c.ready_records),
+                ("retry", |c| c.retry_records),
+                ("dead", |c| c.dead_records),
+            ],
+        ),
+        (
+            "colibri_stream_bytes",
+            "Bytes in a stream's queue now (spooled files included).",
+            &[
+                ("ready", |c| c.ready_bytes),
+                ("retry", |c| c.retry_bytes),
+                ("dead", |c| c.dead_bytes),
+            ],
+        ),
+    ];
+    for (metric, help, parts) in &queues {
+        streams.split(t, metric, Kind::Gauge, help, "queue", parts);
+    }
+    streams.families(
+        t,
+        Kind::Counter,
+        &[
+            (
+                "colibri_stream_appended_records_total",
+                "Records accepted into the stream (durable).",
+                |c| c.appended_records,
+            ),
+            (
+                "colibri_stream_delivered_records_total",
+                "Records its sink acknowledged.",
+                |c| c.delivered_records,
+            ),
+            (
+                "colibri_stream_delivered_bytes_total",
+                "Stored bytes of the jobs delivered.",
+                |c| c.delivered_bytes,
+            ),
+            (
+                "colibri_stream_expired_records_total",
+                "Records deleted for being older than the stream's ttl.",
+                |c| c.expired_records,
+            ),
+            (
+                "colibri_stream_quarantined_records_total",
+                "Records of jobs that failed their checksum, moved to quarantine.",
+                |c| c.quarantined_records,
+            ),
+            (
+                "colibri_stream_dead_lettered_records_total",
+                "Records moved to the dead letters.",
+                |c| c.dead_lettered_records,
+            ),
+            (
+                "colibri_stream_retried_attempts_total",
+                "Failed delivery attempts that went to retry.",
+                |c| c.retried_attempts,
+            ),
+        ],
+    );
+    streams.split(
+        t,
+        "colibri_stream_dropped_records_total",
+        Kind::Counter,
+        "Records dropped, by reason: oldest/newest (when_full), purged (by an operator), dead_full (the dead-letter table's bound).",
+        "reason",
+        &[
+            ("oldest", |c| c.dropped_oldest_records),
+            ("newest", |c| c.dropped_newest_records),
+            ("purged", |c| c.dropped_purged_records),
+            ("dead_full", |c| c.dropped_dead_full_records),
+        ],
+    );
+}
+
+fn sink_metrics(t: &mut Text, sinks: &[Arc<SinkRuntime>], snap: Option<&Snapshot>) {
+    let sinks = Items {
+        label: "sink",
+        items: sinks.iter().map(|rt| (rt.sink.name(), &**rt)).collect(),
+    };
+    sinks.split(
+        t,
+        "colibri_sink_requests_total",
+        Kind::Counter,
+        "Requests by result: ok (2xx), transport (no answer; no attempt spent), retryable (5xx/408/429), too_large (413), rejected (other 4xx).",
+        "result",
+        &[
+            ("ok", |rt| rt.stats.requests_ok.load(Relaxed)),
+            ("transport", |rt| rt.stats.requests_transport.load(Relaxed)),
+            ("retryable", |rt| rt.stats.requests_retryable.load(Relaxed)),
+            ("too_large", |rt| rt.stats.requests_too_large.load(Relaxed)),
+            ("rejected", |rt| rt.stats.requests_rejected.load(Relaxed)),
+        ],
+    );
+    sinks.families(
+        t,
+        Kind::Counter,
+        &[
+            (
+                "colibri_sink_failed_attempts_total",
+                "Failed attempts that count against retry.max_attempts.",
+                |rt| rt.stats.attempts_failed.load(Relaxed),
+            ),
+            (
+                "colibri_sink_dead_lettered_records_total",
+                "Records the sink's failures sent to the dead letters.",
+                |rt| rt.stats.dead_lettered_records.load(Relaxed),
+            ),
+            (
+                "colibri_sink_delivered_records_total",
+                "Records delivered.",
+                |rt| rt.stats.records_delivered.load(Relaxed),
+            ),
+            (
+                "colibri_sink_delivered_bytes_total",
+                "Request body bytes delivered (after compression).",
+                |rt| rt.stats.bytes_delivered.load(Relaxed),
+            ),
+        ],
+    );
+    sinks.histograms(
+        t,
+        "colibri_sink_request_duration_seconds",
+        "Requests from sending to the answer or the failure.",
+        |rt| &rt.stats.request_duration,
+    );
+    sinks.family(
+        t,
+        "colibri_sink_link_up",
+        Kind::Gauge,
+        "Whether the sink's destination answers (1), or deliveries wait for it (0).",
+        |rt| u64::from(rt.link.is_up()),
+    );
+    sinks.family(
+        t,
+        "colibri_sink_link_transitions_total",
+        Kind::Counter,
+        "Link state changes, down and up (an outage counts two once it is over).",
+        SinkRuntime::transitions,
+    );
+    sinks.family(
+        t,
+        "colibri_sink_replay_backlog_records",
+        Kind::Gauge,
+        "Records waiting in streams whose backlog is being replayed (after an outage or at start).",
+        |rt| snap.map_or(0, |s| rt.replay_backlog(s)),
+    );
+}
+
+fn store_metrics(t: &mut Text, store: &StoreHandle, snap: Option<&Snapshot>, config: &Config) {
+    let s = store.stats();
+    t.single(
+        "colibri_store_commits_total",
+        Kind::Counter,
+        "Store commits that reached the disk (one fsync each).",
+        s.commits.load(Relaxed) as f64,
+    );
+    t.single(
+        "colibri_store_failed_commits_total",
+        Kind::Counter,
+        "Store commits that failed (nothing in them was acknowledged).",
+        s.failed_commits.load(Relaxed) as f64,
+    );
+    t.family(
+        "colibri_store_commit_duration_seconds",
+        Kind::Histogram,
+        "Store commits, fsync included.",
+    );
+    t.histogram(
+        "colibri_store_commit_duration_seconds",
+        &[],
+        &s.commit_duration,
+    );
+    t.single(
+        "colibri_store_file_bytes",
+        Kind::Gauge,
+        "Size of the store's database file.",
+        snap.map_or(0, |s| s.file_bytes) as f64,
+    );
+    t.single(
+        "colibri_storage_used_bytes",
+        Kind::Gauge,
+        "Bytes the streams hold (ready, retry, dead; spooled files included), counted against storage.max_bytes.",
+        snap.map_or(0, |s| s.stored_bytes) as f64,
+    );
+    t.single(
+        "colibri_storage_max_bytes",
+        Kind::Gauge,
+        "storage.max_bytes.",
+        config.storage.max_bytes as f64,
+    );
+    t.single(
+        "colibri_storage_free_disk_bytes",
+        Kind::Gauge,
+        "Free bytes on the data directory's filesystem.",
+        crate::files::free_bytes(&config.data_dir).unwrap_or(0) as f64,
+    );
+    t.single(
+        "colibri_storage_min_free_bytes",
+        Kind::Gauge,
+        "storage.min_free: below it every stream is full.",
+        config.storage.min_free as f64,
+    );
+}
+
+fn source_metrics(t: &mut Text, stats: &[(String, Arc<TailStats>)]) {
+    let sources = Items {
+        label: "source",
+        items: stats.iter().map(|(n, s)| (n.as_str(), &**s)).collect(),
+    };
+    sources.families(
+        t,
+        Kind::Counter,
+        &[
+            (
+                "colibri_source_lines_total",
+                "Lines a tail source read.",
+                |s| s.lines_read.load(Relaxed),
+            ),
+            (
+                "colibri_source_records_total",
+                "Records a tail source appended (durable).",
+                |s| s.records_appended.load(Relaxed),
+            ),
+            (
+                "colibri_source_filtered_lines_total",
+                "Lines dropped by include_lines, exclude_lines or min_level.",
+                |s| s.filtered_lines.load(Relaxed),
+            ),
+            (
+                "colibri_source_truncated_lines_total",
+                "Lines cut at max_line_bytes.",
+                |s| s.truncated_lines.load(Relaxed),
+            ),
+            (
+                "colibri_source_rotations_total",
+                "Followed files renamed away or deleted.",
+                |s| s.rotations.load(Relaxed),
+            ),
+        ],
+    );
+}

@@ -1,0 +1,209 @@
+//! What one append to the store carries: a [`Batch`] of encoded records with the checkpoint that
+//! covers them, and its [`Limits`], which follow how the store cuts an append into jobs so a
+//! batch is never refused for its size.
+//!
+//! It does not read files or make records (`tailer.rs` and `emit.rs` do) nor append (the driver
+//! in `mod.rs` does).
+
+use std::time::Instant;
+
+/// An append starts no new job past this many bytes (and holds at most twice as many): whole
+/// jobs of the stream's `batch` size where they are smaller, otherwise about this much. Larger
+/// appends gain nothing (the commit's fsync is already a small part) and cost memory.
+pub const APPEND_BYTES: usize = 256 << 10;
+pub const APPEND_RECORDS: usize = 8192;
+
+/// How much one append may carry. The store cuts an append into jobs of `job_records` /
+/// `job_bytes` and refuses (or, under `block`, parks) one with more jobs than the stream holds, so
+/// a batch is kept to half the stream's `max_jobs` and `max_bytes`. Past `bytes` it starts no new
+/// job; it never holds more than twice `bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub job_records: usize,
+    pub job_bytes: usize,
+    pub jobs: usize,
+    pub records: usize,
+    pub bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            job_records: 1000,
+            job_bytes: 1 << 20,
+            jobs: usize::MAX,
+            records: APPEND_RECORDS,
+            bytes: APPEND_BYTES,
+        }
+    }
+}
+
+impl Limits {
+    pub fn for_stream(s: &crate::store::StreamConfig) -> Limits {
+        Limits {
+            job_records: (s.batch.max_records as usize).max(1),
+            job_bytes: usize::try_from(s.batch.max_bytes)
+                .unwrap_or(usize::MAX)
+                .max(1),
+            jobs: usize::try_from(s.max_jobs / 2).unwrap_or(usize::MAX).max(1),
+            records: APPEND_RECORDS,
+            bytes: APPEND_BYTES.min(usize::try_from(s.max_bytes / 4).unwrap_or(usize::MAX)),
+        }
+    }
+}
+
+/// Records read and not yet appended, with the checkpoint that covers them.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub records: Vec<Vec<u8>>,
+    /// Record bytes plus their framing in a job.
+    pub bytes: usize,
+    /// The state after the last record (set whenever it changed since the last append).
+    pub checkpoint: Option<Vec<u8>>,
+    /// When the oldest thing in the batch (a record or a checkpoint change) arrived.
+    pub since: Option<Instant>,
+    limits: Limits,
+    /// Jobs the store will cut the records into, and the last one's records and bytes.
+    jobs: usize,
+    job_records: usize,
+    job_bytes: usize,
+    /// A record did not fit.
+    refused: bool,
+}
+
+impl Batch {
+    pub fn new(limits: Limits) -> Batch {
+        Batch {
+            limits,
+            ..Batch::default()
+        }
+    }
+
+    /// An empty batch with the same limits.
+    pub fn take(&mut self) -> Batch {
+        std::mem::replace(self, Batch::new(self.limits))
+    }
+
+    /// Whether a record of `len` bytes starts a new job (the store's cut, see `Store::append`).
+    fn opens_job(&self, len: usize) -> bool {
+        self.jobs == 0
+            || self.job_records >= self.limits.job_records
+            || self.job_bytes + len > self.limits.job_bytes
+    }
+
+    /// Whether records of these sizes fit (a first record always does). A refusal makes the batch
+    /// full.
+    pub fn fits(&mut self, lens: &[usize]) -> bool {
+        let fits = self.would_fit(lens);
+        self.refused |= !fits;
+        fits
+    }
+
+    fn would_fit(&self, lens: &[usize]) -> bool {
+        let (mut n, mut bytes, mut jobs, mut jr, mut jb) = (
+            self.records.len(),
+            self.bytes,
+            self.jobs,
+            self.job_records,
+            self.job_bytes,
+        );
+        for &len in lens {
+            if n > 0 {
+                let opens =
+                    jobs == 0 || jr >= self.limits.job_records || jb + len > self.limits.job_bytes;
+                if n >= self.limits.records
+                    || bytes + len + 4 > 2 * self.limits.bytes
+                    || (opens && (jobs >= self.limits.jobs || bytes >= self.limits.bytes))
+                {
+                    return false;
+                }
+            }
+            if jobs == 0 || jr >= self.limits.job_records || jb + len > self.limits.job_bytes {
+                jobs += 1;
+                jr = 0;
+                jb = 0;
+            }
+            jr += 1;
+            jb += len;
+            n += 1;
+            bytes += len + 4;
+        }
+        true
+    }
+
+    pub fn push(&mut self, rec: Vec<u8>, now: Instant) {
+        let len = rec.len();
+        if self.opens_job(len) {
+            self.jobs += 1;
+            self.job_records = 0;
+            self.job_bytes = 0;
+        }
+        self.job_records += 1;
+        self.job_bytes += len;
+        self.bytes += len + 4;
+        self.records.push(rec);
+        self.since.get_or_insert(now);
+    }
+
+    /// No room for more (a hint between reads: records are checked one by one with `fits`).
+    pub fn is_full(&self) -> bool {
+        self.refused
+            || self.records.len() >= self.limits.records
+            || self.bytes >= 2 * self.limits.bytes
+            || (self.jobs >= self.limits.jobs && self.job_records >= self.limits.job_records)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty() && self.checkpoint.is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_count_jobs_as_the_store_cuts_them() {
+        let mut b = Batch::new(Limits {
+            job_records: 2,
+            job_bytes: 100,
+            jobs: 2,
+            records: 10,
+            bytes: 1000,
+        });
+        let now = Instant::now();
+        assert!(b.fits(&[500]), "a first record always fits");
+        b.push(vec![b'x'; 60], now);
+        b.push(vec![b'x'; 30], now); // job 1: 2 records
+        assert!(!b.is_full());
+        b.push(vec![b'x'; 60], now); // job 2
+        assert!(b.fits(&[40]), "fits in job 2 by records and bytes");
+        assert!(!b.fits(&[41]), "would open job 3");
+        assert!(b.is_full(), "a refusal makes it full");
+        let b = Batch::new(b.limits).take();
+        assert!(b.records.is_empty() && !b.is_full());
+        // Past `bytes`, no new job; never past twice `bytes`.
+        let mut b = Batch::new(Limits {
+            job_records: 2,
+            job_bytes: 100,
+            jobs: 10,
+            records: 100,
+            bytes: 100,
+        });
+        for len in [60, 30, 10, 10] {
+            assert!(b.fits(&[len]), "{len}");
+            b.push(vec![0; len], now);
+        }
+        assert!(!b.fits(&[5]), "a third job past 100 bytes");
+        let mut b = Batch::new(b.limits);
+        b.push(vec![0; 10], now);
+        assert!(b.fits(&[90]) && !b.fits(&[190]), "twice the bytes at most");
+        let mut b = Batch::new(Limits {
+            records: 2,
+            ..Limits::default()
+        });
+        b.push(vec![1], now);
+        b.push(vec![1], now);
+        assert!(b.is_full() && !b.would_fit(&[1]));
+    }
+}
