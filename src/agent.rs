@@ -628,7 +628,7 @@ fn open_or_replace(
             let path = dir.join(store::DB_FILE);
             let aside = path.with_extension(format!("redb.corrupt-{}", store::now_ms()));
             std::fs::rename(&path, &aside).map_err(|e| {
-                StoreError::Io(format!(
+                StoreError::io(format!(
                     "cannot move the corrupted store {} aside: {e}",
                     path.display()
                 ))

@@ -14,8 +14,22 @@ use super::layout::LAYOUT_VERSION;
 pub enum StoreError {
     /// A read, write or commit failed. A failed commit may still have been durable: the outcome is
     /// unknown, so nothing is acknowledged and the job may be delivered again (at-least-once).
+    ///
+    /// The cause is kept as it was (a caller may downcast it, e.g. to a `redb::StorageError` or a
+    /// `std::io::Error`), but it is not a `source`: the message shows it already, and a caller
+    /// printing the chain (`{:#}`) would show it twice.
     #[error("storage i/o error: {0}")]
-    Io(String),
+    Io(Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// A read-only open (`colibri queue ...` beside a running agent) found no database file.
+    #[error("storage i/o error: {} does not exist", path.display())]
+    Missing { path: PathBuf },
+    /// The store writer's thread has ended (shutdown, or it panicked): nothing can reach the store.
+    #[error("storage i/o error: the store writer has stopped")]
+    WriterStopped,
+    /// The writer holds no open store (a failed commit closed it; it reopens with backoff): nothing
+    /// was done. `detail` says what is known of why, as part of the message.
+    #[error("storage i/o error: the store is unavailable{detail}")]
+    Unavailable { detail: &'static str },
     #[error("the database is corrupted: {0}")]
     Corrupted(String),
     #[error("{} is in use by another process (is colibri running?)", path.display())]
@@ -124,8 +138,41 @@ pub enum AppendError {
     #[error(transparent)]
     Store(#[from] StoreError),
 }
-pub(super) fn io<E: std::fmt::Display>(e: E) -> StoreError {
-    StoreError::Io(e.to_string())
+
+/// redb's errors (and the file system's) become [`StoreError::Io`], so `?` works on them; in an
+/// append they become `AppendError::Store` the same way.
+macro_rules! io_errors {
+    ($($t:ty),* $(,)?) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self {
+                StoreError::Io(Box::new(e))
+            }
+        }
+
+        impl From<$t> for AppendError {
+            fn from(e: $t) -> Self {
+                AppendError::Store(e.into())
+            }
+        }
+    )*};
+}
+
+io_errors!(
+    redb::Error,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::CompactionError,
+    redb::SetDurabilityError,
+    std::io::Error,
+);
+
+impl StoreError {
+    /// An [`StoreError::Io`] with only a message (the cause is known as text only).
+    pub fn io(message: impl Into<String>) -> StoreError {
+        StoreError::Io(message.into().into())
+    }
 }
 
 pub(super) fn db_error(path: &Path, e: DatabaseError) -> StoreError {
@@ -137,6 +184,6 @@ pub(super) fn db_error(path: &Path, e: DatabaseError) -> StoreError {
             path: path.to_path_buf(),
         },
         DatabaseError::Storage(redb::StorageError::Corrupted(m)) => StoreError::Corrupted(m),
-        other => StoreError::Io(other.to_string()),
+        other => StoreError::Io(Box::new(other)),
     }
 }

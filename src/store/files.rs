@@ -7,7 +7,7 @@
 use redb::ReadableTable;
 use serde::Serialize;
 
-use super::error::{AppendError, StoreError, io};
+use super::error::{AppendError, StoreError};
 use super::format;
 use super::job::fresh_meta;
 use super::layout::{DISPOSE, SPOOL, Table};
@@ -61,11 +61,11 @@ impl Store {
         let t = match rtx.open_table(DISPOSE) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(io(e)),
+            Err(e) => return Err(e.into()),
         };
         let mut out = Vec::new();
-        for e in t.iter().map_err(io)? {
-            let (k, v) = e.map_err(io)?;
+        for e in t.iter()? {
+            let (k, v) = e?;
             if let Some(SpoolEntry::Dispose { name, archive }) = spool_entry(v.value()) {
                 out.push(Disposal {
                     spool: k.value().to_vec(),
@@ -110,9 +110,9 @@ impl Store {
         let rtx = self.db.begin_read()?;
         for table in [SPOOL, DISPOSE] {
             match rtx.open_table(table) {
-                Ok(t) if t.get(spool).map_err(io)?.is_some() => return Ok(true),
+                Ok(t) if t.get(spool)?.is_some() => return Ok(true),
                 Ok(_) | Err(redb::TableError::TableDoesNotExist(_)) => {}
-                Err(e) => return Err(io(e)),
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(false)
@@ -148,14 +148,9 @@ impl Tx<'_> {
             archive: archive.clone(),
         };
         let txn = self.txn.as_ref().expect("present until commit");
-        txn.open_table(SPOOL)
-            .map_err(io)?
-            .remove(spool.as_slice())
-            .map_err(io)?;
-        txn.open_table(DISPOSE)
-            .map_err(io)?
-            .insert(spool.as_slice(), spool_bytes(&entry).as_slice())
-            .map_err(io)?;
+        txn.open_table(SPOOL)?.remove(spool.as_slice())?;
+        txn.open_table(DISPOSE)?
+            .insert(spool.as_slice(), spool_bytes(&entry).as_slice())?;
         self.touched = true;
         self.disposals.push(Disposal {
             spool,
@@ -185,15 +180,15 @@ impl Tx<'_> {
         let st = self.stream(stream)?;
         let (max_bytes, when_full) = (st.cfg.max_bytes, st.cfg.when_full);
         let queued = {
-            let t = self.txn().open_table(SPOOL).map_err(io)?;
-            t.get(spool).map_err(io)?.is_some()
+            let t = self.txn().open_table(SPOOL)?;
+            t.get(spool)?.is_some()
         };
         if queued {
             return Ok(FileAppend::Known);
         }
         let disposing = {
-            let t = self.txn().open_table(DISPOSE).map_err(io)?;
-            t.get(spool).map_err(io)?.map(|v| spool_entry(v.value()))
+            let t = self.txn().open_table(DISPOSE)?;
+            t.get(spool)?.map(|v| spool_entry(v.value()))
         };
         if let Some(entry) = disposing {
             if let Some(SpoolEntry::Dispose { name, archive }) = entry {
@@ -245,18 +240,14 @@ impl Tx<'_> {
         let txn = self.txn.as_ref().expect("present until commit");
         let st = self.store.streams.get_mut(stream).expect("checked above");
         let id = st.c.next_id;
-        txn.open_table(st.ready_def())
-            .map_err(io)?
-            .insert(id, value.as_slice())
-            .map_err(io)?;
+        txn.open_table(st.ready_def())?
+            .insert(id, value.as_slice())?;
         let entry = SpoolEntry::Queued {
             stream: stream.to_string(),
             job: id,
         };
-        txn.open_table(SPOOL)
-            .map_err(io)?
-            .insert(spool, spool_bytes(&entry).as_slice())
-            .map_err(io)?;
+        txn.open_table(SPOOL)?
+            .insert(spool, spool_bytes(&entry).as_slice())?;
         st.c.next_id += 1;
         st.c.add_job(Table::Ready, 1, bytes);
         st.c.appended_jobs += 1;
@@ -272,9 +263,9 @@ impl Tx<'_> {
     /// Forgets spooled files that were disposed of on disk (see [`Store::take_disposals`]).
     pub fn forget_spool(&mut self, spools: &[Vec<u8>]) -> Result<(), StoreError> {
         let txn = self.txn.as_ref().expect("present until commit");
-        let mut t = txn.open_table(DISPOSE).map_err(io)?;
+        let mut t = txn.open_table(DISPOSE)?;
         for key in spools {
-            if t.remove(key.as_slice()).map_err(io)?.is_some() {
+            if t.remove(key.as_slice())?.is_some() {
                 self.touched = true;
             }
         }

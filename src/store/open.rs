@@ -12,7 +12,7 @@ use redb::{
 };
 
 use super::counters::Counters;
-use super::error::{StoreError, db_error, io};
+use super::error::{StoreError, db_error};
 use super::files::Disposal;
 use super::layout::{
     CHECKPOINTS, COUNTERS, DB_FILE, DISPOSE, LAYOUT_VERSION, META, QUARANTINE, SPOOL, STORE_ID,
@@ -56,8 +56,8 @@ pub(super) enum Db {
 impl Db {
     pub(super) fn begin_read(&self) -> Result<redb::ReadTransaction, StoreError> {
         match self {
-            Db::Rw(d) => d.begin_read().map_err(io),
-            Db::Ro(d) => d.begin_read().map_err(io),
+            Db::Rw(d) => d.begin_read().map_err(StoreError::from),
+            Db::Ro(d) => d.begin_read().map_err(StoreError::from),
         }
     }
 
@@ -116,27 +116,27 @@ pub(super) fn builder() -> redb::Builder {
 /// under the real name: build it under a temporary name, sync, rename, sync the directory.
 pub(super) fn create_fresh(path: &Path) -> Result<(), StoreError> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io)?;
+    std::fs::create_dir_all(dir)?;
     let tmp = path.with_extension("redb.creating");
     let _ = std::fs::remove_file(&tmp);
     {
         let db = builder().create(&tmp).map_err(|e| db_error(&tmp, e))?;
-        let txn = db.begin_write().map_err(io)?;
+        let txn = db.begin_write()?;
         {
-            let mut meta = txn.open_table(META).map_err(io)?;
-            meta.insert("layout", LAYOUT_VERSION).map_err(io)?;
-            meta.insert(STORE_ID, new_store_id()).map_err(io)?;
-            txn.open_table(COUNTERS).map_err(io)?;
-            txn.open_table(CHECKPOINTS).map_err(io)?;
-            txn.open_table(QUARANTINE).map_err(io)?;
-            txn.open_table(SPOOL).map_err(io)?;
-            txn.open_table(DISPOSE).map_err(io)?;
+            let mut meta = txn.open_table(META)?;
+            meta.insert("layout", LAYOUT_VERSION)?;
+            meta.insert(STORE_ID, new_store_id())?;
+            txn.open_table(COUNTERS)?;
+            txn.open_table(CHECKPOINTS)?;
+            txn.open_table(QUARANTINE)?;
+            txn.open_table(SPOOL)?;
+            txn.open_table(DISPOSE)?;
         }
-        txn.commit().map_err(io)?;
+        txn.commit()?;
     }
-    File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    File::open(&tmp).and_then(|f| f.sync_all())?;
+    std::fs::rename(&tmp, path)?;
+    File::open(dir).and_then(|d| d.sync_all())?;
     Ok(())
 }
 impl Store {
@@ -151,7 +151,7 @@ impl Store {
         let path = data_dir.join(DB_FILE);
         if !path.exists() {
             if opts.read_only {
-                return Err(StoreError::Io(format!("{} does not exist", path.display())));
+                return Err(StoreError::Missing { path });
             }
             create_fresh(&path)?;
         }
@@ -251,9 +251,9 @@ impl Store {
     pub(super) fn read_id(&self) -> Result<u64, StoreError> {
         let rtx = self.db.begin_read()?;
         match rtx.open_table(META) {
-            Ok(t) => Ok(t.get(STORE_ID).map_err(io)?.map_or(0, |v| v.value())),
+            Ok(t) => Ok(t.get(STORE_ID)?.map_or(0, |v| v.value())),
             Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
-            Err(e) => Err(io(e)),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -278,13 +278,13 @@ impl Store {
         let table = match rtx.open_table(COUNTERS) {
             Ok(t) => Some(t),
             Err(redb::TableError::TableDoesNotExist(_)) => None,
-            Err(e) => return Err(io(e)),
+            Err(e) => return Err(e.into()),
         };
         for st in self.streams.values_mut() {
             st.c = Counters::default();
             if let Some(t) = &table {
                 for name in Counters::NAMES {
-                    if let Some(v) = t.get((st.cfg.name.as_str(), *name)).map_err(io)? {
+                    if let Some(v) = t.get((st.cfg.name.as_str(), *name))? {
                         st.c.set(name, v.value());
                     }
                 }
@@ -302,14 +302,14 @@ impl Store {
         if self.stale {
             self.load_counters()?;
         }
-        let mut txn = self.db.rw()?.begin_write().map_err(io)?;
+        let mut txn = self.db.rw()?.begin_write()?;
         txn.set_quick_repair(self.opts.quick_repair);
         #[cfg(test)]
         if self.unsafe_no_fsync {
-            txn.set_durability(Durability::None).map_err(io)?;
+            txn.set_durability(Durability::None)?;
         }
         #[cfg(not(test))]
-        txn.set_durability(Durability::Immediate).map_err(io)?;
+        txn.set_durability(Durability::Immediate)?;
         Ok(Tx {
             store: self,
             txn: Some(txn),

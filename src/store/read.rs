@@ -7,7 +7,7 @@ use redb::{ReadableTable, ReadableTableMetadata};
 use serde::Serialize;
 
 use super::counters::Counters;
-use super::error::{StoreError, io};
+use super::error::StoreError;
 use super::format;
 use super::job::Lease;
 use super::layout::{CHECKPOINTS, QUARANTINE};
@@ -77,8 +77,8 @@ impl Store {
         };
         // Jobs being delivered are not due for anyone else: a worker must not wake for them (it
         // would find nothing to take and spin). At most `in_flight` entries are skipped.
-        for e in t.iter().map_err(io)? {
-            let (k, _) = e.map_err(io)?;
+        for e in t.iter()? {
+            let (k, _) = e?;
             let (due, id) = k.value();
             if !st.in_flight.contains(&id) {
                 return Ok(Some(due));
@@ -96,13 +96,13 @@ impl Store {
         let rtx = self.db.begin_read()?;
         let mut oldest: Option<u64> = None;
         if let Ok(t) = rtx.open_table(st.ready_def())
-            && let Some(first) = t.first().map_err(io)?
+            && let Some(first) = t.first()?
         {
             oldest = format::header(first.1.value()).ok().map(|h| h.created_ms);
         }
         if let Ok(t) = rtx.open_table(st.retry_def()) {
-            for entry in t.iter().map_err(io)? {
-                let (_, v) = entry.map_err(io)?;
+            for entry in t.iter()? {
+                let (_, v) = entry?;
                 if let Ok(h) = format::header(v.value()) {
                     oldest = Some(oldest.map_or(h.created_ms, |o| o.min(h.created_ms)));
                 }
@@ -121,22 +121,22 @@ impl Store {
         let mut out = Vec::new();
         if dead {
             if let Ok(t) = rtx.open_table(st.dead_def()) {
-                for e in t.iter().map_err(io)?.take(n) {
-                    let (k, v) = e.map_err(io)?;
+                for e in t.iter()?.take(n) {
+                    let (k, v) = e?;
                     out.push(Peeked::from_bytes("dead", k.value(), None, v.value()));
                 }
             }
         } else {
             if let Ok(t) = rtx.open_table(st.ready_def()) {
-                for e in t.iter().map_err(io)?.take(n) {
-                    let (k, v) = e.map_err(io)?;
+                for e in t.iter()?.take(n) {
+                    let (k, v) = e?;
                     out.push(Peeked::from_bytes("ready", k.value(), None, v.value()));
                 }
             }
             let left = n.saturating_sub(out.len());
             if let Ok(t) = rtx.open_table(st.retry_def()) {
-                for e in t.iter().map_err(io)?.take(left) {
-                    let (k, v) = e.map_err(io)?;
+                for e in t.iter()?.take(left) {
+                    let (k, v) = e?;
                     let (due, id) = k.value();
                     out.push(Peeked::from_bytes("retry", id, Some(due), v.value()));
                 }
@@ -149,16 +149,16 @@ impl Store {
     /// this; the store's owner calls it when idle. Returns the bytes given back.
     pub fn compact(&mut self) -> Result<u64, StoreError> {
         let before = self.file_bytes();
-        while self.db.rw()?.compact().map_err(io)? {}
+        while self.db.rw()?.compact()? {}
         Ok(before.saturating_sub(self.file_bytes()))
     }
 
     /// Space compaction could give back, estimated from redb's own statistics.
     pub fn reclaimable_bytes(&mut self) -> Result<u64, StoreError> {
-        let txn = self.db.rw()?.begin_write().map_err(io)?;
-        let stats = txn.stats().map_err(io)?;
+        let txn = self.db.rw()?.begin_write()?;
+        let stats = txn.stats()?;
         let fragmented = stats.fragmented_bytes();
-        txn.abort().map_err(io)?;
+        txn.abort()?;
         Ok(fragmented.min(self.file_bytes()))
     }
 
@@ -168,18 +168,18 @@ impl Store {
         let t = match rtx.open_table(CHECKPOINTS) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(io(e)),
+            Err(e) => return Err(e.into()),
         };
-        Ok(t.get(source).map_err(io)?.map(|v| v.value().to_vec()))
+        Ok(t.get(source)?.map(|v| v.value().to_vec()))
     }
 
     /// Entries in quarantine.
     pub fn quarantined(&self) -> Result<u64, StoreError> {
         let rtx = self.db.begin_read()?;
         match rtx.open_table(QUARANTINE) {
-            Ok(t) => t.len().map_err(io),
+            Ok(t) => Ok(t.len()?),
             Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
-            Err(e) => Err(io(e)),
+            Err(e) => Err(e.into()),
         }
     }
 }

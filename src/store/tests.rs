@@ -2640,14 +2640,14 @@ fn failed_fsync_or_write_is_not_acknowledged_and_a_new_store_recovers() {
             fault.set(&disk, true);
             let r = store.transaction().and_then(|mut tx| {
                 tx.append(S, &recs("doubt", 2), Some(("src", b"doubt")), T0)
-                    .map_err(|e| StoreError::Io(e.to_string()))?;
+                    .map_err(|e| StoreError::io(e.to_string()))?;
                 tx.commit()
             });
             assert!(matches!(r, Err(StoreError::Io(_))), "{ctx}: {r:?}");
             // Whatever the old store does now, it must not claim success.
             let again = store.transaction().and_then(|mut tx| {
                 tx.append(S, &recs("later", 1), None, T0)
-                    .map_err(|e| StoreError::Io(e.to_string()))?;
+                    .map_err(|e| StoreError::io(e.to_string()))?;
                 tx.commit()
             });
             assert!(again.is_err(), "{ctx}: committed while the disk fails");
@@ -3319,7 +3319,7 @@ async fn writer_ack_later_is_queued_before_a_take_behind_it() {
     handle.shutdown().await;
     // Once the writer is gone the future fails instead of hanging.
     let gone = handle.ack_later(next[0].lease.clone()).await;
-    assert!(matches!(gone, Err(StoreError::Io(_))), "{gone:?}");
+    assert!(matches!(gone, Err(StoreError::WriterStopped)), "{gone:?}");
     let store = open_mem(&disk, unbounded(), &[stream(S)]);
     let c = counters(&store, S);
     assert_eq!((c.delivered_jobs, c.ready_jobs), (1, 1));

@@ -168,7 +168,7 @@ pub struct StoreHandle {
 }
 
 fn gone() -> StoreError {
-    StoreError::Io("the store writer has stopped".into())
+    StoreError::WriterStopped
 }
 
 /// Tuning that does not belong in the config file.
@@ -446,7 +446,7 @@ impl Pending {
     /// Sends the result, or, when the commit failed, an error in its place.
     fn send(self, commit: &Result<(), StoreError>) {
         let failed =
-            |e: &StoreError| StoreError::Io(format!("commit failed, nothing acknowledged: {e}"));
+            |e: &StoreError| StoreError::io(format!("commit failed, nothing acknowledged: {e}"));
         match (self, commit) {
             (Pending::Append(r, v), Ok(())) => drop(r.send(v)),
             (Pending::Append(r, _), Err(e)) => drop(r.send(Err(AppendError::Store(failed(e))))),
@@ -630,8 +630,8 @@ impl Writer {
             if let Some(done) = applied {
                 // Shutdown: parked producers get a clear error, the database closes cleanly.
                 for p in self.parked.drain(..) {
-                    let _ = p.reply.send(Err(AppendError::Store(StoreError::Io(
-                        "colibri is shutting down".into(),
+                    let _ = p.reply.send(Err(AppendError::Store(StoreError::io(
+                        "colibri is shutting down",
                     ))));
                 }
                 drop(self.store.take());
@@ -715,21 +715,21 @@ impl Writer {
                 Request::Checkpoint { source, reply } => {
                     let cp = match &self.store {
                         Some(s) => s.checkpoint(&source),
-                        None => Err(StoreError::Io("the store is unavailable".into())),
+                        None => Err(StoreError::Unavailable { detail: "" }),
                     };
                     let _ = reply.send(cp);
                 }
                 Request::NextDue { stream, reply } => {
                     let due = match &self.store {
                         Some(s) => s.next_retry_due(&stream),
-                        None => Err(StoreError::Io("the store is unavailable".into())),
+                        None => Err(StoreError::Unavailable { detail: "" }),
                     };
                     let _ = reply.send(due);
                 }
                 Request::SpoolKnown { spool, reply } => {
                     let known = match &self.store {
                         Some(s) => s.spool_known(&spool),
-                        None => Err(StoreError::Io("the store is unavailable".into())),
+                        None => Err(StoreError::Unavailable { detail: "" }),
                     };
                     let _ = reply.send(known);
                 }
@@ -765,9 +765,11 @@ impl Writer {
                     .partition(|p| now >= p.deadline);
             self.parked = waiting;
             for p in expired {
-                let _ = p.reply.send(Err(AppendError::Store(StoreError::Io(
-                    "the store is unavailable after an i/o error".into(),
-                ))));
+                let _ = p
+                    .reply
+                    .send(Err(AppendError::Store(StoreError::Unavailable {
+                        detail: " after an i/o error",
+                    })));
             }
             return shutdown;
         }
@@ -921,7 +923,7 @@ fn run_tx(
         Err(e) => {
             tracing::error!(error = %e, "cannot begin a store transaction; reopening the database");
             for req in work.drain(..) {
-                fail_with(req, &e);
+                fail_with(req, || StoreError::io(e.to_string()));
             }
             None
         }
@@ -1090,8 +1092,8 @@ fn run_tx(
     (still_parked, result)
 }
 
-fn fail_with(req: Request, e: &StoreError) {
-    let err = || StoreError::Io(e.to_string());
+/// Answers a request that cannot be applied with the error `err` makes (one per reply).
+fn fail_with(req: Request, err: impl Fn() -> StoreError) {
     match req {
         Request::Append { reply, .. } => drop(reply.send(Err(AppendError::Store(err())))),
         Request::Take { reply, .. } => drop(reply.send(Err(err()))),
@@ -1111,10 +1113,9 @@ fn fail_with(req: Request, e: &StoreError) {
 }
 
 fn fail_unavailable(req: Request) {
-    fail_with(
-        req,
-        &StoreError::Io("the store is unavailable after an i/o error; retrying".into()),
-    );
+    fail_with(req, || StoreError::Unavailable {
+        detail: " after an i/o error; retrying",
+    });
 }
 
 #[cfg(test)]

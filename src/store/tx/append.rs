@@ -5,7 +5,7 @@
 use redb::ReadableTable;
 
 use super::Tx;
-use crate::store::error::{AppendError, StoreError, io};
+use crate::store::error::{AppendError, StoreError};
 use crate::store::files::file_value;
 use crate::store::format::{self};
 use crate::store::job::{Appended, fresh_meta};
@@ -121,15 +121,15 @@ impl Tx<'_> {
         let txn = self.txn.as_ref().expect("present until commit");
         let st = self.store.streams.get_mut(stream).expect("checked above");
         {
-            let mut ready = txn.open_table(st.ready_def()).map_err(io)?;
+            let mut ready = txn.open_table(st.ready_def())?;
             for job in &jobs {
-                ready.insert(st.c.next_id, job.as_slice()).map_err(io)?;
+                ready.insert(st.c.next_id, job.as_slice())?;
                 st.c.next_id += 1;
             }
         }
         if let Some((source, cp)) = checkpoint {
-            let mut t = txn.open_table(CHECKPOINTS).map_err(io)?;
-            t.insert(source, cp).map_err(io)?;
+            let mut t = txn.open_table(CHECKPOINTS)?;
+            t.insert(source, cp)?;
         }
         st.c.ready_jobs += n_jobs;
         st.c.ready_records += n_records;
@@ -174,7 +174,7 @@ impl Tx<'_> {
             .streams
             .get_mut(stream)
             .expect("checked by caller");
-        let mut ready = txn.open_table(st.ready_def()).map_err(io)?;
+        let mut ready = txn.open_table(st.ready_def())?;
         let (mut q_jobs, mut q_bytes, mut all_bytes) = (
             st.c.ready_jobs + st.c.retry_jobs,
             st.c.queued_bytes(),
@@ -186,11 +186,11 @@ impl Tx<'_> {
                 && stored_elsewhere + all_bytes + bytes <= budget
         };
         let mut victims = Vec::new();
-        for e in ready.iter().map_err(io)? {
+        for e in ready.iter()? {
             if fits(q_jobs, q_bytes, all_bytes) {
                 break;
             }
-            let (k, v) = e.map_err(io)?;
+            let (k, v) = e?;
             let id = k.value();
             if st.in_flight.contains(&id) {
                 continue;
@@ -208,7 +208,7 @@ impl Tx<'_> {
         let mut dropped = 0u64;
         let mut files = Vec::new();
         for (id, recs, len, file) in victims {
-            ready.remove(id).map_err(io)?;
+            ready.remove(id)?;
             let recs = st.c.remove_job(Table::Ready, recs, len);
             st.c.dropped_oldest_records += recs;
             dropped += recs;

@@ -5,7 +5,7 @@
 use redb::ReadableTable;
 
 use super::Tx;
-use crate::store::error::{StoreError, io};
+use crate::store::error::StoreError;
 use crate::store::files::file_value;
 use crate::store::format::{self};
 use crate::store::job::fresh_meta;
@@ -27,10 +27,10 @@ impl Tx<'_> {
         if st.c.dead_jobs <= st.cfg.dead_max_jobs {
             return Ok(());
         }
-        let mut dead = txn.open_table(st.dead_def()).map_err(io)?;
+        let mut dead = txn.open_table(st.dead_def())?;
         let mut files = Vec::new();
         while st.c.dead_jobs > st.cfg.dead_max_jobs {
-            let Some((_, v)) = dead.pop_first().map_err(io)? else {
+            let Some((_, v)) = dead.pop_first()? else {
                 break;
             };
             let recs = format::header(v.value()).map_or(0, |h| u64::from(h.records));
@@ -86,11 +86,11 @@ impl Tx<'_> {
         self.stream(stream)?;
         let txn = self.txn.as_ref().expect("present until commit");
         let st = self.store.streams.get_mut(stream).expect("checked above");
-        let mut dead = txn.open_table(st.dead_def()).map_err(io)?;
-        let mut ready = txn.open_table(st.ready_def()).map_err(io)?;
+        let mut dead = txn.open_table(st.dead_def())?;
+        let mut ready = txn.open_table(st.ready_def())?;
         let keys: Vec<u64> = match id {
             Some(id) => {
-                if dead.get(id).map_err(io)?.is_none() {
+                if dead.get(id)?.is_none() {
                     return Err(StoreError::NoSuchJob {
                         stream: stream.into(),
                         table: "dead",
@@ -100,17 +100,15 @@ impl Tx<'_> {
                 vec![id]
             }
             None => dead
-                .iter()
-                .map_err(io)?
+                .iter()?
                 .take(limit)
                 .map(|e| e.map(|(k, _)| k.value()))
-                .collect::<Result<_, _>>()
-                .map_err(io)?,
+                .collect::<Result<_, _>>()?,
         };
         let (mut jobs, mut records) = (0, 0);
         let mut corrupt = Vec::new();
         for k in keys {
-            let Some(v) = dead.get(k).map_err(io)? else {
+            let Some(v) = dead.get(k)? else {
                 continue;
             };
             let raw = v.value().to_vec();
@@ -125,8 +123,8 @@ impl Tx<'_> {
                 }
             };
             let recs = format::header(&raw).map_or(0, |h| u64::from(h.records));
-            dead.remove(k).map_err(io)?;
-            ready.insert(k, value.as_slice()).map_err(io)?;
+            dead.remove(k)?;
+            ready.insert(k, value.as_slice())?;
             let recs = st.c.remove_job(Table::Dead, recs, old_len);
             st.c.add_job(Table::Ready, recs, format::stored_len(&value));
             st.c.replayed_records += recs;
@@ -155,10 +153,10 @@ impl Tx<'_> {
         self.stream(stream)?;
         let txn = self.txn.as_ref().expect("present until commit");
         let st = self.store.streams.get_mut(stream).expect("checked above");
-        let mut dead = txn.open_table(st.dead_def()).map_err(io)?;
+        let mut dead = txn.open_table(st.dead_def())?;
         let mut victims = Vec::new();
-        for e in dead.iter().map_err(io)? {
-            let (k, v) = e.map_err(io)?;
+        for e in dead.iter()? {
+            let (k, v) = e?;
             let failed_ms = format::decode(v.value()).map_or(0, |d| d.last_failed_ms);
             if victims.len() >= limit {
                 break;
@@ -176,7 +174,7 @@ impl Tx<'_> {
         let (mut jobs, mut records) = (0, 0);
         let mut files = Vec::new();
         for (id, recs, len, file) in victims {
-            dead.remove(id).map_err(io)?;
+            dead.remove(id)?;
             let recs = st.c.remove_job(Table::Dead, recs, len);
             st.c.dropped_purged_records += recs;
             jobs += 1;

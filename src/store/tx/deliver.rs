@@ -7,7 +7,7 @@ use redb::ReadableTable;
 
 use super::Tx;
 use super::quarantine::{QUARANTINE_PER_TAKE, Undecodable};
-use crate::store::error::{StoreError, io};
+use crate::store::error::StoreError;
 use crate::store::format::{self, Meta};
 use crate::store::job::{Failed, Failure, Job, Lease, Settle, job_from};
 use crate::store::layout::Table;
@@ -29,12 +29,12 @@ impl Tx<'_> {
         let mut out = Vec::new();
         let mut bad: Vec<Undecodable> = Vec::new();
         {
-            let retry = txn.open_table(st.retry_def()).map_err(io)?;
-            for e in retry.range(..=(now_ms, u64::MAX)).map_err(io)? {
+            let retry = txn.open_table(st.retry_def())?;
+            for e in retry.range(..=(now_ms, u64::MAX))? {
                 if out.len() >= max_jobs || bad.len() >= QUARANTINE_PER_TAKE {
                     break;
                 }
-                let (k, v) = e.map_err(io)?;
+                let (k, v) = e?;
                 let (due, id) = k.value();
                 if st.in_flight.contains(&id) {
                     continue;
@@ -46,12 +46,12 @@ impl Tx<'_> {
             }
         }
         if out.len() < max_jobs {
-            let ready = txn.open_table(st.ready_def()).map_err(io)?;
-            for e in ready.iter().map_err(io)? {
+            let ready = txn.open_table(st.ready_def())?;
+            for e in ready.iter()? {
                 if out.len() >= max_jobs || bad.len() >= QUARANTINE_PER_TAKE {
                     break;
                 }
-                let (k, v) = e.map_err(io)?;
+                let (k, v) = e?;
                 let id = k.value();
                 if st.in_flight.contains(&id) {
                     continue;
@@ -82,16 +82,13 @@ impl Tx<'_> {
         let st = self.stream(&lease.stream)?;
         let (raw, table) = match lease.retry_due {
             None => {
-                let t = txn.open_table(st.ready_def()).map_err(io)?;
-                let v = t.get(lease.id).map_err(io)?.map(|g| g.value().to_vec());
+                let t = txn.open_table(st.ready_def())?;
+                let v = t.get(lease.id)?.map(|g| g.value().to_vec());
                 (v, Table::Ready)
             }
             Some(due) => {
-                let t = txn.open_table(st.retry_def()).map_err(io)?;
-                let v = t
-                    .get((due, lease.id))
-                    .map_err(io)?
-                    .map(|g| g.value().to_vec());
+                let t = txn.open_table(st.retry_def())?;
+                let v = t.get((due, lease.id))?.map(|g| g.value().to_vec());
                 (v, Table::Retry)
             }
         };
@@ -132,16 +129,13 @@ impl Tx<'_> {
             .ok_or_else(|| StoreError::UnknownStream(lease.stream.clone()))?;
         let (raw, table) = match lease.retry_due {
             None => {
-                let mut t = txn.open_table(st.ready_def()).map_err(io)?;
-                let v = t.remove(lease.id).map_err(io)?.map(|g| g.value().to_vec());
+                let mut t = txn.open_table(st.ready_def())?;
+                let v = t.remove(lease.id)?.map(|g| g.value().to_vec());
                 (v, Table::Ready)
             }
             Some(due) => {
-                let mut t = txn.open_table(st.retry_def()).map_err(io)?;
-                let v = t
-                    .remove((due, lease.id))
-                    .map_err(io)?
-                    .map(|g| g.value().to_vec());
+                let mut t = txn.open_table(st.retry_def())?;
+                let v = t.remove((due, lease.id))?.map(|g| g.value().to_vec());
                 (v, Table::Retry)
             }
         };
@@ -213,20 +207,16 @@ impl Tx<'_> {
             .get_mut(&lease.stream)
             .expect("removed above");
         if to_dead {
-            txn.open_table(st.dead_def())
-                .map_err(io)?
-                .insert(lease.id, value.as_slice())
-                .map_err(io)?;
+            txn.open_table(st.dead_def())?
+                .insert(lease.id, value.as_slice())?;
             st.c.add_job(Table::Dead, recs, len);
             st.c.dead_lettered_records += recs;
             let stream = lease.stream.clone();
             self.trim_dead(&stream)?;
             Ok(Failed::Dead { attempts })
         } else {
-            txn.open_table(st.retry_def())
-                .map_err(io)?
-                .insert((due, lease.id), value.as_slice())
-                .map_err(io)?;
+            txn.open_table(st.retry_def())?
+                .insert((due, lease.id), value.as_slice())?;
             st.c.add_job(Table::Retry, recs, len);
             st.c.retried_attempts += 1;
             Ok(Failed::Retry {
@@ -288,16 +278,12 @@ impl Tx<'_> {
         // Same key: the job keeps its place in the queue (and in the retry schedule).
         match lease.retry_due {
             None => {
-                txn.open_table(st.ready_def())
-                    .map_err(io)?
-                    .insert(lease.id, rest.as_slice())
-                    .map_err(io)?;
+                txn.open_table(st.ready_def())?
+                    .insert(lease.id, rest.as_slice())?;
             }
             Some(due) => {
-                txn.open_table(st.retry_def())
-                    .map_err(io)?
-                    .insert((due, lease.id), rest.as_slice())
-                    .map_err(io)?;
+                txn.open_table(st.retry_def())?
+                    .insert((due, lease.id), rest.as_slice())?;
             }
         }
         // Out with the old value, in with the shorter one. Clamped like every removal, so counters
@@ -323,10 +309,8 @@ impl Tx<'_> {
                     offset: d.offset,
                 };
                 let value = format::encode(d.header.created_ms, &meta, head);
-                txn.open_table(st.dead_def())
-                    .map_err(io)?
-                    .insert(dead_id, value.as_slice())
-                    .map_err(io)?;
+                txn.open_table(st.dead_def())?
+                    .insert(dead_id, value.as_slice())?;
                 st.c.add_job(Table::Dead, cut, value.len() as u64);
                 st.c.dead_lettered_records += cut;
                 true

@@ -4,7 +4,7 @@
 use redb::ReadableTable;
 
 use super::Tx;
-use crate::store::error::{StoreError, io};
+use crate::store::error::StoreError;
 use crate::store::files::file_value;
 use crate::store::format::{self};
 use crate::store::layout::Table;
@@ -24,10 +24,10 @@ impl Tx<'_> {
             let cutoff = now_ms.saturating_sub(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
             let mut expired = 0u64;
             {
-                let mut ready = txn.open_table(st.ready_def()).map_err(io)?;
+                let mut ready = txn.open_table(st.ready_def())?;
                 let mut victims = Vec::new();
-                for e in ready.iter().map_err(io)? {
-                    let (k, v) = e.map_err(io)?;
+                for e in ready.iter()? {
+                    let (k, v) = e?;
                     let Ok(h) = format::header(v.value()) else {
                         continue;
                     };
@@ -47,15 +47,15 @@ impl Tx<'_> {
                     }
                 }
                 for (id, recs, len) in victims {
-                    ready.remove(id).map_err(io)?;
+                    ready.remove(id)?;
                     expired += st.c.remove_job(Table::Ready, recs, len);
                 }
             }
             {
-                let mut retry = txn.open_table(st.retry_def()).map_err(io)?;
+                let mut retry = txn.open_table(st.retry_def())?;
                 let mut victims = Vec::new();
-                for e in retry.iter().map_err(io)? {
-                    let (k, v) = e.map_err(io)?;
+                for e in retry.iter()? {
+                    let (k, v) = e?;
                     let Ok(h) = format::header(v.value()) else {
                         continue;
                     };
@@ -72,7 +72,7 @@ impl Tx<'_> {
                     }
                 }
                 for (key, recs, len) in victims {
-                    retry.remove(key).map_err(io)?;
+                    retry.remove(key)?;
                     expired += st.c.remove_job(Table::Retry, recs, len);
                 }
             }

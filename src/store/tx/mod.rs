@@ -21,7 +21,7 @@ use std::path::Path;
 use redb::{ReadableTable, WriteTransaction};
 
 use super::counters::Counters;
-use super::error::{FullReason, StoreError, io};
+use super::error::{FullReason, StoreError};
 use super::files::Disposal;
 use super::layout::{
     CHECKPOINTS, COUNTERS, DISPOSE, LAYOUT_VERSION, META, QUARANTINE, SPOOL, STORE_ID, new_store_id,
@@ -79,8 +79,8 @@ impl<'s> Tx<'s> {
 
     pub(in crate::store) fn ensure_layout(&mut self) -> Result<(), StoreError> {
         let txn = self.txn();
-        let mut meta = txn.open_table(META).map_err(io)?;
-        let found = meta.get("layout").map_err(io)?.map(|v| v.value());
+        let mut meta = txn.open_table(META)?;
+        let found = meta.get("layout")?.map(|v| v.value());
         match found {
             Some(v) if v > LAYOUT_VERSION => {
                 return Err(StoreError::NewerLayout {
@@ -90,23 +90,23 @@ impl<'s> Tx<'s> {
             }
             Some(_) => {}
             None => {
-                meta.insert("layout", LAYOUT_VERSION).map_err(io)?;
+                meta.insert("layout", LAYOUT_VERSION)?;
             }
         }
         // Files created before store ids get theirs on the first writable open.
-        if meta.get(STORE_ID).map_err(io)?.is_none() {
-            meta.insert(STORE_ID, new_store_id()).map_err(io)?;
+        if meta.get(STORE_ID)?.is_none() {
+            meta.insert(STORE_ID, new_store_id())?;
         }
         drop(meta);
-        txn.open_table(COUNTERS).map_err(io)?;
-        txn.open_table(CHECKPOINTS).map_err(io)?;
-        txn.open_table(QUARANTINE).map_err(io)?;
-        txn.open_table(SPOOL).map_err(io)?;
-        txn.open_table(DISPOSE).map_err(io)?;
+        txn.open_table(COUNTERS)?;
+        txn.open_table(CHECKPOINTS)?;
+        txn.open_table(QUARANTINE)?;
+        txn.open_table(SPOOL)?;
+        txn.open_table(DISPOSE)?;
         for st in self.store.streams.values() {
-            txn.open_table(st.ready_def()).map_err(io)?;
-            txn.open_table(st.retry_def()).map_err(io)?;
-            txn.open_table(st.dead_def()).map_err(io)?;
+            txn.open_table(st.ready_def())?;
+            txn.open_table(st.retry_def())?;
+            txn.open_table(st.dead_def())?;
         }
         Ok(())
     }
@@ -166,7 +166,7 @@ impl<'s> Tx<'s> {
         }
         let txn = self.txn.take().expect("present until commit or close");
         self.taken.clear();
-        txn.abort().map_err(io)
+        txn.abort().map_err(StoreError::from)
     }
 
     /// Abandons the transaction; counters are reloaded before the next one.
@@ -179,7 +179,7 @@ impl<'s> Tx<'s> {
                 st.in_flight.remove(&id);
             }
         }
-        txn.abort().map_err(io)
+        txn.abort().map_err(StoreError::from)
     }
 
     /// Makes everything in this transaction durable (fsync) before returning Ok.
@@ -187,15 +187,15 @@ impl<'s> Tx<'s> {
         let txn = self.txn.take().expect("present until commit");
         let result = (|| {
             {
-                let mut t = txn.open_table(COUNTERS).map_err(io)?;
+                let mut t = txn.open_table(COUNTERS)?;
                 for name in &self.dirty {
                     let st = &self.store.streams[name];
                     for (field, value) in Counters::NAMES.iter().zip(st.c.values()) {
-                        t.insert((name.as_str(), *field), value).map_err(io)?;
+                        t.insert((name.as_str(), *field), value)?;
                     }
                 }
             }
-            txn.commit().map_err(io)
+            txn.commit().map_err(StoreError::from)
         })();
         if result.is_err() {
             self.store.stale = true;

@@ -7,7 +7,7 @@ use redb::ReadableTable;
 use serde::Serialize;
 
 use super::Tx;
-use crate::store::error::{StoreError, io};
+use crate::store::error::StoreError;
 use crate::store::files::{SpoolEntry, spool_entry};
 use crate::store::format::{self};
 use crate::store::job::Lease;
@@ -35,31 +35,23 @@ impl Tx<'_> {
             .expect("checked by caller");
         match table {
             Table::Ready => {
-                txn.open_table(st.ready_def())
-                    .map_err(io)?
-                    .remove(id)
-                    .map_err(io)?;
+                txn.open_table(st.ready_def())?.remove(id)?;
             }
             Table::Retry => {
-                txn.open_table(st.retry_def())
-                    .map_err(io)?
-                    .remove((due.unwrap_or(0), id))
-                    .map_err(io)?;
+                txn.open_table(st.retry_def())?
+                    .remove((due.unwrap_or(0), id))?;
             }
             Table::Dead => {
-                txn.open_table(st.dead_def())
-                    .map_err(io)?
-                    .remove(id)
-                    .map_err(io)?;
+                txn.open_table(st.dead_def())?.remove(id)?;
             }
         }
         // A corrupt value's header is only a claim (a flipped bit can claim a thousand records), so
         // the table is counted again from the values that pass their checksum; what the counters
         // held beyond that was this job's. Rare, so a full scan is fine, and the identity stays exact.
         let (jobs, records, bytes) = match table {
-            Table::Ready => recount(&txn.open_table(st.ready_def()).map_err(io)?)?,
-            Table::Retry => recount(&txn.open_table(st.retry_def()).map_err(io)?)?,
-            Table::Dead => recount(&txn.open_table(st.dead_def()).map_err(io)?)?,
+            Table::Ready => recount(&txn.open_table(st.ready_def())?)?,
+            Table::Retry => recount(&txn.open_table(st.retry_def())?)?,
+            Table::Dead => recount(&txn.open_table(st.dead_def())?)?,
         };
         let (c_jobs, c_records, c_bytes) = st.c.table_mut(table);
         let recs = c_records.saturating_sub(records);
@@ -88,18 +80,18 @@ impl Tx<'_> {
         };
         let bytes =
             postcard::to_stdvec(&entry).expect("postcard encodes a plain struct into a Vec");
-        let mut q = txn.open_table(QUARANTINE).map_err(io)?;
-        let key = q.last().map_err(io)?.map_or(1, |(k, _)| k.value() + 1);
-        q.insert(key, bytes.as_slice()).map_err(io)?;
+        let mut q = txn.open_table(QUARANTINE)?;
+        let key = q.last()?.map_or(1, |(k, _)| k.value() + 1);
+        q.insert(key, bytes.as_slice())?;
         drop(q);
         // A file job's file is intact even when its job is not: forget that this job ships it, so
         // its task's recovery queues the file again instead of leaving it in the spool for good.
         // Rare (a damaged value), so a scan of the spool table is fine.
         if matches!(raw.first(), Some(&format::VERSION_FILE)) {
-            let mut spool = txn.open_table(SPOOL).map_err(io)?;
+            let mut spool = txn.open_table(SPOOL)?;
             let mut mine = Vec::new();
-            for e in spool.iter().map_err(io)? {
-                let (k, v) = e.map_err(io)?;
+            for e in spool.iter()? {
+                let (k, v) = e?;
                 if let Some(SpoolEntry::Queued { stream: s, job }) = spool_entry(v.value())
                     && s == stream
                     && job == id
@@ -108,7 +100,7 @@ impl Tx<'_> {
                 }
             }
             for k in mine {
-                spool.remove(k.as_slice()).map_err(io)?;
+                spool.remove(k.as_slice())?;
             }
         }
         tracing::error!(
@@ -156,8 +148,8 @@ pub(in crate::store) fn recount<K: redb::Key + 'static>(
     t: &redb::Table<'_, K, &'static [u8]>,
 ) -> Result<(u64, u64, u64), StoreError> {
     let (mut jobs, mut records, mut bytes) = (0u64, 0u64, 0u64);
-    for e in t.iter().map_err(io)? {
-        let (_, v) = e.map_err(io)?;
+    for e in t.iter()? {
+        let (_, v) = e?;
         jobs += 1;
         bytes += format::stored_len(v.value());
         if let Ok(d) = format::decode(v.value()) {
