@@ -147,7 +147,7 @@ impl Tx<'_> {
             name: name.clone(),
             archive: archive.clone(),
         };
-        let txn = self.txn.as_ref().expect("present until commit");
+        let txn = &self.txn;
         txn.open_table(SPOOL)?.remove(spool.as_slice())?;
         txn.open_table(DISPOSE)?
             .insert(spool.as_slice(), spool_bytes(&entry).as_slice())?;
@@ -180,21 +180,21 @@ impl Tx<'_> {
         let st = self.stream(stream)?;
         let (max_bytes, when_full) = (st.cfg.max_bytes, st.cfg.when_full);
         let queued = {
-            let t = self.txn().open_table(SPOOL)?;
+            let t = self.txn.open_table(SPOOL)?;
             t.get(spool)?.is_some()
         };
         if queued {
             return Ok(FileAppend::Known);
         }
         let disposing = {
-            let t = self.txn().open_table(DISPOSE)?;
+            let t = self.txn.open_table(DISPOSE)?;
             t.get(spool)?.map(|v| spool_entry(v.value()))
         };
         if let Some(entry) = disposing {
             if let Some(SpoolEntry::Dispose { name, archive }) = entry {
                 // Delivered already and back on disk (a disposal lost to a crash): dispose again.
                 // The entry is durable already, so this needs no commit of its own.
-                self.store.disposals.push(Disposal {
+                self.rollback.store.disposals.push(Disposal {
                     spool: spool.to_vec(),
                     name,
                     archive,
@@ -211,7 +211,7 @@ impl Tx<'_> {
         let value = format::encode_file(now_ms, &fresh_meta(0), &file, len);
         let bytes = format::stored_len(&value);
         let disk = value.len() as u64;
-        let storage_max = self.store.storage.max_bytes;
+        let storage_max = self.rollback.store.storage.max_bytes;
         if bytes > max_bytes || bytes > storage_max {
             let (max, bound) = if bytes > max_bytes {
                 (max_bytes, "the stream's max_bytes")
@@ -237,8 +237,13 @@ impl Tx<'_> {
                 reason,
             });
         }
-        let txn = self.txn.as_ref().expect("present until commit");
-        let st = self.store.streams.get_mut(stream).expect("checked above");
+        let txn = &self.txn;
+        let st = self
+            .rollback
+            .store
+            .streams
+            .get_mut(stream)
+            .expect("checked above");
         let id = st.c.next_id;
         txn.open_table(st.ready_def())?
             .insert(id, value.as_slice())?;
@@ -262,7 +267,7 @@ impl Tx<'_> {
 
     /// Forgets spooled files that were disposed of on disk (see [`Store::take_disposals`]).
     pub fn forget_spool(&mut self, spools: &[Vec<u8>]) -> Result<(), StoreError> {
-        let txn = self.txn.as_ref().expect("present until commit");
+        let txn = &self.txn;
         let mut t = txn.open_table(DISPOSE)?;
         for key in spools {
             if t.remove(key.as_slice())?.is_some() {

@@ -19,7 +19,7 @@ use super::layout::{
     new_store_id,
 };
 use super::stream::{StorageConfig, StreamConfig, StreamState};
-use super::tx::Tx;
+use super::tx::{Rollback, Tx};
 
 /// redb's page cache. Its default is 1 GiB; colibri reads the backlog in bounded windows and writes
 /// in group commits, so a small cache keeps memory flat however large the backlog.
@@ -311,11 +311,10 @@ impl Store {
         #[cfg(not(test))]
         txn.set_durability(Durability::Immediate)?;
         Ok(Tx {
-            store: self,
-            txn: Some(txn),
+            txn,
+            rollback: Rollback::new(self),
             dirty: HashSet::new(),
             fed: HashSet::new(),
-            taken: Vec::new(),
             free_disk: None,
             disposals: Vec::new(),
             touched: false,

@@ -923,7 +923,14 @@ fn when_full_block_refuses_everything_and_stores_nothing() {
 
 /// Sets the stream's batch size from inside a transaction (the config is the store's own copy).
 fn store_batch_limit(tx: &mut Tx<'_>, max_records: u32) {
-    tx.store.streams.get_mut(S).unwrap().cfg.batch.max_records = max_records;
+    tx.rollback
+        .store
+        .streams
+        .get_mut(S)
+        .unwrap()
+        .cfg
+        .batch
+        .max_records = max_records;
 }
 
 #[test]
@@ -1836,8 +1843,8 @@ fn model_based_random_operations() {
 fn overwrite_ready(store: &mut Store, stream: &str, id: u64, f: impl FnOnce(&mut Vec<u8>)) {
     let tx = store.transaction().unwrap();
     {
-        let st = &tx.store.streams[stream];
-        let mut t = tx.txn().open_table(st.ready_def()).unwrap();
+        let st = &tx.rollback.store.streams[stream];
+        let mut t = tx.txn.open_table(st.ready_def()).unwrap();
         let mut v = t.get(id).unwrap().expect("the job exists").value().to_vec();
         f(&mut v);
         t.insert(id, v.as_slice()).unwrap();

@@ -66,10 +66,10 @@ impl Tx<'_> {
             Some((n_jobs, max_jobs, "jobs", "the stream's max_jobs"))
         } else if bytes > max_bytes {
             Some((bytes, max_bytes, "bytes", "the stream's max_bytes"))
-        } else if bytes > self.store.storage.max_bytes {
+        } else if bytes > self.rollback.store.storage.max_bytes {
             Some((
                 bytes,
-                self.store.storage.max_bytes,
+                self.rollback.store.storage.max_bytes,
                 "bytes",
                 "storage.max_bytes",
             ))
@@ -96,7 +96,12 @@ impl Tx<'_> {
                     });
                 }
                 WhenFull::DropNewest => {
-                    let st = self.store.streams.get_mut(stream).expect("checked above");
+                    let st = self
+                        .rollback
+                        .store
+                        .streams
+                        .get_mut(stream)
+                        .expect("checked above");
                     st.c.appended_records += n_records;
                     st.c.dropped_newest_records += n_records;
                     self.dirty.insert(stream.into());
@@ -118,8 +123,13 @@ impl Tx<'_> {
                 }
             }
         }
-        let txn = self.txn.as_ref().expect("present until commit");
-        let st = self.store.streams.get_mut(stream).expect("checked above");
+        let txn = &self.txn;
+        let st = self
+            .rollback
+            .store
+            .streams
+            .get_mut(stream)
+            .expect("checked above");
         {
             let mut ready = txn.open_table(st.ready_def())?;
             for job in &jobs {
@@ -165,11 +175,12 @@ impl Tx<'_> {
         if self.below_min_free(disk) {
             return Ok(0);
         }
-        let stored_elsewhere =
-            self.store.stored_bytes() - self.store.streams[stream].c.stored_bytes();
-        let budget = self.store.storage.max_bytes;
-        let txn = self.txn.as_ref().expect("present until commit");
+        let stored_elsewhere = self.rollback.store.stored_bytes()
+            - self.rollback.store.streams[stream].c.stored_bytes();
+        let budget = self.rollback.store.storage.max_bytes;
+        let txn = &self.txn;
         let st = self
+            .rollback
             .store
             .streams
             .get_mut(stream)

@@ -18,8 +18,9 @@ pub(in crate::store) const DEAD_DROPS_EVERY: std::time::Duration =
 impl Tx<'_> {
     /// Keeps the dead-letter table within `dead_letter.max_jobs`, oldest out first.
     pub(in crate::store) fn trim_dead(&mut self, stream: &str) -> Result<(), StoreError> {
-        let txn = self.txn.as_ref().expect("present until commit");
+        let txn = &self.txn;
         let st = self
+            .rollback
             .store
             .streams
             .get_mut(stream)
@@ -84,8 +85,13 @@ impl Tx<'_> {
         limit: usize,
     ) -> Result<(u64, u64), StoreError> {
         self.stream(stream)?;
-        let txn = self.txn.as_ref().expect("present until commit");
-        let st = self.store.streams.get_mut(stream).expect("checked above");
+        let txn = &self.txn;
+        let st = self
+            .rollback
+            .store
+            .streams
+            .get_mut(stream)
+            .expect("checked above");
         let mut dead = txn.open_table(st.dead_def())?;
         let mut ready = txn.open_table(st.ready_def())?;
         let keys: Vec<u64> = match id {
@@ -151,8 +157,13 @@ impl Tx<'_> {
         limit: usize,
     ) -> Result<(u64, u64), StoreError> {
         self.stream(stream)?;
-        let txn = self.txn.as_ref().expect("present until commit");
-        let st = self.store.streams.get_mut(stream).expect("checked above");
+        let txn = &self.txn;
+        let st = self
+            .rollback
+            .store
+            .streams
+            .get_mut(stream)
+            .expect("checked above");
         let mut dead = txn.open_table(st.dead_def())?;
         let mut victims = Vec::new();
         for e in dead.iter()? {

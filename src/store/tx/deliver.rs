@@ -22,10 +22,15 @@ impl Tx<'_> {
         now_ms: u64,
     ) -> Result<Vec<Job>, StoreError> {
         self.stream(stream)?;
-        let store_id = self.store.id;
-        let data_dir = self.store.data_dir.as_path();
-        let txn = self.txn.as_ref().expect("present until commit");
-        let st = self.store.streams.get_mut(stream).expect("checked above");
+        let store_id = self.rollback.store.id;
+        let data_dir = self.rollback.store.data_dir.as_path();
+        let txn = &self.txn;
+        let st = self
+            .rollback
+            .store
+            .streams
+            .get_mut(stream)
+            .expect("checked above");
         let mut out = Vec::new();
         let mut bad: Vec<Undecodable> = Vec::new();
         {
@@ -64,7 +69,7 @@ impl Tx<'_> {
         }
         for j in &out {
             st.in_flight.insert(j.lease.id);
-            self.taken.push((stream.to_string(), j.lease.id));
+            self.rollback.taken.push((stream.to_string(), j.lease.id));
         }
         for (table, id, due, raw, reason) in bad {
             self.quarantine(stream, table, id, due, &raw, &reason)?;
@@ -78,7 +83,7 @@ impl Tx<'_> {
         lease: &Lease,
     ) -> Result<(Vec<u8>, Table), StoreError> {
         self.check_lease(lease)?;
-        let txn = self.txn();
+        let txn = &self.txn;
         let st = self.stream(&lease.stream)?;
         let (raw, table) = match lease.retry_due {
             None => {
@@ -102,7 +107,7 @@ impl Tx<'_> {
 
     /// A lease of another store file (replaced since it was handed out) names no job here.
     pub(in crate::store) fn check_lease(&self, lease: &Lease) -> Result<(), StoreError> {
-        if lease.store == self.store.id {
+        if lease.store == self.rollback.store.id {
             return Ok(());
         }
         Err(StoreError::NoSuchJob {
@@ -121,8 +126,9 @@ impl Tx<'_> {
         lease: &Lease,
     ) -> Result<(Vec<u8>, Table), StoreError> {
         self.check_lease(lease)?;
-        let txn = self.txn.as_ref().expect("present until commit");
+        let txn = &self.txn;
         let st = self
+            .rollback
             .store
             .streams
             .get_mut(&lease.stream)
@@ -156,6 +162,7 @@ impl Tx<'_> {
     pub fn ack(&mut self, lease: &Lease) -> Result<(), StoreError> {
         let (raw, _) = self.remove_leased(lease)?;
         let st = self
+            .rollback
             .store
             .streams
             .get_mut(&lease.stream)
@@ -200,8 +207,9 @@ impl Tx<'_> {
         let value = format::reencode(&d, &meta);
         let recs = u64::from(d.header.records);
         let len = format::stored_len(&value);
-        let txn = self.txn.as_ref().expect("present until commit");
+        let txn = &self.txn;
         let st = self
+            .rollback
             .store
             .streams
             .get_mut(&lease.stream)
@@ -269,8 +277,9 @@ impl Tx<'_> {
             tail,
         );
         let (old_len, new_len) = (raw.len() as u64, rest.len() as u64);
-        let txn = self.txn.as_ref().expect("present until commit");
+        let txn = &self.txn;
         let st = self
+            .rollback
             .store
             .streams
             .get_mut(&lease.stream)

@@ -16,10 +16,10 @@ pub const EXPIRE_CHUNK: usize = 10_000;
 impl Tx<'_> {
     /// Deletes queued jobs older than their stream's TTL (never one in flight); returns records.
     pub fn expire(&mut self, now_ms: u64) -> Result<u64, StoreError> {
-        let txn = self.txn.as_ref().expect("present until commit");
+        let txn = &self.txn;
         let mut total = 0;
         let mut files = Vec::new();
-        for st in self.store.streams.values_mut() {
+        for st in self.rollback.store.streams.values_mut() {
             let Some(ttl) = st.cfg.ttl else { continue };
             let cutoff = now_ms.saturating_sub(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
             let mut expired = 0u64;

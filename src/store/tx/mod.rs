@@ -31,13 +31,12 @@ use super::stream::StreamState;
 
 /// One write transaction. Changes become durable at [`Tx::commit`]; dropping it aborts them.
 pub struct Tx<'s> {
-    pub(in crate::store) store: &'s mut Store,
-    pub(in crate::store) txn: Option<WriteTransaction>,
+    pub(in crate::store) txn: WriteTransaction,
+    /// The store, and what to undo in it if this transaction does not commit.
+    pub(in crate::store) rollback: Rollback<'s>,
     pub(in crate::store) dirty: HashSet<String>,
     /// Streams that received jobs in this transaction.
     pub(in crate::store) fed: HashSet<String>,
-    /// Leases handed out in this transaction: released again if it does not commit.
-    pub(in crate::store) taken: Vec<(String, u64)>,
     pub(in crate::store) free_disk: Option<u64>,
     /// Spooled files whose jobs this transaction removes: handed to the store once it commits.
     pub(in crate::store) disposals: Vec<Disposal>,
@@ -45,15 +44,43 @@ pub struct Tx<'s> {
     pub(in crate::store) touched: bool,
 }
 
-impl Drop for Tx<'_> {
+/// What a transaction changed in the store's memory, undone unless it commits (or closes with
+/// nothing to write): the leases it handed out are released, and the counters, which any
+/// operation may have changed, are re-read before the next transaction. A guard of its own, so
+/// that [`Tx`] holds a plain redb transaction that `commit` and `abort` consume.
+pub(in crate::store) struct Rollback<'s> {
+    pub(in crate::store) store: &'s mut Store,
+    /// Leases handed out in this transaction, as (stream, job id).
+    pub(in crate::store) taken: Vec<(String, u64)>,
+    /// Nothing to undo: the transaction committed, or closed keeping its leases.
+    kept: bool,
+}
+
+impl<'s> Rollback<'s> {
+    pub(in crate::store) fn new(store: &'s mut Store) -> Self {
+        Rollback {
+            store,
+            taken: Vec::new(),
+            kept: false,
+        }
+    }
+
+    /// The transaction's changes stand: nothing is undone.
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Rollback<'_> {
     fn drop(&mut self) {
-        if self.txn.is_some() {
-            // Not committed: counters changed in memory must be re-read, leases undone.
-            self.store.stale = true;
-            for (stream, id) in self.taken.drain(..) {
-                if let Some(st) = self.store.streams.get_mut(&stream) {
-                    st.in_flight.remove(&id);
-                }
+        if self.kept {
+            return;
+        }
+        // Not committed: counters changed in memory must be re-read, leases undone.
+        self.store.stale = true;
+        for (stream, id) in self.taken.drain(..) {
+            if let Some(st) = self.store.streams.get_mut(&stream) {
+                st.in_flight.remove(&id);
             }
         }
     }
@@ -64,27 +91,22 @@ pub(in crate::store) fn free_disk_bytes(path: &Path) -> Option<u64> {
 }
 
 impl<'s> Tx<'s> {
-    pub(in crate::store) fn txn(&self) -> &WriteTransaction {
-        self.txn
-            .as_ref()
-            .expect("present until commit consumes the Tx")
-    }
-
     pub(in crate::store) fn stream(&self, name: &str) -> Result<&StreamState, StoreError> {
-        self.store
+        self.rollback
+            .store
             .streams
             .get(name)
             .ok_or_else(|| StoreError::UnknownStream(name.into()))
     }
 
     pub(in crate::store) fn ensure_layout(&mut self) -> Result<(), StoreError> {
-        let txn = self.txn();
+        let txn = &self.txn;
         let mut meta = txn.open_table(META)?;
         let found = meta.get("layout")?.map(|v| v.value());
         match found {
             Some(v) if v > LAYOUT_VERSION => {
                 return Err(StoreError::NewerLayout {
-                    path: self.store.path.clone(),
+                    path: self.rollback.store.path.clone(),
                     found: v,
                 });
             }
@@ -103,7 +125,7 @@ impl<'s> Tx<'s> {
         txn.open_table(QUARANTINE)?;
         txn.open_table(SPOOL)?;
         txn.open_table(DISPOSE)?;
-        for st in self.store.streams.values() {
+        for st in self.rollback.store.streams.values() {
             txn.open_table(st.ready_def())?;
             txn.open_table(st.retry_def())?;
             txn.open_table(st.dead_def())?;
@@ -114,11 +136,11 @@ impl<'s> Tx<'s> {
     /// Whether writing `bytes` more would take the filesystem below `storage.min_free`. Free space is
     /// read once per transaction (statvfs), then counted down by what the transaction appends.
     pub(in crate::store) fn below_min_free(&mut self, bytes: u64) -> bool {
-        let path = &self.store.path;
+        let path = &self.rollback.store.path;
         let free = *self
             .free_disk
             .get_or_insert_with(|| free_disk_bytes(path).unwrap_or(u64::MAX));
-        free.saturating_sub(bytes) < self.store.storage.min_free
+        free.saturating_sub(bytes) < self.rollback.store.storage.min_free
     }
 
     /// Checks the bounds for adding `jobs`/`bytes` to `stream`, of which `disk` bytes are still to
@@ -135,10 +157,10 @@ impl<'s> Tx<'s> {
         if self.below_min_free(disk) {
             return Some(FullReason::MinFree);
         }
-        if self.store.stored_bytes() + bytes > self.store.storage.max_bytes {
+        if self.rollback.store.stored_bytes() + bytes > self.rollback.store.storage.max_bytes {
             return Some(FullReason::Budget);
         }
-        let st = &self.store.streams[stream];
+        let st = &self.rollback.store.streams[stream];
         if st.c.ready_jobs + st.c.retry_jobs + jobs > st.cfg.max_jobs {
             return Some(FullReason::Jobs);
         }
@@ -160,54 +182,46 @@ impl<'s> Tx<'s> {
 
     /// Commits when anything changed; otherwise ends the transaction without a commit (no fsync),
     /// keeping the leases it handed out: a `take` changes nothing on disk.
-    pub fn close(mut self) -> Result<(), StoreError> {
+    pub fn close(self) -> Result<(), StoreError> {
         if self.is_dirty() {
             return self.commit();
         }
-        let txn = self.txn.take().expect("present until commit or close");
-        self.taken.clear();
-        txn.abort().map_err(StoreError::from)
+        let Tx { txn, rollback, .. } = self;
+        rollback.keep();
+        Ok(txn.abort()?)
     }
 
     /// Abandons the transaction; counters are reloaded before the next one.
-    pub fn abort(mut self) -> Result<(), StoreError> {
-        let txn = self.txn.take().expect("present until commit or abort");
+    pub fn abort(self) -> Result<(), StoreError> {
+        let Tx { txn, rollback, .. } = self;
         // Any operation may have changed counters in memory, even one that found nothing to do.
-        self.store.stale = true;
-        for (stream, id) in self.taken.drain(..) {
-            if let Some(st) = self.store.streams.get_mut(&stream) {
-                st.in_flight.remove(&id);
-            }
-        }
-        txn.abort().map_err(StoreError::from)
+        drop(rollback);
+        Ok(txn.abort()?)
     }
 
-    /// Makes everything in this transaction durable (fsync) before returning Ok.
-    pub fn commit(mut self) -> Result<(), StoreError> {
-        let txn = self.txn.take().expect("present until commit");
-        let result = (|| {
-            {
-                let mut t = txn.open_table(COUNTERS)?;
-                for name in &self.dirty {
-                    let st = &self.store.streams[name];
-                    for (field, value) in Counters::NAMES.iter().zip(st.c.values()) {
-                        t.insert((name.as_str(), *field), value)?;
-                    }
+    /// Makes everything in this transaction durable (fsync) before returning Ok. When it fails,
+    /// the rollback undoes what the transaction changed in memory.
+    pub fn commit(self) -> Result<(), StoreError> {
+        let Tx {
+            txn,
+            rollback,
+            dirty,
+            mut disposals,
+            ..
+        } = self;
+        {
+            let mut t = txn.open_table(COUNTERS)?;
+            for name in &dirty {
+                let st = &rollback.store.streams[name];
+                for (field, value) in Counters::NAMES.iter().zip(st.c.values()) {
+                    t.insert((name.as_str(), *field), value)?;
                 }
             }
-            txn.commit().map_err(StoreError::from)
-        })();
-        if result.is_err() {
-            self.store.stale = true;
-            for (stream, id) in self.taken.drain(..) {
-                if let Some(st) = self.store.streams.get_mut(&stream) {
-                    st.in_flight.remove(&id);
-                }
-            }
-        } else {
-            // Durable now: the files of the jobs it removed may go.
-            self.store.disposals.append(&mut self.disposals);
         }
-        result
+        txn.commit()?;
+        // Durable now: the files of the jobs it removed may go.
+        rollback.store.disposals.append(&mut disposals);
+        rollback.keep();
+        Ok(())
     }
 }

@@ -27,8 +27,9 @@ impl Tx<'_> {
         raw: &[u8],
         reason: &str,
     ) -> Result<(), StoreError> {
-        let txn = self.txn.as_ref().expect("present until commit");
+        let txn = &self.txn;
         let st = self
+            .rollback
             .store
             .streams
             .get_mut(stream)
@@ -124,7 +125,7 @@ impl Tx<'_> {
         raw: &[u8],
         e: &format::FormatError,
     ) -> StoreError {
-        if let Some(st) = self.store.streams.get_mut(&lease.stream) {
+        if let Some(st) = self.rollback.store.streams.get_mut(&lease.stream) {
             st.in_flight.remove(&lease.id);
         }
         let reason = e.to_string();
