@@ -184,6 +184,60 @@ impl Store {
         Self::with_db(db, path, storage, streams, opts)
     }
 
+    /// Opens the store as [`Store::open`] does, for the agent: a file redb reports as corrupted is
+    /// opened again with every page verified (which rebuilds redb's allocator state and may well
+    /// succeed), and one that fails that too is moved aside (kept for inspection, as
+    /// `colibri.redb.corrupt-<ms>`) and a fresh one created, so the agent comes back into service.
+    /// Logged at ERROR: data in the old file is no longer served. `verify`: check every page at
+    /// once (a reopen after a failure). The store owns this recovery: nothing else renames its file.
+    pub fn open_or_replace(
+        dir: &Path,
+        storage: StorageConfig,
+        streams: &[StreamConfig],
+        verify: bool,
+    ) -> Result<Store, StoreError> {
+        let opts = OpenOptions {
+            verify,
+            ..OpenOptions::default()
+        };
+        let first = Store::open(dir, storage, streams, opts);
+        // A plain open trusts redb's recorded allocator state; a verifying one checks every page and
+        // rebuilds it, and may well succeed. Only a file that fails that too is given up on.
+        let opened = match first {
+            Err(StoreError::Corrupted(reason)) if !verify => {
+                tracing::warn!(
+                    reason,
+                    "the store looks damaged; opening it again with full verification"
+                );
+                let opts = OpenOptions {
+                    verify: true,
+                    ..OpenOptions::default()
+                };
+                Store::open(dir, storage, streams, opts)
+            }
+            other => other,
+        };
+        match opened {
+            Err(StoreError::Corrupted(reason)) => {
+                let path = dir.join(DB_FILE);
+                let aside = path.with_extension(format!("redb.corrupt-{}", super::now_ms()));
+                std::fs::rename(&path, &aside).map_err(|e| {
+                    StoreError::io(format!(
+                        "cannot move the corrupted store {} aside: {e}",
+                        path.display()
+                    ))
+                })?;
+                tracing::error!(
+                    reason,
+                    moved_to = %aside.display(),
+                    "the store is corrupted; it was moved aside and a new one created"
+                );
+                Store::open(dir, storage, streams, OpenOptions::default())
+            }
+            other => other,
+        }
+    }
+
     /// Opens a store on any redb backend (tests inject faults and power cuts here), in exclusive
     /// mode: no other process shares a backend.
     pub fn open_backend(
