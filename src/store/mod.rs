@@ -36,8 +36,6 @@ mod stream;
 mod tx;
 pub mod writer;
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 pub use counters::Counters;
 pub use error::{AppendError, FullReason, StoreError};
 pub use files::{Disposal, FileAppend};
@@ -47,12 +45,6 @@ pub use open::{DATA_DIR_MODE, OpenOptions, Store, create_data_dir};
 pub use read::Peeked;
 pub use stream::{BatchConfig, StorageConfig, StreamConfig, WhenFull};
 pub use tx::{EXPIRE_CHUNK, Tx};
-
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 #[cfg(test)]
 mod tests;

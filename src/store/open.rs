@@ -220,7 +220,7 @@ impl Store {
         match opened {
             Err(StoreError::Corrupted(reason)) => {
                 let path = dir.join(DB_FILE);
-                let aside = path.with_extension(format!("redb.corrupt-{}", super::now_ms()));
+                let aside = path.with_extension(format!("redb.corrupt-{}", crate::clock::now_ms()));
                 std::fs::rename(&path, &aside).map_err(|e| {
                     StoreError::io(format!(
                         "cannot move the corrupted store {} aside: {e}",

@@ -19,6 +19,7 @@ use super::job::fresh_meta;
 use super::layout::{COUNTERS, DISPOSE, META, QUARANTINE, SPOOL, STORE_ID};
 use super::open::Db;
 use super::tx::QuarantineEntry;
+use crate::clock::now_ms;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Bound;

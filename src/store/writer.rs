@@ -21,9 +21,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, oneshot};
 
+use crate::clock::now_ms;
+
 use super::{
     AppendError, Appended, Counters, Disposal, Failed, Failure, FileAppend, Job, Lease, Settle,
-    Store, StoreError, StreamConfig, now_ms,
+    Store, StoreError, StreamConfig,
 };
 
 /// Requests taken into one transaction at most.
