@@ -221,6 +221,34 @@ pub fn spawn(
 }
 
 impl StoreHandle {
+    /// Queues the request `make` builds around a fresh reply channel; the channel's other end, or
+    /// [`StoreError::WriterStopped`] when the writer is gone. Every request/reply goes through here.
+    fn send<T>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> Request,
+    ) -> Result<oneshot::Receiver<T>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(make(reply)).map_err(|_| gone())?;
+        Ok(rx)
+    }
+
+    /// A request and the writer's answer to it; a writer that stops before answering is
+    /// [`StoreError::WriterStopped`], never a hang.
+    async fn ask<T, E: From<StoreError>>(
+        &self,
+        make: impl FnOnce(Reply<Result<T, E>>) -> Request,
+    ) -> Result<T, E> {
+        let rx = self.send(make)?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// [`ask`](Self::ask) from a thread outside the event loop (a task's blocking file work).
+    fn ask_blocking<T, E: From<StoreError>>(
+        &self,
+        make: impl FnOnce(Reply<Result<T, E>>) -> Request,
+    ) -> Result<T, E> {
+        self.send(make)?.blocking_recv().map_err(|_| gone())?
+    }
     /// Appends records and returns once they are durable. Under `when_full: block`, waits for room
     /// up to `wait` (None: fail at once when full). Records may come shared (`Arc`), so a producer
     /// that must send them again after a refusal keeps them without a copy.
@@ -231,16 +259,16 @@ impl StoreHandle {
         checkpoint: Option<(String, Vec<u8>)>,
         wait: Option<Duration>,
     ) -> Result<Appended, AppendError> {
-        let (reply, rx) = oneshot::channel();
-        let req = Request::Append {
-            stream: stream.to_string(),
-            records: records.into(),
+        let (stream, records) = (stream.to_string(), records.into());
+        let deadline = wait.map(|w| Instant::now() + w);
+        self.ask(|reply| Request::Append {
+            stream,
+            records,
             checkpoint,
-            deadline: wait.map(|w| Instant::now() + w),
+            deadline,
             reply,
-        };
-        self.tx.send(req).map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        })
+        .await
     }
 
     /// Queues a spooled file as a file job, from a thread outside the event loop (a task's file
@@ -250,40 +278,29 @@ impl StoreHandle {
         stream: &str,
         file: SpooledFile,
     ) -> Result<FileAppend, AppendError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::AppendFile {
-                stream: stream.to_string(),
-                file,
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.blocking_recv().map_err(|_| gone())?
+        self.ask_blocking(|reply| Request::AppendFile {
+            stream: stream.to_string(),
+            file,
+            reply,
+        })
     }
 
     /// Whether the store knows a spooled file (queued, or delivered and being disposed of), from a
     /// thread outside the event loop.
     pub fn spool_known_blocking(&self, spool: &[u8]) -> Result<bool, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::SpoolKnown {
-                spool: spool.to_vec(),
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.blocking_recv().map_err(|_| gone())?
+        self.ask_blocking(|reply| Request::SpoolKnown {
+            spool: spool.to_vec(),
+            reply,
+        })
     }
 
     pub async fn take(&self, stream: &str, max_jobs: usize) -> Result<Vec<Job>, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Take {
-                stream: stream.to_string(),
-                max_jobs,
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        self.ask(|reply| Request::Take {
+            stream: stream.to_string(),
+            max_jobs,
+            reply,
+        })
+        .await
     }
 
     /// Deletes a delivered job; returns once that is durable.
@@ -299,15 +316,8 @@ impl StoreHandle {
         &self,
         lease: Lease,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        let (reply, rx) = oneshot::channel();
-        let sent = self
-            .tx
-            .send(Request::Ack { lease, reply })
-            .map_err(|_| gone());
-        async move {
-            sent?;
-            rx.await.map_err(|_| gone())?
-        }
+        let sent = self.send(|reply| Request::Ack { lease, reply });
+        async move { sent?.await.map_err(|_| gone())? }
     }
 
     /// Settles the first `n` records of a leased job (see [`super::Tx::settle_prefix`]) and returns
@@ -318,40 +328,31 @@ impl StoreHandle {
         n: u32,
         outcome: Settle,
     ) -> Result<Job, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Settle {
-                lease,
-                n,
-                outcome,
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        self.ask(|reply| Request::Settle {
+            lease,
+            n,
+            outcome,
+            reply,
+        })
+        .await
     }
 
     pub async fn fail(&self, lease: Lease, failure: Failure) -> Result<Failed, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Fail {
-                lease,
-                failure,
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        self.ask(|reply| Request::Fail {
+            lease,
+            failure,
+            reply,
+        })
+        .await
     }
 
     /// When the stream's earliest retry falls due (Unix ms), if it has one.
     pub async fn next_retry_due(&self, stream: &str) -> Result<Option<u64>, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::NextDue {
-                stream: stream.to_string(),
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        self.ask(|reply| Request::NextDue {
+            stream: stream.to_string(),
+            reply,
+        })
+        .await
     }
 
     /// Signalled after each commit that gave `stream` new jobs (a permit is kept when nobody
@@ -365,31 +366,24 @@ impl StoreHandle {
     }
 
     pub async fn snapshot(&self) -> Result<Snapshot, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Snapshot { reply })
-            .map_err(|_| gone())?;
+        let rx = self.send(|reply| Request::Snapshot { reply })?;
         rx.await.map_err(|_| gone())
     }
 
     /// The last committed checkpoint of `source` (see [`Store::checkpoint`]). Read before the
     /// transaction of the batch it arrives in: ask after the replies of your own appends.
     pub async fn checkpoint(&self, source: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Checkpoint {
-                source: source.to_string(),
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        self.ask(|reply| Request::Checkpoint {
+            source: source.to_string(),
+            reply,
+        })
+        .await
     }
 
     /// Finishes what is queued, closes the database cleanly (so the next start needs no repair)
     /// and stops the thread.
     pub async fn shutdown(&self) {
-        let (reply, rx) = oneshot::channel();
-        if self.tx.send(Request::Shutdown { reply }).is_ok() {
+        if let Ok(rx) = self.send(|reply| Request::Shutdown { reply }) {
             let _ = rx.await;
         }
     }
