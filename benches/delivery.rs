@@ -23,8 +23,9 @@ mod common;
 #[path = "../tests/it/util/http/mod.rs"]
 mod http;
 
+use colibri::clock::now_ms;
 use colibri::config;
-use colibri::store::{OpenOptions, Store, now_ms};
+use colibri::store::{OpenOptions, Store};
 use common::{bin, cores, cpu_secs, env_u64, log_lines, rss_kib, spawn_run, stop, wait_log};
 use http::{Mode, Receiver};
 

@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 
 mod common;
 
+use colibri::clock::now_ms;
 use colibri::config::{self, Config};
-use colibri::store::{OpenOptions, Store, now_ms, writer};
+use colibri::store::{OpenOptions, Store, writer};
 use common::{bin, cores, env_u64, rss_kib, signal, spawn_run, stop};
 
 const STREAM: &str = "logs";

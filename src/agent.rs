@@ -36,7 +36,7 @@ use crate::delivery::{SinkRuntime, SinkStats};
 use crate::metrics::Registry;
 use crate::notify::notify;
 use crate::scheduler::{Change, Scheduler, SchedulerHandle};
-use crate::store::{self, OpenOptions, Store, StoreError, writer};
+use crate::store::{self, Store, writer};
 use crate::tail::TailStats;
 use crate::task::RunContext;
 use crate::units::fmt_duration;
@@ -595,7 +595,7 @@ fn open_store(config: &Config) -> anyhow::Result<Option<writer::StoreHandle>> {
         config.storage,
         config.streams.clone(),
     );
-    let opened = open_or_replace(&dir, storage, &streams, false).map_err(|e| {
+    let opened = Store::open_or_replace(&dir, storage, &streams, false).map_err(|e| {
         if e.names_file() {
             anyhow::Error::from(e)
         } else {
@@ -611,61 +611,10 @@ fn open_store(config: &Config) -> anyhow::Result<Option<writer::StoreHandle>> {
         "store opened"
     );
     // After a failure the file is verified page by page; a corrupted one is replaced.
-    let reopen = Box::new(move || open_or_replace(&dir, storage, &streams, true));
+    let reopen = Box::new(move || Store::open_or_replace(&dir, storage, &streams, true));
     let handle = writer::spawn(opened, reopen, writer::WriterOptions::default())
         .context("cannot start the store writer thread")?;
     Ok(Some(handle))
-}
-
-/// Opens the store; a file redb reports as corrupted is moved aside (kept for inspection) and a fresh
-/// one created, so the agent comes back into service. Logged at ERROR: data in the old file is no
-/// longer served.
-fn open_or_replace(
-    dir: &std::path::Path,
-    storage: store::StorageConfig,
-    streams: &[store::StreamConfig],
-    verify: bool,
-) -> Result<Store, StoreError> {
-    let opts = OpenOptions {
-        verify,
-        ..OpenOptions::default()
-    };
-    let first = Store::open(dir, storage, streams, opts);
-    // A plain open trusts redb's recorded allocator state; a verifying one checks every page and
-    // rebuilds it, and may well succeed. Only a file that fails that too is given up on.
-    let opened = match first {
-        Err(StoreError::Corrupted(reason)) if !verify => {
-            tracing::warn!(
-                reason,
-                "the store looks damaged; opening it again with full verification"
-            );
-            let opts = OpenOptions {
-                verify: true,
-                ..OpenOptions::default()
-            };
-            Store::open(dir, storage, streams, opts)
-        }
-        other => other,
-    };
-    match opened {
-        Err(StoreError::Corrupted(reason)) => {
-            let path = dir.join(store::DB_FILE);
-            let aside = path.with_extension(format!("redb.corrupt-{}", store::now_ms()));
-            std::fs::rename(&path, &aside).map_err(|e| {
-                StoreError::Io(format!(
-                    "cannot move the corrupted store {} aside: {e}",
-                    path.display()
-                ))
-            })?;
-            tracing::error!(
-                reason,
-                moved_to = %aside.display(),
-                "the store is corrupted; it was moved aside and a new one created"
-            );
-            Store::open(dir, storage, streams, OpenOptions::default())
-        }
-        other => other,
-    }
 }
 
 /// What a sink did in this life of the process, logged at stop (the metrics endpoint will expose

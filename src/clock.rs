@@ -3,7 +3,8 @@
 //! battery, an operator's `date -s`) without polling: a `timerfd` armed with `TFD_TIMER_CANCEL_ON_SET`
 //! wakes exactly then. Monotonic time is tokio's `Instant`, which tests pause and advance. Used by the
 //! scheduler; nothing here decides what a jump means. [`unix_ns`] is the plain wall-clock reading the
-//! ingest API and `queue push` stamp line-protocol points with.
+//! ingest API and `queue push` stamp line-protocol points with; [`now_ms`] the one the store stamps
+//! jobs, retries and expiry with.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
@@ -25,6 +26,14 @@ impl Clock for SystemClock {
     fn wall(&self) -> DateTime<Utc> {
         Utc::now()
     }
+}
+
+/// The wall clock as Unix milliseconds: 0 before 1970, saturating far in the future (the stamp on
+/// jobs, retry times and TTLs, read by the store, its writer, delivery and `colibri queue`).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The wall clock as Unix nanoseconds, saturating outside 1677-2262 (the stamp the ingest API and

@@ -31,10 +31,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::now_ms;
 use crate::link::Link;
 use crate::sink::{Batch, DeliveryError, Sink};
 use crate::store::writer::{Snapshot, StoreHandle};
-use crate::store::{Failed, Failure, Job, Lease, Settle, StoreError, now_ms};
+use crate::store::{Failed, Failure, Job, Lease, Settle, StoreError};
 
 /// Pause after the store itself failed (it reopens with its own backoff).
 const STORE_ERROR_PAUSE: Duration = Duration::from_secs(1);

@@ -5,7 +5,7 @@ pub(crate) mod admin;
 pub(crate) mod agent;
 pub(crate) mod backoff;
 pub mod cli;
-pub(crate) mod clock;
+pub mod clock;
 pub mod config;
 pub(crate) mod delivery;
 pub(crate) mod files;

@@ -14,6 +14,7 @@ use anyhow::Context as _;
 
 use clap::{Args, Subcommand};
 
+use crate::clock;
 use crate::config::{self, Config, Unset};
 use crate::ingest::body;
 use crate::scrape::lineparse;
@@ -313,7 +314,7 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
                     return Ok(());
                 }
             }
-            let before = older_than.map(|d| store::now_ms().saturating_sub(d.as_millis() as u64));
+            let before = older_than.map(|d| clock::now_ms().saturating_sub(d.as_millis() as u64));
             let (jobs, records) = in_chunks(
                 &mut s,
                 "purged",
@@ -418,7 +419,7 @@ fn job_json(job: &store::Peeked) -> serde_json::Value {
 
 fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
     let s = open(c, Access::Read)?;
-    let now = store::now_ms();
+    let now = clock::now_ms();
     let mut rows = Vec::new();
     for (cfg, n) in s.streams() {
         let oldest = s.oldest_ms(&cfg.name)?;
@@ -544,7 +545,7 @@ fn push(c: &Config, stream: &str, batch: usize) -> anyhow::Result<()> {
             return Ok(());
         }
         let mut tx = s.transaction()?;
-        tx.append(stream, pending, None, store::now_ms())?;
+        tx.append(stream, pending, None, clock::now_ms())?;
         tx.commit()?;
         *acked += pending.len() as u64;
         pending.clear();

@@ -701,7 +701,8 @@ fn disk_full_on_a_tmpfs_is_an_error_not_a_loss() {
 /// room above min_free.
 #[test]
 fn min_free_holds_within_one_transaction() {
-    use colibri::store::{AppendError, FullReason, OpenOptions, Store, now_ms};
+    use colibri::clock::now_ms;
+    use colibri::store::{AppendError, FullReason, OpenOptions, Store};
     let sb = Sandbox::new();
     let Some(fs) = Tmpfs::mount(sb.file("disk"), "64m") else {
         return;
@@ -1176,7 +1177,8 @@ fn push_creates_the_store_as_run_would() {
 /// Jobs in every state, made through the store's API: `dead` of them dead-lettered, `expired`
 /// expired, and `ready` left ready.
 fn jobs_in_every_state(config: &Path, dead: usize, expired: usize, ready: u64) {
-    use colibri::store::{Failure, OpenOptions, Store, now_ms};
+    use colibri::clock::now_ms;
+    use colibri::store::{Failure, OpenOptions, Store};
     let total = (dead + expired) as u64;
     push_ok(config, 1, 1, total);
     let c = colibri::config::load(config).expect("config");

@@ -1,418 +1,24 @@
-//! Group commit: one thread owns the [`Store`] and every write transaction. Producers and delivery
-//! workers send requests through a [`StoreHandle`]; the thread takes everything that is waiting,
-//! applies it in one transaction, commits once (one fsync for many producers), and only then replies.
-//! A reply is therefore a durability receipt: an `Ok` from `append` means the records are on disk.
-//!
-//! Appends to a full `block` stream are parked (in order) until room appears or their deadline
-//! passes. A failed commit fails every request in it (nothing is acknowledged) and the store is
-//! reopened with backoff, since redb refuses work after an I/O error. When the store has been idle
-//! for a while with nothing queued, the file is compacted so a drained backlog gives its disk back.
-//! Spooled files whose jobs left the store are deleted or archived by a second thread (a copy to an
-//! archive on another filesystem must not hold up commits), which reports back so their SPOOL
-//! entries are forgotten in a later transaction.
-//! Called by `agent` (and benchmarks); it does not decide what to deliver or when.
+//! The writer thread: it owns the [`Store`], takes every request waiting, applies them in one
+//! transaction, commits once and only then replies; parks appends to a full `block` stream, reopens
+//! the store after a failed commit, compacts when idle and hands spooled files to the disposal
+//! thread. Started by [`super::spawn`]; reached only through [`super::StoreHandle`].
 
 use std::collections::{HashMap, VecDeque};
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 
-use super::{
-    AppendError, Appended, Counters, Disposal, Failed, Failure, FileAppend, Job, Lease, Settle,
-    Store, StoreError, StreamConfig, now_ms,
-};
+use crate::clock::now_ms;
 
-/// Requests taken into one transaction at most.
-const MAX_BATCH: usize = 4096;
-/// How often TTLs are enforced at most: a job past its `ttl` is deleted this long after it at
-/// worst. Shorter TTLs are swept every tenth of the shortest one, but not more often than
-/// [`EXPIRE_MIN`] (README, `ttl`).
-const EXPIRE_EVERY: Duration = Duration::from_secs(30);
-const EXPIRE_MIN: Duration = Duration::from_secs(1);
-
-/// The sweep interval for streams with these TTLs.
-fn expire_interval(ttls: impl Iterator<Item = Duration>) -> Duration {
-    ttls.map(|t| t / 10)
-        .min()
-        .map_or(EXPIRE_EVERY, |t| t.clamp(EXPIRE_MIN, EXPIRE_EVERY))
-}
-/// Quiet time before an idle, drained store is compacted.
-const COMPACT_AFTER_IDLE: Duration = Duration::from_secs(10);
-/// Compaction is worth it when the file is this much larger than what it stores.
-const COMPACT_SLACK: u64 = 8 << 20;
-
-type Reply<T> = oneshot::Sender<T>;
-
-enum Request {
-    Append {
-        stream: String,
-        records: Arc<Vec<Vec<u8>>>,
-        checkpoint: Option<(String, Vec<u8>)>,
-        deadline: Option<Instant>,
-        reply: Reply<Result<Appended, AppendError>>,
-    },
-    AppendFile {
-        stream: String,
-        file: SpooledFile,
-        reply: Reply<Result<FileAppend, AppendError>>,
-    },
-    SpoolKnown {
-        spool: Vec<u8>,
-        reply: Reply<Result<bool, StoreError>>,
-    },
-    /// Disposed of on disk by the disposal thread: forget them.
-    SpoolForget {
-        spools: Vec<Vec<u8>>,
-    },
-    Take {
-        stream: String,
-        max_jobs: usize,
-        reply: Reply<Result<Vec<Job>, StoreError>>,
-    },
-    Ack {
-        lease: Lease,
-        reply: Reply<Result<(), StoreError>>,
-    },
-    Fail {
-        lease: Lease,
-        failure: Failure,
-        reply: Reply<Result<Failed, StoreError>>,
-    },
-    Settle {
-        lease: Lease,
-        n: u32,
-        outcome: Settle,
-        reply: Reply<Result<Job, StoreError>>,
-    },
-    Release {
-        lease: Lease,
-    },
-    Snapshot {
-        reply: Reply<Snapshot>,
-    },
-    Checkpoint {
-        source: String,
-        reply: Reply<Result<Option<Vec<u8>>, StoreError>>,
-    },
-    NextDue {
-        stream: String,
-        reply: Reply<Result<Option<u64>, StoreError>>,
-    },
-    /// The stop has begun: appends waiting for room are answered [`AppendError::Stopping`] now,
-    /// and later ones do not wait.
-    StopWaiting,
-    Shutdown {
-        reply: Reply<()>,
-    },
-}
-
-/// A file in the spool, to be queued as a file job (see [`super::Tx::append_file`]).
-#[derive(Debug, Clone)]
-pub struct SpooledFile {
-    /// Relative to the data directory.
-    pub spool: Vec<u8>,
-    pub name: Vec<u8>,
-    pub len: u64,
-    pub mtime_ms: u64,
-    pub archive: Option<Vec<u8>>,
-}
-
-/// Counters of every stream and of the writer itself, at one moment.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    pub streams: Vec<(StreamConfig, Counters)>,
-    pub stored_bytes: u64,
-    pub file_bytes: u64,
-    pub commits: u64,
-}
-
-/// Writer statistics, readable without a round trip.
-#[derive(Debug)]
-pub struct WriterStats {
-    /// Commits that reached the disk (each one fsync).
-    pub commits: AtomicU64,
-    /// Requests applied in those commits.
-    pub requests: AtomicU64,
-    pub failed_commits: AtomicU64,
-    /// Commits that wrote something, from the start of the commit to its return (the fsync).
-    pub commit_duration: crate::metrics::Histogram,
-    /// The writer holds an open store (false while it reopens one after an I/O error).
-    pub store_open: std::sync::atomic::AtomicBool,
-}
-
-impl Default for WriterStats {
-    fn default() -> Self {
-        WriterStats {
-            commits: AtomicU64::new(0),
-            requests: AtomicU64::new(0),
-            failed_commits: AtomicU64::new(0),
-            commit_duration: crate::metrics::Histogram::new(crate::metrics::COMMIT_BUCKETS),
-            store_open: std::sync::atomic::AtomicBool::new(true),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct StoreHandle {
-    tx: mpsc::Sender<Request>,
-    stats: Arc<WriterStats>,
-    /// Per stream, signalled after a commit that gave it new jobs.
-    notifiers: Arc<HashMap<String, Arc<Notify>>>,
-    /// The id of the store the writer holds; the writer updates it when it reopens one (a file
-    /// that replaced a corrupted one has a new id).
-    store_id: Arc<AtomicU64>,
-}
-
-fn gone() -> StoreError {
-    StoreError::Io("the store writer has stopped".into())
-}
-
-/// Tuning that does not belong in the config file.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct WriterOptions {
-    /// Extra time to wait for more requests before committing. Zero (the default) already batches
-    /// whatever arrived during the previous fsync; see BENCHMARKS.md.
-    pub window: Duration,
-}
-
-/// Starts the writer thread. `reopen` builds a fresh store after an I/O error or a damaged page.
-pub fn spawn(
-    store: Store,
-    reopen: Box<dyn FnMut() -> Result<Store, StoreError> + Send>,
-    opts: WriterOptions,
-) -> std::io::Result<StoreHandle> {
-    let (tx, rx) = mpsc::channel();
-    let stats = Arc::new(WriterStats::default());
-    let thread_stats = Arc::clone(&stats);
-    let notifiers: Arc<HashMap<String, Arc<Notify>>> = Arc::new(
-        store
-            .streams()
-            .map(|(cfg, _)| (cfg.name.clone(), Arc::default()))
-            .collect(),
-    );
-    let thread_notifiers = Arc::clone(&notifiers);
-    let store_id = Arc::new(AtomicU64::new(store.id()));
-    let thread_store_id = Arc::clone(&store_id);
-    std::thread::Builder::new()
-        .name("colibri-store".into())
-        .spawn(move || {
-            Writer::new(
-                store,
-                reopen,
-                opts,
-                thread_stats,
-                thread_notifiers,
-                thread_store_id,
-            )
-            .run(rx)
-        })?;
-    Ok(StoreHandle {
-        tx,
-        stats,
-        notifiers,
-        store_id,
-    })
-}
-
-impl StoreHandle {
-    /// Appends records and returns once they are durable. Under `when_full: block`, waits for room
-    /// up to `wait` (None: fail at once when full). Records may come shared (`Arc`), so a producer
-    /// that must send them again after a refusal keeps them without a copy.
-    pub async fn append(
-        &self,
-        stream: &str,
-        records: impl Into<Arc<Vec<Vec<u8>>>>,
-        checkpoint: Option<(String, Vec<u8>)>,
-        wait: Option<Duration>,
-    ) -> Result<Appended, AppendError> {
-        let (reply, rx) = oneshot::channel();
-        let req = Request::Append {
-            stream: stream.to_string(),
-            records: records.into(),
-            checkpoint,
-            deadline: wait.map(|w| Instant::now() + w),
-            reply,
-        };
-        self.tx.send(req).map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
-    }
-
-    /// Queues a spooled file as a file job, from a thread outside the event loop (a task's file
-    /// work on the blocking pool); returns once that is durable.
-    pub fn append_file_blocking(
-        &self,
-        stream: &str,
-        file: SpooledFile,
-    ) -> Result<FileAppend, AppendError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::AppendFile {
-                stream: stream.to_string(),
-                file,
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.blocking_recv().map_err(|_| gone())?
-    }
-
-    /// Whether the store knows a spooled file (queued, or delivered and being disposed of), from a
-    /// thread outside the event loop.
-    pub fn spool_known_blocking(&self, spool: &[u8]) -> Result<bool, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::SpoolKnown {
-                spool: spool.to_vec(),
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.blocking_recv().map_err(|_| gone())?
-    }
-
-    pub async fn take(&self, stream: &str, max_jobs: usize) -> Result<Vec<Job>, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Take {
-                stream: stream.to_string(),
-                max_jobs,
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
-    }
-
-    /// Deletes a delivered job; returns once that is durable.
-    pub async fn ack(&self, lease: Lease) -> Result<(), StoreError> {
-        self.ack_later(lease).await
-    }
-
-    /// Like [`ack`](Self::ack), but the request is queued before this returns, and the future only
-    /// waits for the commit: a delivery worker can queue its next request (a take) behind the ack
-    /// while the ack's fsync runs. Requests are applied in the order they were queued, so one
-    /// queued after this sees the job gone. The job counts as delivered once the future says Ok.
-    pub fn ack_later(
-        &self,
-        lease: Lease,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        let (reply, rx) = oneshot::channel();
-        let sent = self
-            .tx
-            .send(Request::Ack { lease, reply })
-            .map_err(|_| gone());
-        async move {
-            sent?;
-            rx.await.map_err(|_| gone())?
-        }
-    }
-
-    /// Settles the first `n` records of a leased job (see [`super::Tx::settle_prefix`]) and returns
-    /// what is left of it, still leased, once the change is durable.
-    pub async fn settle_prefix(
-        &self,
-        lease: Lease,
-        n: u32,
-        outcome: Settle,
-    ) -> Result<Job, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Settle {
-                lease,
-                n,
-                outcome,
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
-    }
-
-    pub async fn fail(&self, lease: Lease, failure: Failure) -> Result<Failed, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Fail {
-                lease,
-                failure,
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
-    }
-
-    /// When the stream's earliest retry falls due (Unix ms), if it has one.
-    pub async fn next_retry_due(&self, stream: &str) -> Result<Option<u64>, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::NextDue {
-                stream: stream.to_string(),
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
-    }
-
-    /// Signalled after each commit that gave `stream` new jobs (a permit is kept when nobody
-    /// waits, so a wake-up between a take and the wait is not lost).
-    pub fn fed(&self, stream: &str) -> Option<Arc<Notify>> {
-        self.notifiers.get(stream).cloned()
-    }
-
-    pub fn release(&self, lease: Lease) {
-        let _ = self.tx.send(Request::Release { lease });
-    }
-
-    pub async fn snapshot(&self) -> Result<Snapshot, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Snapshot { reply })
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())
-    }
-
-    /// The last committed checkpoint of `source` (see [`Store::checkpoint`]). Read before the
-    /// transaction of the batch it arrives in: ask after the replies of your own appends.
-    pub async fn checkpoint(&self, source: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Checkpoint {
-                source: source.to_string(),
-                reply,
-            })
-            .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
-    }
-
-    /// Finishes what is queued, closes the database cleanly (so the next start needs no repair)
-    /// and stops the thread.
-    pub async fn shutdown(&self) {
-        let (reply, rx) = oneshot::channel();
-        if self.tx.send(Request::Shutdown { reply }).is_ok() {
-            let _ = rx.await;
-        }
-    }
-
-    pub fn stats(&self) -> &WriterStats {
-        &self.stats
-    }
-
-    /// The stop has begun: appends waiting for room in a full `block` stream are answered
-    /// [`AppendError::Stopping`] at once (nothing of them stored), and from now on an append that
-    /// finds its stream full gets that answer instead of waiting.
-    pub fn stop_waiting(&self) {
-        let _ = self.tx.send(Request::StopWaiting);
-    }
-
-    /// The id of the store behind this handle (see [`Store::id`]), without a round trip. It changes
-    /// only when the writer had to replace a corrupted file with a fresh one.
-    pub fn store_id(&self) -> u64 {
-        self.store_id.load(Ordering::Acquire)
-    }
-}
+use super::*;
+use crate::store::{AppendError, Appended, Disposal, Failed, FileAppend, Job, Store, StoreError};
 
 struct Parked {
     /// Why the stream was full when this append was last tried.
-    reason: super::FullReason,
+    reason: crate::store::FullReason,
     stream: String,
     records: Arc<Vec<Vec<u8>>>,
     checkpoint: Option<(String, Vec<u8>)>,
@@ -446,7 +52,7 @@ impl Pending {
     /// Sends the result, or, when the commit failed, an error in its place.
     fn send(self, commit: &Result<(), StoreError>) {
         let failed =
-            |e: &StoreError| StoreError::Io(format!("commit failed, nothing acknowledged: {e}"));
+            |e: &StoreError| StoreError::io(format!("commit failed, nothing acknowledged: {e}"));
         match (self, commit) {
             (Pending::Append(r, v), Ok(())) => drop(r.send(v)),
             (Pending::Append(r, _), Err(e)) => drop(r.send(Err(AppendError::Store(failed(e))))),
@@ -464,7 +70,7 @@ impl Pending {
     }
 }
 
-struct Writer {
+pub(super) struct Writer {
     store: Option<Store>,
     reopen: Box<dyn FnMut() -> Result<Store, StoreError> + Send>,
     opts: WriterOptions,
@@ -493,7 +99,7 @@ struct Writer {
 }
 
 impl Writer {
-    fn new(
+    pub(super) fn new(
         store: Store,
         reopen: Box<dyn FnMut() -> Result<Store, StoreError> + Send>,
         opts: WriterOptions,
@@ -544,7 +150,7 @@ impl Writer {
                         let handled = batch.len();
                         let mut done = Vec::with_capacity(batch.len());
                         for d in batch {
-                            match super::spool::dispose(&data_dir, &d) {
+                            match crate::store::spool::dispose(&data_dir, &d) {
                                 Ok(()) => done.push(d.spool),
                                 Err(e) => tracing::error!(
                                     file = %String::from_utf8_lossy(&d.spool),
@@ -589,7 +195,7 @@ impl Writer {
         out
     }
 
-    fn run(mut self, rx: mpsc::Receiver<Request>) {
+    pub(super) fn run(mut self, rx: mpsc::Receiver<Request>) {
         // Files whose jobs left the store before the last stop.
         self.dispose();
         loop {
@@ -630,8 +236,8 @@ impl Writer {
             if let Some(done) = applied {
                 // Shutdown: parked producers get a clear error, the database closes cleanly.
                 for p in self.parked.drain(..) {
-                    let _ = p.reply.send(Err(AppendError::Store(StoreError::Io(
-                        "colibri is shutting down".into(),
+                    let _ = p.reply.send(Err(AppendError::Store(StoreError::io(
+                        "colibri is shutting down",
                     ))));
                 }
                 drop(self.store.take());
@@ -715,21 +321,21 @@ impl Writer {
                 Request::Checkpoint { source, reply } => {
                     let cp = match &self.store {
                         Some(s) => s.checkpoint(&source),
-                        None => Err(StoreError::Io("the store is unavailable".into())),
+                        None => Err(StoreError::Unavailable { detail: "" }),
                     };
                     let _ = reply.send(cp);
                 }
                 Request::NextDue { stream, reply } => {
                     let due = match &self.store {
                         Some(s) => s.next_retry_due(&stream),
-                        None => Err(StoreError::Io("the store is unavailable".into())),
+                        None => Err(StoreError::Unavailable { detail: "" }),
                     };
                     let _ = reply.send(due);
                 }
                 Request::SpoolKnown { spool, reply } => {
                     let known = match &self.store {
                         Some(s) => s.spool_known(&spool),
-                        None => Err(StoreError::Io("the store is unavailable".into())),
+                        None => Err(StoreError::Unavailable { detail: "" }),
                     };
                     let _ = reply.send(known);
                 }
@@ -765,9 +371,11 @@ impl Writer {
                     .partition(|p| now >= p.deadline);
             self.parked = waiting;
             for p in expired {
-                let _ = p.reply.send(Err(AppendError::Store(StoreError::Io(
-                    "the store is unavailable after an i/o error".into(),
-                ))));
+                let _ = p
+                    .reply
+                    .send(Err(AppendError::Store(StoreError::Unavailable {
+                        detail: " after an i/o error",
+                    })));
             }
             return shutdown;
         }
@@ -800,7 +408,7 @@ impl Writer {
         }
     }
 
-    fn forget_carried(&mut self, lease: &super::Lease) {
+    fn forget_carried(&mut self, lease: &crate::store::Lease) {
         self.carried_in_flight
             .retain(|(stream, id)| !(stream == &lease.stream && *id == lease.id));
     }
@@ -921,7 +529,7 @@ fn run_tx(
         Err(e) => {
             tracing::error!(error = %e, "cannot begin a store transaction; reopening the database");
             for req in work.drain(..) {
-                fail_with(req, &e);
+                fail_with(req, || StoreError::io(e.to_string()));
             }
             None
         }
@@ -1090,8 +698,8 @@ fn run_tx(
     (still_parked, result)
 }
 
-fn fail_with(req: Request, e: &StoreError) {
-    let err = || StoreError::Io(e.to_string());
+/// Answers a request that cannot be applied with the error `err` makes (one per reply).
+fn fail_with(req: Request, err: impl Fn() -> StoreError) {
     match req {
         Request::Append { reply, .. } => drop(reply.send(Err(AppendError::Store(err())))),
         Request::Take { reply, .. } => drop(reply.send(Err(err()))),
@@ -1111,10 +719,9 @@ fn fail_with(req: Request, e: &StoreError) {
 }
 
 fn fail_unavailable(req: Request) {
-    fail_with(
-        req,
-        &StoreError::Io("the store is unavailable after an i/o error; retrying".into()),
-    );
+    fail_with(req, || StoreError::Unavailable {
+        detail: " after an i/o error; retrying",
+    });
 }
 
 #[cfg(test)]

@@ -1,0 +1,167 @@
+//! A job and what is said about it: the [`Job`] handed out for delivery with its [`Lease`], what
+//! an append did ([`Appended`]), how an attempt failed ([`Failure`]), what a partial settle does
+//! ([`Settle`]) and where a failed job went ([`Failed`]); decoding a stored value into a job. It
+//! does not read or write tables (the transaction in [`super::tx`] does). Used by the store, its
+//! writer and delivery.
+
+use std::path::{Path, PathBuf};
+
+use super::format::{self, Meta};
+
+/// What an accepted append did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Appended {
+    pub jobs: u64,
+    pub records: u64,
+    /// Records of older jobs deleted to make room (`drop_oldest`).
+    pub dropped_oldest: u64,
+}
+
+/// Identifies a taken job so it can be acknowledged, failed or released.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Lease {
+    pub stream: String,
+    pub id: u64,
+    /// The id of the store file that handed it out: a lease from a file since replaced (ids
+    /// start over in a new one) must never settle the new file's job of the same id.
+    pub store: u64,
+    /// `Some(due)` when the job was taken from the retry table.
+    pub retry_due: Option<u64>,
+}
+
+/// A job handed out for delivery.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub lease: Lease,
+    pub created_ms: u64,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    /// Records of this job as first appended that were settled and cut from it before: its first
+    /// record is record `offset` of the original job (an idempotency key stays stable across
+    /// splits, and differs between the parts).
+    pub offset: u32,
+    /// The stored value (one copy out of the database, verified); records are read from it in place.
+    pub(super) value: Vec<u8>,
+    /// For a file job, the spooled file it ships.
+    pub(super) file: Option<FileJob>,
+}
+
+/// The file a file job ships.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileJob {
+    /// Where it is spooled (absolute).
+    pub path: PathBuf,
+    /// Its name where it was taken from.
+    pub name: std::ffi::OsString,
+    pub len: u64,
+}
+
+impl Job {
+    /// For a file job: the file to ship instead of records.
+    pub fn file(&self) -> Option<&FileJob> {
+        self.file.as_ref()
+    }
+
+    /// The job's records, as they were appended, without copying them.
+    pub fn records(&self) -> format::Records<'_> {
+        format::records(&self.value)
+    }
+
+    pub fn record_count(&self) -> usize {
+        format::header(&self.value).map_or(0, |h| h.records as usize)
+    }
+
+    /// Bytes the job occupies: its value and, for a file job, the file.
+    pub fn bytes(&self) -> u64 {
+        format::stored_len(&self.value)
+    }
+
+    /// A job as `take` would hand it out (tests of the parts downstream of the store).
+    #[cfg(test)]
+    pub fn for_test<R: AsRef<[u8]>>(lease: Lease, records: &[R]) -> Job {
+        Job {
+            lease,
+            created_ms: 0,
+            attempts: 0,
+            last_error: None,
+            offset: 0,
+            value: format::encode(0, &fresh_meta(0), records),
+            file: None,
+        }
+    }
+}
+
+/// How a delivery attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// Try again at `retry_at_ms`, unless attempts reach `max_attempts`.
+    Transient {
+        reason: String,
+        retry_at_ms: u64,
+        max_attempts: u32,
+    },
+    /// Straight to dead letters.
+    Permanent { reason: String },
+}
+
+/// What became of the records `settle_prefix` cuts from the front of a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settle {
+    /// The sink accepted them.
+    Delivered,
+    /// The sink refused them for good: they become a dead letter of their own, with this reason.
+    Dead { reason: String },
+}
+
+/// Where a failed job went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failed {
+    Retry { attempts: u32, due_ms: u64 },
+    Dead { attempts: u32 },
+}
+/// Metadata of a job with no attempts behind it: appended, or replayed (keeping its `offset`).
+pub(super) fn fresh_meta(offset: u32) -> Meta {
+    Meta::V2 {
+        attempts: 0,
+        last_error: None,
+        last_failed_ms: 0,
+        offset,
+    }
+}
+pub(super) fn job_from(
+    store: u64,
+    data_dir: &Path,
+    stream: &str,
+    id: u64,
+    due: Option<u64>,
+    v: &[u8],
+) -> Result<Job, String> {
+    let d = format::decode(v).map_err(|e| e.to_string())?;
+    let file = match d.header.file_len {
+        None => None,
+        Some(len) => {
+            use std::os::unix::ffi::OsStringExt;
+            let format::FileRef::V1 { spool, name, .. } =
+                format::file_ref(d.records[0]).map_err(|e| e.to_string())?;
+            Some(FileJob {
+                path: data_dir.join(std::ffi::OsString::from_vec(spool)),
+                name: std::ffi::OsString::from_vec(name),
+                len,
+            })
+        }
+    };
+    Ok(Job {
+        file,
+        lease: Lease {
+            stream: stream.to_string(),
+            id,
+            retry_due: due,
+            store,
+        },
+        created_ms: d.header.created_ms,
+        attempts: d.attempts,
+        last_error: d.last_error,
+        offset: d.offset,
+        value: v.to_vec(),
+    })
+}

@@ -1,0 +1,248 @@
+//! What the store answers without changing the disk: counters, the jobs in flight, when the next
+//! retry falls due, the oldest queued job, a peek at jobs for an operator, checkpoints, quarantine;
+//! and giving a drained backlog's space back ([`Store::compact`]). Releasing a lease is here too:
+//! it only changes memory. Called by the writer, delivery, `/metrics` and `colibri queue`.
+
+use redb::{ReadableTable, ReadableTableMetadata};
+use serde::Serialize;
+
+use super::counters::Counters;
+use super::error::StoreError;
+use super::format;
+use super::job::Lease;
+use super::layout::{CHECKPOINTS, QUARANTINE};
+use super::open::Store;
+use super::stream::StreamConfig;
+
+impl Store {
+    /// Every stream, by name.
+    pub fn streams(&self) -> impl Iterator<Item = (&StreamConfig, &Counters)> {
+        self.streams.values().map(|s| (&s.cfg, &s.c))
+    }
+
+    pub fn counters(&self, stream: &str) -> Option<&Counters> {
+        self.streams.get(stream).map(|s| &s.c)
+    }
+
+    /// Returns a taken job to the queue without an attempt (the link went down, shutdown).
+    pub fn release(&mut self, lease: &Lease) {
+        if lease.store != self.id {
+            return;
+        }
+        if let Some(st) = self.streams.get_mut(&lease.stream) {
+            st.in_flight.remove(&lease.id);
+        }
+    }
+
+    /// Every job handed out and not yet settled, as (stream, id).
+    pub fn in_flight_leases(&self) -> Vec<(String, u64)> {
+        self.streams
+            .iter()
+            .flat_map(|(name, st)| st.in_flight.iter().map(move |id| (name.clone(), *id)))
+            .collect()
+    }
+
+    /// Marks jobs as handed out (leases that outlived a previous `Store` of the same file).
+    pub fn restore_in_flight(&mut self, leases: Vec<(String, u64)>) {
+        for (stream, id) in leases {
+            if let Some(st) = self.streams.get_mut(&stream) {
+                st.in_flight.insert(id);
+            }
+        }
+    }
+
+    pub fn in_flight(&self, stream: &str) -> usize {
+        self.streams.get(stream).map_or(0, |s| s.in_flight.len())
+    }
+
+    /// Bytes of job values in every stream.
+    pub fn stored_bytes(&self) -> u64 {
+        self.streams.values().map(|s| s.c.stored_bytes()).sum()
+    }
+
+    /// The database file's size on disk.
+    pub fn file_bytes(&self) -> u64 {
+        std::fs::metadata(&self.path).map_or(0, |m| m.len())
+    }
+
+    /// When the earliest retry of a stream falls due, if it has any.
+    pub fn next_retry_due(&self, stream: &str) -> Result<Option<u64>, StoreError> {
+        let st = self
+            .streams
+            .get(stream)
+            .ok_or_else(|| StoreError::UnknownStream(stream.into()))?;
+        let rtx = self.db.begin_read()?;
+        let Ok(t) = rtx.open_table(st.retry_def()) else {
+            return Ok(None);
+        };
+        // Jobs being delivered are not due for anyone else: a worker must not wake for them (it
+        // would find nothing to take and spin). At most `in_flight` entries are skipped.
+        for e in t.iter()? {
+            let (k, _) = e?;
+            let (due, id) = k.value();
+            if !st.in_flight.contains(&id) {
+                return Ok(Some(due));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Oldest creation time among a stream's queued (ready or retry) jobs.
+    pub fn oldest_ms(&self, stream: &str) -> Result<Option<u64>, StoreError> {
+        let st = self
+            .streams
+            .get(stream)
+            .ok_or_else(|| StoreError::UnknownStream(stream.into()))?;
+        let rtx = self.db.begin_read()?;
+        let mut oldest: Option<u64> = None;
+        if let Ok(t) = rtx.open_table(st.ready_def())
+            && let Some(first) = t.first()?
+        {
+            oldest = format::header(first.1.value()).ok().map(|h| h.created_ms);
+        }
+        if let Ok(t) = rtx.open_table(st.retry_def()) {
+            for entry in t.iter()? {
+                let (_, v) = entry?;
+                if let Ok(h) = format::header(v.value()) {
+                    oldest = Some(oldest.map_or(h.created_ms, |o| o.min(h.created_ms)));
+                }
+            }
+        }
+        Ok(oldest)
+    }
+
+    /// Up to `n` jobs of a stream without taking them: ready then retry, or the dead letters.
+    pub fn peek(&self, stream: &str, dead: bool, n: usize) -> Result<Vec<Peeked>, StoreError> {
+        let st = self
+            .streams
+            .get(stream)
+            .ok_or_else(|| StoreError::UnknownStream(stream.into()))?;
+        let rtx = self.db.begin_read()?;
+        let mut out = Vec::new();
+        if dead {
+            if let Ok(t) = rtx.open_table(st.dead_def()) {
+                for e in t.iter()?.take(n) {
+                    let (k, v) = e?;
+                    out.push(Peeked::from_bytes("dead", k.value(), None, v.value()));
+                }
+            }
+        } else {
+            if let Ok(t) = rtx.open_table(st.ready_def()) {
+                for e in t.iter()?.take(n) {
+                    let (k, v) = e?;
+                    out.push(Peeked::from_bytes("ready", k.value(), None, v.value()));
+                }
+            }
+            let left = n.saturating_sub(out.len());
+            if let Ok(t) = rtx.open_table(st.retry_def()) {
+                for e in t.iter()?.take(left) {
+                    let (k, v) = e?;
+                    let (due, id) = k.value();
+                    out.push(Peeked::from_bytes("retry", id, Some(due), v.value()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reclaims the space a drained backlog left in the file. redb needs no live transaction for
+    /// this; the store's owner calls it when idle. Returns the bytes given back.
+    pub fn compact(&mut self) -> Result<u64, StoreError> {
+        let before = self.file_bytes();
+        while self.db.rw()?.compact()? {}
+        Ok(before.saturating_sub(self.file_bytes()))
+    }
+
+    /// Space compaction could give back, estimated from redb's own statistics.
+    pub fn reclaimable_bytes(&mut self) -> Result<u64, StoreError> {
+        let txn = self.db.rw()?.begin_write()?;
+        let stats = txn.stats()?;
+        let fragmented = stats.fragmented_bytes();
+        txn.abort()?;
+        Ok(fragmented.min(self.file_bytes()))
+    }
+
+    /// Saves a source's checkpoint outside any append (appends can carry one too).
+    pub fn checkpoint(&self, source: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let rtx = self.db.begin_read()?;
+        let t = match rtx.open_table(CHECKPOINTS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(t.get(source)?.map(|v| v.value().to_vec()))
+    }
+
+    /// Entries in quarantine.
+    pub fn quarantined(&self) -> Result<u64, StoreError> {
+        let rtx = self.db.begin_read()?;
+        match rtx.open_table(QUARANTINE) {
+            Ok(t) => Ok(t.len()?),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// A job as shown to an operator.
+#[derive(Debug, Clone, Serialize)]
+pub struct Peeked {
+    pub table: &'static str,
+    pub id: u64,
+    pub retry_due_ms: Option<u64>,
+    pub created_ms: u64,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub last_failed_ms: u64,
+    /// Records of the original job settled and cut from its front before.
+    pub offset: u32,
+    pub bytes: u64,
+    /// Records as text (lossy UTF-8), or the reason the job cannot be decoded.
+    pub records: Result<Vec<String>, String>,
+}
+
+impl Peeked {
+    pub(super) fn from_bytes(table: &'static str, id: u64, due: Option<u64>, v: &[u8]) -> Peeked {
+        match format::decode(v) {
+            Ok(d) => Peeked {
+                table,
+                id,
+                retry_due_ms: due,
+                created_ms: d.header.created_ms,
+                attempts: d.attempts,
+                last_error: d.last_error,
+                last_failed_ms: d.last_failed_ms,
+                offset: d.offset,
+                bytes: format::stored_len(v),
+                records: Ok(match d.header.file_len {
+                    // A file job: what it ships, readably.
+                    Some(len) => vec![match format::file_ref(d.records[0]) {
+                        Ok(format::FileRef::V1 { spool, name, .. }) => format!(
+                            "file {:?} ({len} bytes), spooled as {}",
+                            String::from_utf8_lossy(&name),
+                            String::from_utf8_lossy(&spool)
+                        ),
+                        Err(e) => e.to_string(),
+                    }],
+                    None => d
+                        .records
+                        .iter()
+                        .map(|r| String::from_utf8_lossy(r).into_owned())
+                        .collect(),
+                }),
+            },
+            Err(e) => Peeked {
+                table,
+                id,
+                retry_due_ms: due,
+                created_ms: 0,
+                attempts: 0,
+                last_error: None,
+                last_failed_ms: 0,
+                offset: 0,
+                bytes: v.len() as u64,
+                records: Err(e.to_string()),
+            },
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! What a stream may hold and how it behaves when full ([`StreamConfig`], [`BatchConfig`],
+//! [`WhenFull`]), the store-wide bounds ([`StorageConfig`]), and a stream's state while the store is
+//! open (its counters, the jobs in flight, the names of its three tables). Built by
+//! `config::compile`; read by the store. It does not touch the database.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use redb::TableDefinition;
+
+use super::counters::Counters;
+
+/// What a stream may hold and how it behaves when full. Built by `config::compile`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamConfig {
+    pub name: String,
+    /// The sink's name, when the stream is delivered.
+    pub sink: Option<String>,
+    pub batch: BatchConfig,
+    pub max_jobs: u64,
+    pub max_bytes: u64,
+    pub when_full: WhenFull,
+    pub ttl: Option<Duration>,
+    pub dead_max_jobs: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchConfig {
+    pub max_records: u32,
+    pub max_bytes: u64,
+    /// How long a source may hold records back to fill a job (used by sources, not here).
+    pub linger: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StorageConfig {
+    /// Bytes of job values across all streams (ready, retry and dead).
+    pub max_bytes: u64,
+    /// Free bytes the filesystem keeps; below it every stream is full.
+    pub min_free: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    Block,
+    DropOldest,
+    DropNewest,
+}
+
+impl std::fmt::Display for WhenFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WhenFull::Block => "block",
+            WhenFull::DropOldest => "drop_oldest",
+            WhenFull::DropNewest => "drop_newest",
+        })
+    }
+}
+pub(super) struct StreamState {
+    pub(super) cfg: StreamConfig,
+    pub(super) c: Counters,
+    /// Jobs handed out and not yet acknowledged, failed or released. Not persisted: after a crash
+    /// they are simply ready again (at-least-once).
+    pub(super) in_flight: HashSet<u64>,
+    pub(super) ready: String,
+    pub(super) retry: String,
+    pub(super) dead: String,
+}
+
+impl StreamState {
+    pub(super) fn new(cfg: StreamConfig) -> Self {
+        StreamState {
+            ready: format!("ready/{}", cfg.name),
+            retry: format!("retry/{}", cfg.name),
+            dead: format!("dead/{}", cfg.name),
+            cfg,
+            c: Counters::default(),
+            in_flight: HashSet::new(),
+        }
+    }
+
+    pub(super) fn ready_def(&self) -> TableDefinition<'_, u64, &'static [u8]> {
+        TableDefinition::new(&self.ready)
+    }
+    pub(super) fn retry_def(&self) -> TableDefinition<'_, (u64, u64), &'static [u8]> {
+        TableDefinition::new(&self.retry)
+    }
+    pub(super) fn dead_def(&self) -> TableDefinition<'_, u64, &'static [u8]> {
+        TableDefinition::new(&self.dead)
+    }
+}

@@ -1,0 +1,242 @@
+//! Appending records: cutting them into jobs, checking the bounds before anything is written, and
+//! what a full stream does (`block`, `drop_newest`, `drop_oldest`). Called through [`Tx::append`]
+//! by the writer (ingest, sources) and `colibri queue push`.
+
+use redb::ReadableTable;
+
+use super::Tx;
+use crate::store::error::{AppendError, StoreError};
+use crate::store::files::file_value;
+use crate::store::format::{self};
+use crate::store::job::{Appended, fresh_meta};
+use crate::store::layout::{CHECKPOINTS, Table};
+use crate::store::stream::WhenFull;
+
+impl Tx<'_> {
+    /// Appends records to a stream, cut into jobs by `batch.max_records` / `batch.max_bytes`, and,
+    /// when given, saves a source checkpoint in the same transaction. Bounds are checked before
+    /// anything is written; the stream's `when_full` decides what happens when they are exceeded.
+    pub fn append<R: AsRef<[u8]>>(
+        &mut self,
+        stream: &str,
+        records: &[R],
+        checkpoint: Option<(&str, &[u8])>,
+        now_ms: u64,
+    ) -> Result<Appended, AppendError> {
+        let st = self.stream(stream)?;
+        let batch = st.cfg.batch;
+        let max_bytes = st.cfg.max_bytes;
+        let max_jobs = st.cfg.max_jobs;
+        let when_full = st.cfg.when_full;
+        // Cut into jobs.
+        let mut jobs: Vec<Vec<u8>> = Vec::new();
+        let mut start = 0;
+        while start < records.len() {
+            let mut end = start;
+            let mut size = 0u64;
+            while end < records.len() && (end - start) < batch.max_records as usize {
+                let r = records[end].as_ref().len() as u64;
+                if end > start && size + r > batch.max_bytes {
+                    break;
+                }
+                size += r;
+                end += 1;
+            }
+            let job = format::encode(now_ms, &fresh_meta(0), &records[start..end]);
+            if job.len() as u64 > max_bytes {
+                let size = size.max(job.len() as u64);
+                return Err(AppendError::TooLarge {
+                    stream: stream.into(),
+                    size,
+                    max: max_bytes,
+                    why: format!(
+                        "a record of {size} bytes can never fit in stream {stream:?} (max_bytes {max_bytes})"
+                    ),
+                });
+            }
+            jobs.push(job);
+            start = end;
+        }
+        let n_records = records.len() as u64;
+        let n_jobs = jobs.len() as u64;
+        let bytes: u64 = jobs.iter().map(|j| j.len() as u64).sum();
+        // A batch that would not fit even in an empty stream and an empty store is refused as too
+        // large, before anything changes: `Full` would have its sender wait and retry forever.
+        let never = if n_jobs > max_jobs {
+            Some((n_jobs, max_jobs, "jobs", "the stream's max_jobs"))
+        } else if bytes > max_bytes {
+            Some((bytes, max_bytes, "bytes", "the stream's max_bytes"))
+        } else if bytes > self.rollback.store.storage.max_bytes {
+            Some((
+                bytes,
+                self.rollback.store.storage.max_bytes,
+                "bytes",
+                "storage.max_bytes",
+            ))
+        } else {
+            None
+        };
+        if let Some((size, max, unit, bound)) = never {
+            return Err(AppendError::TooLarge {
+                stream: stream.into(),
+                size,
+                max,
+                why: format!(
+                    "a batch of {n_records} records ({size} {unit}) can never fit in stream {stream:?} ({bound} is {max} {unit}): send smaller batches"
+                ),
+            });
+        }
+        let mut dropped_oldest = 0;
+        if let Some(reason) = self.full(stream, n_jobs, bytes, bytes) {
+            match when_full {
+                WhenFull::Block => {
+                    return Err(AppendError::Full {
+                        stream: stream.into(),
+                        reason,
+                    });
+                }
+                WhenFull::DropNewest => {
+                    let st = self
+                        .rollback
+                        .store
+                        .streams
+                        .get_mut(stream)
+                        .expect("checked above");
+                    st.c.appended_records += n_records;
+                    st.c.dropped_newest_records += n_records;
+                    self.dirty.insert(stream.into());
+                    return Err(AppendError::Refused {
+                        stream: stream.into(),
+                        reason,
+                        records: n_records,
+                    });
+                }
+                WhenFull::DropOldest => {
+                    dropped_oldest = self.drop_oldest_until_fits(stream, n_jobs, bytes, bytes)?;
+                    if let Some(reason) = self.full(stream, n_jobs, bytes, bytes) {
+                        // Not enough old jobs to delete (in flight, or other streams fill the disk).
+                        return Err(AppendError::Full {
+                            stream: stream.into(),
+                            reason,
+                        });
+                    }
+                }
+            }
+        }
+        let txn = &self.txn;
+        let st = self
+            .rollback
+            .store
+            .streams
+            .get_mut(stream)
+            .expect("checked above");
+        {
+            let mut ready = txn.open_table(st.ready_def())?;
+            for job in &jobs {
+                ready.insert(st.c.next_id, job.as_slice())?;
+                st.c.next_id += 1;
+            }
+        }
+        if let Some((source, cp)) = checkpoint {
+            let mut t = txn.open_table(CHECKPOINTS)?;
+            t.insert(source, cp)?;
+        }
+        st.c.ready_jobs += n_jobs;
+        st.c.ready_records += n_records;
+        st.c.ready_bytes += bytes;
+        st.c.appended_jobs += n_jobs;
+        st.c.appended_records += n_records;
+        self.dirty.insert(stream.into());
+        self.fed.insert(stream.into());
+        // Later appends in this transaction see the space this one takes.
+        if let Some(free) = self.free_disk.as_mut() {
+            *free = free.saturating_sub(bytes);
+        }
+        Ok(Appended {
+            jobs: n_jobs,
+            records: n_records,
+            dropped_oldest,
+        })
+    }
+
+    /// Deletes the oldest ready jobs (never one in flight) so that `jobs`/`bytes` more fit in the
+    /// stream's bounds and the storage budget; returns the records dropped. Deletes nothing when even
+    /// that cannot make room (jobs in flight or in retry, other streams filling the budget, a batch
+    /// larger than the stream): old data is never thrown away for an append that is refused anyway.
+    pub(in crate::store) fn drop_oldest_until_fits(
+        &mut self,
+        stream: &str,
+        jobs: u64,
+        bytes: u64,
+        disk: u64,
+    ) -> Result<u64, StoreError> {
+        // Deleting jobs frees no filesystem space (redb keeps the pages), so it cannot help with
+        // min_free: do not throw old data away for that.
+        if self.below_min_free(disk) {
+            return Ok(0);
+        }
+        let stored_elsewhere = self.rollback.store.stored_bytes()
+            - self.rollback.store.streams[stream].c.stored_bytes();
+        let budget = self.rollback.store.storage.max_bytes;
+        let txn = &self.txn;
+        let st = self
+            .rollback
+            .store
+            .streams
+            .get_mut(stream)
+            .expect("checked by caller");
+        let mut ready = txn.open_table(st.ready_def())?;
+        let (mut q_jobs, mut q_bytes, mut all_bytes) = (
+            st.c.ready_jobs + st.c.retry_jobs,
+            st.c.queued_bytes(),
+            st.c.stored_bytes(),
+        );
+        let fits = |q_jobs: u64, q_bytes: u64, all_bytes: u64| {
+            q_jobs + jobs <= st.cfg.max_jobs
+                && q_bytes + bytes <= st.cfg.max_bytes
+                && stored_elsewhere + all_bytes + bytes <= budget
+        };
+        let mut victims = Vec::new();
+        for e in ready.iter()? {
+            if fits(q_jobs, q_bytes, all_bytes) {
+                break;
+            }
+            let (k, v) = e?;
+            let id = k.value();
+            if st.in_flight.contains(&id) {
+                continue;
+            }
+            let recs = format::header(v.value()).map_or(0, |h| u64::from(h.records));
+            let len = format::stored_len(v.value());
+            victims.push((id, recs, len, file_value(v.value())));
+            q_jobs -= 1;
+            q_bytes = q_bytes.saturating_sub(len);
+            all_bytes = all_bytes.saturating_sub(len);
+        }
+        if !fits(q_jobs, q_bytes, all_bytes) {
+            return Ok(0);
+        }
+        let mut dropped = 0u64;
+        let mut files = Vec::new();
+        for (id, recs, len, file) in victims {
+            ready.remove(id)?;
+            let recs = st.c.remove_job(Table::Ready, recs, len);
+            st.c.dropped_oldest_records += recs;
+            dropped += recs;
+            files.extend(file);
+        }
+        drop(ready);
+        for raw in files {
+            self.job_left(&raw, false)?;
+        }
+        if dropped > 0 {
+            tracing::warn!(
+                stream,
+                dropped_records = dropped,
+                "stream full: oldest jobs dropped (when_full: drop_oldest)"
+            );
+            self.dirty.insert(stream.into());
+        }
+        Ok(dropped)
+    }
+}

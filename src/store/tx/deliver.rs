@@ -1,0 +1,342 @@
+//! Handing jobs out and settling them: [`Tx::take`] (due retries first, then ready), [`Tx::ack`],
+//! [`Tx::fail`] (to retry or dead letters) and [`Tx::settle_prefix`] (part of a job, for a sink
+//! that splits it). A value that went bad is quarantined, never dropped silently. Called by the
+//! writer for delivery workers.
+
+use redb::ReadableTable;
+
+use super::Tx;
+use super::quarantine::{QUARANTINE_PER_TAKE, Undecodable};
+use crate::store::error::StoreError;
+use crate::store::format::{self, Meta};
+use crate::store::job::{Failed, Failure, Job, Lease, Settle, job_from};
+use crate::store::layout::Table;
+
+impl Tx<'_> {
+    /// Takes up to `max_jobs` due jobs, oldest first: retry jobs whose time has come, then ready
+    /// ones. Jobs already in flight are skipped. A job that cannot be decoded moves to quarantine.
+    pub fn take(
+        &mut self,
+        stream: &str,
+        max_jobs: usize,
+        now_ms: u64,
+    ) -> Result<Vec<Job>, StoreError> {
+        self.stream(stream)?;
+        let store_id = self.rollback.store.id;
+        let data_dir = self.rollback.store.data_dir.as_path();
+        let txn = &self.txn;
+        let st = self
+            .rollback
+            .store
+            .streams
+            .get_mut(stream)
+            .expect("checked above");
+        let mut out = Vec::new();
+        let mut bad: Vec<Undecodable> = Vec::new();
+        {
+            let retry = txn.open_table(st.retry_def())?;
+            for e in retry.range(..=(now_ms, u64::MAX))? {
+                if out.len() >= max_jobs || bad.len() >= QUARANTINE_PER_TAKE {
+                    break;
+                }
+                let (k, v) = e?;
+                let (due, id) = k.value();
+                if st.in_flight.contains(&id) {
+                    continue;
+                }
+                match job_from(store_id, data_dir, stream, id, Some(due), v.value()) {
+                    Ok(job) => out.push(job),
+                    Err(e) => bad.push((Table::Retry, id, Some(due), v.value().to_vec(), e)),
+                }
+            }
+        }
+        if out.len() < max_jobs {
+            let ready = txn.open_table(st.ready_def())?;
+            for e in ready.iter()? {
+                if out.len() >= max_jobs || bad.len() >= QUARANTINE_PER_TAKE {
+                    break;
+                }
+                let (k, v) = e?;
+                let id = k.value();
+                if st.in_flight.contains(&id) {
+                    continue;
+                }
+                match job_from(store_id, data_dir, stream, id, None, v.value()) {
+                    Ok(job) => out.push(job),
+                    Err(e) => bad.push((Table::Ready, id, None, v.value().to_vec(), e)),
+                }
+            }
+        }
+        for j in &out {
+            st.in_flight.insert(j.lease.id);
+            self.rollback.taken.push((stream.to_string(), j.lease.id));
+        }
+        for (table, id, due, raw, reason) in bad {
+            self.quarantine(stream, table, id, due, &raw, &reason)?;
+        }
+        Ok(out)
+    }
+
+    /// The bytes of a leased job, without removing it.
+    pub(in crate::store) fn read_leased(
+        &self,
+        lease: &Lease,
+    ) -> Result<(Vec<u8>, Table), StoreError> {
+        self.check_lease(lease)?;
+        let txn = &self.txn;
+        let st = self.stream(&lease.stream)?;
+        let (raw, table) = match lease.retry_due {
+            None => {
+                let t = txn.open_table(st.ready_def())?;
+                let v = t.get(lease.id)?.map(|g| g.value().to_vec());
+                (v, Table::Ready)
+            }
+            Some(due) => {
+                let t = txn.open_table(st.retry_def())?;
+                let v = t.get((due, lease.id))?.map(|g| g.value().to_vec());
+                (v, Table::Retry)
+            }
+        };
+        let raw = raw.ok_or(StoreError::NoSuchJob {
+            stream: lease.stream.clone(),
+            table: table.name(),
+            id: lease.id,
+        })?;
+        Ok((raw, table))
+    }
+
+    /// A lease of another store file (replaced since it was handed out) names no job here.
+    pub(in crate::store) fn check_lease(&self, lease: &Lease) -> Result<(), StoreError> {
+        if lease.store == self.rollback.store.id {
+            return Ok(());
+        }
+        Err(StoreError::NoSuchJob {
+            stream: lease.stream.clone(),
+            table: if lease.retry_due.is_some() {
+                "retry"
+            } else {
+                "ready"
+            },
+            id: lease.id,
+        })
+    }
+
+    pub(in crate::store) fn remove_leased(
+        &mut self,
+        lease: &Lease,
+    ) -> Result<(Vec<u8>, Table), StoreError> {
+        self.check_lease(lease)?;
+        let txn = &self.txn;
+        let st = self
+            .rollback
+            .store
+            .streams
+            .get_mut(&lease.stream)
+            .ok_or_else(|| StoreError::UnknownStream(lease.stream.clone()))?;
+        let (raw, table) = match lease.retry_due {
+            None => {
+                let mut t = txn.open_table(st.ready_def())?;
+                let v = t.remove(lease.id)?.map(|g| g.value().to_vec());
+                (v, Table::Ready)
+            }
+            Some(due) => {
+                let mut t = txn.open_table(st.retry_def())?;
+                let v = t.remove((due, lease.id))?.map(|g| g.value().to_vec());
+                (v, Table::Retry)
+            }
+        };
+        st.in_flight.remove(&lease.id);
+        let raw = raw.ok_or(StoreError::NoSuchJob {
+            stream: lease.stream.clone(),
+            table: table.name(),
+            id: lease.id,
+        })?;
+        let recs = format::header(&raw).map_or(0, |h| u64::from(h.records));
+        let len = format::stored_len(&raw);
+        st.c.remove_job(table, recs, len);
+        self.dirty.insert(lease.stream.clone());
+        Ok((raw, table))
+    }
+
+    /// The job was delivered: delete it.
+    pub fn ack(&mut self, lease: &Lease) -> Result<(), StoreError> {
+        let (raw, _) = self.remove_leased(lease)?;
+        let st = self
+            .rollback
+            .store
+            .streams
+            .get_mut(&lease.stream)
+            .expect("removed above");
+        st.c.delivered_jobs += 1;
+        st.c.delivered_records += format::header(&raw).map_or(0, |h| u64::from(h.records));
+        st.c.delivered_bytes += format::stored_len(&raw);
+        self.job_left(&raw, true)
+    }
+
+    /// An attempt failed: the job goes to retry (same transaction) or, when the failure is
+    /// permanent or attempts are used up, to dead letters with the reason.
+    pub fn fail(
+        &mut self,
+        lease: &Lease,
+        failure: &Failure,
+        now_ms: u64,
+    ) -> Result<Failed, StoreError> {
+        // Decode before anything is removed: a value that went bad while in flight is quarantined
+        // (and counted), never silently dropped.
+        let (raw, table) = self.read_leased(lease)?;
+        let d = match format::decode(&raw) {
+            Ok(d) => d,
+            Err(e) => return Err(self.quarantine_leased(lease, table, &raw, &e)),
+        };
+        self.remove_leased(lease)?;
+        let attempts = d.attempts + 1;
+        let (reason, to_dead, due) = match failure {
+            Failure::Permanent { reason } => (reason.clone(), true, 0),
+            Failure::Transient {
+                reason,
+                retry_at_ms,
+                max_attempts,
+            } => (reason.clone(), attempts >= *max_attempts, *retry_at_ms),
+        };
+        let meta = Meta::V2 {
+            attempts,
+            last_error: Some(reason),
+            last_failed_ms: now_ms,
+            offset: d.offset,
+        };
+        let value = format::reencode(&d, &meta);
+        let recs = u64::from(d.header.records);
+        let len = format::stored_len(&value);
+        let txn = &self.txn;
+        let st = self
+            .rollback
+            .store
+            .streams
+            .get_mut(&lease.stream)
+            .expect("removed above");
+        if to_dead {
+            txn.open_table(st.dead_def())?
+                .insert(lease.id, value.as_slice())?;
+            st.c.add_job(Table::Dead, recs, len);
+            st.c.dead_lettered_records += recs;
+            let stream = lease.stream.clone();
+            self.trim_dead(&stream)?;
+            Ok(Failed::Dead { attempts })
+        } else {
+            txn.open_table(st.retry_def())?
+                .insert((due, lease.id), value.as_slice())?;
+            st.c.add_job(Table::Retry, recs, len);
+            st.c.retried_attempts += 1;
+            Ok(Failed::Retry {
+                attempts,
+                due_ms: due,
+            })
+        }
+    }
+
+    /// Settles the first `n` records of a leased job, for a sink that split it and finished this
+    /// part: they count as delivered, or become a dead letter of their own (a new id, the job's age,
+    /// attempts and offset, `reason` as its error). The job is rewritten in place without them (same
+    /// table and key, still in flight), its `offset` grown by `n`, its attempts and last error kept,
+    /// so a crash after the commit re-sends only what is left. Returns the job as `take` would now
+    /// hand it out. `n` must leave at least one record: a whole job is acked or failed instead.
+    pub fn settle_prefix(
+        &mut self,
+        lease: &Lease,
+        n: u32,
+        outcome: &Settle,
+        now_ms: u64,
+    ) -> Result<Job, StoreError> {
+        // Decode before anything changes: a value that went bad while in flight is quarantined
+        // (and counted), as `fail` does.
+        let (raw, table) = self.read_leased(lease)?;
+        let d = match format::decode(&raw) {
+            Ok(d) => d,
+            Err(e) => return Err(self.quarantine_leased(lease, table, &raw, &e)),
+        };
+        let records = d.header.records;
+        if n == 0 || n >= records {
+            return Err(StoreError::InvalidSettle {
+                stream: lease.stream.clone(),
+                id: lease.id,
+                n,
+                records,
+            });
+        }
+        let (head, tail) = d.records.split_at(n as usize);
+        // Cannot overflow: decode guarantees offset + records fits in a u32, and n < records.
+        let offset = d.offset + n;
+        let rest = format::encode(
+            d.header.created_ms,
+            &Meta::V2 {
+                attempts: d.attempts,
+                last_error: d.last_error.clone(),
+                last_failed_ms: d.last_failed_ms,
+                offset,
+            },
+            tail,
+        );
+        let (old_len, new_len) = (raw.len() as u64, rest.len() as u64);
+        let txn = &self.txn;
+        let st = self
+            .rollback
+            .store
+            .streams
+            .get_mut(&lease.stream)
+            .expect("checked by read_leased");
+        // Same key: the job keeps its place in the queue (and in the retry schedule).
+        match lease.retry_due {
+            None => {
+                txn.open_table(st.ready_def())?
+                    .insert(lease.id, rest.as_slice())?;
+            }
+            Some(due) => {
+                txn.open_table(st.retry_def())?
+                    .insert((due, lease.id), rest.as_slice())?;
+            }
+        }
+        // Out with the old value, in with the shorter one. Clamped like every removal, so counters
+        // that were short cannot underflow; `cut` is what left the table and is counted on.
+        let all = st.c.remove_job(table, u64::from(records), old_len);
+        let cut = u64::from(n).min(all);
+        st.c.add_job(table, all - cut, new_len);
+        let trim = match outcome {
+            Settle::Delivered => {
+                st.c.delivered_records += cut;
+                // What the stored value shrank by: over a job's life the parts add up to the
+                // value's size, as one ack of the whole job would have counted.
+                st.c.delivered_bytes += old_len.saturating_sub(new_len);
+                false
+            }
+            Settle::Dead { reason } => {
+                let dead_id = st.c.next_id;
+                st.c.next_id += 1;
+                let meta = Meta::V2 {
+                    attempts: d.attempts,
+                    last_error: Some(reason.clone()),
+                    last_failed_ms: now_ms,
+                    offset: d.offset,
+                };
+                let value = format::encode(d.header.created_ms, &meta, head);
+                txn.open_table(st.dead_def())?
+                    .insert(dead_id, value.as_slice())?;
+                st.c.add_job(Table::Dead, cut, value.len() as u64);
+                st.c.dead_lettered_records += cut;
+                true
+            }
+        };
+        self.dirty.insert(lease.stream.clone());
+        if trim {
+            self.trim_dead(&lease.stream)?;
+        }
+        Ok(Job {
+            lease: lease.clone(),
+            created_ms: d.header.created_ms,
+            attempts: d.attempts,
+            last_error: d.last_error,
+            offset,
+            value: rest,
+            file: None,
+        })
+    }
+}

@@ -1,0 +1,218 @@
+//! The async side of the writer: [`StoreHandle`], through which producers and delivery workers
+//! send requests to the writer thread and await its replies (one request/reply shape for all of
+//! them). Cloned freely; it does not touch the store itself.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, oneshot};
+
+use super::{Reply, Request, Snapshot, SpooledFile, WriterStats};
+use crate::store::{
+    AppendError, Appended, Failed, Failure, FileAppend, Job, Lease, Settle, StoreError,
+};
+
+#[derive(Clone)]
+pub struct StoreHandle {
+    pub(super) tx: mpsc::Sender<Request>,
+    pub(super) stats: Arc<WriterStats>,
+    /// Per stream, signalled after a commit that gave it new jobs.
+    pub(super) notifiers: Arc<HashMap<String, Arc<Notify>>>,
+    /// The id of the store the writer holds; the writer updates it when it reopens one (a file
+    /// that replaced a corrupted one has a new id).
+    pub(super) store_id: Arc<AtomicU64>,
+}
+
+pub(super) fn gone() -> StoreError {
+    StoreError::WriterStopped
+}
+
+impl StoreHandle {
+    /// Queues the request `make` builds around a fresh reply channel; the channel's other end, or
+    /// [`StoreError::WriterStopped`] when the writer is gone. Every request/reply goes through here.
+    fn send<T>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> Request,
+    ) -> Result<oneshot::Receiver<T>, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(make(reply)).map_err(|_| gone())?;
+        Ok(rx)
+    }
+
+    /// A request and the writer's answer to it; a writer that stops before answering is
+    /// [`StoreError::WriterStopped`], never a hang.
+    async fn ask<T, E: From<StoreError>>(
+        &self,
+        make: impl FnOnce(Reply<Result<T, E>>) -> Request,
+    ) -> Result<T, E> {
+        let rx = self.send(make)?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// [`ask`](Self::ask) from a thread outside the event loop (a task's blocking file work).
+    fn ask_blocking<T, E: From<StoreError>>(
+        &self,
+        make: impl FnOnce(Reply<Result<T, E>>) -> Request,
+    ) -> Result<T, E> {
+        self.send(make)?.blocking_recv().map_err(|_| gone())?
+    }
+    /// Appends records and returns once they are durable. Under `when_full: block`, waits for room
+    /// up to `wait` (None: fail at once when full). Records may come shared (`Arc`), so a producer
+    /// that must send them again after a refusal keeps them without a copy.
+    pub async fn append(
+        &self,
+        stream: &str,
+        records: impl Into<Arc<Vec<Vec<u8>>>>,
+        checkpoint: Option<(String, Vec<u8>)>,
+        wait: Option<Duration>,
+    ) -> Result<Appended, AppendError> {
+        let (stream, records) = (stream.to_string(), records.into());
+        let deadline = wait.map(|w| Instant::now() + w);
+        self.ask(|reply| Request::Append {
+            stream,
+            records,
+            checkpoint,
+            deadline,
+            reply,
+        })
+        .await
+    }
+
+    /// Queues a spooled file as a file job, from a thread outside the event loop (a task's file
+    /// work on the blocking pool); returns once that is durable.
+    pub fn append_file_blocking(
+        &self,
+        stream: &str,
+        file: SpooledFile,
+    ) -> Result<FileAppend, AppendError> {
+        self.ask_blocking(|reply| Request::AppendFile {
+            stream: stream.to_string(),
+            file,
+            reply,
+        })
+    }
+
+    /// Whether the store knows a spooled file (queued, or delivered and being disposed of), from a
+    /// thread outside the event loop.
+    pub fn spool_known_blocking(&self, spool: &[u8]) -> Result<bool, StoreError> {
+        self.ask_blocking(|reply| Request::SpoolKnown {
+            spool: spool.to_vec(),
+            reply,
+        })
+    }
+
+    pub async fn take(&self, stream: &str, max_jobs: usize) -> Result<Vec<Job>, StoreError> {
+        self.ask(|reply| Request::Take {
+            stream: stream.to_string(),
+            max_jobs,
+            reply,
+        })
+        .await
+    }
+
+    /// Deletes a delivered job; returns once that is durable.
+    pub async fn ack(&self, lease: Lease) -> Result<(), StoreError> {
+        self.ack_later(lease).await
+    }
+
+    /// Like [`ack`](Self::ack), but the request is queued before this returns, and the future only
+    /// waits for the commit: a delivery worker can queue its next request (a take) behind the ack
+    /// while the ack's fsync runs. Requests are applied in the order they were queued, so one
+    /// queued after this sees the job gone. The job counts as delivered once the future says Ok.
+    pub fn ack_later(
+        &self,
+        lease: Lease,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let sent = self.send(|reply| Request::Ack { lease, reply });
+        async move { sent?.await.map_err(|_| gone())? }
+    }
+
+    /// Settles the first `n` records of a leased job (see [`crate::store::Tx::settle_prefix`]) and returns
+    /// what is left of it, still leased, once the change is durable.
+    pub async fn settle_prefix(
+        &self,
+        lease: Lease,
+        n: u32,
+        outcome: Settle,
+    ) -> Result<Job, StoreError> {
+        self.ask(|reply| Request::Settle {
+            lease,
+            n,
+            outcome,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn fail(&self, lease: Lease, failure: Failure) -> Result<Failed, StoreError> {
+        self.ask(|reply| Request::Fail {
+            lease,
+            failure,
+            reply,
+        })
+        .await
+    }
+
+    /// When the stream's earliest retry falls due (Unix ms), if it has one.
+    pub async fn next_retry_due(&self, stream: &str) -> Result<Option<u64>, StoreError> {
+        self.ask(|reply| Request::NextDue {
+            stream: stream.to_string(),
+            reply,
+        })
+        .await
+    }
+
+    /// Signalled after each commit that gave `stream` new jobs (a permit is kept when nobody
+    /// waits, so a wake-up between a take and the wait is not lost).
+    pub fn fed(&self, stream: &str) -> Option<Arc<Notify>> {
+        self.notifiers.get(stream).cloned()
+    }
+
+    pub fn release(&self, lease: Lease) {
+        let _ = self.tx.send(Request::Release { lease });
+    }
+
+    pub async fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        let rx = self.send(|reply| Request::Snapshot { reply })?;
+        rx.await.map_err(|_| gone())
+    }
+
+    /// The last committed checkpoint of `source` (see [`Store::checkpoint`]). Read before the
+    /// transaction of the batch it arrives in: ask after the replies of your own appends.
+    pub async fn checkpoint(&self, source: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.ask(|reply| Request::Checkpoint {
+            source: source.to_string(),
+            reply,
+        })
+        .await
+    }
+
+    /// Finishes what is queued, closes the database cleanly (so the next start needs no repair)
+    /// and stops the thread.
+    pub async fn shutdown(&self) {
+        if let Ok(rx) = self.send(|reply| Request::Shutdown { reply }) {
+            let _ = rx.await;
+        }
+    }
+
+    pub fn stats(&self) -> &WriterStats {
+        &self.stats
+    }
+
+    /// The stop has begun: appends waiting for room in a full `block` stream are answered
+    /// [`AppendError::Stopping`] at once (nothing of them stored), and from now on an append that
+    /// finds its stream full gets that answer instead of waiting.
+    pub fn stop_waiting(&self) {
+        let _ = self.tx.send(Request::StopWaiting);
+    }
+
+    /// The id of the store behind this handle (see [`Store::id`]), without a round trip. It changes
+    /// only when the writer had to replace a corrupted file with a fresh one.
+    pub fn store_id(&self) -> u64 {
+        self.store_id.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,210 @@
+//! Group commit: one thread owns the [`Store`] and every write transaction. Producers and delivery
+//! workers send requests through a [`StoreHandle`]; the thread takes everything that is waiting,
+//! applies it in one transaction, commits once (one fsync for many producers), and only then replies.
+//! A reply is therefore a durability receipt: an `Ok` from `append` means the records are on disk.
+//!
+//! Appends to a full `block` stream are parked (in order) until room appears or their deadline
+//! passes. A failed commit fails every request in it (nothing is acknowledged) and the store is
+//! reopened with backoff, since redb refuses work after an I/O error. When the store has been idle
+//! for a while with nothing queued, the file is compacted so a drained backlog gives its disk back.
+//! Spooled files whose jobs left the store are deleted or archived by a second thread (a copy to an
+//! archive on another filesystem must not hold up commits), which reports back so their SPOOL
+//! entries are forgotten in a later transaction.
+//! Called by `agent` (and benchmarks); it does not decide what to deliver or when.
+//!
+//! This file holds the protocol between the two sides ([`Request`], the replies, [`spawn`]); the
+//! async API is in `handle.rs`, the thread in `thread.rs`.
+
+mod handle;
+mod thread;
+
+pub use handle::StoreHandle;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, oneshot};
+
+use super::{
+    AppendError, Appended, Counters, Failed, Failure, FileAppend, Job, Lease, Settle, Store,
+    StoreError, StreamConfig,
+};
+
+/// Requests taken into one transaction at most.
+const MAX_BATCH: usize = 4096;
+/// How often TTLs are enforced at most: a job past its `ttl` is deleted this long after it at
+/// worst. Shorter TTLs are swept every tenth of the shortest one, but not more often than
+/// [`EXPIRE_MIN`] (README, `ttl`).
+const EXPIRE_EVERY: Duration = Duration::from_secs(30);
+const EXPIRE_MIN: Duration = Duration::from_secs(1);
+
+/// The sweep interval for streams with these TTLs.
+fn expire_interval(ttls: impl Iterator<Item = Duration>) -> Duration {
+    ttls.map(|t| t / 10)
+        .min()
+        .map_or(EXPIRE_EVERY, |t| t.clamp(EXPIRE_MIN, EXPIRE_EVERY))
+}
+/// Quiet time before an idle, drained store is compacted.
+const COMPACT_AFTER_IDLE: Duration = Duration::from_secs(10);
+/// Compaction is worth it when the file is this much larger than what it stores.
+const COMPACT_SLACK: u64 = 8 << 20;
+
+type Reply<T> = oneshot::Sender<T>;
+
+enum Request {
+    Append {
+        stream: String,
+        records: Arc<Vec<Vec<u8>>>,
+        checkpoint: Option<(String, Vec<u8>)>,
+        deadline: Option<Instant>,
+        reply: Reply<Result<Appended, AppendError>>,
+    },
+    AppendFile {
+        stream: String,
+        file: SpooledFile,
+        reply: Reply<Result<FileAppend, AppendError>>,
+    },
+    SpoolKnown {
+        spool: Vec<u8>,
+        reply: Reply<Result<bool, StoreError>>,
+    },
+    /// Disposed of on disk by the disposal thread: forget them.
+    SpoolForget {
+        spools: Vec<Vec<u8>>,
+    },
+    Take {
+        stream: String,
+        max_jobs: usize,
+        reply: Reply<Result<Vec<Job>, StoreError>>,
+    },
+    Ack {
+        lease: Lease,
+        reply: Reply<Result<(), StoreError>>,
+    },
+    Fail {
+        lease: Lease,
+        failure: Failure,
+        reply: Reply<Result<Failed, StoreError>>,
+    },
+    Settle {
+        lease: Lease,
+        n: u32,
+        outcome: Settle,
+        reply: Reply<Result<Job, StoreError>>,
+    },
+    Release {
+        lease: Lease,
+    },
+    Snapshot {
+        reply: Reply<Snapshot>,
+    },
+    Checkpoint {
+        source: String,
+        reply: Reply<Result<Option<Vec<u8>>, StoreError>>,
+    },
+    NextDue {
+        stream: String,
+        reply: Reply<Result<Option<u64>, StoreError>>,
+    },
+    /// The stop has begun: appends waiting for room are answered [`AppendError::Stopping`] now,
+    /// and later ones do not wait.
+    StopWaiting,
+    Shutdown {
+        reply: Reply<()>,
+    },
+}
+
+/// A file in the spool, to be queued as a file job (see [`super::Tx::append_file`]).
+#[derive(Debug, Clone)]
+pub struct SpooledFile {
+    /// Relative to the data directory.
+    pub spool: Vec<u8>,
+    pub name: Vec<u8>,
+    pub len: u64,
+    pub mtime_ms: u64,
+    pub archive: Option<Vec<u8>>,
+}
+
+/// Counters of every stream and of the writer itself, at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub streams: Vec<(StreamConfig, Counters)>,
+    pub stored_bytes: u64,
+    pub file_bytes: u64,
+    pub commits: u64,
+}
+
+/// Writer statistics, readable without a round trip.
+#[derive(Debug)]
+pub struct WriterStats {
+    /// Commits that reached the disk (each one fsync).
+    pub commits: AtomicU64,
+    /// Requests applied in those commits.
+    pub requests: AtomicU64,
+    pub failed_commits: AtomicU64,
+    /// Commits that wrote something, from the start of the commit to its return (the fsync).
+    pub commit_duration: crate::metrics::Histogram,
+    /// The writer holds an open store (false while it reopens one after an I/O error).
+    pub store_open: std::sync::atomic::AtomicBool,
+}
+
+impl Default for WriterStats {
+    fn default() -> Self {
+        WriterStats {
+            commits: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            failed_commits: AtomicU64::new(0),
+            commit_duration: crate::metrics::Histogram::new(crate::metrics::COMMIT_BUCKETS),
+            store_open: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+}
+/// Tuning that does not belong in the config file.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriterOptions {
+    /// Extra time to wait for more requests before committing. Zero (the default) already batches
+    /// whatever arrived during the previous fsync; see BENCHMARKS.md.
+    pub window: Duration,
+}
+
+/// Starts the writer thread. `reopen` builds a fresh store after an I/O error or a damaged page.
+pub fn spawn(
+    store: Store,
+    reopen: Box<dyn FnMut() -> Result<Store, StoreError> + Send>,
+    opts: WriterOptions,
+) -> std::io::Result<StoreHandle> {
+    let (tx, rx) = mpsc::channel();
+    let stats = Arc::new(WriterStats::default());
+    let thread_stats = Arc::clone(&stats);
+    let notifiers: Arc<HashMap<String, Arc<Notify>>> = Arc::new(
+        store
+            .streams()
+            .map(|(cfg, _)| (cfg.name.clone(), Arc::default()))
+            .collect(),
+    );
+    let thread_notifiers = Arc::clone(&notifiers);
+    let store_id = Arc::new(AtomicU64::new(store.id()));
+    let thread_store_id = Arc::clone(&store_id);
+    std::thread::Builder::new()
+        .name("colibri-store".into())
+        .spawn(move || {
+            thread::Writer::new(
+                store,
+                reopen,
+                opts,
+                thread_stats,
+                thread_notifiers,
+                thread_store_id,
+            )
+            .run(rx)
+        })?;
+    Ok(StoreHandle {
+        tx,
+        stats,
+        notifiers,
+        store_id,
+    })
+}
