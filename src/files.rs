@@ -141,8 +141,10 @@ pub fn free_bytes(dir: &Path) -> Option<u64> {
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a NUL-terminated path and `s` a valid statvfs owned by this frame.
     let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
-    // The field types differ between targets (u64 on x86_64 glibc, u32 elsewhere).
-    #[allow(clippy::useless_conversion)]
+    #[expect(
+        clippy::useless_conversion,
+        reason = "the field types differ between targets (u64 on x86_64 glibc, u32 elsewhere)"
+    )]
     (rc == 0).then(|| u64::from(s.f_bavail).saturating_mul(u64::from(s.f_frsize)))
 }
 

@@ -1,7 +1,7 @@
 //! Helpers the benchmarks share to drive the real binary: which binary, how many cores, starting
 //! `colibri run`, signalling and stopping it, and reading its memory from /proc.
 
-#![allow(dead_code)] // each bench uses its own subset
+#![allow(dead_code, reason = "each bench uses its own subset")]
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

@@ -36,6 +36,17 @@ pub(super) fn spool_bytes(e: &SpoolEntry) -> Vec<u8> {
     postcard::to_stdvec(e).expect("postcard encodes a plain enum into a Vec")
 }
 
+/// A file in the spool, to be queued as a file job ([`Tx::append_file`]).
+#[derive(Debug, Clone)]
+pub struct SpooledFile {
+    /// Relative to the data directory.
+    pub spool: Vec<u8>,
+    pub name: Vec<u8>,
+    pub len: u64,
+    pub mtime_ms: u64,
+    pub archive: Option<Vec<u8>>,
+}
+
 /// A spooled file whose job left the store, to delete or archive (see [`spool::dispose`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Disposal {
@@ -166,17 +177,14 @@ impl Tx<'_> {
     /// except that `drop_oldest` first makes room: the caller keeps the file (nothing is counted).
     /// A file the store knows already (a retry after a lost reply, or the recovery after a crash)
     /// adds nothing.
-    #[allow(clippy::too_many_arguments)]
     pub fn append_file(
         &mut self,
         stream: &str,
-        spool: &[u8],
-        name: &[u8],
-        len: u64,
-        mtime_ms: u64,
-        archive: Option<&[u8]>,
+        file: &SpooledFile,
         now_ms: u64,
     ) -> Result<FileAppend, AppendError> {
+        let spool = file.spool.as_slice();
+        let len = file.len;
         let st = self.stream(stream)?;
         let (max_bytes, when_full) = (st.cfg.max_bytes, st.cfg.when_full);
         let queued = {
@@ -202,13 +210,13 @@ impl Tx<'_> {
             }
             return Ok(FileAppend::Known);
         }
-        let file = format::FileRef::V1 {
-            spool: spool.to_vec(),
-            name: name.to_vec(),
-            mtime_ms,
-            archive: archive.map(<[u8]>::to_vec),
+        let stored = format::FileRef::V1 {
+            spool: file.spool.clone(),
+            name: file.name.clone(),
+            mtime_ms: file.mtime_ms,
+            archive: file.archive.clone(),
         };
-        let value = format::encode_file(now_ms, &fresh_meta(0), &file, len);
+        let value = format::encode_file(now_ms, &fresh_meta(0), &stored, len);
         let bytes = format::stored_len(&value);
         let disk = value.len() as u64;
         let storage_max = self.rollback.store.storage.max_bytes;
@@ -244,7 +252,7 @@ impl Tx<'_> {
             .streams
             .get_mut(stream)
             .expect("checked above");
-        let id = st.c.next_id;
+        let id = st.counters.next_id;
         txn.open_table(st.ready_def())?
             .insert(id, value.as_slice())?;
         let entry = SpoolEntry::Queued {
@@ -253,10 +261,10 @@ impl Tx<'_> {
         };
         txn.open_table(SPOOL)?
             .insert(spool, spool_bytes(&entry).as_slice())?;
-        st.c.next_id += 1;
-        st.c.add_job(Table::Ready, 1, bytes);
-        st.c.appended_jobs += 1;
-        st.c.appended_records += 1;
+        st.counters.next_id += 1;
+        st.counters.add_job(Table::Ready, 1, bytes);
+        st.counters.appended_jobs += 1;
+        st.counters.appended_records += 1;
         self.dirty.insert(stream.into());
         self.fed.insert(stream.into());
         if let Some(free) = self.free_disk.as_mut() {

@@ -38,7 +38,7 @@ pub mod writer;
 
 pub use counters::Counters;
 pub use error::{AppendError, FullReason, StoreError};
-pub use files::{Disposal, FileAppend};
+pub use files::{Disposal, FileAppend, SpooledFile};
 pub use job::{Appended, Failed, Failure, FileJob, Job, Lease, Settle};
 pub use layout::DB_FILE;
 pub use open::{DATA_DIR_MODE, OpenOptions, Store, create_data_dir};

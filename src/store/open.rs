@@ -335,16 +335,16 @@ impl Store {
             Err(e) => return Err(e.into()),
         };
         for st in self.streams.values_mut() {
-            st.c = Counters::default();
+            st.counters = Counters::default();
             if let Some(t) = &table {
                 for name in Counters::NAMES {
                     if let Some(v) = t.get((st.cfg.name.as_str(), *name))? {
-                        st.c.set(name, v.value());
+                        st.counters.set(name, v.value());
                     }
                 }
             }
-            if st.c.next_id == 0 {
-                st.c.next_id = 1;
+            if st.counters.next_id == 0 {
+                st.counters.next_id = 1;
             }
         }
         self.stale = false;

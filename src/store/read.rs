@@ -17,11 +17,11 @@ use super::stream::StreamConfig;
 impl Store {
     /// Every stream, by name.
     pub fn streams(&self) -> impl Iterator<Item = (&StreamConfig, &Counters)> {
-        self.streams.values().map(|s| (&s.cfg, &s.c))
+        self.streams.values().map(|s| (&s.cfg, &s.counters))
     }
 
     pub fn counters(&self, stream: &str) -> Option<&Counters> {
-        self.streams.get(stream).map(|s| &s.c)
+        self.streams.get(stream).map(|s| &s.counters)
     }
 
     /// Returns a taken job to the queue without an attempt (the link went down, shutdown).
@@ -57,7 +57,10 @@ impl Store {
 
     /// Bytes of job values in every stream.
     pub fn stored_bytes(&self) -> u64 {
-        self.streams.values().map(|s| s.c.stored_bytes()).sum()
+        self.streams
+            .values()
+            .map(|s| s.counters.stored_bytes())
+            .sum()
     }
 
     /// The database file's size on disk.

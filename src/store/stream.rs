@@ -58,7 +58,7 @@ impl std::fmt::Display for WhenFull {
 }
 pub(super) struct StreamState {
     pub(super) cfg: StreamConfig,
-    pub(super) c: Counters,
+    pub(super) counters: Counters,
     /// Jobs handed out and not yet acknowledged, failed or released. Not persisted: after a crash
     /// they are simply ready again (at-least-once).
     pub(super) in_flight: HashSet<u64>,
@@ -74,7 +74,7 @@ impl StreamState {
             retry: format!("retry/{}", cfg.name),
             dead: format!("dead/{}", cfg.name),
             cfg,
-            c: Counters::default(),
+            counters: Counters::default(),
             in_flight: HashSet::new(),
         }
     }

@@ -125,7 +125,8 @@ pub struct Tailer {
     pub watch_failed: bool,
     rescan_wanted: bool,
     buf: Vec<u8>,
-    rr: usize,
+    /// Where the next round of reads starts, so one busy file cannot starve the others.
+    next_file: usize,
     changed: bool,
     /// Truncated file -> the copy of its old content that is read before it.
     waits: HashMap<Identity, Identity>,
@@ -160,7 +161,7 @@ impl Tailer {
             file_wds: HashMap::new(),
             watch_failed: false,
             rescan_wanted: false,
-            rr: 0,
+            next_file: 0,
             changed: true,
             waits: HashMap::new(),
             unreadable: HashSet::new(),
@@ -331,7 +332,7 @@ impl Tailer {
         // Files found while reading (copies) are read in the same round.
         let mut k = 0;
         while k < self.files.len() && !batch.is_full() {
-            let i = (self.rr + k) % self.files.len();
+            let i = (self.next_file + k) % self.files.len();
             k += 1;
             if let Role::New { .. } = self.files[i].role
                 && self.files[i].dirty
@@ -343,11 +344,11 @@ impl Tailer {
                 if self.files.get(i).is_some_and(|f| f.wait_for.is_some()) {
                     // It was truncated and a copy takes its old lines first: read that now.
                     k = 0;
-                    self.rr = i + 1;
+                    self.next_file = i + 1;
                 }
             }
         }
-        self.rr = self.rr.wrapping_add(1);
+        self.next_file = self.next_file.wrapping_add(1);
         self.buf = buf;
     }
 

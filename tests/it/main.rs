@@ -11,6 +11,7 @@ mod cli;
 mod delivery;
 mod file_move;
 mod ingest;
+mod layers;
 mod listeners;
 mod log_file;
 mod log_summary;

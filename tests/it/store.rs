@@ -550,7 +550,10 @@ impl Tmpfs {
         let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
         let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
         assert_eq!(rc, 0, "statvfs {}", self.dir.display());
-        #[allow(clippy::useless_conversion)] // the field types differ between platforms
+        #[expect(
+            clippy::useless_conversion,
+            reason = "the field types differ between platforms"
+        )]
         let free = u64::from(s.f_bavail) * u64::from(s.f_frsize);
         free
     }
@@ -753,7 +756,7 @@ fn min_free_holds_within_one_transaction() {
 
 /// How `colibri run` dealt with a damaged store (the fields are shown through `Debug`).
 #[derive(Debug)]
-#[allow(dead_code)]
+#[expect(dead_code, reason = "the fields are read through Debug only")]
 enum Outcome {
     /// redb opened (repaired) the file; `queued_bytes` from the "store opened" event.
     Opened { queued_bytes: u64 },

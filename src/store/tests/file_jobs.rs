@@ -20,7 +20,14 @@ fn append_file(
     archive: Option<&[u8]>,
 ) -> Result<FileAppend, AppendError> {
     let mut tx = store.transaction().expect("begin");
-    let r = tx.append_file(stream, spool, b"orig.csv", len, T0, archive, T0);
+    let file = SpooledFile {
+        spool: spool.to_vec(),
+        name: b"orig.csv".to_vec(),
+        len,
+        mtime_ms: T0,
+        archive: archive.map(<[u8]>::to_vec),
+    };
+    let r = tx.append_file(stream, &file, T0);
     tx.commit().expect("commit");
     check(store);
     r

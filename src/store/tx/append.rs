@@ -102,8 +102,8 @@ impl Tx<'_> {
                         .streams
                         .get_mut(stream)
                         .expect("checked above");
-                    st.c.appended_records += n_records;
-                    st.c.dropped_newest_records += n_records;
+                    st.counters.appended_records += n_records;
+                    st.counters.dropped_newest_records += n_records;
                     self.dirty.insert(stream.into());
                     return Err(AppendError::Refused {
                         stream: stream.into(),
@@ -133,19 +133,19 @@ impl Tx<'_> {
         {
             let mut ready = txn.open_table(st.ready_def())?;
             for job in &jobs {
-                ready.insert(st.c.next_id, job.as_slice())?;
-                st.c.next_id += 1;
+                ready.insert(st.counters.next_id, job.as_slice())?;
+                st.counters.next_id += 1;
             }
         }
         if let Some((source, cp)) = checkpoint {
             let mut t = txn.open_table(CHECKPOINTS)?;
             t.insert(source, cp)?;
         }
-        st.c.ready_jobs += n_jobs;
-        st.c.ready_records += n_records;
-        st.c.ready_bytes += bytes;
-        st.c.appended_jobs += n_jobs;
-        st.c.appended_records += n_records;
+        st.counters.ready_jobs += n_jobs;
+        st.counters.ready_records += n_records;
+        st.counters.ready_bytes += bytes;
+        st.counters.appended_jobs += n_jobs;
+        st.counters.appended_records += n_records;
         self.dirty.insert(stream.into());
         self.fed.insert(stream.into());
         // Later appends in this transaction see the space this one takes.
@@ -176,7 +176,7 @@ impl Tx<'_> {
             return Ok(0);
         }
         let stored_elsewhere = self.rollback.store.stored_bytes()
-            - self.rollback.store.streams[stream].c.stored_bytes();
+            - self.rollback.store.streams[stream].counters.stored_bytes();
         let budget = self.rollback.store.storage.max_bytes;
         let txn = &self.txn;
         let st = self
@@ -187,9 +187,9 @@ impl Tx<'_> {
             .expect("checked by caller");
         let mut ready = txn.open_table(st.ready_def())?;
         let (mut q_jobs, mut q_bytes, mut all_bytes) = (
-            st.c.ready_jobs + st.c.retry_jobs,
-            st.c.queued_bytes(),
-            st.c.stored_bytes(),
+            st.counters.ready_jobs + st.counters.retry_jobs,
+            st.counters.queued_bytes(),
+            st.counters.stored_bytes(),
         );
         let fits = |q_jobs: u64, q_bytes: u64, all_bytes: u64| {
             q_jobs + jobs <= st.cfg.max_jobs
@@ -220,8 +220,8 @@ impl Tx<'_> {
         let mut files = Vec::new();
         for (id, recs, len, file) in victims {
             ready.remove(id)?;
-            let recs = st.c.remove_job(Table::Ready, recs, len);
-            st.c.dropped_oldest_records += recs;
+            let recs = st.counters.remove_job(Table::Ready, recs, len);
+            st.counters.dropped_oldest_records += recs;
             dropped += recs;
             files.extend(file);
         }

@@ -25,19 +25,20 @@ impl Tx<'_> {
             .streams
             .get_mut(stream)
             .expect("checked by caller");
-        if st.c.dead_jobs <= st.cfg.dead_max_jobs {
+        if st.counters.dead_jobs <= st.cfg.dead_max_jobs {
             return Ok(());
         }
         let mut dead = txn.open_table(st.dead_def())?;
         let mut files = Vec::new();
-        while st.c.dead_jobs > st.cfg.dead_max_jobs {
+        while st.counters.dead_jobs > st.cfg.dead_max_jobs {
             let Some((_, v)) = dead.pop_first()? else {
                 break;
             };
             let recs = format::header(v.value()).map_or(0, |h| u64::from(h.records));
-            let recs =
-                st.c.remove_job(Table::Dead, recs, format::stored_len(v.value()));
-            st.c.dropped_dead_full_records += recs;
+            let recs = st
+                .counters
+                .remove_job(Table::Dead, recs, format::stored_len(v.value()));
+            st.counters.dropped_dead_full_records += recs;
             files.extend(file_value(v.value()));
             // A sink refusing everything drops one per new dead letter: the first is logged,
             // the rest counted per minute (the counter has them all).
@@ -131,9 +132,10 @@ impl Tx<'_> {
             let recs = format::header(&raw).map_or(0, |h| u64::from(h.records));
             dead.remove(k)?;
             ready.insert(k, value.as_slice())?;
-            let recs = st.c.remove_job(Table::Dead, recs, old_len);
-            st.c.add_job(Table::Ready, recs, format::stored_len(&value));
-            st.c.replayed_records += recs;
+            let recs = st.counters.remove_job(Table::Dead, recs, old_len);
+            st.counters
+                .add_job(Table::Ready, recs, format::stored_len(&value));
+            st.counters.replayed_records += recs;
             jobs += 1;
             records += recs;
         }
@@ -186,8 +188,8 @@ impl Tx<'_> {
         let mut files = Vec::new();
         for (id, recs, len, file) in victims {
             dead.remove(id)?;
-            let recs = st.c.remove_job(Table::Dead, recs, len);
-            st.c.dropped_purged_records += recs;
+            let recs = st.counters.remove_job(Table::Dead, recs, len);
+            st.counters.dropped_purged_records += recs;
             jobs += 1;
             records += recs;
             files.extend(file);

@@ -153,7 +153,7 @@ impl Tx<'_> {
         })?;
         let recs = format::header(&raw).map_or(0, |h| u64::from(h.records));
         let len = format::stored_len(&raw);
-        st.c.remove_job(table, recs, len);
+        st.counters.remove_job(table, recs, len);
         self.dirty.insert(lease.stream.clone());
         Ok((raw, table))
     }
@@ -167,9 +167,9 @@ impl Tx<'_> {
             .streams
             .get_mut(&lease.stream)
             .expect("removed above");
-        st.c.delivered_jobs += 1;
-        st.c.delivered_records += format::header(&raw).map_or(0, |h| u64::from(h.records));
-        st.c.delivered_bytes += format::stored_len(&raw);
+        st.counters.delivered_jobs += 1;
+        st.counters.delivered_records += format::header(&raw).map_or(0, |h| u64::from(h.records));
+        st.counters.delivered_bytes += format::stored_len(&raw);
         self.job_left(&raw, true)
     }
 
@@ -217,16 +217,16 @@ impl Tx<'_> {
         if to_dead {
             txn.open_table(st.dead_def())?
                 .insert(lease.id, value.as_slice())?;
-            st.c.add_job(Table::Dead, recs, len);
-            st.c.dead_lettered_records += recs;
+            st.counters.add_job(Table::Dead, recs, len);
+            st.counters.dead_lettered_records += recs;
             let stream = lease.stream.clone();
             self.trim_dead(&stream)?;
             Ok(Failed::Dead { attempts })
         } else {
             txn.open_table(st.retry_def())?
                 .insert((due, lease.id), value.as_slice())?;
-            st.c.add_job(Table::Retry, recs, len);
-            st.c.retried_attempts += 1;
+            st.counters.add_job(Table::Retry, recs, len);
+            st.counters.retried_attempts += 1;
             Ok(Failed::Retry {
                 attempts,
                 due_ms: due,
@@ -297,20 +297,20 @@ impl Tx<'_> {
         }
         // Out with the old value, in with the shorter one. Clamped like every removal, so counters
         // that were short cannot underflow; `cut` is what left the table and is counted on.
-        let all = st.c.remove_job(table, u64::from(records), old_len);
+        let all = st.counters.remove_job(table, u64::from(records), old_len);
         let cut = u64::from(n).min(all);
-        st.c.add_job(table, all - cut, new_len);
+        st.counters.add_job(table, all - cut, new_len);
         let trim = match outcome {
             Settle::Delivered => {
-                st.c.delivered_records += cut;
+                st.counters.delivered_records += cut;
                 // What the stored value shrank by: over a job's life the parts add up to the
                 // value's size, as one ack of the whole job would have counted.
-                st.c.delivered_bytes += old_len.saturating_sub(new_len);
+                st.counters.delivered_bytes += old_len.saturating_sub(new_len);
                 false
             }
             Settle::Dead { reason } => {
-                let dead_id = st.c.next_id;
-                st.c.next_id += 1;
+                let dead_id = st.counters.next_id;
+                st.counters.next_id += 1;
                 let meta = Meta::V2 {
                     attempts: d.attempts,
                     last_error: Some(reason.clone()),
@@ -320,8 +320,8 @@ impl Tx<'_> {
                 let value = format::encode(d.header.created_ms, &meta, head);
                 txn.open_table(st.dead_def())?
                     .insert(dead_id, value.as_slice())?;
-                st.c.add_job(Table::Dead, cut, value.len() as u64);
-                st.c.dead_lettered_records += cut;
+                st.counters.add_job(Table::Dead, cut, value.len() as u64);
+                st.counters.dead_lettered_records += cut;
                 true
             }
         };

@@ -48,7 +48,7 @@ impl Tx<'_> {
                 }
                 for (id, recs, len) in victims {
                     ready.remove(id)?;
-                    expired += st.c.remove_job(Table::Ready, recs, len);
+                    expired += st.counters.remove_job(Table::Ready, recs, len);
                 }
             }
             {
@@ -73,11 +73,11 @@ impl Tx<'_> {
                 }
                 for (key, recs, len) in victims {
                     retry.remove(key)?;
-                    expired += st.c.remove_job(Table::Retry, recs, len);
+                    expired += st.counters.remove_job(Table::Retry, recs, len);
                 }
             }
             if expired > 0 {
-                st.c.expired_records += expired;
+                st.counters.expired_records += expired;
                 tracing::warn!(stream = %st.cfg.name, records = expired, "jobs older than the stream's ttl expired");
                 self.dirty.insert(st.cfg.name.clone());
                 total += expired;

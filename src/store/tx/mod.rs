@@ -161,10 +161,10 @@ impl<'s> Tx<'s> {
             return Some(FullReason::Budget);
         }
         let st = &self.rollback.store.streams[stream];
-        if st.c.ready_jobs + st.c.retry_jobs + jobs > st.cfg.max_jobs {
+        if st.counters.ready_jobs + st.counters.retry_jobs + jobs > st.cfg.max_jobs {
             return Some(FullReason::Jobs);
         }
-        if st.c.queued_bytes() + bytes > st.cfg.max_bytes {
+        if st.counters.queued_bytes() + bytes > st.cfg.max_bytes {
             return Some(FullReason::Bytes);
         }
         None
@@ -213,7 +213,7 @@ impl<'s> Tx<'s> {
             let mut t = txn.open_table(COUNTERS)?;
             for name in &dirty {
                 let st = &rollback.store.streams[name];
-                for (field, value) in Counters::NAMES.iter().zip(st.c.values()) {
+                for (field, value) in Counters::NAMES.iter().zip(st.counters.values()) {
                     t.insert((name.as_str(), *field), value)?;
                 }
             }

@@ -54,7 +54,7 @@ impl Tx<'_> {
             Table::Retry => recount(&txn.open_table(st.retry_def())?)?,
             Table::Dead => recount(&txn.open_table(st.dead_def())?)?,
         };
-        let (c_jobs, c_records, c_bytes) = st.c.table_mut(table);
+        let (c_jobs, c_records, c_bytes) = st.counters.table_mut(table);
         let recs = c_records.saturating_sub(records);
         // Never expected; if the counters were short, the identity is kept by counting the excess
         // as appended.
@@ -69,9 +69,9 @@ impl Tx<'_> {
                 excess,
                 "counters were below the table's contents; corrected"
             );
-            st.c.appended_records += excess;
+            st.counters.appended_records += excess;
         }
-        st.c.quarantined_records += recs;
+        st.counters.quarantined_records += recs;
         let entry = QuarantineEntry {
             stream: stream.to_string(),
             table: table.name().to_string(),

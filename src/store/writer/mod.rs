@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, oneshot};
 
+pub use super::SpooledFile;
 use super::{
     AppendError, Appended, Counters, Failed, Failure, FileAppend, Job, Lease, Settle, Store,
     StoreError, StreamConfig,
@@ -115,17 +116,6 @@ enum Request {
     Shutdown {
         reply: Reply<()>,
     },
-}
-
-/// A file in the spool, to be queued as a file job (see [`super::Tx::append_file`]).
-#[derive(Debug, Clone)]
-pub struct SpooledFile {
-    /// Relative to the data directory.
-    pub spool: Vec<u8>,
-    pub name: Vec<u8>,
-    pub len: u64,
-    pub mtime_ms: u64,
-    pub archive: Option<Vec<u8>>,
 }
 
 /// Counters of every stream and of the writer itself, at one moment.

@@ -638,15 +638,7 @@ fn run_tx(
                 file,
                 reply,
             } => {
-                let r = tx.append_file(
-                    &stream,
-                    &file.spool,
-                    &file.name,
-                    file.len,
-                    file.mtime_ms,
-                    file.archive.as_deref(),
-                    now,
-                );
+                let r = tx.append_file(&stream, &file, now);
                 pending.push(Pending::AppendFile(reply, r));
             }
             Request::SpoolForget { spools } => {

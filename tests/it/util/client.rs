@@ -6,7 +6,7 @@
 //! Standalone (std and serde_json only) so both `tests/ingest.rs` and `benches/ingest.rs` include
 //! it with `#[path]`.
 
-#![allow(dead_code)] // each includer uses its own part
+#![allow(dead_code, reason = "each includer uses its own part")]
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

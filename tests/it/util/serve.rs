@@ -2,7 +2,7 @@
 //! path and the number of GETs so far, one connection at a time, `Connection: close`. Records when
 //! each GET was answered, so a test can match stored samples to the moment they were measured.
 
-#![allow(dead_code)] // each includer uses its own part
+#![allow(dead_code, reason = "each includer uses its own part")]
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};

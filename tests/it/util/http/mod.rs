@@ -17,7 +17,10 @@
 //! A request is recorded (and counted) once its body has been read and before the answer is
 //! written: a waiter can wake up a moment before the client has read its `200`.
 
-#![allow(dead_code)] // shared by several test and bench binaries; each uses its own part
+#![allow(
+    dead_code,
+    reason = "shared by several test and bench binaries; each uses its own part"
+)]
 
 mod cut;
 mod pki;
@@ -389,7 +392,10 @@ impl Shared {
     }
 
     /// Waits for `done`, at most `limit`: `Ok(guard)` when it holds, `Err(guard)` on timeout.
-    #[allow(clippy::type_complexity)]
+    #[allow(
+        clippy::type_complexity,
+        reason = "a guard either way; allow, as a bench that never calls this does not lint it"
+    )]
     fn wait(
         &self,
         limit: Duration,
