@@ -125,7 +125,9 @@ fn imports_point_down_the_layers_and_never_in_a_loop() {
             continue;
         }
         let Some(own) = layer_of(&module) else {
-            faults.push(format!("src/{module}: not on any layer of the test's table"));
+            faults.push(format!(
+                "src/{module}: not on any layer of the test's table"
+            ));
             continue;
         };
         let text = std::fs::read_to_string(file).expect("read source");
@@ -149,7 +151,9 @@ fn imports_point_down_the_layers_and_never_in_a_loop() {
                 faults.push(format!("src/{shown}:{line}: names redb outside store"));
             }
             if module != "config" && code.contains("serde_saphyr") {
-                faults.push(format!("src/{shown}:{line}: names the YAML library outside config"));
+                faults.push(format!(
+                    "src/{shown}:{line}: names the YAML library outside config"
+                ));
             }
         }
     }
