@@ -245,13 +245,7 @@ impl Tx<'_> {
                 reason,
             });
         }
-        let txn = &self.txn;
-        let st = self
-            .rollback
-            .store
-            .streams
-            .get_mut(stream)
-            .expect("checked above");
+        let (txn, st) = self.txn_and_stream(stream)?;
         let id = st.counters.next_id;
         txn.open_table(st.ready_def())?
             .insert(id, value.as_slice())?;

@@ -123,13 +123,7 @@ impl Tx<'_> {
                 }
             }
         }
-        let txn = &self.txn;
-        let st = self
-            .rollback
-            .store
-            .streams
-            .get_mut(stream)
-            .expect("checked above");
+        let (txn, st) = self.txn_and_stream(stream)?;
         {
             let mut ready = txn.open_table(st.ready_def())?;
             for job in &jobs {
@@ -178,13 +172,7 @@ impl Tx<'_> {
         let stored_elsewhere = self.rollback.store.stored_bytes()
             - self.rollback.store.streams[stream].counters.stored_bytes();
         let budget = self.rollback.store.storage.max_bytes;
-        let txn = &self.txn;
-        let st = self
-            .rollback
-            .store
-            .streams
-            .get_mut(stream)
-            .expect("checked by caller");
+        let (txn, st) = self.txn_and_stream(stream)?;
         let mut ready = txn.open_table(st.ready_def())?;
         let (mut q_jobs, mut q_bytes, mut all_bytes) = (
             st.counters.ready_jobs + st.counters.retry_jobs,

@@ -18,13 +18,7 @@ pub(in crate::store) const DEAD_DROPS_EVERY: std::time::Duration =
 impl Tx<'_> {
     /// Keeps the dead-letter table within `dead_letter.max_jobs`, oldest out first.
     pub(in crate::store) fn trim_dead(&mut self, stream: &str) -> Result<(), StoreError> {
-        let txn = &self.txn;
-        let st = self
-            .rollback
-            .store
-            .streams
-            .get_mut(stream)
-            .expect("checked by caller");
+        let (txn, st) = self.txn_and_stream(stream)?;
         if st.counters.dead_jobs <= st.cfg.dead_max_jobs {
             return Ok(());
         }
@@ -86,13 +80,7 @@ impl Tx<'_> {
         limit: usize,
     ) -> Result<(u64, u64), StoreError> {
         self.stream(stream)?;
-        let txn = &self.txn;
-        let st = self
-            .rollback
-            .store
-            .streams
-            .get_mut(stream)
-            .expect("checked above");
+        let (txn, st) = self.txn_and_stream(stream)?;
         let mut dead = txn.open_table(st.dead_def())?;
         let mut ready = txn.open_table(st.ready_def())?;
         let keys: Vec<u64> = match id {
@@ -159,13 +147,7 @@ impl Tx<'_> {
         limit: usize,
     ) -> Result<(u64, u64), StoreError> {
         self.stream(stream)?;
-        let txn = &self.txn;
-        let st = self
-            .rollback
-            .store
-            .streams
-            .get_mut(stream)
-            .expect("checked above");
+        let (txn, st) = self.txn_and_stream(stream)?;
         let mut dead = txn.open_table(st.dead_def())?;
         let mut victims = Vec::new();
         for e in dead.iter()? {

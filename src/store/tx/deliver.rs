@@ -207,13 +207,7 @@ impl Tx<'_> {
         let value = format::reencode(&d, &meta);
         let recs = u64::from(d.header.records);
         let len = format::stored_len(&value);
-        let txn = &self.txn;
-        let st = self
-            .rollback
-            .store
-            .streams
-            .get_mut(&lease.stream)
-            .expect("removed above");
+        let (txn, st) = self.txn_and_stream(&lease.stream)?;
         if to_dead {
             txn.open_table(st.dead_def())?
                 .insert(lease.id, value.as_slice())?;
@@ -277,13 +271,7 @@ impl Tx<'_> {
             tail,
         );
         let (old_len, new_len) = (raw.len() as u64, rest.len() as u64);
-        let txn = &self.txn;
-        let st = self
-            .rollback
-            .store
-            .streams
-            .get_mut(&lease.stream)
-            .expect("checked by read_leased");
+        let (txn, st) = self.txn_and_stream(&lease.stream)?;
         // Same key: the job keeps its place in the queue (and in the retry schedule).
         match lease.retry_due {
             None => {

@@ -1,6 +1,8 @@
 //! Expiry: deleting queued jobs older than their stream's `ttl`, in bounded chunks. Called by the
 //! writer's sweep.
 
+use std::collections::HashSet;
+
 use redb::ReadableTable;
 
 use super::Tx;
@@ -22,58 +24,26 @@ impl Tx<'_> {
         for st in self.rollback.store.streams.values_mut() {
             let Some(ttl) = st.cfg.ttl else { continue };
             let cutoff = now_ms.saturating_sub(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+            let ready = expire_in(
+                &mut txn.open_table(st.ready_def())?,
+                |id| id,
+                true,
+                cutoff,
+                &st.in_flight,
+                &mut files,
+            )?;
+            let retry = expire_in(
+                &mut txn.open_table(st.retry_def())?,
+                |(_, id)| id,
+                false,
+                cutoff,
+                &st.in_flight,
+                &mut files,
+            )?;
             let mut expired = 0u64;
-            {
-                let mut ready = txn.open_table(st.ready_def())?;
-                let mut victims = Vec::new();
-                for e in ready.iter()? {
-                    let (k, v) = e?;
-                    let Ok(h) = format::header(v.value()) else {
-                        continue;
-                    };
-                    if h.created_ms > cutoff {
-                        break; // ids follow creation order
-                    }
-                    if !st.in_flight.contains(&k.value()) {
-                        victims.push((
-                            k.value(),
-                            u64::from(h.records),
-                            format::stored_len(v.value()),
-                        ));
-                        files.extend(file_value(v.value()));
-                    }
-                    if victims.len() >= EXPIRE_CHUNK {
-                        break;
-                    }
-                }
-                for (id, recs, len) in victims {
-                    ready.remove(id)?;
-                    expired += st.counters.remove_job(Table::Ready, recs, len);
-                }
-            }
-            {
-                let mut retry = txn.open_table(st.retry_def())?;
-                let mut victims = Vec::new();
-                for e in retry.iter()? {
-                    let (k, v) = e?;
-                    let Ok(h) = format::header(v.value()) else {
-                        continue;
-                    };
-                    if h.created_ms <= cutoff && !st.in_flight.contains(&k.value().1) {
-                        victims.push((
-                            k.value(),
-                            u64::from(h.records),
-                            format::stored_len(v.value()),
-                        ));
-                        files.extend(file_value(v.value()));
-                    }
-                    if victims.len() >= EXPIRE_CHUNK {
-                        break;
-                    }
-                }
-                for (key, recs, len) in victims {
-                    retry.remove(key)?;
-                    expired += st.counters.remove_job(Table::Retry, recs, len);
+            for (table, jobs) in [(Table::Ready, ready), (Table::Retry, retry)] {
+                for (records, bytes) in jobs {
+                    expired += st.counters.remove_job(table, records, bytes);
                 }
             }
             if expired > 0 {
@@ -88,4 +58,52 @@ impl Tx<'_> {
         }
         Ok(total)
     }
+}
+
+/// Deletes the jobs of one table created at or before `cutoff` and not in flight, at most
+/// [`EXPIRE_CHUNK`]; returns the records and stored bytes of each, and adds the values of file jobs
+/// to `files`. `by_creation`: the table's keys follow creation (ready), so the walk ends at the
+/// first newer job; a retry table is ordered by due time and is walked to the end of the chunk.
+fn expire_in<K>(
+    table: &mut redb::Table<'_, K, &'static [u8]>,
+    id_of: impl Fn(K) -> u64,
+    by_creation: bool,
+    cutoff: u64,
+    in_flight: &HashSet<u64>,
+    files: &mut Vec<Vec<u8>>,
+) -> Result<Vec<(u64, u64)>, StoreError>
+where
+    K: redb::Key + Copy + 'static,
+    for<'a> K: redb::Value<SelfType<'a> = K>,
+{
+    let mut victims = Vec::new();
+    for e in table.iter()? {
+        let (k, v) = e?;
+        let Ok(h) = format::header(v.value()) else {
+            continue;
+        };
+        if h.created_ms > cutoff {
+            if by_creation {
+                break;
+            }
+            continue;
+        }
+        if !in_flight.contains(&id_of(k.value())) {
+            victims.push((
+                k.value(),
+                u64::from(h.records),
+                format::stored_len(v.value()),
+            ));
+            files.extend(file_value(v.value()));
+        }
+        if victims.len() >= EXPIRE_CHUNK {
+            break;
+        }
+    }
+    let mut removed = Vec::with_capacity(victims.len());
+    for (key, records, bytes) in victims {
+        table.remove(key)?;
+        removed.push((records, bytes));
+    }
+    Ok(removed)
 }

@@ -99,6 +99,21 @@ impl<'s> Tx<'s> {
             .ok_or_else(|| StoreError::UnknownStream(name.into()))
     }
 
+    /// The transaction and one stream's state, borrowed together: a stream's tables are opened
+    /// through the one and counted in the other.
+    pub(in crate::store) fn txn_and_stream(
+        &mut self,
+        name: &str,
+    ) -> Result<(&WriteTransaction, &mut StreamState), StoreError> {
+        let st = self
+            .rollback
+            .store
+            .streams
+            .get_mut(name)
+            .ok_or_else(|| StoreError::UnknownStream(name.into()))?;
+        Ok((&self.txn, st))
+    }
+
     pub(in crate::store) fn ensure_layout(&mut self) -> Result<(), StoreError> {
         let txn = &self.txn;
         let mut meta = txn.open_table(META)?;

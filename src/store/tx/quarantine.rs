@@ -27,13 +27,7 @@ impl Tx<'_> {
         raw: &[u8],
         reason: &str,
     ) -> Result<(), StoreError> {
-        let txn = &self.txn;
-        let st = self
-            .rollback
-            .store
-            .streams
-            .get_mut(stream)
-            .expect("checked by caller");
+        let (txn, st) = self.txn_and_stream(stream)?;
         match table {
             Table::Ready => {
                 txn.open_table(st.ready_def())?.remove(id)?;
