@@ -79,7 +79,6 @@ impl Tx<'_> {
         id: Option<u64>,
         limit: usize,
     ) -> Result<(u64, u64), StoreError> {
-        self.stream(stream)?;
         let (txn, st) = self.txn_and_stream(stream)?;
         let mut dead = txn.open_table(st.dead_def())?;
         let mut ready = txn.open_table(st.ready_def())?;
@@ -146,7 +145,6 @@ impl Tx<'_> {
         failed_before_ms: Option<u64>,
         limit: usize,
     ) -> Result<(u64, u64), StoreError> {
-        self.stream(stream)?;
         let (txn, st) = self.txn_and_stream(stream)?;
         let mut dead = txn.open_table(st.dead_def())?;
         let mut victims = Vec::new();

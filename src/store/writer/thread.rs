@@ -319,25 +319,13 @@ impl Writer {
                     let _ = reply.send(snap);
                 }
                 Request::Checkpoint { source, reply } => {
-                    let cp = match &self.store {
-                        Some(s) => s.checkpoint(&source),
-                        None => Err(StoreError::Unavailable { detail: "" }),
-                    };
-                    let _ = reply.send(cp);
+                    let _ = reply.send(self.read(|s| s.checkpoint(&source)));
                 }
                 Request::NextDue { stream, reply } => {
-                    let due = match &self.store {
-                        Some(s) => s.next_retry_due(&stream),
-                        None => Err(StoreError::Unavailable { detail: "" }),
-                    };
-                    let _ = reply.send(due);
+                    let _ = reply.send(self.read(|s| s.next_retry_due(&stream)));
                 }
                 Request::SpoolKnown { spool, reply } => {
-                    let known = match &self.store {
-                        Some(s) => s.spool_known(&spool),
-                        None => Err(StoreError::Unavailable { detail: "" }),
-                    };
-                    let _ = reply.send(known);
+                    let _ = reply.send(self.read(|s| s.spool_known(&spool)));
                 }
                 Request::Shutdown { reply } => shutdown = Some(reply),
                 Request::StopWaiting => self.no_wait = true,
@@ -437,6 +425,17 @@ impl Writer {
                 self.reopen_backoff = (self.reopen_backoff * 2).min(Duration::from_secs(30));
                 false
             }
+        }
+    }
+
+    /// A query of the open store; while it is being reopened after an i/o error, `Unavailable`.
+    fn read<T>(
+        &self,
+        query: impl FnOnce(&Store) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        match &self.store {
+            Some(s) => query(s),
+            None => Err(StoreError::Unavailable { detail: "" }),
         }
     }
 
