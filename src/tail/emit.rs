@@ -49,7 +49,7 @@ impl Settings {
 /// What the records of one file are made with at one step: the source's settings and counters,
 /// the file's path (as a JSON string, as records carry it) and the time they are read at.
 pub struct Emit<'a> {
-    pub s: &'a Settings,
+    pub settings: &'a Settings,
     pub stats: &'a TailStats,
     pub path_json: &'a str,
     pub now: Instant,
@@ -77,7 +77,7 @@ impl Emit<'_> {
         tail: impl FnOnce() -> u64,
     ) -> bool {
         let stats = self.stats;
-        match &self.s.cfg.multiline {
+        match &self.settings.cfg.multiline {
             Some(ml) => {
                 let starts = ml.start.is_match(&record::text(line.bytes));
                 if group.completes(ml, line.bytes.len(), starts) {
@@ -133,7 +133,7 @@ impl Emit<'_> {
     /// Filters a record and, when kept, adds it to the batch if it fits (or `force`). False when
     /// it did not fit (nothing changed then).
     fn offer(&self, batch: &mut Batch, d: &Draft<'_>, force: bool) -> bool {
-        let (s, stats, path_json) = (self.s, self.stats, self.path_json);
+        let (s, stats, path_json) = (self.settings, self.stats, self.path_json);
         if !s.cfg.filter.is_empty() && !s.cfg.filter.keeps(d.text, d.first) {
             stats.filtered_lines.fetch_add(u64::from(d.lines), Relaxed);
             return true;

@@ -114,7 +114,7 @@ impl Tracked {
 }
 
 pub struct Tailer {
-    s: Settings,
+    settings: Settings,
     stats: Arc<TailStats>,
     files: Vec<Tracked>,
     watcher: Option<Watcher>,
@@ -144,7 +144,7 @@ fn copy_offset(file: &File, size: u64, orig: &Tracked) -> Option<u64> {
 impl Tailer {
     /// Starts from a stored checkpoint (`None`: the source never ran, so `start_at` applies).
     pub fn start(
-        s: Settings,
+        settings: Settings,
         stored: Option<&[u8]>,
         watcher: Option<Watcher>,
         stats: Arc<TailStats>,
@@ -152,7 +152,7 @@ impl Tailer {
     ) -> Tailer {
         let mut t = Tailer {
             buf: Vec::new(),
-            s,
+            settings,
             stats,
             files: Vec::new(),
             watcher,
@@ -170,7 +170,7 @@ impl Tailer {
             None => (Vec::new(), true),
             Some(Ok(cp)) => (cp.files, false),
             Some(Err(e)) => {
-                tracing::warn!(source = %t.s.cfg.name, error = %e, "the stored tail checkpoint cannot be read; files are read from their beginning");
+                tracing::warn!(source = %t.settings.cfg.name, error = %e, "the stored tail checkpoint cannot be read; files are read from their beginning");
                 (Vec::new(), false)
             }
         };
@@ -284,12 +284,12 @@ impl Tailer {
     /// The earliest moment a timer of the tailer runs out (multiline groups, rotated and held
     /// files).
     pub fn deadline(&self) -> Option<Instant> {
-        let wait = self.s.cfg.rotate_wait;
+        let wait = self.settings.cfg.rotate_wait;
         self.files
             .iter()
             .filter_map(|f| {
                 let group = self
-                    .s
+                    .settings
                     .cfg
                     .multiline
                     .as_ref()
@@ -373,7 +373,7 @@ impl Tailer {
         });
         let role = match like {
             Some(g) if head.len() == FP_BYTES => {
-                tracing::info!(source = %self.s.cfg.name, path = %self.files[i].path.display(), like = %g.path.display(), "a new file starts like a followed one (a copy?): held until that one is truncated or rotate_wait passes");
+                tracing::info!(source = %self.settings.cfg.name, path = %self.files[i].path.display(), like = %g.path.display(), "a new file starts like a followed one (a copy?): held until that one is truncated or rotate_wait passes");
                 Role::Held {
                     of: g.id,
                     since: now,
@@ -448,7 +448,7 @@ impl Tailer {
                 // The file is read again from its start: its pending group goes now, even past
                 // the batch's limits (by one record).
                 let emit = Emit {
-                    s: &self.s,
+                    settings: &self.settings,
                     stats: &self.stats,
                     path_json: &f.path_json,
                     now,
@@ -458,7 +458,7 @@ impl Tailer {
             (f.id, f.pos, f.tail, f.head.clone())
         };
         self.stats.truncations.fetch_add(1, Relaxed);
-        tracing::info!(source = %self.s.cfg.name, path = %self.files[i].path.display(), offset = pos, "file truncated: reading it again from its start");
+        tracing::info!(source = %self.settings.cfg.name, path = %self.files[i].path.display(), offset = pos, "file truncated: reading it again from its start");
         let (orig_path, orig_json) = (self.files[i].path.clone(), self.files[i].path_json.clone());
         // Copies already found: held for this file, or new files (being copied when first seen)
         // that now start with its old first bytes.
@@ -499,7 +499,7 @@ impl Tailer {
             } else {
                 0
             };
-            tracing::info!(source = %self.s.cfg.name, path = %c.path.display(), offset = from, "copy of a truncated file: reading it from where the original was");
+            tracing::info!(source = %self.settings.cfg.name, path = %c.path.display(), offset = from, "copy of a truncated file: reading it from where the original was");
             c.role = Role::Active;
             c.head = read_head(&c.file, size);
             c.pos = from;
@@ -538,14 +538,17 @@ impl Tailer {
                 return;
             }
         }
-        let max_line = self.s.cfg.max_line_bytes;
+        let max_line = self.settings.cfg.max_line_bytes;
         loop {
             let Tailer {
-                files, s, stats, ..
+                files,
+                settings,
+                stats,
+                ..
             } = self;
             let f = &mut files[i];
             let back = f.pos.min(FP_BYTES as u64) as usize;
-            let want = s.chunk + back;
+            let want = settings.chunk + back;
             if buf.len() < want {
                 buf.resize(want, 0);
             }
@@ -553,7 +556,7 @@ impl Tailer {
             let n = match read_full_at(&f.file, &mut buf[..want], base - back as u64) {
                 Ok(n) => n,
                 Err(e) => {
-                    tracing::warn!(source = %s.cfg.name, path = %f.path.display(), error = %e, "cannot read file");
+                    tracing::warn!(source = %settings.cfg.name, path = %f.path.display(), error = %e, "cannot read file");
                     f.dirty = false;
                     return;
                 }
@@ -584,7 +587,7 @@ impl Tailer {
                 max_line,
                 |line, offset, truncated| {
                     let emit = Emit {
-                        s,
+                        settings,
                         stats,
                         path_json,
                         now,
@@ -628,13 +631,13 @@ impl Tailer {
 
     /// Completes timed-out groups, settles held files, releases rotated files that stayed quiet.
     fn tick(&mut self, batch: &mut Batch, now: Instant) {
-        if let Some(ml) = &self.s.cfg.multiline {
+        if let Some(ml) = &self.settings.cfg.multiline {
             for f in &mut self.files {
                 if !f.dirty
                     && f.group.deadline(ml).is_some_and(|d| d <= now)
                     && let Some(g) = &f.group.pending
                     && (Emit {
-                        s: &self.s,
+                        settings: &self.settings,
                         stats: &self.stats,
                         path_json: &f.path_json,
                         now,
@@ -646,7 +649,7 @@ impl Tailer {
                 }
             }
         }
-        let wait = self.s.cfg.rotate_wait;
+        let wait = self.settings.cfg.rotate_wait;
         for i in 0..self.files.len() {
             match self.files[i].role {
                 Role::Held { of, since, size } if now.saturating_duration_since(since) >= wait => {
@@ -706,7 +709,7 @@ impl Tailer {
             && tail_at(&c.file, size).is_some()
             && tail_at(&c.file, size) == tail_at(&g.file, size)
         {
-            tracing::info!(source = %self.s.cfg.name, path = %c.path.display(), size, "a copy of a followed file is still being written: held on");
+            tracing::info!(source = %self.settings.cfg.name, path = %c.path.display(), size, "a copy of a followed file is still being written: held on");
             self.files[i].role = Role::Held {
                 of,
                 since: now,
@@ -716,7 +719,7 @@ impl Tailer {
         }
         let copy = from.is_some();
         let from = from.unwrap_or(0);
-        tracing::info!(source = %self.s.cfg.name, path = %c.path.display(), offset = from, copy, "a file that starts like a followed one: following it");
+        tracing::info!(source = %self.settings.cfg.name, path = %c.path.display(), offset = from, copy, "a file that starts like a followed one: following it");
         let c = &mut self.files[i];
         c.role = Role::Active;
         c.head = head;
@@ -743,7 +746,7 @@ impl Tailer {
             let mut rest = vec![0u8; (f.seen - f.pos) as usize];
             let n = read_full_at(&f.file, &mut rest, f.pos).unwrap_or(0);
             rest.truncate(n);
-            let max = self.s.cfg.max_line_bytes;
+            let max = self.settings.cfg.max_line_bytes;
             let cut = record::cut_at_char(&rest, max);
             let truncated = cut.len() < rest.len();
             let tail = f.tail;
@@ -751,7 +754,7 @@ impl Tailer {
                 group, path_json, ..
             } = f;
             let emit = Emit {
-                s: &self.s,
+                settings: &self.settings,
                 stats: &self.stats,
                 path_json,
                 now,
@@ -769,7 +772,7 @@ impl Tailer {
         }
         if let Some(g) = &f.group.pending {
             let emit = Emit {
-                s: &self.s,
+                settings: &self.settings,
                 stats: &self.stats,
                 path_json: &f.path_json,
                 now,
@@ -785,7 +788,7 @@ impl Tailer {
             w.remove(wd);
         }
         self.stats.files_released.fetch_add(1, Relaxed);
-        tracing::info!(source = %self.s.cfg.name, path = %f.path.display(), offset = size, "released file (rotated or deleted, read to its end)");
+        tracing::info!(source = %self.settings.cfg.name, path = %f.path.display(), offset = size, "released file (rotated or deleted, read to its end)");
         self.changed = true;
         true
     }

@@ -45,7 +45,7 @@ impl Tailer {
         let opts = GLOB;
         let mut seen = HashSet::new();
         let mut out = Vec::new();
-        for pattern in &self.s.cfg.patterns {
+        for pattern in &self.settings.cfg.patterns {
             let Ok(paths) = glob::glob_with(pattern, opts) else {
                 continue;
             };
@@ -68,7 +68,7 @@ impl Tailer {
     fn matched(&self, path: &Path) -> bool {
         !self.excluded(path)
             && self
-                .s
+                .settings
                 .cfg
                 .patterns
                 .iter()
@@ -76,7 +76,7 @@ impl Tailer {
     }
 
     fn excluded(&self, path: &Path) -> bool {
-        self.s.cfg.exclude.iter().any(|e| {
+        self.settings.cfg.exclude.iter().any(|e| {
             if e.name_only {
                 path.file_name()
                     .is_some_and(|n| e.pattern.matches(&n.to_string_lossy()))
@@ -94,7 +94,7 @@ impl Tailer {
             .iter()
             .filter_map(|(p, _)| p.parent().map(Path::to_path_buf))
             .collect();
-        for pattern in &self.s.cfg.patterns {
+        for pattern in &self.settings.cfg.patterns {
             let Some((parent, _)) = pattern.rsplit_once('/') else {
                 continue;
             };
@@ -141,7 +141,7 @@ impl Tailer {
                 // Replaced or truncated while colibri was stopped: the scan reads it from its
                 // start; the lines it had past the offset may be in a copy.
                 self.stats.truncations.fetch_add(1, Relaxed);
-                tracing::info!(source = %self.s.cfg.name, path = %path.display(), offset = e.offset, "file truncated or replaced while colibri was stopped: reading it from its start");
+                tracing::info!(source = %self.settings.cfg.name, path = %path.display(), offset = e.offset, "file truncated or replaced while colibri was stopped: reading it from its start");
             }
             let dir = path.parent().map(Path::to_path_buf);
             if let Some(copy) = self.recover_copy(&e, dir.as_deref(), logical, now) {
@@ -196,7 +196,7 @@ impl Tailer {
             && let Ok(meta) = file.metadata()
             && same_content(&file, meta.len(), e)
         {
-            tracing::info!(source = %self.s.cfg.name, path = %logical.display(), copy = %path.display(), offset = e.offset, "reading the rest of a truncated file from its copy");
+            tracing::info!(source = %self.settings.cfg.name, path = %logical.display(), copy = %path.display(), offset = e.offset, "reading the rest of a truncated file from its copy");
             let copy = Identity::of(&meta);
             let role = if self.matched(&path) {
                 Role::Active
@@ -221,7 +221,7 @@ impl Tailer {
             Ok(f) => f,
             Err(e) => {
                 if self.unreadable.len() < 1000 && self.unreadable.insert(path.to_path_buf()) {
-                    tracing::warn!(source = %self.s.cfg.name, path = %path.display(), error = %e, "cannot open a matched file; it is skipped until it can be");
+                    tracing::warn!(source = %self.settings.cfg.name, path = %path.display(), error = %e, "cannot open a matched file; it is skipped until it can be");
                 }
                 return;
             }
@@ -230,7 +230,7 @@ impl Tailer {
         if !meta.is_file() || self.is_tracked(Identity::of(&meta)) {
             return;
         }
-        let (pos, role, why) = if first_life && self.s.cfg.start_at == StartAt::End {
+        let (pos, role, why) = if first_life && self.settings.cfg.start_at == StartAt::End {
             (meta.len(), Role::Active, "new, start_at end")
         } else {
             (0, Role::New { since: now }, "new")
@@ -275,7 +275,7 @@ impl Tailer {
             },
             None => None,
         };
-        tracing::info!(source = %self.s.cfg.name, path = %path.display(), offset = pos, size = meta.len(), why, "following file");
+        tracing::info!(source = %self.settings.cfg.name, path = %path.display(), offset = pos, size = meta.len(), why, "following file");
         self.stats.files_opened.fetch_add(1, Relaxed);
         self.files.push(Tracked {
             id,
@@ -322,7 +322,7 @@ impl Tailer {
                     f.verify = true;
                     f.idle_since = now;
                     self.stats.rotations.fetch_add(1, Relaxed);
-                    tracing::info!(source = %self.s.cfg.name, path = %f.path.display(), offset = f.pos, "file rotated or deleted: reading it to its end");
+                    tracing::info!(source = %self.settings.cfg.name, path = %f.path.display(), offset = f.pos, "file rotated or deleted: reading it to its end");
                 }
                 _ => {}
             }

@@ -48,7 +48,7 @@ struct Rec {
 
 struct Rig {
     dir: tempfile::TempDir,
-    s: Settings,
+    settings: Settings,
     now: Instant,
     t: Option<Tailer>,
     /// The last checkpoint a step produced.
@@ -65,7 +65,7 @@ impl Rig {
         tweak(&mut cfg);
         Rig {
             dir,
-            s: settings(cfg),
+            settings: settings(cfg),
             now: Instant::now(),
             t: None,
             cp: None,
@@ -100,7 +100,7 @@ impl Rig {
     fn start(&mut self) {
         self.t = None;
         self.t = Some(Tailer::start(
-            self.s.clone(),
+            self.settings.clone(),
             self.cp.as_deref(),
             None,
             Arc::new(TailStats::default()),
