@@ -96,12 +96,7 @@ impl Tx<'_> {
                     });
                 }
                 WhenFull::DropNewest => {
-                    let st = self
-                        .rollback
-                        .store
-                        .streams
-                        .get_mut(stream)
-                        .expect("checked above");
+                    let st = self.stream_mut(stream)?;
                     st.counters.appended_records += n_records;
                     st.counters.dropped_newest_records += n_records;
                     self.dirty.insert(stream.into());

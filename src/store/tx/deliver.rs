@@ -126,13 +126,7 @@ impl Tx<'_> {
         lease: &Lease,
     ) -> Result<(Vec<u8>, Table), StoreError> {
         self.check_lease(lease)?;
-        let txn = &self.txn;
-        let st = self
-            .rollback
-            .store
-            .streams
-            .get_mut(&lease.stream)
-            .ok_or_else(|| StoreError::UnknownStream(lease.stream.clone()))?;
+        let (txn, st) = self.txn_and_stream(&lease.stream)?;
         let (raw, table) = match lease.retry_due {
             None => {
                 let mut t = txn.open_table(st.ready_def())?;
@@ -161,12 +155,7 @@ impl Tx<'_> {
     /// The job was delivered: delete it.
     pub fn ack(&mut self, lease: &Lease) -> Result<(), StoreError> {
         let (raw, _) = self.remove_leased(lease)?;
-        let st = self
-            .rollback
-            .store
-            .streams
-            .get_mut(&lease.stream)
-            .expect("removed above");
+        let st = self.stream_mut(&lease.stream)?;
         st.counters.delivered_jobs += 1;
         st.counters.delivered_records += format::header(&raw).map_or(0, |h| u64::from(h.records));
         st.counters.delivered_bytes += format::stored_len(&raw);

@@ -114,6 +114,14 @@ impl<'s> Tx<'s> {
         Ok((&self.txn, st))
     }
 
+    /// One stream's state, to count in.
+    pub(in crate::store) fn stream_mut(
+        &mut self,
+        name: &str,
+    ) -> Result<&mut StreamState, StoreError> {
+        Ok(self.txn_and_stream(name)?.1)
+    }
+
     pub(in crate::store) fn ensure_layout(&mut self) -> Result<(), StoreError> {
         let txn = &self.txn;
         let mut meta = txn.open_table(META)?;
