@@ -510,3 +510,24 @@ async fn grace_expiry_kills_running_tasks() {
     assert!(started.elapsed() < Duration::from_secs(10));
     assert_eq!(stats.cancelled.load(Ordering::Relaxed), 1);
 }
+
+#[test]
+fn a_task_changed_by_a_reload_keeps_its_counters() {
+    // The agent owns the registry; a changed task's new slot takes the counters kept by name.
+    let c = Clocks::at(wall(10, 0, 0));
+    let registry: Arc<Registry<TaskStats>> = Default::default();
+    let mut plan = Plan::new(c.now(), Arc::clone(&registry));
+    let every = |s| Schedule::Every {
+        period: Duration::from_secs(s),
+        offset: Offset::Fixed(Duration::from_secs(s)),
+    };
+    plan.upsert(def("a", every(10)), c.now(), true);
+    plan.stats("a")
+        .unwrap()
+        .skipped
+        .fetch_add(3, Ordering::Relaxed);
+    plan.upsert(def("a", every(3)), c.now(), false);
+    let kept = plan.stats("a").unwrap();
+    assert_eq!(kept.skipped.load(Ordering::Relaxed), 3);
+    assert!(Arc::ptr_eq(&kept, &registry.get("a")));
+}
