@@ -190,8 +190,9 @@ fn admin_addr(logs: &mpsc::Receiver<String>) -> SocketAddr {
     panic!("colibri did not log its admin address within 60 s");
 }
 
-/// The value of the first series of `/metrics` whose line starts with `prefix` (name and labels).
-fn metric(admin: SocketAddr, prefix: &str) -> Option<f64> {
+/// The sum of the series of `/metrics` whose lines start with `prefix` (a name, or a name and the
+/// start of its labels) and contain `having`.
+fn metric_sum(admin: SocketAddr, prefix: &str, having: &str) -> Option<f64> {
     let mut s = TcpStream::connect_timeout(&admin, Duration::from_secs(5)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
@@ -201,10 +202,17 @@ fn metric(admin: SocketAddr, prefix: &str) -> Option<f64> {
     .ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with(prefix) && l.contains(having))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// The value of the series whose line starts with `prefix`.
+fn metric(admin: SocketAddr, prefix: &str) -> Option<f64> {
+    metric_sum(admin, prefix, "")
 }
 
 fn mb(bytes: u64) -> String {
@@ -274,11 +282,9 @@ fn with_outage(dir: &Path, file: &Path, lines: u64, outage: Duration, extra: &st
     let disk = disk_used(&dir.join("data"));
     let written = write_bytes(pid);
     let cpu_outage = cpu_ns(pid) as f64 / 1e9;
-    let label = format!("{{stream=\"{STREAM}\"}}");
-    let stored = metric(admin, &format!("colibri_stream_bytes{label}"))
-        .or_else(|| metric(admin, "colibri_stream_bytes{"))
-        .unwrap_or(0.0) as u64;
-    let raw = metric(admin, &format!("colibri_stream_raw_bytes{label}"));
+    let label = format!("stream=\"{STREAM}\"");
+    let stored = metric_sum(admin, "colibri_stream_bytes{", &label).unwrap_or(0.0) as u64;
+    let raw = metric_sum(admin, "colibri_stream_raw_bytes{", &label);
     let file_bytes = metric(admin, "colibri_store_file_bytes").unwrap_or(0.0) as u64;
     peak_kib = peak_kib.max(rss_kib(pid).1);
     println!(

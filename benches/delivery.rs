@@ -25,7 +25,7 @@ mod http;
 
 use colibri::clock::now_ms;
 use colibri::config;
-use colibri::store::{OpenOptions, Store};
+use colibri::store::{OpenOptions, RecordBuf, Store};
 use common::{bin, cores, cpu_secs, env_u64, log_lines, rss_kib, spawn_run, stop, wait_log};
 use http::{Mode, Receiver};
 
@@ -98,7 +98,7 @@ fn fill(cfg: &Path, records: u64) {
     let mut seq = 0;
     while seq < records {
         let n = (records - seq).min(JOB_RECORDS * 10);
-        let recs: Vec<Vec<u8>> = (seq..seq + n).map(record).collect();
+        let recs: RecordBuf = (seq..seq + n).map(record).collect();
         let mut tx = s.transaction().expect("transaction");
         tx.append(STREAM, &recs, None, now_ms()).expect("append");
         tx.commit().expect("commit");

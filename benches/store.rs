@@ -25,7 +25,7 @@ mod common;
 
 use colibri::clock::now_ms;
 use colibri::config::{self, Config};
-use colibri::store::{OpenOptions, Store, writer};
+use colibri::store::{OpenOptions, RecordBuf, Store, writer};
 use common::{bin, cores, env_u64, rss_kib, signal, spawn_run, stop};
 
 const STREAM: &str = "logs";
@@ -221,7 +221,7 @@ fn fill(c: &Config, bytes: u64, records: u64) {
     };
     while s.stored_bytes() < bytes && seq < target {
         let n = (target - seq).min(10_000);
-        let recs: Vec<Vec<u8>> = (seq..seq + n).map(record).collect();
+        let recs: RecordBuf = (seq..seq + n).map(record).collect();
         let mut tx = s.transaction().expect("transaction");
         tx.append(STREAM, &recs, None, now_ms()).expect("append");
         tx.commit().expect("commit");
@@ -442,7 +442,7 @@ fn startup_after_push_crash(cfg: &Path, starts: usize) {
 fn writer_child(cfg: &Path, quick_repair: bool) {
     let c = config::load(cfg).expect("config");
     let mut s = open(&c, quick_repair);
-    let recs: Vec<Vec<u8>> = (0..RECORDS_PER_APPEND as u64).map(record).collect();
+    let recs: RecordBuf = (0..RECORDS_PER_APPEND as u64).map(record).collect();
     let mut out = std::io::stdout().lock();
     loop {
         let mut tx = s.transaction().expect("transaction");

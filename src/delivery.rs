@@ -22,6 +22,7 @@
 //! (the sink does), whether the link is up (the link monitor does) nor where jobs live (the store).
 //! Started and stopped by `agent`.
 
+use std::cell::OnceCell;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -33,9 +34,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
 use crate::link::Link;
-use crate::sink::{Batch, DeliveryError, Sink};
+use crate::sink::{Batch, DeliveryError, Payload, Sink};
 use crate::store::writer::{Snapshot, StoreHandle};
-use crate::store::{Failed, Failure, Job, Lease, Settle, StoreError};
+use crate::store::{Failed, Failure, Job, JobRecords, Lease, Settle, StoreError};
 
 /// Pause after the store itself failed (it reopens with its own backoff).
 const STORE_ERROR_PAUSE: Duration = Duration::from_secs(1);
@@ -353,9 +354,14 @@ async fn deliver_job(
     stopping: &CancellationToken,
     acks: &mut Vec<Ack>,
 ) -> Next {
-    let records: Vec<&[u8]> = job.records().collect();
-    let n = records.len();
+    let n = job.record_count();
     let id = job.lease.id;
+    // A sink that sends zstd bodies takes a whole job stored as a zstd frame of lines as it is,
+    // never decompressed; the records are read (decompressed) only when it cannot (or after a
+    // 413, to send the job in parts).
+    let stored = job.zstd_lines().filter(|_| rt.sink.sends_zstd_lines());
+    let opened: OnceCell<JobRecords<'_>> = OnceCell::new();
+    let listed: OnceCell<Vec<&[u8]>> = OnceCell::new();
     // Records before `start` are settled in the store (the stored job begins at `start`).
     let mut start = 0usize;
     let mut chunk = n.max(1);
@@ -366,14 +372,32 @@ async fn deliver_job(
             return Next::Go;
         }
         let end = (start + chunk).min(n);
-        let part = &records[start..end];
+        let whole_job = start == 0 && end == n;
+        let payload = match stored {
+            Some(frame) if whole_job => Payload::ZstdLines(frame),
+            _ => {
+                if opened.get().is_none() {
+                    match job.records() {
+                        Ok(r) => {
+                            let _ = opened.set(r);
+                        }
+                        Err(e) => return quarantine(stream, store, job, e.to_string()).await,
+                    }
+                }
+                let records = opened.get().expect("set above");
+                match records.lines() {
+                    Some(lines) if whole_job => Payload::Lines(lines),
+                    _ => Payload::Records(&listed.get_or_init(|| records.list())[start..end]),
+                }
+            }
+        };
         let batch = Batch {
             stream,
             job: id,
             first: job.offset + start as u32,
             end: job.offset + end as u32,
-            whole: job.offset == 0 && start == 0 && end == n,
-            records: part,
+            whole: job.offset == 0 && whole_job,
+            payload,
             file: job.file(),
             store_id: store.store_id(),
         };
@@ -398,10 +422,10 @@ async fn deliver_job(
                 stats.requests_ok.fetch_add(1, Relaxed);
                 stats
                     .records_delivered
-                    .fetch_add(part.len() as u64, Relaxed);
+                    .fetch_add((end - start) as u64, Relaxed);
                 stats.bytes_delivered.fetch_add(body_bytes, Relaxed);
                 if end == n {
-                    tracing::debug!(stream, job = id, records = part.len(), "delivered");
+                    tracing::debug!(stream, job = id, records = end - start, "delivered");
                     let ack = Box::pin(store.ack_later(job.lease.clone()));
                     acks.push((job.lease, ack));
                     return Next::Go;
@@ -502,6 +526,16 @@ async fn deliver_job(
             }
         }
     }
+}
+
+/// A job whose records cannot be read (its compressed area is damaged though its checksum held):
+/// quarantined, counted, never sent.
+async fn quarantine(stream: &str, store: &StoreHandle, job: Job, reason: String) -> Next {
+    if let Err(e) = store.quarantine(job.lease.clone(), reason).await {
+        tracing::warn!(stream, job = job.lease.id, error = %e, "cannot quarantine a damaged job; it stays queued");
+        store.release(job.lease);
+    }
+    Next::Go
 }
 
 /// Builds the body, waits for the pacer (while `replaying`) and a request slot, and sends it;

@@ -241,7 +241,7 @@ fn stream_metrics(t: &mut Text, snap: &Snapshot) {
             .map(|(c, n)| (c.name.as_str(), n))
             .collect(),
     };
-    let queues: [(&str, &str, &Parts<Counters>); 3] = [
+    let queues: [(&str, &str, &Parts<Counters>); 4] = [
         (
             "colibri_stream_jobs",
             "Transfer jobs in a stream's queue now.",
@@ -267,6 +267,15 @@ fn stream_metrics(t: &mut Text, snap: &Snapshot) {
                 ("ready", |c| c.ready_bytes),
                 ("retry", |c| c.retry_bytes),
                 ("dead", |c| c.dead_bytes),
+            ],
+        ),
+        (
+            "colibri_stream_raw_bytes",
+            "What the jobs in a stream's queue would take uncompressed (colibri_stream_bytes is what they take on disk).",
+            &[
+                ("ready", |c| c.ready_raw_bytes),
+                ("retry", |c| c.retry_raw_bytes),
+                ("dead", |c| c.dead_raw_bytes),
             ],
         ),
     ];

@@ -19,7 +19,7 @@ use crate::config::{self, Config, Unset};
 use crate::ingest::body;
 use crate::scrape::lineparse;
 use crate::sink::RecordFormat;
-use crate::store::{self, OpenOptions, Store, StoreError};
+use crate::store::{self, OpenOptions, RecordBuf, Store, StoreError};
 use crate::units::{fmt_duration, fmt_size};
 
 #[derive(Debug, Subcommand)]
@@ -425,9 +425,9 @@ fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
         let oldest = s.oldest_ms(&cfg.name)?;
         rows.push(serde_json::json!({
             "stream": cfg.name,
-            "ready": { "jobs": n.ready_jobs, "records": n.ready_records, "bytes": n.ready_bytes },
-            "retry": { "jobs": n.retry_jobs, "records": n.retry_records, "bytes": n.retry_bytes },
-            "dead": { "jobs": n.dead_jobs, "records": n.dead_records, "bytes": n.dead_bytes },
+            "ready": { "jobs": n.ready_jobs, "records": n.ready_records, "bytes": n.ready_bytes, "raw_bytes": n.ready_raw_bytes },
+            "retry": { "jobs": n.retry_jobs, "records": n.retry_records, "bytes": n.retry_bytes, "raw_bytes": n.retry_raw_bytes },
+            "dead": { "jobs": n.dead_jobs, "records": n.dead_records, "bytes": n.dead_bytes, "raw_bytes": n.dead_raw_bytes },
             "oldest_age_ms": oldest.map(|o| now.saturating_sub(o)),
             "counters": n,
             "balanced": n.balanced(),
@@ -435,6 +435,7 @@ fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
     }
     let file_bytes = s.file_bytes();
     let stored = s.stored_bytes();
+    let raw: u64 = s.streams().map(|(_, n)| n.raw_bytes()).sum();
     let quarantined = s.quarantined()?;
     drop(s);
     // Read-only handles cannot see redb's free-page statistics, and a writable open here would
@@ -445,6 +446,7 @@ fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
             "file": c.data_dir.join(store::DB_FILE),
             "file_bytes": file_bytes,
             "stored_bytes": stored,
+            "raw_bytes": raw,
             "reclaimable_bytes_at_most": reclaimable,
             "quarantined_entries": quarantined,
             "streams": rows,
@@ -453,21 +455,24 @@ fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{}: {} on disk, {} in jobs, up to {} reclaimable by compaction, {quarantined} quarantined",
+        "{}: {} on disk, {} in jobs ({} uncompressed), up to {} reclaimable by compaction, {quarantined} quarantined",
         c.data_dir.join(store::DB_FILE).display(),
         fmt_size(file_bytes),
         fmt_size(stored),
+        fmt_size(raw),
         fmt_size(reclaimable),
     );
-    // What is in each table now, then what has flowed through the stream (in records) since it
-    // began: appended, delivered, moved to the dead letters, expired (ttl) and dropped.
+    // What is in each table now (QUEUED: ready and retry on disk, RAW: the same uncompressed),
+    // then what has flowed through the stream (in records) since it began: appended, delivered,
+    // moved to the dead letters, expired (ttl) and dropped.
     let header = format!(
-        "{:<16} {:>18} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>13} {:>8} {:>8}",
+        "{:<16} {:>18} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>13} {:>8} {:>8}",
         "STREAM",
         "READY jobs/records",
         "RETRY jobs",
         "DEAD jobs",
         "QUEUED",
+        "RAW",
         "OLDEST",
         "APPENDED",
         "DELIVERED",
@@ -482,12 +487,13 @@ fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
             fmt_duration(std::time::Duration::from_secs(ms / 1000))
         });
         println!(
-            "{:<16} {:>18} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>13} {:>8} {:>8}",
+            "{:<16} {:>18} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>13} {:>8} {:>8}",
             r["stream"].as_str().unwrap_or(""),
             format!("{}/{}", n.ready_jobs, n.ready_records),
             n.retry_jobs,
             n.dead_jobs,
             fmt_size(n.ready_bytes + n.retry_bytes),
+            fmt_size(n.ready_raw_bytes + n.retry_raw_bytes),
             age,
             n.appended_records,
             n.delivered_records,
@@ -534,10 +540,10 @@ fn push(c: &Config, stream: &str, batch: usize) -> anyhow::Result<()> {
     let carries = c.record_format(stream);
     let stdin = std::io::stdin().lock();
     let mut out = std::io::stdout().lock();
-    let mut pending: Vec<Vec<u8>> = Vec::with_capacity(batch);
+    let mut pending = RecordBuf::new();
     let mut acked = 0u64;
     let flush = |s: &mut Store,
-                 pending: &mut Vec<Vec<u8>>,
+                 pending: &mut RecordBuf,
                  acked: &mut u64,
                  out: &mut dyn Write|
      -> anyhow::Result<()> {
@@ -585,7 +591,7 @@ fn push(c: &Config, stream: &str, batch: usize) -> anyhow::Result<()> {
             }
         };
         match record {
-            Ok(r) => pending.push(r),
+            Ok(r) => pending.push(&r),
             Err(why) => {
                 // What came before the bad line is stored; nothing from it on.
                 flush(&mut s, &mut pending, &mut acked, &mut out)?;
@@ -671,6 +677,7 @@ mod tests {
             last_failed_ms: 0,
             offset: 0,
             bytes: 10,
+            raw_bytes: 10,
             records,
         }
     }

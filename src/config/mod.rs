@@ -35,7 +35,7 @@ use serde_json::Value;
 
 use crate::logging::{LogFile, LogFormat, LogLevel};
 use crate::sink::{RecordFormat, SinkConfig};
-use crate::store::{StorageConfig, StreamConfig};
+use crate::store::{AtRest, StorageConfig, StreamConfig};
 use crate::task::TaskDef;
 use admin::AdminConfig;
 use log::{LogSpec, compile_log};
@@ -675,7 +675,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
         }
     };
     let sink_names: Vec<&str> = declared_sinks.iter().map(String::as_str).collect();
-    let streams = match streams_value {
+    let mut streams: Vec<StreamConfig> = match streams_value {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Object(entries)) => entries
             .into_iter()
@@ -689,6 +689,17 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
             Vec::new()
         }
     };
+    // `compression: auto` stores every job compressed when the sink sends the stored frame as its
+    // zstd body: the sink would compress it anyway.
+    for st in &mut streams {
+        if st.compression == AtRest::Waiting
+            && sinks
+                .iter()
+                .any(|k| Some(&k.name) == st.sink.as_ref() && k.sends_zstd_lines())
+        {
+            st.compression = AtRest::Always;
+        }
+    }
     let stream_names: Vec<&str> = declared_streams.iter().map(String::as_str).collect();
     let stream_formats: Vec<(&str, RecordFormat)> = stream_names
         .iter()

@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::units::u32_schema;
 use super::units::{self, Dur, Size};
 use super::{Problems, named_entry};
-use crate::store::{BatchConfig, StreamConfig, WhenFull};
+use crate::store::{AtRest, BatchConfig, StreamConfig, WhenFull};
 
 /// One stream: a bounded, durable FIFO of transfer jobs.
 #[derive(Debug, Deserialize)]
@@ -41,6 +41,23 @@ pub struct StreamSpec {
     /// Dead letters: jobs that failed for good.
     #[serde(default)]
     pub dead_letter: DeadLetterSpec,
+    /// Jobs stored compressed (zstd) on disk: `auto` (default: jobs that wait, a backlog that
+    /// builds while the sink's link is down or slow, are compressed; a stream delivered as fast
+    /// as it comes is not, saving the CPU; every job when the sink sends `compression: zstd`
+    /// bodies, which then go out as they are stored), `zstd` (every job: the least disk written)
+    /// or `none`. Bounds count the bytes on disk.
+    #[serde(default)]
+    pub compression: AtRestSpec,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum AtRestSpec {
+    #[default]
+    Auto,
+    Zstd,
+    None,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -145,5 +162,11 @@ pub(super) fn compile_stream(
         },
         ttl: spec.ttl.map(|d| d.0),
         dead_max_jobs: u64::from(spec.dead_letter.max_jobs.unwrap_or(10_000)),
+        // `auto` becomes `Always` when the sink sends zstd bodies (`config::compile` knows it).
+        compression: match spec.compression {
+            AtRestSpec::Auto => AtRest::Waiting,
+            AtRestSpec::Zstd => AtRest::Always,
+            AtRestSpec::None => AtRest::Plain,
+        },
     })
 }

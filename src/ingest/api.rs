@@ -29,7 +29,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use super::Shared;
 use super::body::{self, BadBody};
 use crate::logging::summary;
-use crate::store::{AppendError, StoreError};
+use crate::store::{AppendError, RecordBuf, StoreError};
 
 /// Bodies up to this size are decoded on the event loop; larger ones on the blocking pool.
 const INLINE_MAX: usize = 64 << 10;
@@ -366,7 +366,7 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
     let n = records.len() as u64;
     if n > 0 {
         s.store
-            .append(stream, records, None, Some(cfg.wait))
+            .append(stream, RecordBuf::from(records), None, Some(cfg.wait))
             .await
             .map_err(append_error)?;
     }

@@ -78,6 +78,32 @@ impl DeliveryError {
     }
 }
 
+/// The records of a request, in the form the stored job gives them (the cheapest to send).
+#[derive(Debug, Clone, Copy)]
+pub enum Payload<'a> {
+    /// One slice per record.
+    Records(&'a [&'a [u8]]),
+    /// The records as lines, each followed by `\n` (no record holds one): an NDJSON or
+    /// line-protocol body as it is.
+    Lines(&'a [u8]),
+    /// The records as lines, compressed as one zstd frame: a `Content-Encoding: zstd` body as it
+    /// is. Only handed to a sink that [`sends_zstd_lines`](Deliver::sends_zstd_lines).
+    ZstdLines(&'a [u8]),
+}
+
+impl Payload<'_> {
+    /// The records as lines: a record per line, each followed by `\n`.
+    pub fn lines(&self) -> Result<Vec<u8>, DeliveryError> {
+        match self {
+            Payload::Records(records) => Ok(lines(records)),
+            Payload::Lines(body) => Ok(body.to_vec()),
+            Payload::ZstdLines(_) => Err(DeliveryError::transient(
+                "a compressed job reached a sink that cannot send it as it is".into(),
+            )),
+        }
+    }
+}
+
 /// What one request carries: some of a job's records.
 #[derive(Debug)]
 pub struct Batch<'a> {
@@ -88,8 +114,8 @@ pub struct Batch<'a> {
     pub first: u32,
     pub end: u32,
     pub whole: bool,
-    pub records: &'a [&'a [u8]],
-    /// For a file job: the file it ships (`records` then holds only its reference).
+    pub payload: Payload<'a>,
+    /// For a file job: the file it ships (`payload` then holds only its reference).
     pub file: Option<&'a crate::store::FileJob>,
     /// The store file's id: job ids restart in a new file, keys must not.
     pub store_id: u64,
@@ -145,9 +171,13 @@ pub(super) trait Deliver {
     fn replay_rate(&self) -> Option<u64> {
         None
     }
+    /// Whether a job stored as a zstd frame of lines is sent as it is ([`Payload::ZstdLines`]).
+    fn sends_zstd_lines(&self) -> bool {
+        false
+    }
     /// The body that carries `batch`, as it goes over the wire.
     async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
-        Ok(lines(batch.records))
+        batch.payload.lines()
     }
     /// Delivers `body` (made by `body` for `batch`).
     async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError>;
@@ -179,7 +209,7 @@ pub(super) mod tests {
             first: 0,
             end: records.len() as u32,
             whole: true,
-            records,
+            payload: Payload::Records(records),
             file: None,
             store_id: 0xabc,
         }

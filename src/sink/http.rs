@@ -14,7 +14,7 @@ use reqwest::header::{
 };
 use reqwest::{Client, Method, Url};
 
-use super::deliver::{Batch, Deliver, DeliveryError, Probe, RecordFormat, SettingError, lines};
+use super::deliver::{Batch, Deliver, DeliveryError, Payload, Probe, RecordFormat, SettingError};
 use crate::net::client::{self, BadHeader, chain, shown_url};
 use crate::store::FileJob;
 
@@ -78,6 +78,12 @@ impl HttpConfig {
                     .unwrap_or(crate::scrape::lineproto::Precision::Ns),
             ),
         }
+    }
+
+    /// Whether a job stored as a zstd frame of lines is this sink's body as it is: NDJSON and
+    /// line protocol are the stored lines, and the frame is a `Content-Encoding: zstd` body.
+    pub fn sends_zstd_lines(&self) -> bool {
+        zstd_lines(self.compression, self.encoding)
     }
 
     /// For logs: the sink's type, name and URL (never header values, no credentials).
@@ -344,9 +350,19 @@ impl Deliver for HttpSink {
         self.replay_rate
     }
 
-    /// The request body for the batch's records, encoded and compressed.
+    fn sends_zstd_lines(&self) -> bool {
+        zstd_lines(self.compression, self.encoding)
+    }
+
+    /// The request body for the batch's records, encoded and compressed (a stored zstd frame of
+    /// lines goes as it is).
     async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
-        let body = encode(self.encoding, batch.records);
+        if let Payload::ZstdLines(frame) = batch.payload
+            && self.sends_zstd_lines()
+        {
+            return Ok(frame.to_vec());
+        }
+        let body = encode(self.encoding, &batch.payload)?;
         let compression = self.compression;
         if compression == Compression::None {
             return Ok(body);
@@ -510,11 +526,30 @@ pub fn content_disposition(name: &std::ffi::OsStr) -> String {
     format!("attachment; filename=\"{plain}\"; filename*=UTF-8''{encoded}")
 }
 
+/// See [`HttpConfig::sends_zstd_lines`].
+fn zstd_lines(compression: Compression, encoding: Encoding) -> bool {
+    compression == Compression::Zstd && encoding != Encoding::JsonArray
+}
+
 /// Encodes records as one body.
-pub fn encode(encoding: Encoding, records: &[&[u8]]) -> Vec<u8> {
-    match encoding {
-        Encoding::Ndjson | Encoding::InfluxLine => lines(records),
-        Encoding::JsonArray => {
+pub fn encode(encoding: Encoding, payload: &Payload<'_>) -> Result<Vec<u8>, DeliveryError> {
+    match (encoding, payload) {
+        (Encoding::Ndjson | Encoding::InfluxLine, p) => p.lines(),
+        (Encoding::JsonArray, Payload::Lines(lines)) => {
+            // The lines with each separator but the last turned into a comma: no record holds a
+            // `\n`, so every one of them is a separator.
+            let mut body = Vec::with_capacity(lines.len() + 2);
+            body.push(b'[');
+            body.extend_from_slice(lines.strip_suffix(b"\n").unwrap_or(lines));
+            for b in &mut body[1..] {
+                if *b == b'\n' {
+                    *b = b',';
+                }
+            }
+            body.push(b']');
+            Ok(body)
+        }
+        (Encoding::JsonArray, Payload::Records(records)) => {
             let len: usize = records.iter().map(|r| r.len() + 1).sum::<usize>() + 2;
             let mut body = Vec::with_capacity(len);
             body.push(b'[');
@@ -525,8 +560,9 @@ pub fn encode(encoding: Encoding, records: &[&[u8]]) -> Vec<u8> {
                 body.extend_from_slice(r);
             }
             body.push(b']');
-            body
+            Ok(body)
         }
+        (Encoding::JsonArray, p @ Payload::ZstdLines(_)) => p.lines(),
     }
 }
 
@@ -542,10 +578,8 @@ fn compress(c: Compression, body: &[u8]) -> std::io::Result<Vec<u8>> {
             enc.write_all(body)?;
             enc.finish()
         }
-        Compression::Zstd => Ok(ruzstd::encoding::compress_to_vec(
-            body,
-            ruzstd::encoding::CompressionLevel::Fastest,
-        )),
+        // Level 1, as jobs at rest are (BENCHMARKS.md): most of the ratio at a fraction of the CPU.
+        Compression::Zstd => zstd::bulk::compress(body, 1),
     }
 }
 
@@ -579,12 +613,19 @@ mod tests {
     #[test]
     fn encodings_pass_records_through() {
         let recs: Vec<&[u8]> = vec![b"{\"a\":1}", b"{\"b\":2}"];
-        assert_eq!(encode(Encoding::Ndjson, &recs), b"{\"a\":1}\n{\"b\":2}\n");
-        assert_eq!(encode(Encoding::JsonArray, &recs), b"[{\"a\":1},{\"b\":2}]");
-        assert_eq!(encode(Encoding::JsonArray, &[]), b"[]");
+        let enc = |e, p: Payload<'_>| encode(e, &p).unwrap();
+        let body = b"{\"a\":1}\n{\"b\":2}\n";
+        assert_eq!(enc(Encoding::Ndjson, Payload::Records(&recs)), body);
+        assert_eq!(enc(Encoding::Ndjson, Payload::Lines(body)), body);
+        let array = b"[{\"a\":1},{\"b\":2}]";
+        assert_eq!(enc(Encoding::JsonArray, Payload::Records(&recs)), array);
+        assert_eq!(enc(Encoding::JsonArray, Payload::Lines(body)), array);
+        assert_eq!(enc(Encoding::JsonArray, Payload::Records(&[])), b"[]");
+        assert_eq!(enc(Encoding::JsonArray, Payload::Lines(b"")), b"[]");
+        assert_eq!(enc(Encoding::JsonArray, Payload::Lines(b"1\n")), b"[1]");
         let lines: Vec<&[u8]> = vec![b"cpu,host=a v=1 1", b"cpu,host=a v=2 2"];
         assert_eq!(
-            encode(Encoding::InfluxLine, &lines),
+            encode(Encoding::InfluxLine, &Payload::Records(&lines)).unwrap(),
             b"cpu,host=a v=1 1\ncpu,host=a v=2 2\n"
         );
     }

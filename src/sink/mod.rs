@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::store::FileJob;
 use deliver::Deliver;
-pub use deliver::{Batch, DeliveryError, Probe, RecordFormat, SettingError};
+pub use deliver::{Batch, DeliveryError, Payload, Probe, RecordFormat, SettingError};
 
 mod deliver;
 pub mod file;
@@ -48,6 +48,15 @@ impl SinkConfig {
         match &self.kind {
             SinkKind::Http(h) => h.record_format(),
             SinkKind::File { .. } | SinkKind::Stdout => RecordFormat::Lines,
+        }
+    }
+
+    /// Whether the sink sends a job stored as a zstd frame of lines as it is (so its streams store
+    /// every job compressed under `compression: auto`).
+    pub fn sends_zstd_lines(&self) -> bool {
+        match &self.kind {
+            SinkKind::Http(h) => h.sends_zstd_lines(),
+            SinkKind::File { .. } | SinkKind::Stdout => false,
         }
     }
 
@@ -142,6 +151,11 @@ impl Sink {
     /// Bytes per second while a backlog drains, if limited.
     pub fn replay_rate(&self) -> Option<u64> {
         on_built!(&self.built, s => s.replay_rate())
+    }
+
+    /// Whether a job stored as a zstd frame of lines is sent as it is ([`Payload::ZstdLines`]).
+    pub fn sends_zstd_lines(&self) -> bool {
+        on_built!(&self.built, s => s.sends_zstd_lines())
     }
 
     /// The body that carries `batch`: encoded (and for HTTP compressed), so its size is what goes

@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use super::format::Size;
 use super::layout::Table;
 
 macro_rules! counters {
@@ -46,6 +47,9 @@ counters! {
     dropped_oldest_records, dropped_newest_records, dropped_purged_records, dropped_dead_full_records,
     expired_records,
     quarantined_records,
+    /// What the queued and dead jobs would take uncompressed (`*_bytes` is what they take on
+    /// disk). Stores written before compression have no such counters: see [`Counters::set`].
+    ready_raw_bytes, retry_raw_bytes, dead_raw_bytes,
 }
 
 impl Counters {
@@ -72,43 +76,62 @@ impl Counters {
                 + self.pending_records()
     }
 
-    pub(super) fn table_mut(&mut self, table: Table) -> (&mut u64, &mut u64, &mut u64) {
+    /// A table's (jobs, records, bytes, raw bytes).
+    pub(super) fn table_mut(&mut self, table: Table) -> [&mut u64; 4] {
         match table {
-            Table::Ready => (
+            Table::Ready => [
                 &mut self.ready_jobs,
                 &mut self.ready_records,
                 &mut self.ready_bytes,
-            ),
-            Table::Retry => (
+                &mut self.ready_raw_bytes,
+            ],
+            Table::Retry => [
                 &mut self.retry_jobs,
                 &mut self.retry_records,
                 &mut self.retry_bytes,
-            ),
-            Table::Dead => (
+                &mut self.retry_raw_bytes,
+            ],
+            Table::Dead => [
                 &mut self.dead_jobs,
                 &mut self.dead_records,
                 &mut self.dead_bytes,
-            ),
+                &mut self.dead_raw_bytes,
+            ],
         }
     }
 
     /// Counts one job out of `table`; returns the records counted out. Clamped, so a header that
     /// claims more than the table holds cannot underflow the counters.
-    pub(super) fn remove_job(&mut self, table: Table, records: u64, bytes: u64) -> u64 {
-        let (j, r, b) = self.table_mut(table);
-        let records = records.min(*r);
+    pub(super) fn remove_job(&mut self, table: Table, size: Size) -> u64 {
+        let [j, r, b, raw] = self.table_mut(table);
+        let records = size.records.min(*r);
         *j = j.saturating_sub(1);
         *r -= records;
-        *b = b.saturating_sub(bytes);
+        *b = b.saturating_sub(size.bytes);
+        *raw = raw.saturating_sub(size.raw);
         records
     }
 
     /// Counts one job into `table`.
-    pub(super) fn add_job(&mut self, table: Table, records: u64, bytes: u64) {
-        let (j, r, b) = self.table_mut(table);
+    pub(super) fn add_job(&mut self, table: Table, size: Size) {
+        let [j, r, b, raw] = self.table_mut(table);
         *j += 1;
-        *r += records;
-        *b += bytes;
+        *r += size.records;
+        *b += size.bytes;
+        *raw += size.raw;
+    }
+
+    /// Raw bytes queued and dead (what `stored_bytes` would be uncompressed).
+    pub fn raw_bytes(&self) -> u64 {
+        self.ready_raw_bytes + self.retry_raw_bytes + self.dead_raw_bytes
+    }
+
+    /// A store written before raw byte counters existed held only uncompressed jobs: their raw
+    /// bytes are their bytes.
+    pub(super) fn raw_from_bytes(&mut self) {
+        self.ready_raw_bytes = self.ready_bytes;
+        self.retry_raw_bytes = self.retry_bytes;
+        self.dead_raw_bytes = self.dead_bytes;
     }
 
     pub(super) fn queued_bytes(&self) -> u64 {

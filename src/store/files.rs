@@ -138,7 +138,7 @@ impl Tx<'_> {
         if format::header(raw).map_or(true, |h| h.file_len.is_none()) {
             return Ok(());
         }
-        let file = format::decode(raw).and_then(|d| format::file_ref(d.records[0]));
+        let file = format::file_of(raw);
         let format::FileRef::V1 {
             spool,
             name,
@@ -256,7 +256,7 @@ impl Tx<'_> {
         txn.open_table(SPOOL)?
             .insert(spool, spool_bytes(&entry).as_slice())?;
         st.counters.next_id += 1;
-        st.counters.add_job(Table::Ready, 1, bytes);
+        st.counters.add_job(Table::Ready, format::size(&value));
         st.counters.appended_jobs += 1;
         st.counters.appended_records += 1;
         self.dirty.insert(stream.into());

@@ -1,21 +1,33 @@
-//! The bytes of a stored transfer job. A value in a `ready`, `retry` or `dead` table is:
+//! The bytes of a stored transfer job. A value in a `ready`, `retry` or `dead` table starts with a
+//! version byte; every version stays readable, and this release writes versions 2 and 3.
+//!
+//! Version 3, a job of records (written since issue 16):
 //!
 //! ```text
-//! 0      version      u8      1 (a new layout gets a new number; old ones stay readable)
+//! 0      version      u8      3
 //! 1..5   records      u32 LE  record count: readable without decoding, so accounting survives a bad body
 //! 5..13  created_ms   u64 LE  creation time: TTL expiry reads only the header
 //! 13..17 crc32        u32 LE  of every other byte: bit rot is detected, not decoded into data
 //! 17..21 meta_len     u32 LE
-//! 21..   meta         postcard `Meta` (an enum: variants only ever appended)
-//! then   records      (u32 LE length, bytes) x records
+//! 21..29 plain_len    u64 LE  bytes of the record area uncompressed (raw bytes, for `queue stats`)
+//! 29     codec        u8      0: the area is as it is; 1: the area is one zstd frame (see `codec`)
+//! 30     framing      u8      0 (lines): each record followed by `\n`; 1 (lengths): u32 LE length, bytes
+//! 31..   meta         postcard `Meta` (an enum: variants only ever appended)
+//! then   the record area
 //! ```
 //!
-//! Version 2 is a *file job* (one spooled file, shipped as a whole): the same fields, then the
-//! file's length, so that byte accounting (the stream's and the store's bounds count spooled files)
-//! reads only the header; its one record is a postcard [`FileRef`] naming the file:
+//! Lines are the framing whenever no record holds a `\n` (every producer's records are single
+//! lines): the uncompressed area is then exactly an NDJSON or line-protocol body, sent without
+//! building it again, and a compressed one is a `Content-Encoding: zstd` body as it is.
+//!
+//! Version 1, a job of records (written before issue 16; read only): bytes 0..21 as above, then
+//! meta, then the records framed by lengths, never compressed.
+//!
+//! Version 2, a *file job* (one spooled file, shipped as a whole): bytes 0..21 as above, then the
+//! file's length, so that byte accounting (the bounds count spooled files) reads only the header;
+//! its one record is a postcard [`FileRef`] naming the file, framed by length:
 //!
 //! ```text
-//! 0..21  as version 1 (version 2, records = 1)
 //! 21..29 file_len     u64 LE  bytes of the spooled file
 //! 29..   meta, then the one record (a FileRef)
 //! ```
@@ -31,18 +43,44 @@
 //! dead-lettered) and cut from its front since: a sink that splits a job keeps its place in it, so
 //! the records still stored are records `offset..offset + records` of the original job.
 //!
-//! Records are kept as the bytes they arrived as and are read back as slices of the value, without a
-//! copy per record. Decoding never panics: any byte string yields a job or a [`FormatError`], and a
-//! decoded job's `offset + records` always fits in a u32, so callers may add them without a check.
-//! Used only by `store`; the fuzz target `job_decode` feeds it arbitrary bytes.
+//! Decoding never panics: any byte string yields a job or a [`FormatError`], and a decoded job's
+//! `offset + records` always fits in a u32, so callers may add them without a check. An
+//! uncompressed area is checked whole by [`decode`]; a compressed one when it is decompressed
+//! ([`Area::plain`]). Used only by `store`; the fuzz target `job_decode` feeds it arbitrary bytes.
+
+use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-pub const VERSION: u8 = 1;
+use super::codec;
+
+/// A job of records framed by lengths, never compressed (read only).
+pub const VERSION_V1: u8 = 1;
 pub const HEADER_LEN: usize = 21;
 /// A file job (see the module header).
 pub const VERSION_FILE: u8 = 2;
 pub const HEADER_LEN_FILE: usize = 29;
+/// A job of records with its area's codec and framing (see the module header).
+pub const VERSION_AREA: u8 = 3;
+pub const HEADER_LEN_AREA: usize = 31;
+
+/// How a record area is kept on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// As it is.
+    None,
+    /// One zstd frame (level 1, with content size and checksum).
+    Zstd,
+}
+
+/// How the records of an (uncompressed) area are separated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// Each record followed by `\n` (no record holds one).
+    Lines,
+    /// Each record preceded by its length, u32 LE.
+    Lengths,
+}
 
 /// The spooled file a file job ships. Variants are only ever appended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,8 +120,8 @@ pub enum Meta {
     },
 }
 
-/// `Meta::V1` by reference, to encode without cloning the error text (same variant index and
-/// field order, so the same bytes).
+/// `Meta::V1` by reference, to encode a file job without cloning the error text (same variant
+/// index and field order, so the same bytes).
 #[derive(Serialize)]
 enum MetaRef<'a> {
     V1 {
@@ -93,26 +131,75 @@ enum MetaRef<'a> {
     },
 }
 
-/// The fixed part, readable from any value at least [`HEADER_LEN`] long with the right version.
+/// The fixed part, readable from any value at least as long as its version's header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
+    pub version: u8,
     pub records: u32,
     pub created_ms: u64,
     /// For a file job, the spooled file's length.
     pub file_len: Option<u64>,
+    /// For a version 3 job: the area's codec, framing and uncompressed length.
+    pub area: Option<(Codec, Framing, u64)>,
 }
 
 impl Header {
     fn meta_at(&self) -> usize {
-        if self.file_len.is_some() {
-            HEADER_LEN_FILE
-        } else {
-            HEADER_LEN
+        match self.version {
+            VERSION_FILE => HEADER_LEN_FILE,
+            VERSION_AREA => HEADER_LEN_AREA,
+            _ => HEADER_LEN,
         }
     }
 }
 
-/// A decoded job, borrowing its records from the stored bytes.
+/// What a stored value counts for: records, bytes on disk (the value and, for a file job, its
+/// file) and raw bytes (what the value would take uncompressed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Size {
+    pub records: u64,
+    pub bytes: u64,
+    pub raw: u64,
+}
+
+/// A record area as stored: borrowed from the value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Area<'a> {
+    pub codec: Codec,
+    pub framing: Framing,
+    pub records: u32,
+    /// The uncompressed length.
+    pub plain_len: u64,
+    /// The area's bytes as stored (a zstd frame when compressed).
+    pub bytes: &'a [u8],
+}
+
+impl<'a> Area<'a> {
+    /// The area uncompressed: borrowed when stored as it is; decompressed (and checked: length,
+    /// framing, record count) otherwise.
+    pub fn plain(&self) -> Result<Cow<'a, [u8]>, FormatError> {
+        match self.codec {
+            Codec::None => Ok(Cow::Borrowed(self.bytes)),
+            Codec::Zstd => {
+                let plain = codec::decompress(self.bytes, self.plain_len)
+                    .map_err(FormatError::Compressed)?;
+                check_framing(&plain, self.framing, self.records)?;
+                Ok(Cow::Owned(plain))
+            }
+        }
+    }
+
+    /// The records, decompressed when needed (each an owned copy only when they had to be).
+    pub fn to_records(&self) -> Result<Vec<Vec<u8>>, FormatError> {
+        let plain = self.plain()?;
+        Ok(split(&plain, self.framing, self.records)?
+            .into_iter()
+            .map(<[u8]>::to_vec)
+            .collect())
+    }
+}
+
+/// A decoded job, borrowing its record area from the stored bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decoded<'a> {
     pub header: Header,
@@ -121,7 +208,7 @@ pub struct Decoded<'a> {
     pub last_failed_ms: u64,
     /// Records of the job as first appended already settled and cut from its front (0 for V1).
     pub offset: u32,
-    pub records: Vec<&'a [u8]>,
+    pub area: Area<'a>,
 }
 
 impl Decoded<'_> {
@@ -138,7 +225,7 @@ impl Decoded<'_> {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FormatError {
-    #[error("value of {0} bytes is shorter than the {HEADER_LEN}-byte header")]
+    #[error("value of {0} bytes is shorter than its header")]
     Short(usize),
     #[error("unknown format version {0}")]
     Version(u8),
@@ -148,6 +235,8 @@ pub enum FormatError {
     Meta(String),
     #[error("record area is malformed: {0}")]
     Records(&'static str),
+    #[error("compressed record area cannot be read: {0}")]
+    Compressed(String),
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -162,29 +251,105 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-/// Encodes a job. A job with no settled prefix is written as `V1`, so a previous release (which
-/// knows only `V1`) can still read everything but the rare split job.
+/// Frames records as an area: lines when no record holds a `\n`, else lengths.
+pub fn frame<R: AsRef<[u8]>>(records: &[R]) -> (Vec<u8>, Framing) {
+    let lines = records
+        .iter()
+        .all(|r| memchr::memchr(b'\n', r.as_ref()).is_none());
+    let len: usize = records.iter().map(|r| r.as_ref().len() + 4).sum();
+    let mut out = Vec::with_capacity(len);
+    for r in records {
+        let r = r.as_ref();
+        if lines {
+            out.extend_from_slice(r);
+            out.push(b'\n');
+        } else {
+            let n = u32::try_from(r.len()).expect("a record is smaller than 4 GiB");
+            out.extend_from_slice(&n.to_le_bytes());
+            out.extend_from_slice(r);
+        }
+    }
+    (
+        out,
+        if lines {
+            Framing::Lines
+        } else {
+            Framing::Lengths
+        },
+    )
+}
+
+/// Encodes a job of `records`, uncompressed (tests, and parts of split jobs).
 pub fn encode<R: AsRef<[u8]>>(created_ms: u64, meta: &Meta, records: &[R]) -> Vec<u8> {
-    encode_as(None, created_ms, meta, records)
+    let (plain, framing) = frame(records);
+    let n = u32::try_from(records.len()).expect("a job holds at most u32::MAX records");
+    encode_area(created_ms, meta, &plain, framing, n, Codec::None)
+}
+
+/// Encodes a job whose records are already framed in `plain` (`records` of them), compressed
+/// with `codec` when that makes it smaller.
+pub fn encode_area(
+    created_ms: u64,
+    meta: &Meta,
+    plain: &[u8],
+    framing: Framing,
+    records: u32,
+    codec: Codec,
+) -> Vec<u8> {
+    let compressed = match codec {
+        Codec::None => None,
+        Codec::Zstd => codec::compress(plain),
+    };
+    let (codec, area) = match &compressed {
+        Some(frame) => (Codec::Zstd, frame.as_slice()),
+        None => (Codec::None, plain),
+    };
+    write_v3(
+        created_ms,
+        meta,
+        Area {
+            codec,
+            framing,
+            records,
+            plain_len: plain.len() as u64,
+            bytes: area,
+        },
+    )
+}
+
+fn write_v3(created_ms: u64, meta: &Meta, area: Area<'_>) -> Vec<u8> {
+    let meta_bytes = postcard::to_stdvec(meta).expect("postcard encodes a plain enum into a Vec");
+    let mut out = Vec::with_capacity(HEADER_LEN_AREA + meta_bytes.len() + area.bytes.len());
+    out.push(VERSION_AREA);
+    out.extend_from_slice(&area.records.to_le_bytes());
+    out.extend_from_slice(&created_ms.to_le_bytes());
+    out.extend_from_slice(&[0; 4]); // crc, filled below
+    let meta_len = u32::try_from(meta_bytes.len()).expect("metadata is small");
+    out.extend_from_slice(&meta_len.to_le_bytes());
+    out.extend_from_slice(&area.plain_len.to_le_bytes());
+    out.push(match area.codec {
+        Codec::None => 0,
+        Codec::Zstd => 1,
+    });
+    out.push(match area.framing {
+        Framing::Lines => 0,
+        Framing::Lengths => 1,
+    });
+    out.extend_from_slice(&meta_bytes);
+    out.extend_from_slice(area.bytes);
+    seal(&mut out);
+    out
 }
 
 /// Encodes a file job: one spooled file of `file_len` bytes, named by `file`.
 pub fn encode_file(created_ms: u64, meta: &Meta, file: &FileRef, file_len: u64) -> Vec<u8> {
     let rec = postcard::to_stdvec(file).expect("postcard encodes a plain enum into a Vec");
-    encode_as(Some(file_len), created_ms, meta, &[rec])
+    write_file(created_ms, meta, &rec, file_len)
 }
 
-/// Encodes a decoded job again with new metadata, as the kind it is (records or a file).
-pub fn reencode(d: &Decoded<'_>, meta: &Meta) -> Vec<u8> {
-    encode_as(d.header.file_len, d.header.created_ms, meta, &d.records)
-}
-
-fn encode_as<R: AsRef<[u8]>>(
-    file_len: Option<u64>,
-    created_ms: u64,
-    meta: &Meta,
-    records: &[R],
-) -> Vec<u8> {
+/// A file job (version 2): written with `Meta::V1` when it has no settled prefix (a file job never
+/// has one), as earlier releases wrote it.
+fn write_file(created_ms: u64, meta: &Meta, file_ref: &[u8], file_len: u64) -> Vec<u8> {
     let meta_bytes = match meta {
         Meta::V2 {
             attempts,
@@ -199,39 +364,73 @@ fn encode_as<R: AsRef<[u8]>>(
         m => postcard::to_stdvec(m),
     }
     .expect("postcard encodes a plain enum into a Vec");
-    let body: usize = records.iter().map(|r| 4 + r.as_ref().len()).sum();
-    let mut out = Vec::with_capacity(HEADER_LEN_FILE + meta_bytes.len() + body);
-    out.push(if file_len.is_some() {
-        VERSION_FILE
-    } else {
-        VERSION
-    });
-    let count = u32::try_from(records.len()).expect("a job holds at most u32::MAX records");
-    out.extend_from_slice(&count.to_le_bytes());
+    let mut out = Vec::with_capacity(HEADER_LEN_FILE + meta_bytes.len() + 4 + file_ref.len());
+    out.push(VERSION_FILE);
+    out.extend_from_slice(&1u32.to_le_bytes());
     out.extend_from_slice(&created_ms.to_le_bytes());
     out.extend_from_slice(&[0; 4]); // crc, filled below
     let meta_len = u32::try_from(meta_bytes.len()).expect("metadata is small");
     out.extend_from_slice(&meta_len.to_le_bytes());
-    if let Some(len) = file_len {
-        out.extend_from_slice(&len.to_le_bytes());
-    }
+    out.extend_from_slice(&file_len.to_le_bytes());
     out.extend_from_slice(&meta_bytes);
-    for r in records {
-        let r = r.as_ref();
-        let len = u32::try_from(r.len()).expect("a record is smaller than 4 GiB");
-        out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(r);
-    }
-    let crc = checksum(&out);
-    out[13..17].copy_from_slice(&crc.to_le_bytes());
+    let n = u32::try_from(file_ref.len()).expect("a file reference is small");
+    out.extend_from_slice(&n.to_le_bytes());
+    out.extend_from_slice(file_ref);
+    seal(&mut out);
     out
+}
+
+fn seal(out: &mut [u8]) {
+    let crc = checksum(out);
+    out[13..17].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Encodes a decoded job again with new metadata, keeping its records as they are stored
+/// (compressed or not) and its kind (records or a file). A version 1 job becomes version 3.
+pub fn reencode(d: &Decoded<'_>, meta: &Meta) -> Vec<u8> {
+    match d.header.file_len {
+        Some(len) => write_file(d.header.created_ms, meta, file_record(&d.area), len),
+        None => write_v3(d.header.created_ms, meta, d.area),
+    }
+}
+
+/// The one record of a file job's area (checked by `decode`).
+fn file_record<'a>(area: &Area<'a>) -> &'a [u8] {
+    area.bytes.get(4..).unwrap_or_default()
+}
+
+/// What a stored value occupies and holds; from its header only (a damaged header counts as
+/// no records, its own bytes as both sizes).
+pub fn size(b: &[u8]) -> Size {
+    let Ok(h) = header(b) else {
+        let n = b.len() as u64;
+        return Size {
+            records: 0,
+            bytes: n,
+            raw: n,
+        };
+    };
+    let bytes = (b.len() as u64).saturating_add(h.file_len.unwrap_or(0));
+    let raw = match h.area {
+        Some((Codec::Zstd, _, plain_len)) => {
+            let meta_len = u64::from(u32_at(b, 17));
+            (HEADER_LEN_AREA as u64)
+                .saturating_add(meta_len)
+                .saturating_add(plain_len)
+        }
+        _ => bytes,
+    };
+    Size {
+        records: u64::from(h.records),
+        bytes,
+        raw,
+    }
 }
 
 /// What a stored value occupies: its own bytes and, for a file job, the spooled file's. The bounds
 /// (`max_bytes`, `storage.max_bytes`) and the byte counters count this.
 pub fn stored_len(b: &[u8]) -> u64 {
-    let file = header(b).ok().and_then(|h| h.file_len).unwrap_or(0);
-    (b.len() as u64).saturating_add(file)
+    size(b).bytes
 }
 
 /// CRC-32 of the value without its own checksum field.
@@ -244,23 +443,41 @@ fn checksum(b: &[u8]) -> u32 {
 
 /// Reads the header without checking the body.
 pub fn header(b: &[u8]) -> Result<Header, FormatError> {
-    if b.len() < HEADER_LEN {
-        return Err(FormatError::Short(b.len()));
-    }
-    let file_len = match b[0] {
-        VERSION => None,
-        VERSION_FILE if b.len() >= HEADER_LEN_FILE => Some(u64_at(b, 21)),
-        VERSION_FILE => return Err(FormatError::Short(b.len())),
+    let version = *b.first().ok_or(FormatError::Short(0))?;
+    let need = match version {
+        VERSION_V1 => HEADER_LEN,
+        VERSION_FILE => HEADER_LEN_FILE,
+        VERSION_AREA => HEADER_LEN_AREA,
         v => return Err(FormatError::Version(v)),
     };
+    if b.len() < need {
+        return Err(FormatError::Short(b.len()));
+    }
+    let area = if version == VERSION_AREA {
+        let codec = match b[29] {
+            0 => Codec::None,
+            1 => Codec::Zstd,
+            _ => return Err(FormatError::Records("unknown codec")),
+        };
+        let framing = match b[30] {
+            0 => Framing::Lines,
+            1 => Framing::Lengths,
+            _ => return Err(FormatError::Records("unknown framing")),
+        };
+        Some((codec, framing, u64_at(b, 21)))
+    } else {
+        None
+    };
     Ok(Header {
+        version,
         records: u32_at(b, 1),
         created_ms: u64_at(b, 5),
-        file_len,
+        file_len: (version == VERSION_FILE).then(|| u64_at(b, 21)),
+        area,
     })
 }
 
-/// Decodes and verifies a whole job.
+/// Decodes and verifies a whole job (a compressed area is verified when it is decompressed).
 pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
     let header = header(b)?;
     let stored = u32_at(b, 13);
@@ -303,25 +520,39 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
             header.records
         )));
     }
-    // Never trust the count for an allocation size beyond what the bytes can hold.
-    let mut records = Vec::with_capacity((header.records as usize).min((b.len() - meta_end) / 4));
-    let mut walk = Records {
-        rest: &b[meta_end..],
-        left: header.records,
+    let bytes = &b[meta_end..];
+    let (codec, framing, plain_len) =
+        header
+            .area
+            .unwrap_or((Codec::None, Framing::Lengths, bytes.len() as u64));
+    let area = Area {
+        codec,
+        framing,
+        records: header.records,
+        plain_len,
+        bytes,
     };
-    records.extend(&mut walk);
-    if records.len() != header.records as usize {
-        return Err(FormatError::Records("a record runs past the end"));
-    }
-    if !walk.rest.is_empty() {
-        return Err(FormatError::Records("bytes left after the last record"));
+    match codec {
+        Codec::None => {
+            if plain_len != bytes.len() as u64 {
+                return Err(FormatError::Records(
+                    "the area's length is not its header's",
+                ));
+            }
+            check_framing(bytes, framing, header.records)?;
+        }
+        Codec::Zstd => {
+            if bytes.is_empty() {
+                return Err(FormatError::Records("an empty compressed area"));
+            }
+        }
     }
     if header.file_len.is_some() {
         // A file job is one file, never split: exactly one record, a FileRef.
-        if records.len() != 1 || offset != 0 {
+        if header.records != 1 || offset != 0 {
             return Err(FormatError::Records("a file job holds one file reference"));
         }
-        file_ref(records[0])?;
+        file_ref(file_record(&area))?;
     }
     Ok(Decoded {
         header,
@@ -329,8 +560,70 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
         last_error,
         last_failed_ms,
         offset,
-        records,
+        area,
     })
+}
+
+/// Whether an uncompressed area holds exactly `records` records in `framing`.
+fn check_framing(plain: &[u8], framing: Framing, records: u32) -> Result<(), FormatError> {
+    match framing {
+        Framing::Lines => {
+            if memchr::memchr_iter(b'\n', plain).count() != records as usize {
+                return Err(FormatError::Records(
+                    "the line count is not the record count",
+                ));
+            }
+            if plain.last().is_some_and(|&c| c != b'\n') {
+                return Err(FormatError::Records("bytes left after the last record"));
+            }
+        }
+        Framing::Lengths => {
+            let mut walk = LengthRecords {
+                rest: plain,
+                left: records,
+            };
+            let n = walk.by_ref().count();
+            if n != records as usize {
+                return Err(FormatError::Records("a record runs past the end"));
+            }
+            if !walk.rest.is_empty() {
+                return Err(FormatError::Records("bytes left after the last record"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The records of an uncompressed area, as slices of it; checked: exactly `records` of them.
+pub fn split(plain: &[u8], framing: Framing, records: u32) -> Result<Vec<&[u8]>, FormatError> {
+    // Never trust the count for an allocation size beyond what the bytes can hold.
+    let mut out = Vec::with_capacity((records as usize).min(plain.len()));
+    match framing {
+        Framing::Lines => {
+            let mut start = 0;
+            for end in memchr::memchr_iter(b'\n', plain) {
+                out.push(&plain[start..end]);
+                start = end + 1;
+            }
+            if start != plain.len() {
+                return Err(FormatError::Records("bytes left after the last record"));
+            }
+        }
+        Framing::Lengths => {
+            let mut walk = LengthRecords {
+                rest: plain,
+                left: records,
+            };
+            out.extend(&mut walk);
+            if !walk.rest.is_empty() {
+                return Err(FormatError::Records("bytes left after the last record"));
+            }
+        }
+    }
+    if out.len() != records as usize {
+        return Err(FormatError::Records("the record count is not the header's"));
+    }
+    Ok(out)
 }
 
 /// The file reference of a file job's one record.
@@ -342,30 +635,23 @@ pub fn file_ref(record: &[u8]) -> Result<FileRef, FormatError> {
     }
 }
 
-/// The records of a value, as slices of it, without verifying the checksum again: for a value that
-/// [`decode`] accepted (a delivery reads each record once, with no copy). A malformed value simply
-/// ends early.
-pub fn records(b: &[u8]) -> Records<'_> {
-    let empty = Records { rest: &[], left: 0 };
-    let Ok(h) = header(b) else { return empty };
-    let start = h.meta_at().saturating_add(u32_at(b, 17) as usize);
-    match b.get(start..) {
-        Some(rest) => Records {
-            rest,
-            left: h.records,
-        },
-        None => empty,
+/// The file reference of a file job's value.
+pub fn file_of(b: &[u8]) -> Result<FileRef, FormatError> {
+    let d = decode(b)?;
+    if d.header.file_len.is_none() {
+        return Err(FormatError::Records("not a file job"));
     }
+    file_ref(file_record(&d.area))
 }
 
-/// Iterator over the records of a stored job.
+/// Iterator over records framed by lengths.
 #[derive(Debug, Clone)]
-pub struct Records<'a> {
+struct LengthRecords<'a> {
     rest: &'a [u8],
     left: u32,
 }
 
-impl<'a> Iterator for Records<'a> {
+impl<'a> Iterator for LengthRecords<'a> {
     type Item = &'a [u8];
 
     fn next(&mut self) -> Option<&'a [u8]> {
@@ -395,30 +681,6 @@ pub fn with_meta(
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_job_without_a_settled_prefix_is_written_as_v1() {
-        let recs = ["a", "b"];
-        let v2 = Meta::V2 {
-            attempts: 2,
-            last_error: Some("503".into()),
-            last_failed_ms: 9,
-            offset: 0,
-        };
-        let v1 = Meta::V1 {
-            attempts: 2,
-            last_error: Some("503".into()),
-            last_failed_ms: 9,
-        };
-        assert_eq!(encode(5, &v2, &recs), encode(5, &v1, &recs));
-        let split = Meta::V2 {
-            attempts: 2,
-            last_error: None,
-            last_failed_ms: 9,
-            offset: 3,
-        };
-        assert_eq!(decode(&encode(5, &split, &recs)).unwrap().offset, 3);
-    }
-
     fn meta(attempts: u32) -> Meta {
         Meta::V2 {
             attempts,
@@ -428,25 +690,51 @@ mod tests {
         }
     }
 
+    /// A version 1 value exactly as releases before issue 16 wrote it (their encoder, kept here
+    /// to prove those values stay readable).
+    pub(in crate::store) fn encode_v1<R: AsRef<[u8]>>(
+        created_ms: u64,
+        meta: &Meta,
+        records: &[R],
+    ) -> Vec<u8> {
+        let meta_bytes = postcard::to_stdvec(meta).unwrap();
+        let mut out = vec![VERSION_V1];
+        out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+        out.extend_from_slice(&created_ms.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&(meta_bytes.len() as u32).to_le_bytes());
+        out.extend_from_slice(&meta_bytes);
+        for r in records {
+            let r = r.as_ref();
+            out.extend_from_slice(&(r.len() as u32).to_le_bytes());
+            out.extend_from_slice(r);
+        }
+        seal(&mut out);
+        out
+    }
+
+    fn records_of(v: &[u8]) -> Vec<Vec<u8>> {
+        decode(v).unwrap().area.to_records().unwrap()
+    }
+
     #[test]
-    fn round_trip() {
+    fn round_trip_as_lines() {
         let recs: Vec<&[u8]> = vec![b"{\"a\":1}", b"", b"line three"];
         let v = encode(1_700_000_000_000, &meta(2), &recs);
         let d = decode(&v).unwrap();
-        assert_eq!(
-            d.header,
-            Header {
-                records: 3,
-                created_ms: 1_700_000_000_000,
-                file_len: None,
-            }
-        );
-        assert_eq!(d.attempts, 2);
+        assert_eq!(d.header.version, VERSION_AREA);
+        assert_eq!(d.header.records, 3);
+        assert_eq!(d.header.created_ms, 1_700_000_000_000);
+        assert_eq!(d.header.file_len, None);
+        assert_eq!((d.attempts, d.last_failed_ms, d.offset), (2, 42, 5));
         assert_eq!(d.last_error.as_deref(), Some("503 from upstream"));
-        assert_eq!(d.last_failed_ms, 42);
-        assert_eq!(d.offset, 5);
-        assert_eq!(d.records, recs);
-        assert_eq!(records(&v).collect::<Vec<_>>(), recs);
+        // Lines: the area is the NDJSON body as it is.
+        assert_eq!(
+            (d.area.codec, d.area.framing),
+            (Codec::None, Framing::Lines)
+        );
+        assert_eq!(d.area.bytes, b"{\"a\":1}\n\nline three\n");
+        assert_eq!(records_of(&v), recs);
         assert_eq!(
             d.meta(),
             meta(2),
@@ -461,21 +749,91 @@ mod tests {
         .unwrap();
         let d2 = decode(&v2).unwrap();
         assert_eq!((d2.attempts, d2.offset, d2.last_error), (3, 5, None));
-        assert_eq!(d2.records, recs);
+        assert_eq!(records_of(&v2), recs);
+        assert_eq!(
+            size(&v),
+            Size {
+                records: 3,
+                bytes: v.len() as u64,
+                raw: v.len() as u64
+            }
+        );
     }
 
-    /// Values written before offsets existed stay readable, as offset 0.
     #[test]
-    fn v1_values_decode_as_offset_zero() {
+    fn a_record_with_a_newline_is_framed_by_lengths() {
+        let recs: Vec<&[u8]> = vec![b"one", b"two\nlines", b""];
+        let v = encode(7, &meta(0), &recs);
+        let d = decode(&v).unwrap();
+        assert_eq!(d.area.framing, Framing::Lengths);
+        assert_eq!(records_of(&v), recs);
+        let c = encode_area(
+            7,
+            &meta(0),
+            &frame(&recs).0,
+            Framing::Lengths,
+            3,
+            Codec::Zstd,
+        );
+        assert_eq!(records_of(&c), recs, "compressed or not");
+    }
+
+    #[test]
+    fn compressed_jobs_round_trip_and_count_raw_bytes() {
+        let recs: Vec<Vec<u8>> = (0..500)
+            .map(|i| format!("{{\"seq\":{i},\"msg\":\"{}\"}}", "x".repeat(150)).into_bytes())
+            .collect();
+        let (plain, framing) = frame(&recs);
+        let v = encode_area(9, &meta(1), &plain, framing, 500, Codec::Zstd);
+        let d = decode(&v).unwrap();
+        assert_eq!(d.area.codec, Codec::Zstd);
+        assert_eq!(d.area.plain_len, plain.len() as u64);
+        assert!(
+            v.len() < plain.len() / 10,
+            "{} of {} bytes",
+            v.len(),
+            plain.len()
+        );
+        assert_eq!(d.area.plain().unwrap().as_ref(), plain.as_slice());
+        assert_eq!(records_of(&v), recs);
+        let s = size(&v);
+        assert_eq!((s.records, s.bytes), (500, v.len() as u64));
+        let plain_job = encode_area(9, &meta(1), &plain, framing, 500, Codec::None);
+        assert_eq!(
+            s.raw,
+            plain_job.len() as u64,
+            "raw is what the job takes uncompressed"
+        );
+        // A new attempt keeps the compressed area as it is (no recompression).
+        let again = with_meta(&v, |d| Meta::V2 {
+            attempts: d.attempts + 1,
+            last_error: Some("503".into()),
+            last_failed_ms: 1,
+            offset: d.offset,
+        })
+        .unwrap();
+        assert_eq!(decode(&again).unwrap().area.bytes, d.area.bytes);
+        // Incompressible records are stored as they are.
+        let mut rng = fastrand::Rng::with_seed(3);
+        let noise: Vec<Vec<u8>> = (0..20)
+            .map(|_| (0..64).map(|_| rng.u8(..)).collect())
+            .collect();
+        let (plain, framing) = frame(&noise);
+        let v = encode_area(9, &meta(0), &plain, framing, 20, Codec::Zstd);
+        assert_eq!(decode(&v).unwrap().area.codec, Codec::None);
+    }
+
+    /// Values written before this version stay readable: version 1 with either metadata variant.
+    #[test]
+    fn version_1_values_decode() {
         let old = Meta::V1 {
             attempts: 4,
             last_error: Some("timeout".into()),
             last_failed_ms: 9,
         };
-        let v = encode(7, &old, &[b"x".as_slice()]);
-        // The variant index postcard writes first: V1 is 0, so this is a V1 value.
-        assert_eq!(v[HEADER_LEN], 0);
+        let v = encode_v1(7, &old, &[b"x".as_slice(), b"{\"y\":2}"]);
         let d = decode(&v).unwrap();
+        assert_eq!(d.header.version, VERSION_V1);
         assert_eq!(
             (
                 d.attempts,
@@ -485,16 +843,22 @@ mod tests {
             ),
             (4, Some("timeout"), 9, 0)
         );
-        assert_eq!(d.records, [b"x".as_slice()]);
+        assert_eq!(records_of(&v), [b"x".to_vec(), b"{\"y\":2}".to_vec()]);
         assert_eq!(
-            d.meta(),
-            Meta::V2 {
-                attempts: 4,
-                last_error: Some("timeout".into()),
-                last_failed_ms: 9,
-                offset: 0
+            size(&v),
+            Size {
+                records: 2,
+                bytes: v.len() as u64,
+                raw: v.len() as u64
             }
         );
+        let v = encode_v1(7, &meta(3), &[b"a".as_slice()]);
+        assert_eq!(decode(&v).unwrap().offset, 5);
+        // Re-encoded (a failed attempt), it becomes version 3 with the same records.
+        let again = with_meta(&v, |d| d.meta()).unwrap();
+        assert_eq!(again[0], VERSION_AREA);
+        assert_eq!(records_of(&again), [b"a".to_vec()]);
+        assert_eq!(decode(&again).unwrap().offset, 5);
     }
 
     #[test]
@@ -541,11 +905,9 @@ mod tests {
         let d = decode(&v).unwrap();
         assert_eq!(d.header.file_len, Some(50 << 20));
         assert_eq!(d.header.records, 1);
-        assert_eq!(file_ref(d.records[0]).unwrap(), file());
+        assert_eq!(file_ref(file_record(&d.area)).unwrap(), file());
         assert_eq!(stored_len(&v), v.len() as u64 + (50 << 20));
-        assert_eq!(stored_len(&encode(7, &meta(0), &[b"x"])), {
-            encode(7, &meta(0), &[b"x"]).len() as u64
-        });
+        assert_eq!(size(&v).raw, size(&v).bytes);
         // Re-encoded with new metadata it stays a file job.
         let again = with_meta(&v, |d| Meta::V2 {
             attempts: d.attempts + 1,
@@ -556,7 +918,7 @@ mod tests {
         .unwrap();
         let d2 = decode(&again).unwrap();
         assert_eq!((d2.header.file_len, d2.attempts), (Some(50 << 20), 2));
-        assert_eq!(records(&again).collect::<Vec<_>>(), d2.records);
+        assert_eq!(file_ref(file_record(&d2.area)).unwrap(), file());
         for i in 0..v.len() {
             let mut c = v.clone();
             c[i] ^= 0x10;
@@ -567,26 +929,42 @@ mod tests {
         }
     }
 
+    fn samples() -> Vec<Vec<u8>> {
+        let recs = [b"hello".as_slice(), b"world"];
+        let long: Vec<Vec<u8>> = (0..50)
+            .map(|i| format!("{{\"n\":{i},\"pad\":\"aaaaaaaaaaaaaaaa\"}}").into_bytes())
+            .collect();
+        let (plain, framing) = frame(&long);
+        vec![
+            encode(7, &meta(0), &recs),
+            encode_v1(7, &meta(0), &recs),
+            encode(7, &meta(0), &[b"a\nb".as_slice()]),
+            encode_area(7, &meta(0), &plain, framing, 50, Codec::Zstd),
+        ]
+    }
+
     #[test]
     fn every_flipped_bit_is_detected() {
-        let v = encode(7, &meta(0), &[b"hello".as_slice(), b"world"]);
-        for i in 0..v.len() {
-            for bit in 0..8 {
-                let mut c = v.clone();
-                c[i] ^= 1 << bit;
-                assert!(
-                    decode(&c).is_err(),
-                    "byte {i} bit {bit} flipped and still decoded"
-                );
+        for v in samples() {
+            for i in 0..v.len() {
+                for bit in 0..8 {
+                    let mut c = v.clone();
+                    c[i] ^= 1 << bit;
+                    assert!(
+                        decode(&c).is_err(),
+                        "byte {i} bit {bit} flipped and still decoded"
+                    );
+                }
             }
         }
     }
 
     #[test]
     fn truncations_never_panic() {
-        let v = encode(7, &meta(0), &[b"hello".as_slice(), b"world"]);
-        for n in 0..v.len() {
-            assert!(decode(&v[..n]).is_err(), "a {n}-byte prefix decoded");
+        for v in samples() {
+            for n in 0..v.len() {
+                assert!(decode(&v[..n]).is_err(), "a {n}-byte prefix decoded");
+            }
         }
         assert_eq!(decode(&[]), Err(FormatError::Short(0)));
         assert_eq!(header(&[9; 30]), Err(FormatError::Version(9)));
@@ -598,16 +976,18 @@ mod tests {
         for _ in 0..20_000 {
             let n = rng.usize(0..64);
             let mut b: Vec<u8> = (0..n).map(|_| rng.u8(..)).collect();
-            if n > 0 && rng.bool() {
-                b[0] = VERSION;
+            if n > 0 {
+                b[0] = rng.u8(1..4);
             }
+            let _ = size(&b);
             let _ = decode(&b);
         }
     }
 
-    /// Random bytes almost never pass the checksum, so the test above never reaches the metadata
-    /// or record parsers. Here valid jobs (either metadata variant, offsets up to u32::MAX) get a
-    /// few bytes changed and their checksum fixed, so the parsers see input close to real.
+    /// Random bytes almost never pass the checksum, so the test above never reaches the metadata,
+    /// record or decompression code. Here valid jobs (every version, either metadata variant,
+    /// offsets up to u32::MAX, compressed or not) get a few bytes changed and their checksum
+    /// fixed, so the parsers see input close to real.
     #[test]
     fn damaged_values_with_a_valid_checksum_never_panic() {
         let mut rng = fastrand::Rng::with_seed(11);
@@ -636,25 +1016,39 @@ mod tests {
                 }
             };
             let records: Vec<Vec<u8>> = (0..rng.usize(0..4))
-                .map(|_| vec![rng.u8(..); rng.usize(0..4)])
+                .map(|_| vec![rng.u8(..); rng.usize(0..40)])
                 .collect();
-            let mut b = if rng.u8(..) < 64 {
-                encode_file(rng.u64(..), &meta, &file(), rng.u64(..))
-            } else {
-                encode(rng.u64(..), &meta, &records)
+            let mut b = match rng.u8(0..4) {
+                0 => encode_file(rng.u64(..), &meta, &file(), rng.u64(..)),
+                1 => encode_v1(rng.u64(..), &meta, &records),
+                2 => {
+                    let (plain, framing) = frame(&records);
+                    encode_area(
+                        rng.u64(..),
+                        &meta,
+                        &plain,
+                        framing,
+                        records.len() as u32,
+                        Codec::Zstd,
+                    )
+                }
+                _ => encode(rng.u64(..), &meta, &records),
             };
             for _ in 0..rng.usize(0..3) {
                 let at = rng.usize(1..b.len());
                 b[at] = rng.u8(..);
             }
-            let crc = checksum(&b);
-            b[13..17].copy_from_slice(&crc.to_le_bytes());
+            seal(&mut b);
+            let _ = size(&b);
             match decode(&b) {
                 Ok(d) => {
                     decoded += 1;
                     assert!(d.offset.checked_add(d.header.records).is_some());
+                    let _ = d.area.to_records();
                     let again = reencode(&d, &d.meta());
-                    assert_eq!(decode(&again).as_ref(), Ok(&d), "re-encodes unchanged");
+                    let d2 = decode(&again).expect("a decoded job re-encodes");
+                    assert_eq!(d2.area, d.area, "re-encodes its area unchanged");
+                    assert_eq!(d2.meta(), d.meta());
                 }
                 Err(_) => refused += 1,
             }

@@ -4,9 +4,10 @@
 //! does not read or write tables (the transaction in [`super::tx`] does). Used by the store, its
 //! writer and delivery.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
-use super::format::{self, Meta};
+use super::format::{self, Codec, Framing, Meta};
 
 /// What an accepted append did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -40,10 +41,57 @@ pub struct Job {
     /// record is record `offset` of the original job (an idempotency key stays stable across
     /// splits, and differs between the parts).
     pub offset: u32,
-    /// The stored value (one copy out of the database, verified); records are read from it in place.
+    /// The stored value (one copy out of the database, verified; a compressed area is checked
+    /// when it is decompressed); records are read from it in place.
     pub(super) value: Vec<u8>,
+    /// Where its record area starts in `value`, and how it is kept.
+    pub(super) area: AreaAt,
     /// For a file job, the spooled file it ships.
     pub(super) file: Option<FileJob>,
+}
+
+/// A job's record area within its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct AreaAt {
+    pub(super) start: usize,
+    pub(super) codec: Codec,
+    pub(super) framing: Framing,
+    pub(super) plain_len: u64,
+    pub(super) records: u32,
+}
+
+impl AreaAt {
+    fn of(value: &[u8], area: &format::Area<'_>) -> AreaAt {
+        AreaAt {
+            start: value.len() - area.bytes.len(),
+            codec: area.codec,
+            framing: area.framing,
+            plain_len: area.plain_len,
+            records: area.records,
+        }
+    }
+}
+
+/// A job's records, uncompressed: borrowed from the job when it is stored as it is.
+#[derive(Debug)]
+pub struct JobRecords<'a> {
+    plain: Cow<'a, [u8]>,
+    framing: Framing,
+    records: u32,
+}
+
+impl JobRecords<'_> {
+    /// The records as lines (each followed by `\n`): an NDJSON or line-protocol body as it is.
+    /// `None` when a record holds a `\n` (the job is framed by lengths).
+    pub fn lines(&self) -> Option<&[u8]> {
+        (self.framing == Framing::Lines).then_some(&self.plain[..])
+    }
+
+    /// Each record, as a slice.
+    pub fn list(&self) -> Vec<&[u8]> {
+        // Checked when the job was taken (or decompressed): cannot fail.
+        format::split(&self.plain, self.framing, self.records).unwrap_or_default()
+    }
 }
 
 /// The file a file job ships.
@@ -62,13 +110,34 @@ impl Job {
         self.file.as_ref()
     }
 
-    /// The job's records, as they were appended, without copying them.
-    pub fn records(&self) -> format::Records<'_> {
-        format::records(&self.value)
+    /// The job's records, as they were appended: borrowed when stored as they are, decompressed
+    /// (and checked) when stored compressed. An error means the stored frame is damaged: the job
+    /// belongs in quarantine ([`crate::store::writer::StoreHandle::quarantine`]).
+    pub fn records(&self) -> Result<JobRecords<'_>, format::FormatError> {
+        let a = self.area;
+        let area = format::Area {
+            codec: a.codec,
+            framing: a.framing,
+            records: a.records,
+            plain_len: a.plain_len,
+            bytes: &self.value[a.start..],
+        };
+        Ok(JobRecords {
+            plain: area.plain()?,
+            framing: a.framing,
+            records: a.records,
+        })
+    }
+
+    /// The job's records as stored when that is a zstd frame of lines: a `Content-Encoding:
+    /// zstd` NDJSON or line-protocol body as it is, sent without decompressing.
+    pub fn zstd_lines(&self) -> Option<&[u8]> {
+        let a = self.area;
+        (a.codec == Codec::Zstd && a.framing == Framing::Lines).then(|| &self.value[a.start..])
     }
 
     pub fn record_count(&self) -> usize {
-        format::header(&self.value).map_or(0, |h| h.records as usize)
+        self.area.records as usize
     }
 
     /// Bytes the job occupies: its value and, for a file job, the file.
@@ -79,15 +148,8 @@ impl Job {
     /// A job as `take` would hand it out (tests of the parts downstream of the store).
     #[cfg(test)]
     pub fn for_test<R: AsRef<[u8]>>(lease: Lease, records: &[R]) -> Job {
-        Job {
-            lease,
-            created_ms: 0,
-            attempts: 0,
-            last_error: None,
-            offset: 0,
-            value: format::encode(0, &fresh_meta(0), records),
-            file: None,
-        }
+        let value = format::encode(0, &fresh_meta(0), records);
+        job_from_value(lease, value).expect("a fresh job decodes")
     }
 }
 
@@ -136,32 +198,40 @@ pub(super) fn job_from(
     due: Option<u64>,
     v: &[u8],
 ) -> Result<Job, String> {
-    let d = format::decode(v).map_err(|e| e.to_string())?;
-    let file = match d.header.file_len {
-        None => None,
-        Some(len) => {
-            use std::os::unix::ffi::OsStringExt;
-            let format::FileRef::V1 { spool, name, .. } =
-                format::file_ref(d.records[0]).map_err(|e| e.to_string())?;
-            Some(FileJob {
-                path: data_dir.join(std::ffi::OsString::from_vec(spool)),
-                name: std::ffi::OsString::from_vec(name),
-                len,
-            })
-        }
+    let lease = Lease {
+        stream: stream.to_string(),
+        id,
+        retry_due: due,
+        store,
     };
+    let mut job = job_from_value(lease, v.to_vec()).map_err(|e| e.to_string())?;
+    if let Some(len) = format::header(v).ok().and_then(|h| h.file_len) {
+        use std::os::unix::ffi::OsStringExt;
+        let format::FileRef::V1 { spool, name, .. } =
+            format::file_of(v).map_err(|e| e.to_string())?;
+        job.file = Some(FileJob {
+            path: data_dir.join(std::ffi::OsString::from_vec(spool)),
+            name: std::ffi::OsString::from_vec(name),
+            len,
+        });
+    }
+    Ok(job)
+}
+
+/// A job from its value, verified (no file resolved: see [`job_from`]).
+pub(super) fn job_from_value(lease: Lease, value: Vec<u8>) -> Result<Job, format::FormatError> {
+    let d = format::decode(&value)?;
+    let area = AreaAt::of(&value, &d.area);
+    let (created_ms, attempts, offset) = (d.header.created_ms, d.attempts, d.offset);
+    let last_error = d.last_error;
     Ok(Job {
-        file,
-        lease: Lease {
-            stream: stream.to_string(),
-            id,
-            retry_due: due,
-            store,
-        },
-        created_ms: d.header.created_ms,
-        attempts: d.attempts,
-        last_error: d.last_error,
-        offset: d.offset,
-        value: v.to_vec(),
+        lease,
+        created_ms,
+        attempts,
+        last_error,
+        offset,
+        area,
+        value,
+        file: None,
     })
 }

@@ -23,6 +23,7 @@
 //! crash at any point neither re-sends a delivered file nor loses a queued one. Start-up reads only
 //! DISPOSE (normally empty), never the list of queued files.
 
+mod codec;
 mod counters;
 mod error;
 mod files;
@@ -31,6 +32,7 @@ mod job;
 mod layout;
 mod open;
 mod read;
+mod record_buf;
 pub mod spool;
 mod stream;
 mod tx;
@@ -39,11 +41,12 @@ pub mod writer;
 pub use counters::Counters;
 pub use error::{AppendError, FullReason, StoreError};
 pub use files::{Disposal, FileAppend, SpooledFile};
-pub use job::{Appended, Failed, Failure, FileJob, Job, Lease, Settle};
+pub use job::{Appended, Failed, Failure, FileJob, Job, JobRecords, Lease, Settle};
 pub use layout::DB_FILE;
 pub use open::{DATA_DIR_MODE, OpenOptions, Store, create_data_dir};
 pub use read::Peeked;
-pub use stream::{BatchConfig, StorageConfig, StreamConfig, WhenFull};
+pub use record_buf::{RecordBuf, RecordWriter};
+pub use stream::{AtRest, BatchConfig, StorageConfig, StreamConfig, WAITING_JOBS, WhenFull};
 pub use tx::{EXPIRE_CHUNK, Tx};
 
 #[cfg(test)]

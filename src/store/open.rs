@@ -342,6 +342,10 @@ impl Store {
                         st.counters.set(name, v.value());
                     }
                 }
+                // Written before compression at rest: every job is stored as it is.
+                if t.get((st.cfg.name.as_str(), "ready_raw_bytes"))?.is_none() {
+                    st.counters.raw_from_bytes();
+                }
             }
             if st.counters.next_id == 0 {
                 st.counters.next_id = 1;

@@ -200,6 +200,8 @@ pub struct Peeked {
     /// Records of the original job settled and cut from its front before.
     pub offset: u32,
     pub bytes: u64,
+    /// What it would take uncompressed (`bytes` when it is stored as it is).
+    pub raw_bytes: u64,
     /// Records as text (lossy UTF-8), or the reason the job cannot be decoded.
     pub records: Result<Vec<String>, String>,
 }
@@ -217,22 +219,27 @@ impl Peeked {
                 last_failed_ms: d.last_failed_ms,
                 offset: d.offset,
                 bytes: format::stored_len(v),
-                records: Ok(match d.header.file_len {
+                raw_bytes: format::size(v).raw,
+                records: match d.header.file_len {
                     // A file job: what it ships, readably.
-                    Some(len) => vec![match format::file_ref(d.records[0]) {
+                    Some(len) => Ok(vec![match format::file_of(v) {
                         Ok(format::FileRef::V1 { spool, name, .. }) => format!(
                             "file {:?} ({len} bytes), spooled as {}",
                             String::from_utf8_lossy(&name),
                             String::from_utf8_lossy(&spool)
                         ),
                         Err(e) => e.to_string(),
-                    }],
+                    }]),
                     None => d
-                        .records
-                        .iter()
-                        .map(|r| String::from_utf8_lossy(r).into_owned())
-                        .collect(),
-                }),
+                        .area
+                        .to_records()
+                        .map(|recs| {
+                            recs.iter()
+                                .map(|r| String::from_utf8_lossy(r).into_owned())
+                                .collect()
+                        })
+                        .map_err(|e| e.to_string()),
+                },
             },
             Err(e) => Peeked {
                 table,
@@ -244,6 +251,7 @@ impl Peeked {
                 last_failed_ms: 0,
                 offset: 0,
                 bytes: v.len() as u64,
+                raw_bytes: v.len() as u64,
                 records: Err(e.to_string()),
             },
         }

@@ -22,7 +22,28 @@ pub struct StreamConfig {
     pub when_full: WhenFull,
     pub ttl: Option<Duration>,
     pub dead_max_jobs: u64,
+    /// When jobs are stored compressed.
+    pub compression: AtRest,
 }
+
+/// When a stream's jobs are stored compressed (zstd, see `codec`): the disk and the flash's
+/// wear against the CPU of compressing a job that is sent moments after its commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtRest {
+    /// Never (`compression: none`).
+    Plain,
+    /// Every job (`compression: zstd`; and `auto` when the sink sends zstd bodies, since the
+    /// stored frame is then sent as it is and the sink compresses nothing itself).
+    Always,
+    /// Jobs appended while at least [`WAITING_JOBS`] jobs wait that no worker has taken (`auto`):
+    /// a backlog that builds while the link is down or slow is compressed, a stream that is sent
+    /// as fast as it comes passes through.
+    Waiting,
+}
+
+/// Jobs waiting (queued and not in flight) from which `auto` compresses new ones. A delivery
+/// worker takes up to 4 jobs at once, so a stream that keeps up has fewer than this waiting.
+pub const WAITING_JOBS: u64 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchConfig {

@@ -7,6 +7,8 @@
 
 use std::time::Instant;
 
+use crate::store::RecordBuf;
+
 /// An append starts no new job past this many bytes (and holds at most twice as many): whole
 /// jobs of the stream's `batch` size where they are smaller, otherwise about this much. Larger
 /// appends gain nothing (the commit's fsync is already a small part) and cost memory.
@@ -55,7 +57,7 @@ impl Limits {
 /// Records read and not yet appended, with the checkpoint that covers them.
 #[derive(Debug, Default)]
 pub struct Batch {
-    pub records: Vec<Vec<u8>>,
+    pub records: RecordBuf,
     /// Record bytes plus their framing in a job.
     pub bytes: usize,
     /// The state after the last record (set whenever it changed since the last append).
@@ -131,7 +133,7 @@ impl Batch {
         true
     }
 
-    pub fn push(&mut self, rec: Vec<u8>, now: Instant) {
+    pub fn push(&mut self, rec: &[u8], now: Instant) {
         let len = rec.len();
         if self.opens_job(len) {
             self.jobs += 1;
@@ -173,10 +175,10 @@ mod tests {
         });
         let now = Instant::now();
         assert!(b.fits(&[500]), "a first record always fits");
-        b.push(vec![b'x'; 60], now);
-        b.push(vec![b'x'; 30], now); // job 1: 2 records
+        b.push(&[b'x'; 60], now);
+        b.push(&[b'x'; 30], now); // job 1: 2 records
         assert!(!b.is_full());
-        b.push(vec![b'x'; 60], now); // job 2
+        b.push(&[b'x'; 60], now); // job 2
         assert!(b.fits(&[40]), "fits in job 2 by records and bytes");
         assert!(!b.fits(&[41]), "would open job 3");
         assert!(b.is_full(), "a refusal makes it full");
@@ -192,18 +194,18 @@ mod tests {
         });
         for len in [60, 30, 10, 10] {
             assert!(b.fits(&[len]), "{len}");
-            b.push(vec![0; len], now);
+            b.push(&vec![0; len], now);
         }
         assert!(!b.fits(&[5]), "a third job past 100 bytes");
         let mut b = Batch::new(b.limits);
-        b.push(vec![0; 10], now);
+        b.push(&[0; 10], now);
         assert!(b.fits(&[90]) && !b.fits(&[190]), "twice the bytes at most");
         let mut b = Batch::new(Limits {
             records: 2,
             ..Limits::default()
         });
-        b.push(vec![1], now);
-        b.push(vec![1], now);
+        b.push(&[1], now);
+        b.push(&[1], now);
         assert!(b.is_full() && !b.would_fit(&[1]));
     }
 }

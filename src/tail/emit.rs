@@ -157,7 +157,7 @@ impl Emit<'_> {
         if cut {
             stats.truncated_lines.fetch_add(1, Relaxed);
         }
-        batch.push(rec, self.now);
+        batch.push(&rec, self.now);
         true
     }
 }

@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::writer::StoreHandle;
-use crate::store::{AppendError, Appended};
+use crate::store::{AppendError, Appended, RecordBuf};
 use crate::units::fmt_duration;
 use batch::{Batch, Limits};
 use emit::Settings;
@@ -293,7 +293,7 @@ struct InFlight {
 }
 
 struct Resend {
-    records: Arc<Vec<Vec<u8>>>,
+    records: Arc<RecordBuf>,
     checkpoint: Option<(String, Vec<u8>)>,
     wait: Duration,
 }
@@ -431,7 +431,7 @@ impl Driver {
 
     fn send(
         &self,
-        recs: Arc<Vec<Vec<u8>>>,
+        recs: Arc<RecordBuf>,
         checkpoint: Option<(String, Vec<u8>)>,
         wait: Option<Duration>,
         delay: Duration,
@@ -444,7 +444,7 @@ impl Driver {
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
-                store.append(&stream, recs, checkpoint, wait).await
+                store.append_shared(&stream, recs, checkpoint, wait).await
             }),
             records,
             started: Instant::now(),

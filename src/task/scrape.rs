@@ -14,6 +14,7 @@ use crate::net::client::{self, BadHeader, chain, shown_url};
 use crate::scrape::json::JsonMapping;
 use crate::scrape::lineproto::Precision;
 use crate::scrape::{json, prometheus};
+use crate::store::RecordBuf;
 
 /// How an answer becomes records.
 #[derive(Debug, Clone)]
@@ -194,7 +195,7 @@ impl Scrape {
         // Under `when_full: block` wait for room, but not past this attempt's timeout.
         let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
         store
-            .append(&self.stream, records, None, Some(wait))
+            .append(&self.stream, RecordBuf::from(records), None, Some(wait))
             .await
             .map_err(|e| format!("{n} records not stored: {e}"))?;
         Ok(n)

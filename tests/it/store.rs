@@ -720,12 +720,15 @@ fn min_free_holds_within_one_transaction() {
     let mut store = Store::open(&c.data_dir, c.storage, &c.streams, OpenOptions::default())
         .expect("open the store");
     let before = fs.free();
-    // Just under a 256 KiB redb page, so the file grows by about what colibri counts.
-    let record = vec![b'x'; 250_000];
+    // Just under a 256 KiB redb page, so the file grows by about what colibri counts; random,
+    // so that compression (the stream's `auto` once a backlog waits) leaves it its size.
+    let mut rng = fastrand::Rng::with_seed(5);
+    let record: Vec<u8> = (0..250_000).map(|_| rng.u8(..)).collect();
+    let record = colibri::store::RecordBuf::from(vec![record]);
     let (mut accepted, mut refused) = (0, 0);
     let mut tx = store.transaction().expect("transaction");
     for _ in 0..160 {
-        match tx.append("logs", &[&record], None, now_ms()) {
+        match tx.append("logs", &record, None, now_ms()) {
             Ok(_) => accepted += 1,
             Err(AppendError::Full {
                 reason: FullReason::MinFree,

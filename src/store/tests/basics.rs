@@ -376,7 +376,7 @@ fn aborted_transaction_changes_nothing_and_counters_are_reloaded() {
     let before = counters(&store, S);
     {
         let mut tx = store.transaction().unwrap();
-        tx.append(S, &recs("gone", 5), Some(("src", b"never")), T0)
+        tx.append_list(S, &recs("gone", 5), Some(("src", b"never")), T0)
             .unwrap();
         let jobs = tx.take(S, 10, T0).unwrap();
         tx.ack(&jobs[0].lease).unwrap();
@@ -401,7 +401,7 @@ fn checkpoint_commits_with_its_records() {
     let mut store = d.open();
     assert_eq!(store.checkpoint("tail").unwrap(), None);
     let mut tx = store.transaction().unwrap();
-    tx.append(S, &recs("a", 3), Some(("tail", b"offset=30")), T0)
+    tx.append_list(S, &recs("a", 3), Some(("tail", b"offset=30")), T0)
         .unwrap();
     tx.commit().unwrap();
     assert_eq!(
@@ -411,7 +411,7 @@ fn checkpoint_commits_with_its_records() {
     // Not committed: neither the records nor the checkpoint.
     {
         let mut tx = store.transaction().unwrap();
-        tx.append(S, &recs("b", 3), Some(("tail", b"offset=60")), T0)
+        tx.append_list(S, &recs("b", 3), Some(("tail", b"offset=60")), T0)
             .unwrap();
     }
     assert_eq!(
@@ -422,10 +422,10 @@ fn checkpoint_commits_with_its_records() {
     store.streams.get_mut(S).unwrap().cfg.max_jobs = 1;
     let mut tx = store.transaction().unwrap();
     assert!(matches!(
-        tx.append(S, &recs("c", 1), Some(("tail", b"offset=90")), T0),
+        tx.append_list(S, &recs("c", 1), Some(("tail", b"offset=90")), T0),
         Err(AppendError::Full { .. })
     ));
-    tx.append(S, &recs("c", 0), Some(("other", b"x")), T0)
+    tx.append_list(S, &recs("c", 0), Some(("other", b"x")), T0)
         .unwrap();
     tx.commit().unwrap();
     check(&store);
@@ -459,7 +459,7 @@ fn when_full_block_refuses_everything_and_stores_nothing() {
         // A batch that would make two jobs when only one fits: all or nothing.
         let mut tx = store.transaction().unwrap();
         store_batch_limit(&mut tx, 1);
-        let r = tx.append(S, &recs("y", 2), None, T0);
+        let r = tx.append_list(S, &recs("y", 2), None, T0);
         assert!(
             matches!(&r, Err(AppendError::Full { reason: r, .. }) if *r == reason),
             "{r:?}"

@@ -19,6 +19,7 @@ fn a_drained_backlog_gives_its_disk_back() {
         when_full: WhenFull::Block,
         ttl: None,
         dead_max_jobs: 10,
+        compression: AtRest::Plain,
     };
     let storage = StorageConfig {
         max_bytes: 1 << 30,
@@ -35,7 +36,7 @@ fn a_drained_backlog_gives_its_disk_back() {
     let batch: Vec<&[u8]> = vec![record.as_slice(); 1000];
     for _ in 0..150 {
         let mut tx = s.transaction().unwrap();
-        tx.append("s", &batch, None, now_ms()).unwrap();
+        tx.append_list("s", &batch, None, now_ms()).unwrap();
         tx.commit().unwrap();
     }
     let full = s.file_bytes();
@@ -63,6 +64,6 @@ fn a_drained_backlog_gives_its_disk_back() {
     assert!(c.balanced());
     // Still usable after compaction.
     let mut tx = s.transaction().unwrap();
-    tx.append("s", &batch[..10], None, now_ms()).unwrap();
+    tx.append_list("s", &batch[..10], None, now_ms()).unwrap();
     tx.commit().unwrap();
 }

@@ -99,7 +99,7 @@ fn garbage_value_between_good_jobs_is_quarantined() {
     assert!(take_all(&mut store, S, T0).is_empty());
     assert_eq!(store.quarantined().unwrap(), 1);
     let mut tx = store.transaction().unwrap();
-    tx.append(S, &recs("d", 1), None, T0).unwrap();
+    tx.append_list(S, &recs("d", 1), None, T0).unwrap();
     tx.commit().unwrap();
     assert_eq!(ids(&take_all(&mut store, S, T0)), [4]);
     assert!(counters(&store, S).balanced());

@@ -40,14 +40,14 @@ fn failed_fsync_or_write_is_not_acknowledged_and_a_new_store_recovers() {
 
             fault.set(&disk, true);
             let r = store.transaction().and_then(|mut tx| {
-                tx.append(S, &recs("doubt", 2), Some(("src", b"doubt")), T0)
+                tx.append_list(S, &recs("doubt", 2), Some(("src", b"doubt")), T0)
                     .map_err(|e| StoreError::io(e.to_string()))?;
                 tx.commit()
             });
             assert!(matches!(r, Err(StoreError::Io(_))), "{ctx}: {r:?}");
             // Whatever the old store does now, it must not claim success.
             let again = store.transaction().and_then(|mut tx| {
-                tx.append(S, &recs("later", 1), None, T0)
+                tx.append_list(S, &recs("later", 1), None, T0)
                     .map_err(|e| StoreError::io(e.to_string()))?;
                 tx.commit()
             });

@@ -387,6 +387,7 @@ fn run_model(seed: u64, ops: usize, cov: &mut Coverage) {
             .bool()
             .then(|| Duration::from_millis(rng.u64(2_000..8_000))),
         dead_max_jobs: rng.u64(1..6),
+        compression: [AtRest::Plain, AtRest::Always, AtRest::Waiting][(seed / 3 % 3) as usize],
     };
     let disk = MemDisk::default();
     let streams = [cfg.clone()];
@@ -534,7 +535,7 @@ fn run_model(seed: u64, ops: usize, cov: &mut Coverage) {
                 let records = random_records(&mut rng, &mut tag, n);
                 {
                     let mut tx = store.transaction().unwrap();
-                    let _ = tx.append(M, &records, Some(("src", b"aborted")), now);
+                    let _ = tx.append_list(M, &records, Some(("src", b"aborted")), now);
                     let _ = tx.take(M, 3, now).unwrap();
                     if let Some(l) = held.first() {
                         tx.ack(l).unwrap();

@@ -195,8 +195,12 @@ impl StorageBackend for PowerBackend {
 
 const P: &str = "p";
 
+/// Every job compressed: the power-loss runs prove compressed jobs as durable as plain ones.
 fn power_stream() -> StreamConfig {
-    stream(P)
+    StreamConfig {
+        compression: AtRest::Always,
+        ..stream(P)
+    }
 }
 
 /// One committed transaction of the power-loss workload.
@@ -289,7 +293,7 @@ fn power_run(backend: &PowerBackend, steps: &[Step], flaw: Flaw) -> (RunOutcome,
             match step {
                 Step::Append(records) => {
                     let cp = step_checkpoint(i);
-                    tx.append(P, records, Some(("src", &cp)), T0)
+                    tx.append_list(P, records, Some(("src", &cp)), T0)
                         .map_err(|e| match e {
                             AppendError::Store(e) => e,
                             other => panic!("unexpected {other}"),

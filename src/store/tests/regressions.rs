@@ -40,7 +40,7 @@ fn drop_oldest_never_deletes_for_an_append_refused_by_min_free() {
     append(&mut store, S, &recs("b", 1), T0).unwrap();
     store.storage.min_free = u64::MAX / 2;
     let mut tx = store.transaction().unwrap();
-    let r = tx.append(S, &recs("c", 1), None, T0);
+    let r = tx.append_list(S, &recs("c", 1), None, T0);
     assert!(matches!(r, Err(AppendError::Full { .. })), "{r:?}");
     tx.commit().unwrap();
     let c = counters(&store, S);

@@ -7,19 +7,20 @@ use redb::ReadableTable;
 use super::Tx;
 use crate::store::error::{AppendError, StoreError};
 use crate::store::files::file_value;
-use crate::store::format::{self};
+use crate::store::format::{self, Codec, Framing};
 use crate::store::job::{Appended, fresh_meta};
 use crate::store::layout::{CHECKPOINTS, Table};
-use crate::store::stream::WhenFull;
+use crate::store::record_buf::RecordBuf;
+use crate::store::stream::{AtRest, WAITING_JOBS, WhenFull};
 
 impl Tx<'_> {
     /// Appends records to a stream, cut into jobs by `batch.max_records` / `batch.max_bytes`, and,
     /// when given, saves a source checkpoint in the same transaction. Bounds are checked before
     /// anything is written; the stream's `when_full` decides what happens when they are exceeded.
-    pub fn append<R: AsRef<[u8]>>(
+    pub fn append(
         &mut self,
         stream: &str,
-        records: &[R],
+        records: &RecordBuf,
         checkpoint: Option<(&str, &[u8])>,
         now_ms: u64,
     ) -> Result<Appended, AppendError> {
@@ -28,21 +29,42 @@ impl Tx<'_> {
         let max_bytes = st.cfg.max_bytes;
         let max_jobs = st.cfg.max_jobs;
         let when_full = st.cfg.when_full;
+        let compression = st.cfg.compression;
+        // Jobs no worker has taken yet: what `auto` calls a backlog.
+        let waiting = (st.counters.ready_jobs + st.counters.retry_jobs)
+            .saturating_sub(st.in_flight.len() as u64);
         // Cut into jobs.
         let mut jobs: Vec<Vec<u8>> = Vec::new();
+        let mut raw_bytes = 0u64;
         let mut start = 0;
         while start < records.len() {
             let mut end = start;
             let mut size = 0u64;
             while end < records.len() && (end - start) < batch.max_records as usize {
-                let r = records[end].as_ref().len() as u64;
+                let r = records.record_len(end) as u64;
                 if end > start && size + r > batch.max_bytes {
                     break;
                 }
                 size += r;
                 end += 1;
             }
-            let job = format::encode(now_ms, &fresh_meta(0), &records[start..end]);
+            let codec = match compression {
+                AtRest::Plain => Codec::None,
+                AtRest::Always => Codec::Zstd,
+                AtRest::Waiting if waiting + jobs.len() as u64 >= WAITING_JOBS => Codec::Zstd,
+                AtRest::Waiting => Codec::None,
+            };
+            let n = u32::try_from(end - start).expect("a job holds at most u32::MAX records");
+            let job = match records.lines(start..end) {
+                Some(lines) => {
+                    format::encode_area(now_ms, &fresh_meta(0), lines, Framing::Lines, n, codec)
+                }
+                None => {
+                    let part: Vec<&[u8]> = records.iter().skip(start).take(end - start).collect();
+                    let (plain, framing) = format::frame(&part);
+                    format::encode_area(now_ms, &fresh_meta(0), &plain, framing, n, codec)
+                }
+            };
             if job.len() as u64 > max_bytes {
                 let size = size.max(job.len() as u64);
                 return Err(AppendError::TooLarge {
@@ -54,6 +76,7 @@ impl Tx<'_> {
                     ),
                 });
             }
+            raw_bytes += format::size(&job).raw;
             jobs.push(job);
             start = end;
         }
@@ -133,6 +156,7 @@ impl Tx<'_> {
         st.counters.ready_jobs += n_jobs;
         st.counters.ready_records += n_records;
         st.counters.ready_bytes += bytes;
+        st.counters.ready_raw_bytes += raw_bytes;
         st.counters.appended_jobs += n_jobs;
         st.counters.appended_records += n_records;
         self.dirty.insert(stream.into());
@@ -146,6 +170,18 @@ impl Tx<'_> {
             records: n_records,
             dropped_oldest,
         })
+    }
+
+    /// [`append`](Self::append) of a list of records (tests).
+    #[cfg(test)]
+    pub fn append_list<R: AsRef<[u8]>>(
+        &mut self,
+        stream: &str,
+        records: &[R],
+        checkpoint: Option<(&str, &[u8])>,
+        now_ms: u64,
+    ) -> Result<Appended, AppendError> {
+        self.append(stream, &RecordBuf::from(records), checkpoint, now_ms)
     }
 
     /// Deletes the oldest ready jobs (never one in flight) so that `jobs`/`bytes` more fit in the
@@ -189,21 +225,20 @@ impl Tx<'_> {
             if st.in_flight.contains(&id) {
                 continue;
             }
-            let recs = format::header(v.value()).map_or(0, |h| u64::from(h.records));
-            let len = format::stored_len(v.value());
-            victims.push((id, recs, len, file_value(v.value())));
+            let size = format::size(v.value());
+            victims.push((id, size, file_value(v.value())));
             q_jobs -= 1;
-            q_bytes = q_bytes.saturating_sub(len);
-            all_bytes = all_bytes.saturating_sub(len);
+            q_bytes = q_bytes.saturating_sub(size.bytes);
+            all_bytes = all_bytes.saturating_sub(size.bytes);
         }
         if !fits(q_jobs, q_bytes, all_bytes) {
             return Ok(0);
         }
         let mut dropped = 0u64;
         let mut files = Vec::new();
-        for (id, recs, len, file) in victims {
+        for (id, size, file) in victims {
             ready.remove(id)?;
-            let recs = st.counters.remove_job(Table::Ready, recs, len);
+            let recs = st.counters.remove_job(Table::Ready, size);
             st.counters.dropped_oldest_records += recs;
             dropped += recs;
             files.extend(file);

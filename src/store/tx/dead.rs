@@ -28,10 +28,7 @@ impl Tx<'_> {
             let Some((_, v)) = dead.pop_first()? else {
                 break;
             };
-            let recs = format::header(v.value()).map_or(0, |h| u64::from(h.records));
-            let recs = st
-                .counters
-                .remove_job(Table::Dead, recs, format::stored_len(v.value()));
+            let recs = st.counters.remove_job(Table::Dead, format::size(v.value()));
             st.counters.dropped_dead_full_records += recs;
             files.extend(file_value(v.value()));
             // A sink refusing everything drops one per new dead letter: the first is logged,
@@ -107,7 +104,7 @@ impl Tx<'_> {
             };
             let raw = v.value().to_vec();
             drop(v);
-            let old_len = format::stored_len(&raw);
+            let old = format::size(&raw);
             // Attempts start over; the offset stays, as the records before it are still settled.
             let value = match format::with_meta(&raw, |d| fresh_meta(d.offset)) {
                 Ok(v) => v,
@@ -116,12 +113,16 @@ impl Tx<'_> {
                     continue;
                 }
             };
-            let recs = format::header(&raw).map_or(0, |h| u64::from(h.records));
             dead.remove(k)?;
             ready.insert(k, value.as_slice())?;
-            let recs = st.counters.remove_job(Table::Dead, recs, old_len);
-            st.counters
-                .add_job(Table::Ready, recs, format::stored_len(&value));
+            let recs = st.counters.remove_job(Table::Dead, old);
+            st.counters.add_job(
+                Table::Ready,
+                format::Size {
+                    records: recs,
+                    ..format::size(&value)
+                },
+            );
             st.counters.replayed_records += recs;
             jobs += 1;
             records += recs;
@@ -155,20 +156,14 @@ impl Tx<'_> {
                 break;
             }
             if failed_before_ms.is_none_or(|t| failed_ms < t) {
-                let recs = format::header(v.value()).map_or(0, |h| u64::from(h.records));
-                victims.push((
-                    k.value(),
-                    recs,
-                    format::stored_len(v.value()),
-                    file_value(v.value()),
-                ));
+                victims.push((k.value(), format::size(v.value()), file_value(v.value())));
             }
         }
         let (mut jobs, mut records) = (0, 0);
         let mut files = Vec::new();
-        for (id, recs, len, file) in victims {
+        for (id, size, file) in victims {
             dead.remove(id)?;
-            let recs = st.counters.remove_job(Table::Dead, recs, len);
+            let recs = st.counters.remove_job(Table::Dead, size);
             st.counters.dropped_purged_records += recs;
             jobs += 1;
             records += recs;

@@ -9,7 +9,7 @@ use super::Tx;
 use super::quarantine::{QUARANTINE_PER_TAKE, Undecodable};
 use crate::store::error::StoreError;
 use crate::store::format::{self, Meta};
-use crate::store::job::{Failed, Failure, Job, Lease, Settle, job_from};
+use crate::store::job::{Failed, Failure, Job, Lease, Settle, job_from, job_from_value};
 use crate::store::layout::Table;
 
 impl Tx<'_> {
@@ -145,9 +145,7 @@ impl Tx<'_> {
             table: table.name(),
             id: lease.id,
         })?;
-        let recs = format::header(&raw).map_or(0, |h| u64::from(h.records));
-        let len = format::stored_len(&raw);
-        st.counters.remove_job(table, recs, len);
+        st.counters.remove_job(table, format::size(&raw));
         self.dirty.insert(lease.stream.clone());
         Ok((raw, table))
     }
@@ -156,9 +154,10 @@ impl Tx<'_> {
     pub fn ack(&mut self, lease: &Lease) -> Result<(), StoreError> {
         let (raw, _) = self.remove_leased(lease)?;
         let st = self.stream_mut(&lease.stream)?;
+        let size = format::size(&raw);
         st.counters.delivered_jobs += 1;
-        st.counters.delivered_records += format::header(&raw).map_or(0, |h| u64::from(h.records));
-        st.counters.delivered_bytes += format::stored_len(&raw);
+        st.counters.delivered_records += size.records;
+        st.counters.delivered_bytes += size.bytes;
         self.job_left(&raw, true)
     }
 
@@ -194,21 +193,20 @@ impl Tx<'_> {
             offset: d.offset,
         };
         let value = format::reencode(&d, &meta);
-        let recs = u64::from(d.header.records);
-        let len = format::stored_len(&value);
+        let size = format::size(&value);
         let (txn, st) = self.txn_and_stream(&lease.stream)?;
         if to_dead {
             txn.open_table(st.dead_def())?
                 .insert(lease.id, value.as_slice())?;
-            st.counters.add_job(Table::Dead, recs, len);
-            st.counters.dead_lettered_records += recs;
+            st.counters.add_job(Table::Dead, size);
+            st.counters.dead_lettered_records += size.records;
             let stream = lease.stream.clone();
             self.trim_dead(&stream)?;
             Ok(Failed::Dead { attempts })
         } else {
             txn.open_table(st.retry_def())?
                 .insert((due, lease.id), value.as_slice())?;
-            st.counters.add_job(Table::Retry, recs, len);
+            st.counters.add_job(Table::Retry, size);
             st.counters.retried_attempts += 1;
             Ok(Failed::Retry {
                 attempts,
@@ -246,11 +244,21 @@ impl Tx<'_> {
                 records,
             });
         }
-        let (head, tail) = d.records.split_at(n as usize);
+        // The parts are stored as the job was: compressed again when it was compressed.
+        let recs = match d.area.to_records() {
+            Ok(r) => r,
+            Err(e) => return Err(self.quarantine_leased(lease, table, &raw, &e)),
+        };
+        let codec = d.area.codec;
+        let (head, tail) = recs.split_at(n as usize);
+        let encode = |meta: &Meta, part: &[Vec<u8>]| {
+            let (plain, framing) = format::frame(part);
+            let count = u32::try_from(part.len()).expect("a part of a job");
+            format::encode_area(d.header.created_ms, meta, &plain, framing, count, codec)
+        };
         // Cannot overflow: decode guarantees offset + records fits in a u32, and n < records.
         let offset = d.offset + n;
-        let rest = format::encode(
-            d.header.created_ms,
+        let rest = encode(
             &Meta::V2 {
                 attempts: d.attempts,
                 last_error: d.last_error.clone(),
@@ -259,7 +267,7 @@ impl Tx<'_> {
             },
             tail,
         );
-        let (old_len, new_len) = (raw.len() as u64, rest.len() as u64);
+        let (old, new) = (format::size(&raw), format::size(&rest));
         let (txn, st) = self.txn_and_stream(&lease.stream)?;
         // Same key: the job keeps its place in the queue (and in the retry schedule).
         match lease.retry_due {
@@ -274,15 +282,21 @@ impl Tx<'_> {
         }
         // Out with the old value, in with the shorter one. Clamped like every removal, so counters
         // that were short cannot underflow; `cut` is what left the table and is counted on.
-        let all = st.counters.remove_job(table, u64::from(records), old_len);
+        let all = st.counters.remove_job(table, old);
         let cut = u64::from(n).min(all);
-        st.counters.add_job(table, all - cut, new_len);
+        st.counters.add_job(
+            table,
+            format::Size {
+                records: all - cut,
+                ..new
+            },
+        );
         let trim = match outcome {
             Settle::Delivered => {
                 st.counters.delivered_records += cut;
                 // What the stored value shrank by: over a job's life the parts add up to the
                 // value's size, as one ack of the whole job would have counted.
-                st.counters.delivered_bytes += old_len.saturating_sub(new_len);
+                st.counters.delivered_bytes += old.bytes.saturating_sub(new.bytes);
                 false
             }
             Settle::Dead { reason } => {
@@ -294,10 +308,16 @@ impl Tx<'_> {
                     last_failed_ms: now_ms,
                     offset: d.offset,
                 };
-                let value = format::encode(d.header.created_ms, &meta, head);
+                let value = encode(&meta, head);
                 txn.open_table(st.dead_def())?
                     .insert(dead_id, value.as_slice())?;
-                st.counters.add_job(Table::Dead, cut, value.len() as u64);
+                st.counters.add_job(
+                    Table::Dead,
+                    format::Size {
+                        records: cut,
+                        ..format::size(&value)
+                    },
+                );
                 st.counters.dead_lettered_records += cut;
                 true
             }
@@ -306,14 +326,6 @@ impl Tx<'_> {
         if trim {
             self.trim_dead(&lease.stream)?;
         }
-        Ok(Job {
-            lease: lease.clone(),
-            created_ms: d.header.created_ms,
-            attempts: d.attempts,
-            last_error: d.last_error,
-            offset,
-            value: rest,
-            file: None,
-        })
+        job_from_value(lease.clone(), rest).map_err(|e| StoreError::Corrupted(e.to_string()))
     }
 }

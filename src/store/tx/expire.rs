@@ -42,8 +42,8 @@ impl Tx<'_> {
             )?;
             let mut expired = 0u64;
             for (table, jobs) in [(Table::Ready, ready), (Table::Retry, retry)] {
-                for (records, bytes) in jobs {
-                    expired += st.counters.remove_job(table, records, bytes);
+                for size in jobs {
+                    expired += st.counters.remove_job(table, size);
                 }
             }
             if expired > 0 {
@@ -61,7 +61,7 @@ impl Tx<'_> {
 }
 
 /// Deletes the jobs of one table created at or before `cutoff` and not in flight, at most
-/// [`EXPIRE_CHUNK`]; returns the records and stored bytes of each, and adds the values of file jobs
+/// [`EXPIRE_CHUNK`]; returns the size of each, and adds the values of file jobs
 /// to `files`. `by_creation`: the table's keys follow creation (ready), so the walk ends at the
 /// first newer job; a retry table is ordered by due time and is walked to the end of the chunk.
 fn expire_in<K>(
@@ -71,7 +71,7 @@ fn expire_in<K>(
     cutoff: u64,
     in_flight: &HashSet<u64>,
     files: &mut Vec<Vec<u8>>,
-) -> Result<Vec<(u64, u64)>, StoreError>
+) -> Result<Vec<format::Size>, StoreError>
 where
     K: redb::Key + Copy + 'static,
     for<'a> K: redb::Value<SelfType<'a> = K>,
@@ -89,11 +89,7 @@ where
             continue;
         }
         if !in_flight.contains(&id_of(k.value())) {
-            victims.push((
-                k.value(),
-                u64::from(h.records),
-                format::stored_len(v.value()),
-            ));
+            victims.push((k.value(), format::size(v.value())));
             files.extend(file_value(v.value()));
         }
         if victims.len() >= EXPIRE_CHUNK {
@@ -101,9 +97,9 @@ where
         }
     }
     let mut removed = Vec::with_capacity(victims.len());
-    for (key, records, bytes) in victims {
+    for (key, size) in victims {
         table.remove(key)?;
-        removed.push((records, bytes));
+        removed.push(size);
     }
     Ok(removed)
 }

@@ -43,12 +43,12 @@ impl Tx<'_> {
         // A corrupt value's header is only a claim (a flipped bit can claim a thousand records), so
         // the table is counted again from the values that pass their checksum; what the counters
         // held beyond that was this job's. Rare, so a full scan is fine, and the identity stays exact.
-        let (jobs, records, bytes) = match table {
+        let [jobs, records, bytes, raw_bytes] = match table {
             Table::Ready => recount(&txn.open_table(st.ready_def())?)?,
             Table::Retry => recount(&txn.open_table(st.retry_def())?)?,
             Table::Dead => recount(&txn.open_table(st.dead_def())?)?,
         };
-        let (c_jobs, c_records, c_bytes) = st.counters.table_mut(table);
+        let [c_jobs, c_records, c_bytes, c_raw] = st.counters.table_mut(table);
         let recs = c_records.saturating_sub(records);
         // Never expected; if the counters were short, the identity is kept by counting the excess
         // as appended.
@@ -56,6 +56,7 @@ impl Tx<'_> {
         *c_jobs = jobs;
         *c_records = records;
         *c_bytes = bytes;
+        *c_raw = raw_bytes;
         if excess > 0 {
             tracing::error!(
                 stream,
@@ -110,6 +111,16 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// A taken job whose records cannot be read (its compressed area is damaged, though its
+    /// checksum held): moved to quarantine like a value that fails its checksum.
+    pub fn quarantine_taken(&mut self, lease: &Lease, reason: &str) -> Result<(), StoreError> {
+        let (raw, table) = self.read_leased(lease)?;
+        match self.quarantine_leased(lease, table, &raw, reason) {
+            StoreError::Corrupted(_) => Ok(()),
+            e => Err(e),
+        }
+    }
+
     /// A leased value that no longer decodes: moved to quarantine (counted, out of the queue, its
     /// lease void). Returns the error to hand the caller.
     pub(in crate::store) fn quarantine_leased(
@@ -117,12 +128,12 @@ impl Tx<'_> {
         lease: &Lease,
         table: Table,
         raw: &[u8],
-        e: &format::FormatError,
+        reason: impl std::fmt::Display,
     ) -> StoreError {
         if let Some(st) = self.rollback.store.streams.get_mut(&lease.stream) {
             st.in_flight.remove(&lease.id);
         }
-        let reason = e.to_string();
+        let reason = reason.to_string();
         match self.quarantine(
             &lease.stream,
             table,
@@ -137,21 +148,23 @@ impl Tx<'_> {
     }
 }
 
-/// Jobs, verified records and bytes of one table: values that fail their checksum count as jobs and
-/// bytes but no records (they are about to be quarantined too).
+/// Jobs, verified records, bytes and raw bytes of one table: values that fail their checksum count
+/// as jobs and bytes but no records (they are about to be quarantined too).
 pub(in crate::store) fn recount<K: redb::Key + 'static>(
     t: &redb::Table<'_, K, &'static [u8]>,
-) -> Result<(u64, u64, u64), StoreError> {
-    let (mut jobs, mut records, mut bytes) = (0u64, 0u64, 0u64);
+) -> Result<[u64; 4], StoreError> {
+    let (mut jobs, mut records, mut bytes, mut raw) = (0u64, 0u64, 0u64, 0u64);
     for e in t.iter()? {
         let (_, v) = e?;
+        let size = format::size(v.value());
         jobs += 1;
-        bytes += format::stored_len(v.value());
-        if let Ok(d) = format::decode(v.value()) {
-            records += u64::from(d.header.records);
+        bytes += size.bytes;
+        raw += size.raw;
+        if format::decode(v.value()).is_ok() {
+            records += size.records;
         }
     }
-    Ok((jobs, records, bytes))
+    Ok([jobs, records, bytes, raw])
 }
 
 /// A value `take` could not decode: (table, id, retry due, raw bytes, reason).

@@ -13,7 +13,7 @@ use tokio::sync::{Notify, oneshot};
 
 use super::{Reply, Request, Snapshot, SpooledFile, WriterStats};
 use crate::store::{
-    AppendError, Appended, Failed, Failure, FileAppend, Job, Lease, Settle, StoreError,
+    AppendError, Appended, Failed, Failure, FileAppend, Job, Lease, RecordBuf, Settle, StoreError,
 };
 
 #[derive(Clone)]
@@ -61,16 +61,28 @@ impl StoreHandle {
         self.send(make)?.blocking_recv().map_err(|_| gone())?
     }
     /// Appends records and returns once they are durable. Under `when_full: block`, waits for room
-    /// up to `wait` (None: fail at once when full). Records may come shared (`Arc`), so a producer
-    /// that must send them again after a refusal keeps them without a copy.
+    /// up to `wait` (None: fail at once when full).
     pub async fn append(
         &self,
         stream: &str,
-        records: impl Into<Arc<Vec<Vec<u8>>>>,
+        records: impl Into<RecordBuf>,
         checkpoint: Option<(String, Vec<u8>)>,
         wait: Option<Duration>,
     ) -> Result<Appended, AppendError> {
-        let (stream, records) = (stream.to_string(), records.into());
+        self.append_shared(stream, Arc::new(records.into()), checkpoint, wait)
+            .await
+    }
+
+    /// [`append`](Self::append) of records shared with the caller, so a producer that must send
+    /// them again after a refusal keeps them without a copy.
+    pub async fn append_shared(
+        &self,
+        stream: &str,
+        records: Arc<RecordBuf>,
+        checkpoint: Option<(String, Vec<u8>)>,
+        wait: Option<Duration>,
+    ) -> Result<Appended, AppendError> {
+        let stream = stream.to_string();
         let deadline = wait.map(|w| Instant::now() + w);
         self.ask(|reply| Request::Append {
             stream,
@@ -152,6 +164,17 @@ impl StoreHandle {
         self.ask(|reply| Request::Fail {
             lease,
             failure,
+            reply,
+        })
+        .await
+    }
+
+    /// A taken job whose records cannot be read ([`Job::records`] failed: its compressed area is
+    /// damaged) leaves the queue for quarantine, counted; returns once that is durable.
+    pub async fn quarantine(&self, lease: Lease, reason: String) -> Result<(), StoreError> {
+        self.ask(|reply| Request::Quarantine {
+            lease,
+            reason,
             reply,
         })
         .await

@@ -30,8 +30,8 @@ use tokio::sync::{Notify, oneshot};
 
 pub use super::SpooledFile;
 use super::{
-    AppendError, Appended, Counters, Failed, Failure, FileAppend, Job, Lease, Settle, Store,
-    StoreError, StreamConfig,
+    AppendError, Appended, Counters, Failed, Failure, FileAppend, Job, Lease, RecordBuf, Settle,
+    Store, StoreError, StreamConfig,
 };
 
 /// Requests taken into one transaction at most.
@@ -58,7 +58,7 @@ type Reply<T> = oneshot::Sender<T>;
 enum Request {
     Append {
         stream: String,
-        records: Arc<Vec<Vec<u8>>>,
+        records: Arc<RecordBuf>,
         checkpoint: Option<(String, Vec<u8>)>,
         deadline: Option<Instant>,
         reply: Reply<Result<Appended, AppendError>>,
@@ -95,6 +95,12 @@ enum Request {
         n: u32,
         outcome: Settle,
         reply: Reply<Result<Job, StoreError>>,
+    },
+    /// A taken job whose records cannot be read (a damaged compressed area).
+    Quarantine {
+        lease: Lease,
+        reason: String,
+        reply: Reply<Result<(), StoreError>>,
     },
     Release {
         lease: Lease,

@@ -14,13 +14,15 @@ use tokio::sync::Notify;
 use crate::clock::now_ms;
 
 use super::*;
-use crate::store::{AppendError, Appended, Disposal, Failed, FileAppend, Job, Store, StoreError};
+use crate::store::{
+    AppendError, Appended, Disposal, Failed, FileAppend, Job, RecordBuf, Store, StoreError,
+};
 
 struct Parked {
     /// Why the stream was full when this append was last tried.
     reason: crate::store::FullReason,
     stream: String,
-    records: Arc<Vec<Vec<u8>>>,
+    records: Arc<RecordBuf>,
     checkpoint: Option<(String, Vec<u8>)>,
     deadline: Instant,
     reply: Reply<Result<Appended, AppendError>>,
@@ -345,6 +347,7 @@ impl Writer {
                 // never in flight for good.
                 if let Request::Ack { lease, .. }
                 | Request::Fail { lease, .. }
+                | Request::Quarantine { lease, .. }
                 | Request::Settle { lease, .. } = &req
                 {
                     self.forget_carried(lease);
@@ -559,7 +562,7 @@ fn run_tx(
             .checkpoint
             .as_ref()
             .map(|(s, c)| (s.as_str(), c.as_slice()));
-        match tx.append(&p.stream, &p.records[..], cp, now) {
+        match tx.append(&p.stream, &p.records, cp, now) {
             Err(AppendError::Full { reason, .. }) => still_parked.push_back(Parked { reason, ..p }),
             result => {
                 requests += 1;
@@ -586,7 +589,7 @@ fn run_tx(
                     }),
                     None => {
                         let cp = checkpoint.as_ref().map(|(s, c)| (s.as_str(), c.as_slice()));
-                        tx.append(&stream, &records[..], cp, now)
+                        tx.append(&stream, &records, cp, now)
                     }
                 };
                 match (result, deadline) {
@@ -622,6 +625,14 @@ fn run_tx(
             } => {
                 let r = tx.fail(&lease, &failure, now);
                 pending.push(Pending::Fail(reply, r));
+            }
+            Request::Quarantine {
+                lease,
+                reason,
+                reply,
+            } => {
+                let r = tx.quarantine_taken(&lease, &reason);
+                pending.push(Pending::Ack(reply, r));
             }
             Request::Settle {
                 lease,
@@ -696,6 +707,7 @@ fn fail_with(req: Request, err: impl Fn() -> StoreError) {
         Request::Take { reply, .. } => drop(reply.send(Err(err()))),
         Request::Ack { reply, .. } => drop(reply.send(Err(err()))),
         Request::Fail { reply, .. } => drop(reply.send(Err(err()))),
+        Request::Quarantine { reply, .. } => drop(reply.send(Err(err()))),
         Request::Settle { reply, .. } => drop(reply.send(Err(err()))),
         Request::AppendFile { reply, .. } => drop(reply.send(Err(AppendError::Store(err())))),
         Request::SpoolKnown { reply, .. } => drop(reply.send(Err(err()))),
@@ -734,6 +746,7 @@ mod checkpoint_tests {
             when_full: WhenFull::Block,
             ttl: None,
             dead_max_jobs: 10,
+            compression: crate::store::AtRest::Plain,
         }
     }
 
