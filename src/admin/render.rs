@@ -73,9 +73,21 @@ struct Items<'a, T> {
 impl<T> Items<'_, T> {
     /// One family, a sample per item.
     fn family(&self, t: &mut Text, metric: &str, kind: Kind, help: &str, read: impl Fn(&T) -> u64) {
+        self.family_f64(t, metric, kind, help, |item| read(item) as f64);
+    }
+
+    /// One family of values that are not whole numbers (times in seconds), a sample per item.
+    fn family_f64(
+        &self,
+        t: &mut Text,
+        metric: &str,
+        kind: Kind,
+        help: &str,
+        read: impl Fn(&T) -> f64,
+    ) {
         t.family(metric, kind, help);
         for (name, item) in &self.items {
-            t.sample(metric, &[(self.label, name)], read(item) as f64);
+            t.sample(metric, &[(self.label, name)], read(item));
         }
     }
 
@@ -395,6 +407,22 @@ fn sink_metrics(t: &mut Text, sinks: &[Arc<SinkRuntime>], snap: Option<&Snapshot
         Kind::Gauge,
         "Whether the sink's destination answers (1), or deliveries wait for it (0).",
         |rt| u64::from(rt.link.is_up()),
+    );
+    // Milliseconds as seconds: a probe every 2 s is worth more than whole seconds.
+    let secs = |ms: u64| ms as f64 / 1000.0;
+    sinks.family_f64(
+        t,
+        "colibri_sink_link_down_since_timestamp_seconds",
+        Kind::Gauge,
+        "When the sink's link went down, Unix seconds; 0 while up (an outage lasts until a request after a passing probe is answered).",
+        |rt| secs(rt.link.down_since_ms()),
+    );
+    sinks.family_f64(
+        t,
+        "colibri_sink_link_next_probe_timestamp_seconds",
+        Kind::Gauge,
+        "When the down link is probed next, Unix seconds (a time past: the probe is running); 0 while up or while a passing probe's requests are tried.",
+        |rt| secs(rt.link.next_probe_ms()),
     );
     sinks.family(
         t,

@@ -196,7 +196,11 @@ pub struct LinkSpec {
     /// First probe delay; then doubling with jitter. Default 1s.
     #[serde(default)]
     pub backoff_base: Option<Dur>,
-    /// Longest probe delay. Default 60s.
+    /// Longest probe delay. Default: 2s with `probe: tcp` (a connect is cheap, so it runs every 2s
+    /// however long the outage, and the link's return is noticed within about 2s), 60s with
+    /// `probe: http` (a GET costs the receiver a request); never below a `backoff_base` that is
+    /// set. A probe that passes while requests still get no answer (TLS, credentials) makes the
+    /// next tries back off to 60s, or to this when it is set.
     #[serde(default)]
     pub backoff_cap: Option<Dur>,
 }
@@ -431,7 +435,6 @@ pub(super) fn parse_http_url(s: &str) -> Result<reqwest::Url, String> {
 }
 
 pub(super) fn compile_link(spec: &LinkSpec, url: &str, err: &mut Problems<'_>) -> LinkConfig {
-    let d = LinkConfig::default();
     let probe = match (spec.probe, &spec.probe_url) {
         (None | Some(ProbeSpec::Tcp), None) => Probe::Tcp,
         (None | Some(ProbeSpec::Tcp), Some(_)) => {
@@ -451,11 +454,24 @@ pub(super) fn compile_link(spec: &LinkSpec, url: &str, err: &mut Problems<'_>) -
             }
         }
     };
+    let d = LinkConfig::for_probe(probe);
+    let backoff_base = spec.backoff_base.map_or(d.backoff_base, |x| x.0);
+    // A cap that is set is honoured for probes and trials alike (and refused below a base); an
+    // unset one is the probe kind's, never below a base that is set, so a file that sets only a
+    // long `backoff_base` stays valid whatever the kind's default cap.
+    let (backoff_cap, trial_cap) = match spec.backoff_cap {
+        Some(cap) => (cap.0, cap.0),
+        None => (
+            d.backoff_cap.max(backoff_base),
+            d.trial_cap.max(backoff_base),
+        ),
+    };
     let link = LinkConfig {
-        probe,
         down_after: spec.down_after.unwrap_or(d.down_after),
-        backoff_base: spec.backoff_base.map_or(d.backoff_base, |x| x.0),
-        backoff_cap: spec.backoff_cap.map_or(d.backoff_cap, |x| x.0),
+        backoff_base,
+        backoff_cap,
+        trial_cap,
+        ..d
     };
     if link.down_after == 0 {
         err.add("link.down_after", "must be at least 1".into());

@@ -84,18 +84,47 @@ pub struct LinkConfig {
     pub probe: Probe,
     /// Consecutive transport failures that turn the link down.
     pub down_after: u32,
+    /// The first wait before a probe (and before a trial after a failed one); doubled with jitter
+    /// after each failure.
     pub backoff_base: Duration,
+    /// The longest wait between probes: with a cheap probe, the bound on how late a link's return
+    /// is noticed.
     pub backoff_cap: Duration,
+    /// The longest wait before the next trial after failed ones (a probe passed, but the requests
+    /// it let through still got no answer): a trial sends real requests, so it backs off like an
+    /// expensive probe even when the probe itself is cheap.
+    pub trial_cap: Duration,
+}
+
+/// The probe backoff's cap when the probe is cheap (a TCP connect, a directory's presence): it may
+/// run every few seconds forever, so a link's return is noticed within this whatever the outage
+/// length.
+pub const CHEAP_PROBE_CAP: Duration = Duration::from_secs(2);
+/// The cap when a probe (a GET) or a trial costs a request on the wire and work at the receiver.
+pub const EXPENSIVE_PROBE_CAP: Duration = Duration::from_secs(60);
+
+impl LinkConfig {
+    /// The defaults for `probe`: base 1 s; cap [`CHEAP_PROBE_CAP`] for a TCP probe,
+    /// [`EXPENSIVE_PROBE_CAP`] for an HTTP one; failed trials back off to [`EXPENSIVE_PROBE_CAP`].
+    pub fn for_probe(probe: Probe) -> LinkConfig {
+        let backoff_cap = match probe {
+            Probe::Tcp => CHEAP_PROBE_CAP,
+            Probe::Http(_) => EXPENSIVE_PROBE_CAP,
+        };
+        LinkConfig {
+            probe,
+            down_after: 3,
+            backoff_base: Duration::from_secs(1),
+            backoff_cap,
+            trial_cap: EXPENSIVE_PROBE_CAP,
+        }
+    }
 }
 
 impl Default for LinkConfig {
+    /// A TCP probe's defaults (a `file` sink's probe, a look at its directory, is as cheap).
     fn default() -> Self {
-        LinkConfig {
-            probe: Probe::Tcp,
-            down_after: 3,
-            backoff_base: Duration::from_secs(1),
-            backoff_cap: Duration::from_secs(60),
-        }
+        LinkConfig::for_probe(Probe::Tcp)
     }
 }
 

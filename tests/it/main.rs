@@ -12,6 +12,7 @@ mod delivery;
 mod file_move;
 mod ingest;
 mod layers;
+mod link;
 mod listeners;
 mod log_file;
 mod log_summary;

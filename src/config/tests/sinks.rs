@@ -134,6 +134,60 @@ sinks:
     assert!(!debug.contains("s3cret"), "{debug}");
 }
 
+/// The probe backoff's defaults follow the probe's cost: a TCP connect is repeated within 2 s
+/// however long the outage, a GET backs off to 60 s, and failed trials back off to 60 s either
+/// way. A cap that is set is honoured for both; an unset one never falls below a base that is set
+/// (a file that set only a long base stays valid); a cap set below the base is refused.
+#[test]
+fn link_backoff_defaults_follow_the_probe_and_set_values_are_honoured() {
+    use crate::sink::{CHEAP_PROBE_CAP, EXPENSIVE_PROBE_CAP};
+    let c = load(
+        r#"
+sinks:
+  tcp: { type: http, url: "http://h/" }
+  http: { type: http, url: "http://h/", link: { probe: http } }
+  capped: { type: http, url: "http://h/", link: { backoff_cap: 30s } }
+  http_capped: { type: http, url: "http://h/", link: { probe: http, backoff_base: 2s, backoff_cap: 10s } }
+  long_base: { type: http, url: "http://h/", link: { backoff_base: 5s } }
+  longer_base: { type: http, url: "http://h/", link: { backoff_base: 90s } }
+"#,
+    )
+    .unwrap();
+    let link = |name: &str| {
+        let l = &c.sinks.iter().find(|s| s.name == name).unwrap().link;
+        (l.backoff_base, l.backoff_cap, l.trial_cap)
+    };
+    let s = Duration::from_secs;
+    assert_eq!(link("tcp"), (s(1), CHEAP_PROBE_CAP, EXPENSIVE_PROBE_CAP));
+    assert_eq!(
+        link("http"),
+        (s(1), EXPENSIVE_PROBE_CAP, EXPENSIVE_PROBE_CAP)
+    );
+    assert_eq!(link("capped"), (s(1), s(30), s(30)));
+    assert_eq!(link("http_capped"), (s(2), s(10), s(10)));
+    assert_eq!(link("long_base"), (s(5), s(5), EXPENSIVE_PROBE_CAP));
+    assert_eq!(link("longer_base"), (s(90), s(90), s(90)));
+    let p = problems(
+        r#"
+sinks:
+  a: { type: http, url: "http://h/", link: { backoff_base: 5s, backoff_cap: 2s } }
+  b: { type: http, url: "http://h/", link: { backoff_cap: 500ms } }
+  c: { type: http, url: "http://h/", link: { backoff_base: 0s } }
+"#,
+    );
+    for e in [
+        "sinks.a.link.backoff_cap: must not be shorter than link.backoff_base",
+        "sinks.b.link.backoff_cap: must not be shorter than link.backoff_base",
+        "sinks.c.link.backoff_base: must be positive",
+    ] {
+        assert!(
+            p.iter().any(|l| l.starts_with(e)),
+            "missing {e:?} in\n{}",
+            p.join("\n")
+        );
+    }
+}
+
 #[test]
 fn http_sink_mistakes_are_reported_by_field() {
     let p = problems(
