@@ -265,6 +265,15 @@ impl Writer {
         })
     }
 
+    /// Whether every stream is empty, nothing in flight: the moment compaction is for.
+    fn drained(&self) -> bool {
+        self.store.as_ref().is_some_and(|store| {
+            store
+                .streams()
+                .all(|(cfg, c)| c.ready_jobs + c.retry_jobs == 0 && store.in_flight(&cfg.name) == 0)
+        })
+    }
+
     /// How long the thread may sleep. With nothing queued, nothing parked and compaction done, it
     /// sleeps until a request arrives: an idle store does not wake.
     fn next_timeout(&self) -> Duration {
@@ -276,7 +285,9 @@ impl Writer {
         if let Some(d) = self.parked.iter().map(|p| p.deadline).min() {
             t = t.min(d.saturating_duration_since(now));
         }
-        if !self.compacted {
+        // Only a drained store is compacted: while a backlog waits (an outage) the compaction
+        // timer must not wake the thread (past its deadline it would, every millisecond).
+        if !self.compacted && self.drained() {
             t = t.min(COMPACT_AFTER_IDLE.saturating_sub(now - self.last_request));
         }
         if self.store.is_none() {
@@ -482,11 +493,9 @@ impl Writer {
             // Expired file jobs take their spooled files with them.
             self.dispose();
         }
-        let store = self.store.as_mut().expect("checked above");
         let idle = self.last_request.elapsed() >= COMPACT_AFTER_IDLE;
-        let drained = store
-            .streams()
-            .all(|(cfg, c)| c.ready_jobs + c.retry_jobs == 0 && store.in_flight(&cfg.name) == 0);
+        let drained = self.drained();
+        let store = self.store.as_mut().expect("checked above");
         if idle && drained && !self.compacted && self.parked.is_empty() {
             self.compacted = true;
             // redb's own count of free pages: stored_bytes counts spooled files, which are not in
@@ -748,6 +757,46 @@ mod checkpoint_tests {
             dead_max_jobs: 10,
             compression: crate::store::AtRest::Plain,
         }
+    }
+
+    /// A backlog that waits (an outage) must not wake the writer: the compaction timer applies
+    /// only to a drained store. (It once fell to 0 once the store had been idle for its 10 s while
+    /// jobs waited, and the thread woke every millisecond for the rest of the outage.)
+    #[test]
+    fn a_waiting_backlog_does_not_wake_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = StorageConfig {
+            max_bytes: 1 << 30,
+            min_free: 0,
+        };
+        let open = {
+            let dir = dir.path().to_path_buf();
+            move || Store::open(&dir, storage, &[stream()], OpenOptions::default())
+        };
+        let mut store = open().unwrap();
+        let mut tx = store.transaction().unwrap();
+        tx.append_list("s", &[b"queued"], None, now_ms()).unwrap();
+        tx.commit().unwrap();
+        let mut w = Writer::new(
+            store,
+            Box::new(open),
+            WriterOptions::default(),
+            Arc::default(),
+            Arc::default(),
+            Arc::default(),
+        );
+        w.last_request = Instant::now() - COMPACT_AFTER_IDLE * 2;
+        assert!(
+            w.next_timeout() >= Duration::from_secs(3600),
+            "a store with a backlog sleeps until a request: {:?}",
+            w.next_timeout()
+        );
+        // Drained, it wakes for its compaction.
+        let mut tx = w.store.as_mut().unwrap().transaction().unwrap();
+        let jobs = tx.take("s", 10, now_ms()).unwrap();
+        tx.ack(&jobs[0].lease).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(w.next_timeout(), Duration::from_millis(1));
     }
 
     /// An append waiting for room in a full `block` stream is answered "stopping" as soon as the
