@@ -380,7 +380,7 @@ fn write_file(created_ms: u64, meta: &Meta, file_ref: &[u8], file_len: u64) -> V
     out
 }
 
-fn seal(out: &mut [u8]) {
+pub(in crate::store) fn seal(out: &mut [u8]) {
     let crc = checksum(out);
     out[13..17].copy_from_slice(&crc.to_le_bytes());
 }

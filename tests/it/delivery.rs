@@ -10,7 +10,6 @@
 //! explained by its `Idempotency-Key`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,7 +18,7 @@ use serde_json::Value;
 
 use crate::util::http::{Mode, Received, Receiver, TestPki};
 use crate::util::{
-    Proc, Sandbox, assert_code, colibri, field, finish, head, poll, quote, quote_path,
+    Proc, Sandbox, assert_code, colibri, field, finish, finish_with_stdin, head, quote, quote_path,
 };
 use crate::util::{queue, queue_stats, secs, stop, stream_stats};
 
@@ -235,34 +234,19 @@ fn push(
     batch: usize,
     env: &[(&str, &str)],
 ) {
-    let (input, out, err) = (sb.file("push.in"), sb.file("push.out"), sb.file("push.err"));
     let mut text = records.join("\n");
     text.push('\n');
-    std::fs::write(&input, text).expect("write the records to push");
     let mut cmd = queue(config, &["push", stream, "--batch", &batch.to_string()]);
-    cmd.stdin(File::open(&input).expect("open the records"))
-        .stdout(File::create(&out).expect("create push.out"))
-        .stderr(File::create(&err).expect("create push.err"));
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("spawn colibri queue push");
-    let status = poll(secs(120), || child.try_wait().expect("try_wait"));
-    let Some(status) = status else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!(
-            "queue push still running after 120 s: {}",
-            sb.read("push.err")
-        );
-    };
-    assert_code(status, 0, &sb.read("push.err"));
-    let last = sb.read("push.out").lines().last().map(str::to_string);
+    let f = finish_with_stdin(sb, cmd, &text, secs(120));
+    assert_code(f.status, 0, &f.stderr);
     assert_eq!(
-        last,
-        Some(format!("acked {}", records.len())),
+        f.stdout.lines().last(),
+        Some(format!("acked {}", records.len()).as_str()),
         "every record acknowledged; stderr: {}",
-        sb.read("push.err")
+        f.stderr
     );
 }
 

@@ -8,6 +8,7 @@
 mod util;
 
 mod cli;
+mod compression;
 mod delivery;
 mod file_move;
 mod ingest;

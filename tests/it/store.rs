@@ -457,6 +457,12 @@ fn kill_9_never_loses_an_acknowledged_record() {
         "{logs}"
     );
     assert_eq!(logs["balanced"], true, "{logs}");
+    // All but the first few jobs of this backlog were stored compressed (`compression: auto`):
+    // the kills hit compressed jobs too.
+    assert!(
+        logs["ready"]["raw_bytes"].as_u64() > logs["ready"]["bytes"].as_u64(),
+        "{logs}"
+    );
 
     // The agent starts on the file the kills left behind.
     let agent = stop(start_agent(&config));

@@ -154,3 +154,54 @@ fn bit_flip_in_the_record_count_keeps_the_accounting_balanced() {
     assert_eq!(c.quarantined_records, 2, "{c:?}");
     check(&store);
 }
+
+/// A compressed job whose frame went bad behind a valid checksum: it is taken (a frame is checked
+/// when it is read, not at every take), its records refuse to decompress, and `quarantine_taken`
+/// moves it out of the queue, counted; the others are delivered and the identity holds.
+#[test]
+fn a_compressed_job_that_cannot_be_decompressed_is_quarantined_when_read() {
+    let d = Dir::new(vec![StreamConfig {
+        compression: AtRest::Always,
+        ..stream(S)
+    }]);
+    let mut store = d.open();
+    let big = |tag: &str| -> Vec<Vec<u8>> {
+        (0..50)
+            .map(|i| format!("{tag}-{i}-{}", "x".repeat(100)).into_bytes())
+            .collect()
+    };
+    for tag in ["a", "b", "c"] {
+        append(&mut store, S, &big(tag), T0).unwrap();
+    }
+    overwrite_ready(&mut store, S, 2, |v| {
+        let area = format::decode(v).unwrap().area.bytes.len();
+        assert_eq!(
+            format::header(v).unwrap().area.unwrap().0,
+            format::Codec::Zstd
+        );
+        let at = v.len() - area / 2;
+        v[at] ^= 0x5a;
+        format::seal(v);
+    });
+    check(&store);
+    let jobs = take(&mut store, S, 10, T0);
+    assert_eq!(ids(&jobs), [1, 2, 3], "the checksum holds: taken");
+    let e = jobs[1].records().unwrap_err();
+    assert!(matches!(e, format::FormatError::Compressed(_)), "{e}");
+    let mut tx = store.transaction().unwrap();
+    tx.quarantine_taken(&jobs[1].lease, &e.to_string()).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(store.quarantined().unwrap(), 1);
+    assert_eq!(owned(&jobs[2]), big("c"));
+    ack(&mut store, &[&jobs[0].lease, &jobs[2].lease]);
+    let c = counters(&store, S);
+    assert_eq!((c.quarantined_records, c.delivered_records), (50, 100));
+    assert_eq!((c.ready_jobs, c.ready_bytes, c.ready_raw_bytes), (0, 0, 0));
+    assert!(c.balanced(), "{c:?}");
+    let q = quarantine_entries(&store);
+    assert!(
+        q[0].reason.starts_with("compressed record area"),
+        "{}",
+        q[0].reason
+    );
+}

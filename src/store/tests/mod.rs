@@ -155,6 +155,7 @@ struct Tally {
     jobs: u64,
     records: u64,
     bytes: u64,
+    raw: u64,
 }
 
 fn tally<K: redb::Key + 'static>(
@@ -165,9 +166,11 @@ fn tally<K: redb::Key + 'static>(
     let mut out = Tally::default();
     for e in t.iter().expect("iterates") {
         let (_, v) = e.expect("reads");
+        let size = format::size(v.value());
         out.jobs += 1;
-        out.records += format::header(v.value()).map_or(0, |h| u64::from(h.records));
-        out.bytes += format::stored_len(v.value());
+        out.records += size.records;
+        out.bytes += size.bytes;
+        out.raw += size.raw;
     }
     out
 }
@@ -203,24 +206,35 @@ fn check(store: &Store) {
             "{name}: counters in memory differ from the committed ones"
         );
         let st = &store.streams[name];
-        let t = |jobs, records, bytes| Tally {
+        let t = |jobs, records, bytes, raw| Tally {
             jobs,
             records,
             bytes,
+            raw,
         };
         assert_eq!(
             tally(&rtx, st.ready_def()),
-            t(c.ready_jobs, c.ready_records, c.ready_bytes),
+            t(
+                c.ready_jobs,
+                c.ready_records,
+                c.ready_bytes,
+                c.ready_raw_bytes
+            ),
             "{name}: ready table vs counters"
         );
         assert_eq!(
             tally(&rtx, st.retry_def()),
-            t(c.retry_jobs, c.retry_records, c.retry_bytes),
+            t(
+                c.retry_jobs,
+                c.retry_records,
+                c.retry_bytes,
+                c.retry_raw_bytes
+            ),
             "{name}: retry table vs counters"
         );
         assert_eq!(
             tally(&rtx, st.dead_def()),
-            t(c.dead_jobs, c.dead_records, c.dead_bytes),
+            t(c.dead_jobs, c.dead_records, c.dead_bytes, c.dead_raw_bytes),
             "{name}: dead table vs counters"
         );
     }
@@ -443,6 +457,7 @@ fn open_mem(disk: &MemDisk, storage: StorageConfig, streams: &[StreamConfig]) ->
 // The sections, declared after the fixtures so that their macros (`no_op_locks!`) are in scope.
 mod basics;
 mod compaction;
+mod compression;
 mod corruption;
 mod file_jobs;
 mod group_commit;

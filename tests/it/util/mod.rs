@@ -182,9 +182,13 @@ fn collect(mut from: impl Read + Send + 'static, into: Arc<Mutex<Vec<u8>>>) -> J
 }
 
 impl Proc {
-    pub fn spawn(mut cmd: Command) -> Self {
+    pub fn spawn(cmd: Command) -> Self {
+        Proc::spawn_with_stdin(cmd, Stdio::null())
+    }
+
+    pub fn spawn_with_stdin(mut cmd: Command, stdin: impl Into<Stdio>) -> Self {
         let mut child = cmd
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -320,9 +324,21 @@ pub struct Finished {
     pub stderr: String,
 }
 
+/// Runs `cmd` to completion with `input` on its stdin (through a file in `sb`), for at most
+/// `limit`.
+pub fn finish_with_stdin(sb: &Sandbox, cmd: Command, input: &str, limit: Duration) -> Finished {
+    let path = sb.file(&format!("stdin-{:016x}", fastrand::u64(..)));
+    std::fs::write(&path, input).expect("write the input");
+    let file = std::fs::File::open(&path).expect("open the input");
+    finished(Proc::spawn_with_stdin(cmd, file), limit)
+}
+
 /// Runs `cmd` to completion, for at most `limit`.
 pub fn finish(cmd: Command, limit: Duration) -> Finished {
-    let mut p = Proc::spawn(cmd);
+    finished(Proc::spawn(cmd), limit)
+}
+
+fn finished(mut p: Proc, limit: Duration) -> Finished {
     let status = p.wait_exit(limit);
     Finished {
         status,
