@@ -286,6 +286,7 @@ fn with_outage(dir: &Path, file: &Path, lines: u64, outage: Duration, extra: &st
     let stored = metric_sum(admin, "colibri_stream_bytes{", &label).unwrap_or(0.0) as u64;
     let raw = metric_sum(admin, "colibri_stream_raw_bytes{", &label);
     let file_bytes = metric(admin, "colibri_store_file_bytes").unwrap_or(0.0) as u64;
+    let commits = metric(admin, "colibri_store_commits_total").unwrap_or(0.0) as u64;
     peak_kib = peak_kib.max(rss_kib(pid).1);
     println!(
         "  outage: every line queued {:.1} s after the start; at {:.0} s:",
@@ -308,7 +309,7 @@ fn with_outage(dir: &Path, file: &Path, lines: u64, outage: Duration, extra: &st
         )),
     );
     println!(
-        "    CPU {cpu_outage:.2} s while queueing ({:.2} per million lines); peak RSS {:.1} MB",
+        "    CPU {cpu_outage:.2} s while queueing ({:.2} per million lines); peak RSS {:.1} MB; {commits} commits",
         cpu_outage / lines as f64 * 1e6,
         peak_kib as f64 / 1024.0
     );
@@ -325,16 +326,20 @@ fn with_outage(dir: &Path, file: &Path, lines: u64, outage: Duration, extra: &st
     }
     let drain = back.elapsed().as_secs_f64();
     let cpu_drain = cpu_ns(pid) as f64 / 1e9 - cpu_outage;
+    let written_drain = write_bytes(pid) - written;
+    let commits_drain =
+        metric(admin, "colibri_store_commits_total").unwrap_or(0.0) as u64 - commits;
     assert!(
         got.1 >= lines,
         "only {} of {lines} lines delivered after the outage",
         got.1
     );
     println!(
-        "    drain: {} records in {drain:.2} s after the receiver came back ({:.0} records/s); CPU {cpu_drain:.2} s; RSS during the drain up to {:.1} MB",
+        "    drain: {} records in {drain:.2} s after the receiver came back ({:.0} records/s); CPU {cpu_drain:.2} s; RSS during the drain up to {:.1} MB; {commits_drain} commits, {} written",
         got.1,
         got.1 as f64 / drain,
-        drain_peak as f64 / 1024.0
+        drain_peak as f64 / 1024.0,
+        mb(written_drain),
     );
     // The idle compaction after a drain.
     let compacted = Instant::now();

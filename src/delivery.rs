@@ -2,7 +2,7 @@
 //! from the store (retry jobs whose time has come, then ready ones), hand them to the sink, and settle
 //! each by the sink's classification of the outcome:
 //!
-//! - delivered: acknowledged (deleted; the acknowledgement's fsync overlaps the next request);
+//! - delivered: acknowledged (deleted), together with the other jobs of the same take in one commit;
 //! - no answer (transport): the job goes back untouched, no attempt spent; the failure is reported
 //!   to the sink's [`Link`], which after `down_after` in a row turns the link down, and every worker
 //!   of the sink waits until the monitor sees it answer again;
@@ -23,7 +23,6 @@
 //! Started and stopped by `agent`.
 
 use std::cell::OnceCell;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -36,13 +35,15 @@ use crate::clock::now_ms;
 use crate::link::Link;
 use crate::sink::{Batch, DeliveryError, Payload, Sink};
 use crate::store::writer::{Snapshot, StoreHandle};
-use crate::store::{Failed, Failure, Job, JobRecords, Lease, Settle, StoreError};
+use crate::store::{Failed, Failure, Job, JobRecords, Lease, Settle};
 
 /// Pause after the store itself failed (it reopens with its own backoff).
 const STORE_ERROR_PAUSE: Duration = Duration::from_secs(1);
-/// Jobs taken at once by a worker of a sink with concurrency 1: delivered one after the other, in
-/// order, while the acknowledgements of the earlier ones are committed.
-const TAKE_SEQUENTIAL: usize = 4;
+/// Jobs taken at once by a worker of a sink with concurrency 1, delivered one after the other in
+/// order and acknowledged together (one commit, whose writes are most of a drain's); fewer when
+/// they hold [`TAKE_BYTES`] (memory). After a crash at most these are sent again.
+const TAKE_SEQUENTIAL: usize = 16;
+const TAKE_BYTES: u64 = 1 << 20;
 /// A peer's `Retry-After` is honoured up to this.
 const RETRY_AFTER_MAX: Duration = Duration::from_secs(24 * 3600);
 
@@ -254,7 +255,7 @@ pub async fn run(
                 continue;
             }
         }
-        let jobs = match store.take(&stream, take).await {
+        let jobs = match store.take(&stream, take, TAKE_BYTES).await {
             Ok(jobs) => jobs,
             Err(e) => {
                 tracing::warn!(stream, error = %e, "cannot take jobs; trying again");
@@ -305,10 +306,13 @@ pub async fn run(
                 pause(p, &stopping).await;
             }
         }
-        for (lease, ack) in acks {
-            // Delivered but not deleted: it will be delivered again (at-least-once).
-            if let Err(e) = ack.await {
-                tracing::warn!(stream, sink = rt.sink.name(), job = lease.id, error = %e, "delivered, but the acknowledgement failed; it will be sent again");
+        // Everything delivered from this take, deleted in one commit.
+        if !acks.is_empty()
+            && let Err(e) = store.ack_many(acks.clone()).await
+        {
+            // Delivered but not deleted: delivered again (at-least-once).
+            tracing::warn!(stream, sink = rt.sink.name(), jobs = acks.len(), error = %e, "delivered, but the acknowledgement failed; what is still queued will be sent again");
+            for lease in acks {
                 store.release(lease);
             }
         }
@@ -330,11 +334,6 @@ async fn sleep_or_forever(d: Option<Duration>) {
     }
 }
 
-type Ack = (
-    Lease,
-    std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>,
-);
-
 /// What a worker does after one job.
 enum Next {
     /// On to the next job.
@@ -352,7 +351,7 @@ async fn deliver_job(
     store: &StoreHandle,
     job: Job,
     stopping: &CancellationToken,
-    acks: &mut Vec<Ack>,
+    acks: &mut Vec<Lease>,
 ) -> Next {
     let n = job.record_count();
     let id = job.lease.id;
@@ -426,8 +425,7 @@ async fn deliver_job(
                 stats.bytes_delivered.fetch_add(body_bytes, Relaxed);
                 if end == n {
                     tracing::debug!(stream, job = id, records = end - start, "delivered");
-                    let ack = Box::pin(store.ack_later(job.lease.clone()));
-                    acks.push((job.lease, ack));
+                    acks.push(job.lease);
                     return Next::Go;
                 }
                 // A part: settled now, so neither a crash nor a later failure sends it again.

@@ -1197,7 +1197,7 @@ fn jobs_in_every_state(config: &Path, dead: usize, expired: usize, ready: u64) {
     let mut store = Store::open(&c.data_dir, c.storage, &c.streams, OpenOptions::default())
         .expect("open the store");
     let mut tx = store.transaction().expect("transaction");
-    for job in tx.take("logs", dead, now_ms()).expect("take") {
+    for job in tx.take("logs", dead, u64::MAX, now_ms()).expect("take") {
         let refused = Failure::Permanent {
             reason: "HTTP 400: refused".into(),
         };

@@ -355,7 +355,7 @@ fn in_flight_jobs_are_not_handed_out_twice_and_are_ready_again_after_reopen() {
     store.release(&first[0].lease);
     {
         let mut tx = store.transaction().unwrap();
-        assert_eq!(ids(&tx.take(S, 10, T0).unwrap()), [1]);
+        assert_eq!(ids(&tx.take(S, 10, u64::MAX, T0).unwrap()), [1]);
     }
     assert_eq!(ids(&take(&mut store, S, 10, T0)), [1]);
     assert_eq!(store.in_flight(S), 3);
@@ -378,7 +378,7 @@ fn aborted_transaction_changes_nothing_and_counters_are_reloaded() {
         let mut tx = store.transaction().unwrap();
         tx.append_list(S, &recs("gone", 5), Some(("src", b"never")), T0)
             .unwrap();
-        let jobs = tx.take(S, 10, T0).unwrap();
+        let jobs = tx.take(S, 10, u64::MAX, T0).unwrap();
         tx.ack(&jobs[0].lease).unwrap();
     }
     assert!(store.stale);

@@ -43,7 +43,7 @@ fn a_drained_backlog_gives_its_disk_back() {
     assert!(full > 25 << 20, "a 30 MB backlog is on disk: {full}");
     loop {
         let mut tx = s.transaction().unwrap();
-        let jobs = tx.take("s", 500, now_ms()).unwrap();
+        let jobs = tx.take("s", 500, u64::MAX, now_ms()).unwrap();
         if jobs.is_empty() {
             break;
         }

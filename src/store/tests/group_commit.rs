@@ -51,7 +51,7 @@ async fn writer_group_commits_concurrent_producers() {
     assert_eq!(c.ready_records, appends * RECORDS as u64);
     assert!(c.balanced());
     // Every acknowledged record is stored once, and each producer's batches are in order.
-    let jobs = handle.take(S, usize::MAX).await.unwrap();
+    let jobs = handle.take(S, usize::MAX, u64::MAX).await.unwrap();
     assert_eq!(jobs.len() as u64, appends);
     let mut next = [0usize; PRODUCERS];
     for j in &jobs {
@@ -108,7 +108,7 @@ async fn writer_block_waits_until_the_deadline_or_until_room_appears() {
         biased;
         handle.append(S, recs("c", 1), None, Some(deadline)),
         async {
-            let jobs = handle.take(S, 1).await.unwrap();
+            let jobs = handle.take(S, 1, u64::MAX).await.unwrap();
             assert_eq!(ids(&jobs), [1]);
             handle.ack(jobs[0].lease.clone()).await.unwrap();
             t.elapsed()
@@ -126,7 +126,7 @@ async fn writer_block_waits_until_the_deadline_or_until_room_appears() {
         (c.ready_jobs, c.delivered_jobs, c.appended_records),
         (2, 1, 3)
     );
-    let jobs = handle.take(S, 10).await.unwrap();
+    let jobs = handle.take(S, 10, u64::MAX).await.unwrap();
     assert_eq!(owned(&jobs[1]), recs("c", 1));
     handle.shutdown().await;
 }
@@ -159,7 +159,7 @@ async fn writer_reopens_the_store_after_a_failed_commit() {
             Err(e) => panic!("the writer did not recover: {e}"),
         }
     }
-    let jobs = handle.take(S, 100).await.unwrap();
+    let jobs = handle.take(S, 100, u64::MAX).await.unwrap();
     let records: Vec<Vec<Vec<u8>>> = jobs.iter().map(owned).collect();
     assert_eq!(records.first(), Some(&recs("acked", 2)));
     assert_eq!(records.last(), Some(&recs("after", 1)));

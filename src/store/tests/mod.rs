@@ -262,7 +262,7 @@ fn append(
 #[track_caller]
 fn take(store: &mut Store, stream: &str, max_jobs: usize, now: u64) -> Vec<Job> {
     let mut tx = store.transaction().expect("begin");
-    let jobs = tx.take(stream, max_jobs, now).expect("take");
+    let jobs = tx.take(stream, max_jobs, u64::MAX, now).expect("take");
     tx.commit().expect("commit");
     check(store);
     jobs
@@ -319,7 +319,7 @@ fn permanent() -> Failure {
 /// Takes every job, returning their records (the jobs stay in flight until the tx commits).
 fn take_all(store: &mut Store, stream: &str, now: u64) -> Vec<Job> {
     let mut tx = store.transaction().expect("begin");
-    let jobs = tx.take(stream, usize::MAX, now).expect("take");
+    let jobs = tx.take(stream, usize::MAX, u64::MAX, now).expect("take");
     tx.commit().expect("commit");
     jobs
 }

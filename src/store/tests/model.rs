@@ -435,7 +435,7 @@ fn run_model(seed: u64, ops: usize, cov: &mut Coverage) {
                 let max = rng.usize(1..6);
                 let want = model.take(max, now);
                 let mut tx = store.transaction().unwrap();
-                let jobs = tx.take(M, max, now).unwrap();
+                let jobs = tx.take(M, max, u64::MAX, now).unwrap();
                 let got: Vec<(u64, Option<u64>, MJob)> = jobs
                     .iter()
                     .map(|j| {
@@ -536,7 +536,7 @@ fn run_model(seed: u64, ops: usize, cov: &mut Coverage) {
                 {
                     let mut tx = store.transaction().unwrap();
                     let _ = tx.append_list(M, &records, Some(("src", b"aborted")), now);
-                    let _ = tx.take(M, 3, now).unwrap();
+                    let _ = tx.take(M, 3, u64::MAX, now).unwrap();
                     if let Some(l) = held.first() {
                         tx.ack(l).unwrap();
                     }

@@ -338,46 +338,60 @@ fn store_id_is_stable_across_reopen_and_differs_between_stores() {
     assert_eq!(a.reopen(store_a).id(), new_id);
 }
 
-fn assert_send_static<T: Send + 'static>(t: T) -> T {
-    t
-}
-
-/// A delivery worker queues its ack and then its next take without waiting for the ack's fsync.
+/// A delivery worker acknowledges the jobs it took together: one commit deletes them all; an ack
+/// of a job no longer there fails without holding back the others.
 #[tokio::test]
-async fn writer_ack_later_is_queued_before_a_take_behind_it() {
+async fn writer_acks_many_jobs_in_one_commit() {
     let disk = MemDisk::default();
     let handle = spawn_on(&disk, vec![stream(S)]);
-    for tag in ["a", "b"] {
+    for tag in ["a", "b", "c", "d"] {
         handle.append(S, recs(tag, 1), None, None).await.unwrap();
     }
-    let jobs = handle.take(S, 1).await.unwrap();
-    assert_eq!(ids(&jobs), [1]);
-    // Released, job 1 would be handed out again by a take that ran before the ack.
-    handle.release(jobs[0].lease.clone());
-    let acked = assert_send_static(handle.ack_later(jobs[0].lease.clone()));
-    let next = handle.take(S, 10).await.unwrap();
-    assert_eq!(
-        ids(&next),
-        [2],
-        "the ack was applied before the take queued behind it"
-    );
-    // Queued at the call, not when first polled: its commit came before the take's reply.
+    let jobs = handle.take(S, 3, u64::MAX).await.unwrap();
+    assert_eq!(ids(&jobs), [1, 2, 3]);
+    let commits = handle.snapshot().await.unwrap().commits;
+    let leases: Vec<Lease> = jobs.iter().map(|j| j.lease.clone()).collect();
+    handle.ack_many(leases.clone()).await.expect("acknowledged");
     let snap = handle.snapshot().await.unwrap();
-    assert_eq!(snap.streams[0].1.delivered_jobs, 1);
-    acked.await.expect("acknowledged");
-    // A second ack of the same job fails, through the same path.
-    let again = handle.ack_later(jobs[0].lease.clone()).await;
+    assert_eq!(snap.commits, commits + 1, "one commit for the three");
+    assert_eq!(snap.streams[0].1.delivered_jobs, 3);
+    // Job 1 again (gone) with job 4: 4 is acknowledged, the answer names 1.
+    let four = handle.take(S, 10, u64::MAX).await.unwrap();
+    assert_eq!(ids(&four), [4]);
+    let again = handle
+        .ack_many(vec![leases[0].clone(), four[0].lease.clone()])
+        .await;
     assert!(
         matches!(again, Err(StoreError::NoSuchJob { id: 1, .. })),
         "{again:?}"
     );
     handle.shutdown().await;
-    // Once the writer is gone the future fails instead of hanging.
-    let gone = handle.ack_later(next[0].lease.clone()).await;
+    // Once the writer is gone the request fails instead of hanging.
+    let gone = handle.ack(four[0].lease.clone()).await;
     assert!(matches!(gone, Err(StoreError::WriterStopped)), "{gone:?}");
     let store = open_mem(&disk, unbounded(), &[stream(S)]);
     let c = counters(&store, S);
-    assert_eq!((c.delivered_jobs, c.ready_jobs), (1, 1));
+    assert_eq!((c.delivered_jobs, c.ready_jobs), (4, 0));
+}
+
+/// A take stops at its byte budget (but always hands out one job).
+#[tokio::test]
+async fn writer_takes_up_to_a_byte_budget() {
+    let disk = MemDisk::default();
+    let handle = spawn_on(&disk, vec![stream(S)]);
+    for tag in ["a", "b", "c"] {
+        handle
+            .append(S, sized(tag.as_bytes()[0], &[1000]), None, None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        ids(&handle.take(S, 10, 1).await.unwrap()),
+        [1],
+        "one at least"
+    );
+    assert_eq!(ids(&handle.take(S, 10, 1500).await.unwrap()), [2, 3]);
+    handle.shutdown().await;
 }
 
 #[tokio::test]
@@ -386,7 +400,7 @@ async fn writer_settles_a_prefix_durably_and_knows_the_store_id() {
     let handle = spawn_on(&disk, vec![stream(S)]);
     let all = recs("a", 4);
     handle.append(S, all.clone(), None, None).await.unwrap();
-    let jobs = handle.take(S, 1).await.unwrap();
+    let jobs = handle.take(S, 1, u64::MAX).await.unwrap();
     let lease = jobs[0].lease.clone();
     let rest = handle
         .settle_prefix(lease.clone(), 1, Settle::Delivered)

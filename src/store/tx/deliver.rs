@@ -14,11 +14,14 @@ use crate::store::layout::Table;
 
 impl Tx<'_> {
     /// Takes up to `max_jobs` due jobs, oldest first: retry jobs whose time has come, then ready
-    /// ones. Jobs already in flight are skipped. A job that cannot be decoded moves to quarantine.
+    /// ones; no more once those taken hold `max_bytes` (the first is taken whatever its size), so
+    /// a taker's memory is bounded in bytes too. Jobs already in flight are skipped. A job that
+    /// cannot be decoded moves to quarantine.
     pub fn take(
         &mut self,
         stream: &str,
         max_jobs: usize,
+        max_bytes: u64,
         now_ms: u64,
     ) -> Result<Vec<Job>, StoreError> {
         self.stream(stream)?;
@@ -31,12 +34,14 @@ impl Tx<'_> {
             .streams
             .get_mut(stream)
             .expect("checked above");
-        let mut out = Vec::new();
+        let mut out: Vec<Job> = Vec::new();
+        let mut bytes = 0u64;
+        let full = |out: &Vec<Job>, bytes: u64| out.len() >= max_jobs || bytes >= max_bytes;
         let mut bad: Vec<Undecodable> = Vec::new();
         {
             let retry = txn.open_table(st.retry_def())?;
             for e in retry.range(..=(now_ms, u64::MAX))? {
-                if out.len() >= max_jobs || bad.len() >= QUARANTINE_PER_TAKE {
+                if full(&out, bytes) || bad.len() >= QUARANTINE_PER_TAKE {
                     break;
                 }
                 let (k, v) = e?;
@@ -45,15 +50,18 @@ impl Tx<'_> {
                     continue;
                 }
                 match job_from(store_id, data_dir, stream, id, Some(due), v.value()) {
-                    Ok(job) => out.push(job),
+                    Ok(job) => {
+                        bytes += v.value().len() as u64;
+                        out.push(job);
+                    }
                     Err(e) => bad.push((Table::Retry, id, Some(due), v.value().to_vec(), e)),
                 }
             }
         }
-        if out.len() < max_jobs {
+        if !full(&out, bytes) {
             let ready = txn.open_table(st.ready_def())?;
             for e in ready.iter()? {
-                if out.len() >= max_jobs || bad.len() >= QUARANTINE_PER_TAKE {
+                if full(&out, bytes) || bad.len() >= QUARANTINE_PER_TAKE {
                     break;
                 }
                 let (k, v) = e?;
@@ -62,7 +70,10 @@ impl Tx<'_> {
                     continue;
                 }
                 match job_from(store_id, data_dir, stream, id, None, v.value()) {
-                    Ok(job) => out.push(job),
+                    Ok(job) => {
+                        bytes += v.value().len() as u64;
+                        out.push(job);
+                    }
                     Err(e) => bad.push((Table::Ready, id, None, v.value().to_vec(), e)),
                 }
             }

@@ -3,7 +3,6 @@
 //! them). Cloned freely; it does not touch the store itself.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self};
@@ -117,10 +116,18 @@ impl StoreHandle {
         })
     }
 
-    pub async fn take(&self, stream: &str, max_jobs: usize) -> Result<Vec<Job>, StoreError> {
+    /// Takes up to `max_jobs` due jobs, oldest first, and fewer once they hold `max_bytes` (one at
+    /// least): see [`crate::store::Tx::take`].
+    pub async fn take(
+        &self,
+        stream: &str,
+        max_jobs: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<Job>, StoreError> {
         self.ask(|reply| Request::Take {
             stream: stream.to_string(),
             max_jobs,
+            max_bytes,
             reply,
         })
         .await
@@ -128,19 +135,14 @@ impl StoreHandle {
 
     /// Deletes a delivered job; returns once that is durable.
     pub async fn ack(&self, lease: Lease) -> Result<(), StoreError> {
-        self.ack_later(lease).await
+        self.ack_many(vec![lease]).await
     }
 
-    /// Like [`ack`](Self::ack), but the request is queued before this returns, and the future only
-    /// waits for the commit: a delivery worker can queue its next request (a take) behind the ack
-    /// while the ack's fsync runs. Requests are applied in the order they were queued, so one
-    /// queued after this sees the job gone. The job counts as delivered once the future says Ok.
-    pub fn ack_later(
-        &self,
-        lease: Lease,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
-        let sent = self.send(|reply| Request::Ack { lease, reply });
-        async move { sent?.await.map_err(|_| gone())? }
+    /// Deletes delivered jobs in one transaction (one commit, whatever their number); returns once
+    /// that is durable. Every job is deleted even when one is not there any more (the first such
+    /// error is returned): a delivery worker acknowledges what it took together.
+    pub async fn ack_many(&self, leases: Vec<Lease>) -> Result<(), StoreError> {
+        self.ask(|reply| Request::Ack { leases, reply }).await
     }
 
     /// Settles the first `n` records of a leased job (see [`crate::store::Tx::settle_prefix`]) and returns

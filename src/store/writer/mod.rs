@@ -79,10 +79,12 @@ enum Request {
     Take {
         stream: String,
         max_jobs: usize,
+        max_bytes: u64,
         reply: Reply<Result<Vec<Job>, StoreError>>,
     },
+    /// Delivered jobs, deleted in one transaction.
     Ack {
-        lease: Lease,
+        leases: Vec<Lease>,
         reply: Reply<Result<(), StoreError>>,
     },
     Fail {

@@ -356,12 +356,16 @@ impl Writer {
             for req in work {
                 // A settlement that cannot be applied leaves its job ready again (at-least-once),
                 // never in flight for good.
-                if let Request::Ack { lease, .. }
-                | Request::Fail { lease, .. }
-                | Request::Quarantine { lease, .. }
-                | Request::Settle { lease, .. } = &req
-                {
-                    self.forget_carried(lease);
+                match &req {
+                    Request::Ack { leases, .. } => {
+                        for lease in leases {
+                            self.forget_carried(lease);
+                        }
+                    }
+                    Request::Fail { lease, .. }
+                    | Request::Quarantine { lease, .. }
+                    | Request::Settle { lease, .. } => self.forget_carried(lease),
+                    _ => {}
                 }
                 fail_unavailable(req);
             }
@@ -618,13 +622,22 @@ fn run_tx(
             Request::Take {
                 stream,
                 max_jobs,
+                max_bytes,
                 reply,
             } => {
-                let r = tx.take(&stream, max_jobs, now);
+                let r = tx.take(&stream, max_jobs, max_bytes, now);
                 pending.push(Pending::Take(reply, r));
             }
-            Request::Ack { lease, reply } => {
-                let r = tx.ack(&lease);
+            Request::Ack { leases, reply } => {
+                // Each is applied; the first error (a job no longer there) is the answer.
+                let mut r = Ok(());
+                for lease in &leases {
+                    if let Err(e) = tx.ack(lease)
+                        && r.is_ok()
+                    {
+                        r = Err(e);
+                    }
+                }
                 pending.push(Pending::Ack(reply, r));
             }
             Request::Fail {
@@ -793,7 +806,7 @@ mod checkpoint_tests {
         );
         // Drained, it wakes for its compaction.
         let mut tx = w.store.as_mut().unwrap().transaction().unwrap();
-        let jobs = tx.take("s", 10, now_ms()).unwrap();
+        let jobs = tx.take("s", 10, u64::MAX, now_ms()).unwrap();
         tx.ack(&jobs[0].lease).unwrap();
         tx.commit().unwrap();
         assert_eq!(w.next_timeout(), Duration::from_millis(1));
