@@ -772,20 +772,33 @@ mod checkpoint_tests {
         }
     }
 
+    /// What opens (and reopens) a store of `cfg` in `dir`, as the agent's reopen does.
+    fn opener(
+        dir: &std::path::Path,
+        cfg: StreamConfig,
+    ) -> impl FnMut() -> Result<Store, StoreError> + Clone + Send + 'static {
+        let dir = dir.to_path_buf();
+        let storage = StorageConfig {
+            max_bytes: 1 << 30,
+            min_free: 0,
+        };
+        move || {
+            Store::open(
+                &dir,
+                storage,
+                std::slice::from_ref(&cfg),
+                OpenOptions::default(),
+            )
+        }
+    }
+
     /// A backlog that waits (an outage) must not wake the writer: the compaction timer applies
     /// only to a drained store. (It once fell to 0 once the store had been idle for its 10 s while
     /// jobs waited, and the thread woke every millisecond for the rest of the outage.)
     #[test]
     fn a_waiting_backlog_does_not_wake_the_writer() {
         let dir = tempfile::tempdir().unwrap();
-        let storage = StorageConfig {
-            max_bytes: 1 << 30,
-            min_free: 0,
-        };
-        let open = {
-            let dir = dir.path().to_path_buf();
-            move || Store::open(&dir, storage, &[stream()], OpenOptions::default())
-        };
+        let mut open = opener(dir.path(), stream());
         let mut store = open().unwrap();
         let mut tx = store.transaction().unwrap();
         tx.append_list("s", &[b"queued"], None, now_ms()).unwrap();
@@ -817,25 +830,11 @@ mod checkpoint_tests {
     #[tokio::test]
     async fn a_waiting_append_is_answered_at_once_when_the_stop_begins() {
         let dir = tempfile::tempdir().unwrap();
-        let storage = StorageConfig {
-            max_bytes: 1 << 30,
-            min_free: 0,
-        };
         let cfg = StreamConfig {
             max_jobs: 1,
             ..stream()
         };
-        let open = {
-            let dir = dir.path().to_path_buf();
-            move || {
-                Store::open(
-                    &dir,
-                    storage,
-                    std::slice::from_ref(&cfg),
-                    OpenOptions::default(),
-                )
-            }
-        };
+        let mut open = opener(dir.path(), cfg);
         let handle = spawn(
             open().unwrap(),
             Box::new(open.clone()),
@@ -900,16 +899,9 @@ mod checkpoint_tests {
     #[tokio::test]
     async fn a_job_past_a_short_ttl_expires_within_seconds() {
         let dir = tempfile::tempdir().unwrap();
-        let storage = StorageConfig {
-            max_bytes: 1 << 30,
-            min_free: 0,
-        };
         let mut short = stream();
         short.ttl = Some(Duration::from_secs(2));
-        let open = {
-            let dir = dir.path().to_path_buf();
-            move || Store::open(&dir, storage, &[short.clone()], OpenOptions::default())
-        };
+        let mut open = opener(dir.path(), short);
         let handle = spawn(
             open().unwrap(),
             Box::new(open.clone()),
@@ -937,14 +929,7 @@ mod checkpoint_tests {
     #[tokio::test]
     async fn checkpoint_is_read_back_through_the_handle() {
         let dir = tempfile::tempdir().unwrap();
-        let storage = StorageConfig {
-            max_bytes: 1 << 30,
-            min_free: 0,
-        };
-        let open = {
-            let dir = dir.path().to_path_buf();
-            move || Store::open(&dir, storage, &[stream()], OpenOptions::default())
-        };
+        let mut open = opener(dir.path(), stream());
         let handle = spawn(
             open().unwrap(),
             Box::new(open.clone()),
