@@ -282,31 +282,25 @@ pub async fn run(
             fed.notify_one();
         }
         let mut acks = Vec::new();
+        let mut pause_for = None;
         let mut jobs = jobs.into_iter();
         while let Some(job) = jobs.next() {
             if stopping.is_cancelled() || !rt.link.is_up() {
                 store.release(job.lease);
                 continue;
             }
-            let next = deliver_job(&stream, &rt, &store, job, &stopping, &mut acks).await;
-            let pause_for = match next {
+            match deliver_job(&stream, &rt, &store, job, &stopping, &mut acks).await {
+                Next::Go | Next::Retry { .. } if !strict => continue,
                 Next::Go => continue,
-                Next::Retry { due_ms } if strict => {
-                    hold = Some(due_ms);
-                    None
-                }
-                Next::Retry { .. } => continue,
-                Next::Pause(p) => Some(p),
-            };
+                Next::Retry { due_ms } => hold = Some(due_ms),
+                Next::Pause(p) => pause_for = Some(p),
+            }
             // The rest keep their place at the head of the queue.
             for j in jobs.by_ref() {
                 store.release(j.lease);
             }
-            if let Some(p) = pause_for {
-                pause(p, &stopping).await;
-            }
         }
-        // Everything delivered from this take, deleted in one commit.
+        // Everything delivered from this take, deleted in one commit (before any pause).
         if !acks.is_empty()
             && let Err(e) = store.ack_many(acks.clone()).await
         {
@@ -315,6 +309,9 @@ pub async fn run(
             for lease in acks {
                 store.release(lease);
             }
+        }
+        if let Some(p) = pause_for {
+            pause(p, &stopping).await;
         }
     }
     tracing::debug!(stream, "delivery worker stopped");
