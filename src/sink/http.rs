@@ -630,6 +630,40 @@ mod tests {
         );
     }
 
+    fn sink(encoding: Encoding, compression: Compression) -> HttpSink {
+        HttpSink::new(&HttpConfig {
+            url: Url::parse("http://127.0.0.1:9/in").unwrap(),
+            method: HttpMethod::Post,
+            encoding,
+            precision: None,
+            compression,
+            headers: Vec::new(),
+            timeout: Duration::from_secs(1),
+            concurrency: 1,
+            tls: TlsConfig::default(),
+            replay_rate: None,
+        })
+        .unwrap()
+    }
+
+    /// A job stored as a zstd frame of lines is the body of a zstd NDJSON or line-protocol sink as
+    /// it is: not decompressed, not compressed again.
+    #[tokio::test]
+    async fn a_stored_zstd_frame_is_the_body_as_it_is() {
+        let frame = b"(\xb5/\xfd not even decoded".as_slice();
+        let recs: [&[u8]; 0] = [];
+        let mut batch = super::super::deliver::tests::batch(1, &recs);
+        batch.payload = Payload::ZstdLines(frame);
+        for encoding in [Encoding::Ndjson, Encoding::InfluxLine] {
+            let s = sink(encoding, Compression::Zstd);
+            assert!(s.sends_zstd_lines());
+            assert_eq!(s.body(&batch).await.unwrap(), frame);
+        }
+        assert!(!sink(Encoding::JsonArray, Compression::Zstd).sends_zstd_lines());
+        assert!(!sink(Encoding::Ndjson, Compression::Gzip).sends_zstd_lines());
+        assert!(!sink(Encoding::Ndjson, Compression::None).sends_zstd_lines());
+    }
+
     #[test]
     fn compressed_bodies_decompress_to_the_encoding() {
         use std::io::Read as _;
