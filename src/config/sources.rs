@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::units::u32_schema;
 use super::units::{Dur, Size, de_opt_u32};
 use crate::tail::lines::MultilineConfig;
-use crate::tail::record::{Filter, Level};
+use crate::tail::record::{Fields, Filter, Level};
 use crate::tail::{Exclude, StartAt, TailConfig, WatchMode};
 
 /// Longest `max_line_bytes` (and `multiline.max_bytes`) accepted.
@@ -326,7 +326,11 @@ pub(super) fn compile(
         filter,
         max_line_bytes: max_line_bytes as usize,
         multiline,
-        host: spec.host,
+        fields: if spec.host {
+            Fields::ALL
+        } else {
+            Fields::ALL.without(Fields::HOST)
+        },
         labels: spec.labels.into_iter().collect(),
         watch: match spec.watch {
             WatchSpec::Auto => WatchMode::Auto,
@@ -341,6 +345,7 @@ pub(super) fn compile(
 #[cfg(test)]
 mod tests {
     use crate::config::{ConfigError, load_str};
+    use crate::tail::record::Fields;
     use std::path::Path;
 
     fn load(sources: &str) -> Result<crate::config::Config, Vec<String>> {
@@ -390,7 +395,7 @@ mod tests {
         let m = s.multiline.as_ref().unwrap();
         assert_eq!((m.max_lines, m.max_bytes), (50, 64 << 10));
         assert_eq!(m.timeout, std::time::Duration::from_secs(2));
-        assert!(!s.host);
+        assert_eq!(s.fields, Fields::ALL.without(Fields::HOST));
         assert_eq!(s.labels.len(), 2);
         assert_eq!(s.watch, crate::tail::WatchMode::Poll);
         assert_eq!(s.rotate_wait, std::time::Duration::from_secs(1));
@@ -411,7 +416,8 @@ mod tests {
         let s = &c.sources[0];
         assert_eq!(s.start_at, crate::tail::StartAt::Beginning);
         assert_eq!(s.max_line_bytes, 64 << 10);
-        assert!(s.multiline.is_none() && s.filter.is_empty() && s.host);
+        assert!(s.multiline.is_none() && s.filter.is_empty());
+        assert_eq!(s.fields, Fields::ALL);
         assert_eq!(s.watch, crate::tail::WatchMode::Auto);
         assert_eq!(s.scan_interval, std::time::Duration::from_secs(10));
         assert_eq!(s.rotate_wait, std::time::Duration::from_secs(5));

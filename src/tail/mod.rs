@@ -21,6 +21,7 @@ pub mod batch;
 pub mod checkpoint;
 pub mod emit;
 pub mod identity;
+pub mod json;
 pub mod lines;
 pub mod record;
 pub mod tailer;
@@ -60,7 +61,8 @@ pub struct TailConfig {
     pub filter: record::Filter,
     pub max_line_bytes: usize,
     pub multiline: Option<lines::MultilineConfig>,
-    pub host: bool,
+    /// What records carry beyond `line` (`host` only when the host name is known).
+    pub fields: record::Fields,
     pub labels: Vec<(String, String)>,
     pub watch: WatchMode,
     pub poll_interval: Duration,
@@ -227,7 +229,11 @@ pub async fn run(
         }
         attempt = attempt.saturating_add(1);
     };
-    let host = if config.host { hostname() } else { None };
+    let host = if config.fields.contains(record::Fields::HOST) {
+        hostname()
+    } else {
+        None
+    };
     let settings = Settings::new(Arc::clone(&config), host.as_deref(), stream.max_bytes);
     let (inotify, watcher) = match config.watch {
         WatchMode::Poll => (None, None),
@@ -462,7 +468,7 @@ impl Driver {
         }
         if !more
             && !b.records.is_empty()
-            && (b.records.len() >= self.job_records || b.bytes >= self.job_bytes)
+            && (b.records.len() >= self.job_records || b.bytes() >= self.job_bytes)
         {
             return true;
         }

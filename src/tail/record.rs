@@ -13,12 +13,18 @@
 //!   under), `offset`: the byte offset of the line's first byte in that file.
 //! - `lines`: only for a multiline group of more than one line: how many.
 //! - `truncated: true`: only when the line (or group) was cut at `max_line_bytes` (`multiline.max_bytes`).
-//! - `host` (unless `host: false`) and `labels` (when configured) come last.
-
-use std::fmt::Write as _;
+//! - `host` and `labels` (when configured) come last.
+//!
+//! Which of `path`, `offset`, `lines`, `truncated` and `host` a record carries is the source's
+//! [`Fields`] (all of them, but `host` with `host: false`); `line` is always there.
+//!
+//! Records are written in place into the batch's buffer ([`Shape::wrap`]): no allocation per
+//! record; the line's text is escaped eight bytes at a time ([`super::json::escape_into`]).
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+pub use super::json::escape_into;
 
 /// Bytes of a file's start that identify it (with its device and inode).
 pub const FP_BYTES: usize = 256;
@@ -34,39 +40,6 @@ pub fn hash(bytes: &[u8]) -> u64 {
     h
 }
 
-/// Appends `s` as the inside of a JSON string (no quotes).
-pub fn escape_into(out: &mut Vec<u8>, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let bytes = s.as_bytes();
-    let mut run = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let esc: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0..=0x1f => b"",
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[run..i]);
-        if esc.is_empty() {
-            out.extend_from_slice(&[
-                b'\\',
-                b'u',
-                b'0',
-                b'0',
-                HEX[(b >> 4) as usize],
-                HEX[(b & 15) as usize],
-            ]);
-        } else {
-            out.extend_from_slice(esc);
-        }
-        run = i + 1;
-    }
-    out.extend_from_slice(&bytes[run..]);
-}
-
 /// `s` as a JSON string, quotes included.
 pub fn json_string(s: &str) -> String {
     let mut v = Vec::with_capacity(s.len() + 2);
@@ -76,58 +49,159 @@ pub fn json_string(s: &str) -> String {
     String::from_utf8(v).expect("escaping keeps UTF-8")
 }
 
-/// The text of a line as UTF-8 (lossy only when it is not).
+/// The text of a line as UTF-8: borrowed when it is (checked the fast way), with U+FFFD for each
+/// invalid sequence when it is not.
 pub fn text(line: &[u8]) -> std::borrow::Cow<'_, str> {
-    String::from_utf8_lossy(line)
+    match std::str::from_utf8(line) {
+        Ok(s) => std::borrow::Cow::Borrowed(s),
+        Err(_) => String::from_utf8_lossy(line),
+    }
 }
 
-/// What every record of a source ends with: `,"host":...,"labels":{...}` (may be empty).
-pub fn extra_fields(host: Option<&str>, labels: &[(String, String)]) -> String {
-    let mut out = String::new();
-    if let Some(h) = host {
-        let _ = write!(out, ",\"host\":{}", json_string(h));
+/// The fields a record carries beyond `line` (and `labels`, which come with the labels set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fields(u8);
+
+impl Fields {
+    pub const NONE: Fields = Fields(0);
+    pub const PATH: Fields = Fields(1);
+    pub const OFFSET: Fields = Fields(2);
+    pub const LINES: Fields = Fields(4);
+    pub const TRUNCATED: Fields = Fields(8);
+    pub const HOST: Fields = Fields(16);
+    /// Every field, as records carried them before `fields` could be set.
+    pub const ALL: Fields = Fields(31);
+
+    pub fn contains(self, f: Fields) -> bool {
+        self.0 & f.0 == f.0
     }
-    if !labels.is_empty() {
-        out.push_str(",\"labels\":{");
-        for (i, (k, v)) in labels.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
+
+    #[must_use]
+    pub fn with(self, f: Fields) -> Fields {
+        Fields(self.0 | f.0)
+    }
+
+    #[must_use]
+    pub fn without(self, f: Fields) -> Fields {
+        Fields(self.0 & !f.0)
+    }
+
+    /// The names, in the order records carry them.
+    pub fn names(self) -> Vec<&'static str> {
+        [
+            (Fields::PATH, "path"),
+            (Fields::OFFSET, "offset"),
+            (Fields::LINES, "lines"),
+            (Fields::TRUNCATED, "truncated"),
+            (Fields::HOST, "host"),
+        ]
+        .into_iter()
+        .filter(|&(f, _)| self.contains(f))
+        .map(|(_, n)| n)
+        .collect()
+    }
+}
+
+/// How the records of one source are made: the fields it carries, its host and labels (encoded
+/// once).
+#[derive(Debug, Clone)]
+pub struct Shape {
+    fields: Fields,
+    /// `"host":"gw-7"` (no comma), when records carry the host.
+    host: Option<String>,
+    /// `"labels":{...}`, when labels are set.
+    labels: Option<String>,
+}
+
+impl Shape {
+    /// `host` is the machine's name when records carry it (`fields` has `host` and the name is
+    /// known).
+    pub fn new(fields: Fields, host: Option<&str>, labels: &[(String, String)]) -> Shape {
+        let host = host
+            .filter(|_| fields.contains(Fields::HOST))
+            .map(|h| format!("\"host\":{}", json_string(h)));
+        let labels = (!labels.is_empty()).then(|| {
+            let mut out = String::from("\"labels\":{");
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&json_string(k));
+                out.push(':');
+                out.push_str(&json_string(v));
             }
-            let _ = write!(out, "{}:{}", json_string(k), json_string(v));
+            out.push('}');
+            out
+        });
+        Shape {
+            fields: fields.without(Fields::HOST),
+            host,
+            labels,
         }
-        out.push('}');
     }
-    out
+
+    /// Bytes a record may take besides its line's text (escaped) and path: what a record cut to
+    /// fit a small stream leaves room for.
+    pub fn overhead(&self) -> usize {
+        self.host.as_ref().map_or(0, String::len) + self.labels.as_ref().map_or(0, String::len) + 80
+    }
+
+    /// A record wrapping `text` (see the module docs), appended to `out`.
+    pub fn wrap(
+        &self,
+        out: &mut Vec<u8>,
+        text: &str,
+        path_json: &str,
+        offset: u64,
+        lines: u32,
+        truncated: bool,
+    ) {
+        out.extend_from_slice(b"{\"line\":\"");
+        escape_into(out, text);
+        out.push(b'"');
+        self.fields_into(out, path_json, offset, lines, truncated);
+        out.push(b'}');
+    }
+
+    /// `,"path":...` and the rest this shape adds after `line`.
+    fn fields_into(
+        &self,
+        out: &mut Vec<u8>,
+        path_json: &str,
+        offset: u64,
+        lines: u32,
+        truncated: bool,
+    ) {
+        let f = self.fields;
+        let field = |out: &mut Vec<u8>, name: &[u8]| {
+            out.push(b',');
+            out.extend_from_slice(name);
+        };
+        if f.contains(Fields::PATH) {
+            field(out, b"\"path\":");
+            out.extend_from_slice(path_json.as_bytes());
+        }
+        if f.contains(Fields::OFFSET) {
+            field(out, b"\"offset\":");
+            push_u64(out, offset);
+        }
+        if lines > 1 && f.contains(Fields::LINES) {
+            field(out, b"\"lines\":");
+            push_u64(out, u64::from(lines));
+        }
+        if truncated && f.contains(Fields::TRUNCATED) {
+            field(out, b"\"truncated\":true");
+        }
+        if let Some(h) = &self.host {
+            field(out, h.as_bytes());
+        }
+        if let Some(l) = &self.labels {
+            field(out, l.as_bytes());
+        }
+    }
 }
 
-/// One record's bytes (see the module docs for the shape).
-pub fn encode(
-    line: &str,
-    path_json: &str,
-    offset: u64,
-    lines: u32,
-    truncated: bool,
-    extra: &str,
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(line.len() + path_json.len() + extra.len() + 64);
-    out.extend_from_slice(b"{\"line\":\"");
-    escape_into(&mut out, line);
-    out.extend_from_slice(b"\",\"path\":");
-    out.extend_from_slice(path_json.as_bytes());
-    out.extend_from_slice(b",\"offset\":");
-    push_u64(&mut out, offset);
-    if lines > 1 {
-        out.extend_from_slice(b",\"lines\":");
-        push_u64(&mut out, u64::from(lines));
-    }
-    if truncated {
-        out.extend_from_slice(b",\"truncated\":true");
-    }
-    out.extend_from_slice(extra.as_bytes());
-    out.push(b'}');
-    out
-}
-
+/// `n` in decimal, without allocating.
 fn push_u64(out: &mut Vec<u8>, mut n: u64) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
@@ -370,19 +444,26 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(rec)))
     }
 
+    fn wrap(shape: &Shape, text: &str, path: &str, offset: u64, lines: u32, cut: bool) -> Vec<u8> {
+        let mut out = b"earlier record\n".to_vec();
+        shape.wrap(&mut out, text, &json_string(path), offset, lines, cut);
+        out.split_off(15)
+    }
+
+    fn labels() -> Vec<(String, String)> {
+        vec![("app".into(), "api".into()), ("env".into(), "prod".into())]
+    }
+
     #[test]
     fn records_are_json_with_line_path_offset_and_extras() {
-        let extra = extra_fields(
-            Some("gw\"7"),
-            &[("app".into(), "api".into()), ("env".into(), "prod".into())],
-        );
-        let r = encode(
+        let shape = Shape::new(Fields::ALL, Some("gw\"7"), &labels());
+        let r = wrap(
+            &shape,
             "say \"hi\"\\\t\u{1}é",
-            &json_string("/var/log/a.log"),
+            "/var/log/a.log",
             1042,
             1,
             false,
-            &extra,
         );
         let v = parse(&r);
         assert_eq!(v["line"], "say \"hi\"\\\t\u{1}é");
@@ -392,11 +473,8 @@ mod tests {
         assert_eq!(v["labels"]["app"], "api");
         assert_eq!(v["labels"]["env"], "prod");
         assert!(v.get("truncated").is_none() && v.get("lines").is_none());
-        let r = encode("a\nb", "\"p\"", 0, 2, true, "");
-        let v = parse(&r);
-        assert_eq!(v["lines"], 2);
-        assert_eq!(v["truncated"], true);
-        assert_eq!(v["offset"], 0);
+        let bare = Shape::new(Fields::ALL, None, &[]);
+        let r = wrap(&bare, "a\nb", "p", 0, 2, true);
         assert_eq!(
             String::from_utf8(r).unwrap(),
             r#"{"line":"a\nb","path":"p","offset":0,"lines":2,"truncated":true}"#
@@ -404,11 +482,49 @@ mod tests {
     }
 
     #[test]
+    fn fields_name_what_a_record_carries_beyond_its_line() {
+        let only = |fields: Fields, labels: &[(String, String)]| {
+            let shape = Shape::new(fields, Some("gw"), labels);
+            String::from_utf8(wrap(&shape, "x", "p", 7, 3, true)).unwrap()
+        };
+        assert_eq!(only(Fields::NONE, &[]), r#"{"line":"x"}"#);
+        assert_eq!(
+            only(Fields::NONE, &labels()),
+            r#"{"line":"x","labels":{"app":"api","env":"prod"}}"#
+        );
+        assert_eq!(
+            only(Fields::OFFSET.with(Fields::HOST), &[]),
+            r#"{"line":"x","offset":7,"host":"gw"}"#
+        );
+        assert_eq!(
+            only(Fields::ALL, &[]),
+            r#"{"line":"x","path":"p","offset":7,"lines":3,"truncated":true,"host":"gw"}"#
+        );
+        assert_eq!(
+            only(
+                Fields::ALL.without(Fields::LINES).without(Fields::PATH),
+                &[]
+            ),
+            r#"{"line":"x","offset":7,"truncated":true,"host":"gw"}"#
+        );
+        assert_eq!(
+            Fields::ALL.names(),
+            ["path", "offset", "lines", "truncated", "host"]
+        );
+        assert!(Fields::NONE.names().is_empty());
+    }
+
+    #[test]
     fn invalid_utf8_is_replaced_and_every_control_byte_escaped() {
         let t = text(b"ok \xff\xfe end");
         assert_eq!(t, "ok \u{fffd}\u{fffd} end");
+        assert!(matches!(
+            text("é".as_bytes()),
+            std::borrow::Cow::Borrowed("é")
+        ));
         let all: String = (0u8..0x80).map(char::from).collect();
-        let v = parse(&encode(&all, "\"p\"", 7, 1, false, ""));
+        let shape = Shape::new(Fields::ALL, None, &[]);
+        let v = parse(&wrap(&shape, &all, "p", 7, 1, false));
         assert_eq!(v["line"], all.as_str());
     }
 

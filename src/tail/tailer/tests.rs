@@ -26,7 +26,7 @@ fn config(dir: &Path, patterns: &[&str]) -> TailConfig {
         filter: Filter::default(),
         max_line_bytes: 1024,
         multiline: None,
-        host: false,
+        fields: crate::tail::record::Fields::ALL,
         labels: Vec::new(),
         watch: WatchMode::Poll,
         poll_interval: Duration::from_millis(10),
