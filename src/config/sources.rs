@@ -25,7 +25,8 @@ const MAX_LINE_LIMIT: u64 = 16 << 20;
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceSpec {
     /// Follows log files: each line (or multiline group) becomes one JSON record
-    /// `{"line":..., "path":..., "offset":..., "host":..., "labels":{...}}`. Rotation by rename or by
+    /// `{"line":..., "path":..., "offset":..., "host":..., "labels":{...}}` (the fields as `fields`
+    /// names them). Rotation by rename or by
     /// copy-truncate is followed; what was read is checkpointed with the records, so a crash neither
     /// loses nor repeats a line.
     Tail(Box<TailSpec>),
@@ -69,9 +70,22 @@ pub struct TailSpec {
     /// Joins lines into one record, e.g. a stack trace with the line that announced it.
     #[serde(default)]
     pub multiline: Option<MultilineSpec>,
-    /// Add the machine's host name as `host`. Default true.
-    #[serde(default = "super::yes")]
-    pub host: bool,
+    /// What a record carries besides `line` (always there): any of `path` (the file's path, as
+    /// first seen), `offset` (the line's byte offset in it), `lines` (how many lines a multiline
+    /// record joins, when more than one), `truncated` (`true` when the line was cut) and `host`
+    /// (the machine's name), in that order. Default: all of them. `fields: []` sends
+    /// `{"line":"..."}` alone (with `labels` when set), the least on the wire.
+    #[serde(default)]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(extend("default" = ["path", "offset", "lines", "truncated", "host"]))
+    )]
+    pub fields: Option<Vec<FieldSpec>>,
+    /// Add the machine's host name as `host`. Default true. `host: false` is the same as leaving
+    /// `host` out of `fields`; when both are set they must agree.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "bool", extend("default" = true)))]
+    pub host: Option<bool>,
     /// Fields added to every record under `labels`.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -99,6 +113,18 @@ pub enum StartAtSpec {
     #[default]
     Beginning,
     End,
+}
+
+/// A field a tail record may carry besides `line`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum FieldSpec {
+    Path,
+    Offset,
+    Lines,
+    Truncated,
+    Host,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -282,6 +308,7 @@ pub(super) fn compile(
             timeout,
         })
     });
+    let fields = compile_fields(spec.fields.as_deref(), spec.host, err);
     for key in spec.labels.keys() {
         if key.is_empty() {
             err.add("labels", "a label name must not be empty".into());
@@ -326,11 +353,7 @@ pub(super) fn compile(
         filter,
         max_line_bytes: max_line_bytes as usize,
         multiline,
-        fields: if spec.host {
-            Fields::ALL
-        } else {
-            Fields::ALL.without(Fields::HOST)
-        },
+        fields,
         labels: spec.labels.into_iter().collect(),
         watch: match spec.watch {
             WatchSpec::Auto => WatchMode::Auto,
@@ -340,6 +363,46 @@ pub(super) fn compile(
         scan_interval,
         rotate_wait,
     })
+}
+
+/// `fields` (default: all) and `host` (the older way to leave the host out) as one set.
+fn compile_fields(
+    list: Option<&[FieldSpec]>,
+    host: Option<bool>,
+    err: &mut Problems<'_>,
+) -> Fields {
+    let Some(list) = list else {
+        return match host {
+            Some(false) => Fields::ALL.without(Fields::HOST),
+            _ => Fields::ALL,
+        };
+    };
+    let mut fields = Fields::NONE;
+    for (i, f) in list.iter().enumerate() {
+        let (bit, name) = match f {
+            FieldSpec::Path => (Fields::PATH, "path"),
+            FieldSpec::Offset => (Fields::OFFSET, "offset"),
+            FieldSpec::Lines => (Fields::LINES, "lines"),
+            FieldSpec::Truncated => (Fields::TRUNCATED, "truncated"),
+            FieldSpec::Host => (Fields::HOST, "host"),
+        };
+        if fields.contains(bit) {
+            err.add(&format!("fields[{i}]"), format!("{name} is listed twice"));
+        }
+        fields = fields.with(bit);
+    }
+    if let Some(host) = host
+        && host != fields.contains(Fields::HOST)
+    {
+        err.add(
+            "host",
+            format!(
+                "host: {host} disagrees with fields, which {} host: list it in fields (or not) and leave host out",
+                if host { "does not list" } else { "lists" }
+            ),
+        );
+    }
+    fields
 }
 
 #[cfg(test)]
@@ -467,6 +530,64 @@ mod tests {
             "sources.bad name: a source name",
             "sources.bad name.paths: at least one glob pattern",
             "sources.other.surprise: unknown field `surprise`",
+        ];
+        for w in want {
+            assert!(
+                problems.iter().any(|p| p.starts_with(w)),
+                "no problem starting {w:?} in:\n{}",
+                problems.join("\n")
+            );
+        }
+        assert_eq!(problems.len(), want.len(), "{}", problems.join("\n"));
+    }
+
+    #[test]
+    fn fields_compile() {
+        let one = |settings: &str| {
+            let c = load(&format!(
+                "  app: {{ type: tail, stream: logs, paths: [a.log]{settings} }}\n"
+            ))
+            .unwrap_or_else(|p| panic!("{settings}: {p:?}"));
+            c.sources[0].fields
+        };
+        assert_eq!(one(""), Fields::ALL);
+        assert_eq!(one(", fields: []"), Fields::NONE);
+        assert_eq!(
+            one(", fields: [offset, host]"),
+            Fields::OFFSET.with(Fields::HOST)
+        );
+        assert_eq!(one(", host: false"), Fields::ALL.without(Fields::HOST));
+        assert_eq!(one(", fields: [path], host: false"), Fields::PATH);
+        assert_eq!(
+            one(", fields: [host, truncated, lines], host: true"),
+            Fields::HOST.with(Fields::TRUNCATED).with(Fields::LINES)
+        );
+        let c = load("  app: { type: tail, stream: logs, paths: [a.log], fields: [offset] }\n")
+            .unwrap();
+        let d = c.sources[0].describe();
+        assert!(d.contains("fields: line, offset"), "{d}");
+        let c = load("  app: { type: tail, stream: logs, paths: [a.log], fields: [] }\n").unwrap();
+        let d = c.sources[0].describe();
+        assert!(d.contains("fields: line only"), "{d}");
+    }
+
+    #[test]
+    fn fields_problems_name_their_field() {
+        let problems = load(
+            r#"  a: { type: tail, stream: logs, paths: [a.log], fields: [path, offset, path] }
+  b: { type: tail, stream: logs, paths: [a.log], fields: [path], host: true }
+  c: { type: tail, stream: logs, paths: [a.log], fields: [host], host: false }
+  d: { type: tail, stream: logs, paths: [a.log], fields: [line] }
+  f: { type: tail, stream: logs, paths: [a.log], fields: path }
+"#,
+        )
+        .unwrap_err();
+        let want = [
+            "sources.a.fields[2]: path is listed twice",
+            "sources.b.host: host: true disagrees with fields, which does not list host",
+            "sources.c.host: host: false disagrees with fields, which lists host",
+            "sources.d.fields[0]: unknown variant `line`",
+            "sources.f.fields:",
         ];
         for w in want {
             assert!(

@@ -119,6 +119,14 @@ impl TailConfig {
         if let Some(l) = f.min_level {
             notes.push(format!("min_level {}", l.name()));
         }
+        if self.fields != record::Fields::ALL {
+            let names = self.fields.names();
+            notes.push(if names.is_empty() {
+                "fields: line only".to_string()
+            } else {
+                format!("fields: line, {}", names.join(", "))
+            });
+        }
         if self.max_line_bytes as u64 != DEFAULT_MAX_LINE_BYTES {
             notes.push(format!(
                 "max_line_bytes {}",

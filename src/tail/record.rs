@@ -16,7 +16,7 @@
 //! - `host` and `labels` (when configured) come last.
 //!
 //! Which of `path`, `offset`, `lines`, `truncated` and `host` a record carries is the source's
-//! [`Fields`] (all of them, but `host` with `host: false`); `line` is always there.
+//! `fields` ([`Fields`]); `line` is always there.
 //!
 //! Records are written in place into the batch's buffer ([`Shape::wrap`]): no allocation per
 //! record; the line's text is escaped eight bytes at a time ([`super::json::escape_into`]).
