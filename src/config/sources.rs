@@ -14,7 +14,7 @@ use super::units::u32_schema;
 use super::units::{Dur, Size, de_opt_u32};
 use crate::tail::lines::MultilineConfig;
 use crate::tail::record::{Fields, Filter, Level};
-use crate::tail::{Exclude, StartAt, TailConfig, WatchMode};
+use crate::tail::{Exclude, Format, StartAt, TailConfig, WatchMode};
 
 /// Longest `max_line_bytes` (and `multiline.max_bytes`) accepted.
 const MAX_LINE_LIMIT: u64 = 16 << 20;
@@ -26,9 +26,9 @@ const MAX_LINE_LIMIT: u64 = 16 << 20;
 pub enum SourceSpec {
     /// Follows log files: each line (or multiline group) becomes one JSON record
     /// `{"line":..., "path":..., "offset":..., "host":..., "labels":{...}}` (the fields as `fields`
-    /// names them). Rotation by rename or by
-    /// copy-truncate is followed; what was read is checkpointed with the records, so a crash neither
-    /// loses nor repeats a line.
+    /// names them; with `format: json`, a line that is a JSON object is the record itself).
+    /// Rotation by rename or by copy-truncate is followed; what was read is checkpointed with the
+    /// records, so a crash neither loses nor repeats a line.
     Tail(Box<TailSpec>),
 }
 
@@ -89,6 +89,14 @@ pub struct TailSpec {
     /// Fields added to every record under `labels`.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// What the lines are. `text` (default): each line is the `line` of a record. `json`: a line
+    /// that is one JSON object is sent as the record itself, with the `fields` and `labels` it
+    /// does not have already added at its end (its own keys win; `fields: []` and no labels send
+    /// it exactly as written); any other line (not JSON, not an object, invalid UTF-8, cut at
+    /// `max_line_bytes`) is wrapped as with `text` and counted, so a receiver never gets a record
+    /// it cannot read. Lines of a multiline group are checked together, as one text.
+    #[serde(default)]
+    pub format: FormatSpec,
     /// `auto` (default): inotify, or polling where it is not available; `poll`: check the files
     /// every `poll_interval` (e.g. for network filesystems, where inotify sees no remote writes).
     #[serde(default)]
@@ -125,6 +133,15 @@ pub enum FieldSpec {
     Lines,
     Truncated,
     Host,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum FormatSpec {
+    #[default]
+    Text,
+    Json,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -355,6 +372,10 @@ pub(super) fn compile(
         multiline,
         fields,
         labels: spec.labels.into_iter().collect(),
+        format: match spec.format {
+            FormatSpec::Text => Format::Text,
+            FormatSpec::Json => Format::Json,
+        },
         watch: match spec.watch {
             WatchSpec::Auto => WatchMode::Auto,
             WatchSpec::Poll => WatchMode::Poll,
@@ -481,6 +502,7 @@ mod tests {
         assert_eq!(s.max_line_bytes, 64 << 10);
         assert!(s.multiline.is_none() && s.filter.is_empty());
         assert_eq!(s.fields, Fields::ALL);
+        assert_eq!(s.format, crate::tail::Format::Text);
         assert_eq!(s.watch, crate::tail::WatchMode::Auto);
         assert_eq!(s.scan_interval, std::time::Duration::from_secs(10));
         assert_eq!(s.rotate_wait, std::time::Duration::from_secs(5));
@@ -542,42 +564,56 @@ mod tests {
     }
 
     #[test]
-    fn fields_compile() {
+    fn fields_and_format_compile() {
         let one = |settings: &str| {
             let c = load(&format!(
                 "  app: {{ type: tail, stream: logs, paths: [a.log]{settings} }}\n"
             ))
             .unwrap_or_else(|p| panic!("{settings}: {p:?}"));
-            c.sources[0].fields
+            let s = &c.sources[0];
+            (s.fields, s.format)
         };
-        assert_eq!(one(""), Fields::ALL);
-        assert_eq!(one(", fields: []"), Fields::NONE);
+        let text = crate::tail::Format::Text;
+        assert_eq!(one(""), (Fields::ALL, text));
+        assert_eq!(one(", fields: []"), (Fields::NONE, text));
         assert_eq!(
-            one(", fields: [offset, host]"),
-            Fields::OFFSET.with(Fields::HOST)
+            one(", fields: [offset, host], format: json"),
+            (Fields::OFFSET.with(Fields::HOST), crate::tail::Format::Json)
         );
-        assert_eq!(one(", host: false"), Fields::ALL.without(Fields::HOST));
-        assert_eq!(one(", fields: [path], host: false"), Fields::PATH);
+        assert_eq!(
+            one(", host: false"),
+            (Fields::ALL.without(Fields::HOST), text)
+        );
+        assert_eq!(one(", fields: [path], host: false"), (Fields::PATH, text));
         assert_eq!(
             one(", fields: [host, truncated, lines], host: true"),
-            Fields::HOST.with(Fields::TRUNCATED).with(Fields::LINES)
+            (
+                Fields::HOST.with(Fields::TRUNCATED).with(Fields::LINES),
+                text
+            )
         );
-        let c = load("  app: { type: tail, stream: logs, paths: [a.log], fields: [offset] }\n")
-            .unwrap();
+        let c = load(
+            "  app: { type: tail, stream: logs, paths: [a.log], fields: [offset], format: json }\n",
+        )
+        .unwrap();
         let d = c.sources[0].describe();
-        assert!(d.contains("fields: line, offset"), "{d}");
+        assert!(
+            d.contains("format json") && d.contains("fields: line, offset"),
+            "{d}"
+        );
         let c = load("  app: { type: tail, stream: logs, paths: [a.log], fields: [] }\n").unwrap();
         let d = c.sources[0].describe();
         assert!(d.contains("fields: line only"), "{d}");
     }
 
     #[test]
-    fn fields_problems_name_their_field() {
+    fn fields_and_format_problems_name_their_field() {
         let problems = load(
             r#"  a: { type: tail, stream: logs, paths: [a.log], fields: [path, offset, path] }
   b: { type: tail, stream: logs, paths: [a.log], fields: [path], host: true }
   c: { type: tail, stream: logs, paths: [a.log], fields: [host], host: false }
   d: { type: tail, stream: logs, paths: [a.log], fields: [line] }
+  e: { type: tail, stream: logs, paths: [a.log], format: xml }
   f: { type: tail, stream: logs, paths: [a.log], fields: path }
 "#,
         )
@@ -587,6 +623,7 @@ mod tests {
             "sources.b.host: host: true disagrees with fields, which does not list host",
             "sources.c.host: host: false disagrees with fields, which lists host",
             "sources.d.fields[0]: unknown variant `line`",
+            "sources.e.format: unknown variant `xml`",
             "sources.f.fields:",
         ];
         for w in want {

@@ -1,6 +1,7 @@
 //! How the lines of a followed file become records in a [`Batch`]: multiline grouping, the
 //! source's filters, encoding (written in place into the batch, in the source's [`record::Shape`]:
-//! its fields, `host` and `labels`), a record cut to what the stream holds, and the line counters. [`Settings`] are what a source's records (and reads) are made
+//! its `fields`, `host`, `labels` and `format`), a record cut to what the stream holds, and the
+//! line counters. [`Settings`] are what a source's records (and reads) are made
 //! with.
 //!
 //! It does not read files or know where a line came from beyond its path and offset: the tailer
@@ -13,7 +14,7 @@ use std::time::Instant;
 use super::batch::Batch;
 use super::lines::{Assembler, Group, Line};
 use super::record;
-use super::{TailConfig, TailStats};
+use super::{Format, TailConfig, TailStats};
 
 /// Smallest read.
 const MIN_CHUNK: usize = 256 << 10;
@@ -22,7 +23,7 @@ const MIN_CHUNK: usize = 256 << 10;
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub cfg: Arc<TailConfig>,
-    /// How its records are made (fields, host, labels).
+    /// How its records are made (fields, host, labels, `format`).
     pub shape: record::Shape,
     /// Bytes read at once (past the 256 bytes of context before the position).
     pub chunk: usize,
@@ -32,7 +33,7 @@ pub struct Settings {
 
 impl Settings {
     pub fn new(cfg: Arc<TailConfig>, host: Option<&str>, stream_max_bytes: u64) -> Settings {
-        let shape = record::Shape::new(cfg.fields, host, &cfg.labels);
+        let shape = record::Shape::new(cfg.fields, host, &cfg.labels, cfg.format == Format::Json);
         let chunk = MIN_CHUNK.max(2 * cfg.max_line_bytes + 2);
         let record_limit = usize::try_from(stream_max_bytes.saturating_sub(256))
             .unwrap_or(usize::MAX)
@@ -139,10 +140,20 @@ impl Emit<'_> {
             return true;
         }
         let shape = &s.shape;
+        // Under `format: json`, a line that is a JSON object is the record (a cut one never is:
+        // it is not the object that was written).
+        let mut wrapped = shape.json;
         let mut cut = false;
         let taken = batch.push_with(force, self.now, |out| {
             let start = out.len();
-            shape.wrap(out, d.text, path_json, d.offset, d.lines, d.truncated);
+            if shape.json && !d.truncated {
+                wrapped = shape
+                    .object(out, d.text, path_json, d.offset, d.lines)
+                    .is_none();
+            }
+            if wrapped || !shape.json {
+                shape.wrap(out, d.text, path_json, d.offset, d.lines, d.truncated);
+            }
             if out.len() - start > s.record_limit {
                 // Only for streams whose max_bytes is smaller than a line: cut it to what surely
                 // fits (escaping can make a byte six).
@@ -161,6 +172,9 @@ impl Emit<'_> {
         }
         if cut {
             stats.truncated_lines.fetch_add(1, Relaxed);
+        }
+        if shape.json && (wrapped || cut) {
+            stats.wrapped_lines.fetch_add(u64::from(d.lines), Relaxed);
         }
         true
     }

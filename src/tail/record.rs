@@ -16,10 +16,13 @@
 //! - `host` and `labels` (when configured) come last.
 //!
 //! Which of `path`, `offset`, `lines`, `truncated` and `host` a record carries is the source's
-//! `fields` ([`Fields`]); `line` is always there.
+//! `fields` ([`Fields`]); `line` is always there. Under `format: json` ([`Shape::json`]) a line
+//! that is a JSON object is the record itself, with the fields it does not have already (its own
+//! keys win) added at its end; any other line is wrapped as above.
 //!
-//! Records are written in place into the batch's buffer ([`Shape::wrap`]): no allocation per
-//! record; the line's text is escaped eight bytes at a time ([`super::json::escape_into`]).
+//! Records are written in place into the batch's buffer ([`Shape::wrap`], [`Shape::object`]): no
+//! allocation per record; the line's text is escaped a run of plain bytes at a time
+//! ([`super::json::escape_into`]).
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -102,8 +105,42 @@ impl Fields {
     }
 }
 
+/// Names of a JSON object's members that colibri would add: a passed-through object that has one
+/// keeps its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Present {
+    fields: u8,
+    labels: bool,
+}
+
+impl Present {
+    fn note(&mut self, name: &[u8]) {
+        match name {
+            b"path" => self.fields |= Fields::PATH.0,
+            b"offset" => self.fields |= Fields::OFFSET.0,
+            b"lines" => self.fields |= Fields::LINES.0,
+            b"truncated" => self.fields |= Fields::TRUNCATED.0,
+            b"host" => self.fields |= Fields::HOST.0,
+            b"labels" => self.labels = true,
+            // A name written with escapes may still spell one of them (rare: decoded only then).
+            n if n.contains(&b'\\') && n.len() <= 64 => {
+                let mut quoted = Vec::with_capacity(n.len() + 2);
+                quoted.push(b'"');
+                quoted.extend_from_slice(n);
+                quoted.push(b'"');
+                if let Ok(decoded) = serde_json::from_slice::<String>(&quoted)
+                    && !decoded.contains('\\')
+                {
+                    self.note(decoded.as_bytes());
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// How the records of one source are made: the fields it carries, its host and labels (encoded
-/// once).
+/// once), and whether lines that are JSON objects are records as they are (`format: json`).
 #[derive(Debug, Clone)]
 pub struct Shape {
     fields: Fields,
@@ -111,12 +148,19 @@ pub struct Shape {
     host: Option<String>,
     /// `"labels":{...}`, when labels are set.
     labels: Option<String>,
+    /// `format: json`.
+    pub json: bool,
 }
 
 impl Shape {
     /// `host` is the machine's name when records carry it (`fields` has `host` and the name is
     /// known).
-    pub fn new(fields: Fields, host: Option<&str>, labels: &[(String, String)]) -> Shape {
+    pub fn new(
+        fields: Fields,
+        host: Option<&str>,
+        labels: &[(String, String)],
+        json: bool,
+    ) -> Shape {
         let host = host
             .filter(|_| fields.contains(Fields::HOST))
             .map(|h| format!("\"host\":{}", json_string(h)));
@@ -137,6 +181,7 @@ impl Shape {
             fields: fields.without(Fields::HOST),
             host,
             labels,
+            json,
         }
     }
 
@@ -159,22 +204,70 @@ impl Shape {
         out.extend_from_slice(b"{\"line\":\"");
         escape_into(out, text);
         out.push(b'"');
-        self.fields_into(out, path_json, offset, lines, truncated);
+        self.fields_into(
+            out,
+            Present::default(),
+            true,
+            path_json,
+            offset,
+            lines,
+            truncated,
+        );
         out.push(b'}');
     }
 
-    /// `,"path":...` and the rest this shape adds after `line`.
+    /// A record that is the JSON object `object` (the whole text, checked by
+    /// [`super::json::object`]), with the fields it lacks added at its end. `\n` joining the lines
+    /// of a multiline group become spaces (they can only be whitespace between tokens in valid
+    /// JSON): a record is one line. `None` (nothing written) when `text` is not one JSON object.
+    pub fn object(
+        &self,
+        out: &mut Vec<u8>,
+        text: &str,
+        path_json: &str,
+        offset: u64,
+        lines: u32,
+    ) -> Option<()> {
+        let mut present = Present::default();
+        let o = super::json::object(text, |name| present.note(name))?;
+        let object = &text.as_bytes()[o.start..o.end];
+        let start = out.len();
+        // Without its closing brace: the fields go before it.
+        out.extend_from_slice(&object[..object.len() - 1]);
+        if lines > 1 {
+            for b in &mut out[start..] {
+                if *b == b'\n' {
+                    *b = b' ';
+                }
+            }
+        }
+        self.fields_into(out, present, !o.empty, path_json, offset, lines, false);
+        out.push(b'}');
+        Some(())
+    }
+
+    /// `,"path":...` and the rest this shape adds, but those already `present`; `comma`: whether
+    /// the first one needs a comma before it.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one record's facts, written in place"
+    )]
     fn fields_into(
         &self,
         out: &mut Vec<u8>,
+        present: Present,
+        mut comma: bool,
         path_json: &str,
         offset: u64,
         lines: u32,
         truncated: bool,
     ) {
-        let f = self.fields;
-        let field = |out: &mut Vec<u8>, name: &[u8]| {
-            out.push(b',');
+        let f = self.fields.without(Fields(present.fields));
+        let mut field = |out: &mut Vec<u8>, name: &[u8]| {
+            if comma {
+                out.push(b',');
+            }
+            comma = true;
             out.extend_from_slice(name);
         };
         if f.contains(Fields::PATH) {
@@ -192,10 +285,14 @@ impl Shape {
         if truncated && f.contains(Fields::TRUNCATED) {
             field(out, b"\"truncated\":true");
         }
-        if let Some(h) = &self.host {
+        if let Some(h) = &self.host
+            && present.fields & Fields::HOST.0 == 0
+        {
             field(out, h.as_bytes());
         }
-        if let Some(l) = &self.labels {
+        if let Some(l) = &self.labels
+            && !present.labels
+        {
             field(out, l.as_bytes());
         }
     }
@@ -450,13 +547,20 @@ mod tests {
         out.split_off(15)
     }
 
+    fn object(shape: &Shape, text: &str, offset: u64, lines: u32) -> Option<String> {
+        let mut out = Vec::new();
+        shape.object(&mut out, text, "\"p\"", offset, lines)?;
+        serde_json::from_slice::<serde_json::Value>(&out).expect("valid JSON");
+        Some(String::from_utf8(out).unwrap())
+    }
+
     fn labels() -> Vec<(String, String)> {
         vec![("app".into(), "api".into()), ("env".into(), "prod".into())]
     }
 
     #[test]
     fn records_are_json_with_line_path_offset_and_extras() {
-        let shape = Shape::new(Fields::ALL, Some("gw\"7"), &labels());
+        let shape = Shape::new(Fields::ALL, Some("gw\"7"), &labels(), false);
         let r = wrap(
             &shape,
             "say \"hi\"\\\t\u{1}é",
@@ -473,7 +577,7 @@ mod tests {
         assert_eq!(v["labels"]["app"], "api");
         assert_eq!(v["labels"]["env"], "prod");
         assert!(v.get("truncated").is_none() && v.get("lines").is_none());
-        let bare = Shape::new(Fields::ALL, None, &[]);
+        let bare = Shape::new(Fields::ALL, None, &[], false);
         let r = wrap(&bare, "a\nb", "p", 0, 2, true);
         assert_eq!(
             String::from_utf8(r).unwrap(),
@@ -484,7 +588,7 @@ mod tests {
     #[test]
     fn fields_name_what_a_record_carries_beyond_its_line() {
         let only = |fields: Fields, labels: &[(String, String)]| {
-            let shape = Shape::new(fields, Some("gw"), labels);
+            let shape = Shape::new(fields, Some("gw"), labels, false);
             String::from_utf8(wrap(&shape, "x", "p", 7, 3, true)).unwrap()
         };
         assert_eq!(only(Fields::NONE, &[]), r#"{"line":"x"}"#);
@@ -515,6 +619,55 @@ mod tests {
     }
 
     #[test]
+    fn json_objects_are_records_with_the_fields_they_lack() {
+        let shape = Shape::new(Fields::ALL, Some("gw"), &labels(), true);
+        assert_eq!(
+            object(&shape, r#" {"msg":"hi","n":[1]}  "#, 5, 1).unwrap(),
+            r#"{"msg":"hi","n":[1],"path":"p","offset":5,"host":"gw","labels":{"app":"api","env":"prod"}}"#
+        );
+        assert_eq!(
+            object(&shape, "{}", 5, 1).unwrap(),
+            r#"{"path":"p","offset":5,"host":"gw","labels":{"app":"api","env":"prod"}}"#
+        );
+        // Its own keys win (also when written with escapes); nested ones do not count.
+        assert_eq!(
+            object(
+                &shape,
+                r#"{"host":"own","labels":1,"o\u0066fset":2,"x":{"path":3}}"#,
+                5,
+                1
+            )
+            .unwrap(),
+            r#"{"host":"own","labels":1,"o\u0066fset":2,"x":{"path":3},"path":"p"}"#
+        );
+        // A multiline group's joins become spaces; the group's line count is added.
+        assert_eq!(
+            object(&shape, "{\n  \"a\": 1\n}", 9, 3).unwrap(),
+            r#"{   "a": 1 ,"path":"p","offset":9,"lines":3,"host":"gw","labels":{"app":"api","env":"prod"}}"#
+        );
+        // As they are with no field and no label.
+        let bare = Shape::new(Fields::NONE, Some("gw"), &[], true);
+        let line = r#"{"ts":"2026-11-30T12:00:00.000Z","level":"info","msg":"x\"y"}"#;
+        assert_eq!(object(&bare, line, 0, 1).unwrap(), line);
+        for not in [
+            "",
+            "plain",
+            "[1]",
+            "{\"a\":}",
+            r#"{"a":"\ud800"}"#,
+            "{} {}",
+            "\"{}\"",
+        ] {
+            let mut out = b"keep".to_vec();
+            assert!(
+                shape.object(&mut out, not, "\"p\"", 0, 1).is_none(),
+                "{not:?}"
+            );
+            assert_eq!(out, b"keep", "nothing written for {not:?}");
+        }
+    }
+
+    #[test]
     fn invalid_utf8_is_replaced_and_every_control_byte_escaped() {
         let t = text(b"ok \xff\xfe end");
         assert_eq!(t, "ok \u{fffd}\u{fffd} end");
@@ -523,7 +676,7 @@ mod tests {
             std::borrow::Cow::Borrowed("é")
         ));
         let all: String = (0u8..0x80).map(char::from).collect();
-        let shape = Shape::new(Fields::ALL, None, &[]);
+        let shape = Shape::new(Fields::ALL, None, &[], false);
         let v = parse(&wrap(&shape, &all, "p", 7, 1, false));
         assert_eq!(v["line"], all.as_str());
     }

@@ -28,6 +28,7 @@ fn config(dir: &Path, patterns: &[&str]) -> TailConfig {
         multiline: None,
         fields: crate::tail::record::Fields::ALL,
         labels: Vec::new(),
+        format: crate::tail::Format::Text,
         watch: WatchMode::Poll,
         poll_interval: Duration::from_millis(10),
         scan_interval: Duration::from_secs(1),
