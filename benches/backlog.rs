@@ -8,6 +8,8 @@
 //!   BENCH_LINES=1000000,5000000 cargo bench --bench backlog   # also 5M: cost linear, memory flat
 //!   BENCH_OUTAGE_SECS=50 cargo bench --bench backlog          # the outage's length (default 50)
 //!   BENCH_CONFIG_EXTRA='compression: none' cargo bench ...    # added to the stream's settings
+//!   BENCH_SOURCE_EXTRA='fields: [], format: json' cargo bench ... # added to the tail source's
+//!   BENCH_ONLINE_ONLY=1 cargo bench --bench backlog           # the online run alone
 //!   COLIBRI_BIN=path/to/static/colibri cargo bench --bench backlog
 //!
 //! For each line count, two runs on a fresh data directory:
@@ -49,7 +51,11 @@ fn main() {
         })
         .collect();
     let outage = Duration::from_secs(common::env_u64("BENCH_OUTAGE_SECS", 50));
-    let extra = std::env::var("BENCH_CONFIG_EXTRA").unwrap_or_default();
+    let extra = Extra {
+        stream: std::env::var("BENCH_CONFIG_EXTRA").unwrap_or_default(),
+        source: std::env::var("BENCH_SOURCE_EXTRA").unwrap_or_default(),
+    };
+    let online_only = std::env::var_os("BENCH_ONLINE_ONLY").is_some();
     let base = PathBuf::from(
         std::env::var("BENCH_DIR").unwrap_or_else(|_| env!("CARGO_TARGET_TMPDIR").into()),
     )
@@ -61,15 +67,20 @@ fn main() {
         outage.as_secs()
     );
     println!("binary: {}", bin());
-    if !extra.is_empty() {
-        println!("stream settings added: {extra}");
+    if !extra.stream.is_empty() {
+        println!("stream settings added: {}", extra.stream);
+    }
+    if !extra.source.is_empty() {
+        println!("source settings added: {}", extra.source);
     }
     println!();
     for lines in counts {
         let file = base.join(format!("app-{lines}.log"));
         write_lines(&file, lines);
         online(&base.join("online"), &file, lines, &extra);
-        with_outage(&base.join("outage"), &file, lines, outage, &extra);
+        if !online_only {
+            with_outage(&base.join("outage"), &file, lines, outage, &extra);
+        }
         let _ = std::fs::remove_file(&file);
     }
 }
@@ -100,18 +111,28 @@ fn write_lines(file: &Path, lines: u64) {
     );
 }
 
+/// Settings added to the config's stream and source.
+struct Extra {
+    stream: String,
+    source: String,
+}
+
+/// `, settings` to add to a flow mapping, or nothing.
+fn more(settings: &str) -> String {
+    if settings.is_empty() {
+        String::new()
+    } else {
+        format!(", {settings}")
+    }
+}
+
 /// A fresh directory with the log file linked in and the config: defaults but for the bounds.
-fn setup(dir: &Path, file: &Path, url: &str, extra: &str) -> PathBuf {
+fn setup(dir: &Path, file: &Path, url: &str, extra: &Extra) -> PathBuf {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir.join("logs")).expect("create the run directory");
     std::fs::hard_link(file, dir.join("logs/app.log"))
         .or_else(|_| std::fs::copy(file, dir.join("logs/app.log")).map(|_| ()))
         .expect("put the log file in place");
-    let extra = if extra.is_empty() {
-        String::new()
-    } else {
-        format!(", {extra}")
-    };
     let path = dir.join("colibri.yaml");
     let text = format!(
         "data_dir: {data}\n\
@@ -121,11 +142,13 @@ fn setup(dir: &Path, file: &Path, url: &str, extra: &str) -> PathBuf {
          sinks:\n  \
            up: {{ type: http, url: \"{url}\" }}\n\
          streams:\n  \
-           {STREAM}: {{ sink: up, max_jobs: 10000000, max_bytes: 8GiB{extra} }}\n\
+           {STREAM}: {{ sink: up, max_jobs: 10000000, max_bytes: 8GiB{stream} }}\n\
          sources:\n  \
-           files: {{ type: tail, stream: {STREAM}, paths: [\"{logs}/*.log\"] }}\n",
+           files: {{ type: tail, stream: {STREAM}, paths: [\"{logs}/*.log\"]{source} }}\n",
         data = dir.join("data").display(),
         logs = dir.join("logs").display(),
+        stream = more(&extra.stream),
+        source = more(&extra.source),
     );
     std::fs::write(&path, text).expect("write config");
     path
@@ -219,7 +242,7 @@ fn mb(bytes: u64) -> String {
     format!("{:.1} MB", bytes as f64 / 1e6)
 }
 
-fn online(dir: &Path, file: &Path, lines: u64, extra: &str) {
+fn online(dir: &Path, file: &Path, lines: u64, extra: &Extra) {
     let receiver = Receiver::start_counting();
     let cfg = setup(dir, file, &receiver.url("/ingest"), extra);
     let t0 = Instant::now();
@@ -255,7 +278,7 @@ fn online(dir: &Path, file: &Path, lines: u64, extra: &str) {
     );
 }
 
-fn with_outage(dir: &Path, file: &Path, lines: u64, outage: Duration, extra: &str) {
+fn with_outage(dir: &Path, file: &Path, lines: u64, outage: Duration, extra: &Extra) {
     let receiver = Receiver::start_counting();
     let cfg = setup(dir, file, &receiver.url("/ingest"), extra);
     receiver.set_mode(Mode::Refuse);

@@ -13,8 +13,8 @@ use serde::Deserialize;
 use super::units::u32_schema;
 use super::units::{Dur, Size, de_opt_u32};
 use crate::tail::lines::MultilineConfig;
-use crate::tail::record::{Filter, Level};
-use crate::tail::{Exclude, StartAt, TailConfig, WatchMode};
+use crate::tail::record::{Fields, Filter, Level};
+use crate::tail::{Exclude, Format, StartAt, TailConfig, WatchMode};
 
 /// Longest `max_line_bytes` (and `multiline.max_bytes`) accepted.
 const MAX_LINE_LIMIT: u64 = 16 << 20;
@@ -25,9 +25,10 @@ const MAX_LINE_LIMIT: u64 = 16 << 20;
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceSpec {
     /// Follows log files: each line (or multiline group) becomes one JSON record
-    /// `{"line":..., "path":..., "offset":..., "host":..., "labels":{...}}`. Rotation by rename or by
-    /// copy-truncate is followed; what was read is checkpointed with the records, so a crash neither
-    /// loses nor repeats a line.
+    /// `{"line":..., "path":..., "offset":..., "host":..., "labels":{...}}` (the fields as `fields`
+    /// names them; with `format: json`, a line that is a JSON object is the record itself).
+    /// Rotation by rename or by copy-truncate is followed; what was read is checkpointed with the
+    /// records, so a crash neither loses nor repeats a line.
     Tail(Box<TailSpec>),
 }
 
@@ -69,12 +70,33 @@ pub struct TailSpec {
     /// Joins lines into one record, e.g. a stack trace with the line that announced it.
     #[serde(default)]
     pub multiline: Option<MultilineSpec>,
-    /// Add the machine's host name as `host`. Default true.
-    #[serde(default = "super::yes")]
-    pub host: bool,
+    /// What a record carries besides `line` (always there): any of `path` (the file's path, as
+    /// first seen), `offset` (the line's byte offset in it), `lines` (how many lines a multiline
+    /// record joins, when more than one), `truncated` (`true` when the line was cut) and `host`
+    /// (the machine's name), in that order. Default: all of them. `fields: []` sends
+    /// `{"line":"..."}` alone (with `labels` when set), the least on the wire.
+    #[serde(default)]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(extend("default" = ["path", "offset", "lines", "truncated", "host"]))
+    )]
+    pub fields: Option<Vec<FieldSpec>>,
+    /// Add the machine's host name as `host`. Default true. `host: false` is the same as leaving
+    /// `host` out of `fields`; when both are set they must agree.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "bool", extend("default" = true)))]
+    pub host: Option<bool>,
     /// Fields added to every record under `labels`.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// What the lines are. `text` (default): each line is the `line` of a record. `json`: a line
+    /// that is one JSON object is sent as the record itself, with the `fields` and `labels` it
+    /// does not have already added at its end (its own keys win; `fields: []` and no labels send
+    /// it exactly as written); any other line (not JSON, not an object, invalid UTF-8, cut at
+    /// `max_line_bytes`) is wrapped as with `text` and counted, so a receiver never gets a record
+    /// it cannot read. Lines of a multiline group are checked together, as one text.
+    #[serde(default)]
+    pub format: FormatSpec,
     /// `auto` (default): inotify, or polling where it is not available; `poll`: check the files
     /// every `poll_interval` (e.g. for network filesystems, where inotify sees no remote writes).
     #[serde(default)]
@@ -99,6 +121,27 @@ pub enum StartAtSpec {
     #[default]
     Beginning,
     End,
+}
+
+/// A field a tail record may carry besides `line`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum FieldSpec {
+    Path,
+    Offset,
+    Lines,
+    Truncated,
+    Host,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum FormatSpec {
+    #[default]
+    Text,
+    Json,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -282,6 +325,7 @@ pub(super) fn compile(
             timeout,
         })
     });
+    let fields = compile_fields(spec.fields.as_deref(), spec.host, err);
     for key in spec.labels.keys() {
         if key.is_empty() {
             err.add("labels", "a label name must not be empty".into());
@@ -326,8 +370,12 @@ pub(super) fn compile(
         filter,
         max_line_bytes: max_line_bytes as usize,
         multiline,
-        host: spec.host,
+        fields,
         labels: spec.labels.into_iter().collect(),
+        format: match spec.format {
+            FormatSpec::Text => Format::Text,
+            FormatSpec::Json => Format::Json,
+        },
         watch: match spec.watch {
             WatchSpec::Auto => WatchMode::Auto,
             WatchSpec::Poll => WatchMode::Poll,
@@ -338,9 +386,50 @@ pub(super) fn compile(
     })
 }
 
+/// `fields` (default: all) and `host` (the older way to leave the host out) as one set.
+fn compile_fields(
+    list: Option<&[FieldSpec]>,
+    host: Option<bool>,
+    err: &mut Problems<'_>,
+) -> Fields {
+    let Some(list) = list else {
+        return match host {
+            Some(false) => Fields::ALL.without(Fields::HOST),
+            _ => Fields::ALL,
+        };
+    };
+    let mut fields = Fields::NONE;
+    for (i, f) in list.iter().enumerate() {
+        let (bit, name) = match f {
+            FieldSpec::Path => (Fields::PATH, "path"),
+            FieldSpec::Offset => (Fields::OFFSET, "offset"),
+            FieldSpec::Lines => (Fields::LINES, "lines"),
+            FieldSpec::Truncated => (Fields::TRUNCATED, "truncated"),
+            FieldSpec::Host => (Fields::HOST, "host"),
+        };
+        if fields.contains(bit) {
+            err.add(&format!("fields[{i}]"), format!("{name} is listed twice"));
+        }
+        fields = fields.with(bit);
+    }
+    if let Some(host) = host
+        && host != fields.contains(Fields::HOST)
+    {
+        err.add(
+            "host",
+            format!(
+                "host: {host} disagrees with fields, which {} host: list it in fields (or not) and leave host out",
+                if host { "does not list" } else { "lists" }
+            ),
+        );
+    }
+    fields
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::{ConfigError, load_str};
+    use crate::tail::record::Fields;
     use std::path::Path;
 
     fn load(sources: &str) -> Result<crate::config::Config, Vec<String>> {
@@ -390,7 +479,7 @@ mod tests {
         let m = s.multiline.as_ref().unwrap();
         assert_eq!((m.max_lines, m.max_bytes), (50, 64 << 10));
         assert_eq!(m.timeout, std::time::Duration::from_secs(2));
-        assert!(!s.host);
+        assert_eq!(s.fields, Fields::ALL.without(Fields::HOST));
         assert_eq!(s.labels.len(), 2);
         assert_eq!(s.watch, crate::tail::WatchMode::Poll);
         assert_eq!(s.rotate_wait, std::time::Duration::from_secs(1));
@@ -411,7 +500,9 @@ mod tests {
         let s = &c.sources[0];
         assert_eq!(s.start_at, crate::tail::StartAt::Beginning);
         assert_eq!(s.max_line_bytes, 64 << 10);
-        assert!(s.multiline.is_none() && s.filter.is_empty() && s.host);
+        assert!(s.multiline.is_none() && s.filter.is_empty());
+        assert_eq!(s.fields, Fields::ALL);
+        assert_eq!(s.format, crate::tail::Format::Text);
         assert_eq!(s.watch, crate::tail::WatchMode::Auto);
         assert_eq!(s.scan_interval, std::time::Duration::from_secs(10));
         assert_eq!(s.rotate_wait, std::time::Duration::from_secs(5));
@@ -461,6 +552,79 @@ mod tests {
             "sources.bad name: a source name",
             "sources.bad name.paths: at least one glob pattern",
             "sources.other.surprise: unknown field `surprise`",
+        ];
+        for w in want {
+            assert!(
+                problems.iter().any(|p| p.starts_with(w)),
+                "no problem starting {w:?} in:\n{}",
+                problems.join("\n")
+            );
+        }
+        assert_eq!(problems.len(), want.len(), "{}", problems.join("\n"));
+    }
+
+    #[test]
+    fn fields_and_format_compile() {
+        let one = |settings: &str| {
+            let c = load(&format!(
+                "  app: {{ type: tail, stream: logs, paths: [a.log]{settings} }}\n"
+            ))
+            .unwrap_or_else(|p| panic!("{settings}: {p:?}"));
+            let s = &c.sources[0];
+            (s.fields, s.format)
+        };
+        let text = crate::tail::Format::Text;
+        assert_eq!(one(""), (Fields::ALL, text));
+        assert_eq!(one(", fields: []"), (Fields::NONE, text));
+        assert_eq!(
+            one(", fields: [offset, host], format: json"),
+            (Fields::OFFSET.with(Fields::HOST), crate::tail::Format::Json)
+        );
+        assert_eq!(
+            one(", host: false"),
+            (Fields::ALL.without(Fields::HOST), text)
+        );
+        assert_eq!(one(", fields: [path], host: false"), (Fields::PATH, text));
+        assert_eq!(
+            one(", fields: [host, truncated, lines], host: true"),
+            (
+                Fields::HOST.with(Fields::TRUNCATED).with(Fields::LINES),
+                text
+            )
+        );
+        let c = load(
+            "  app: { type: tail, stream: logs, paths: [a.log], fields: [offset], format: json }\n",
+        )
+        .unwrap();
+        let d = c.sources[0].describe();
+        assert!(
+            d.contains("format json") && d.contains("fields: line, offset"),
+            "{d}"
+        );
+        let c = load("  app: { type: tail, stream: logs, paths: [a.log], fields: [] }\n").unwrap();
+        let d = c.sources[0].describe();
+        assert!(d.contains("fields: line only"), "{d}");
+    }
+
+    #[test]
+    fn fields_and_format_problems_name_their_field() {
+        let problems = load(
+            r#"  a: { type: tail, stream: logs, paths: [a.log], fields: [path, offset, path] }
+  b: { type: tail, stream: logs, paths: [a.log], fields: [path], host: true }
+  c: { type: tail, stream: logs, paths: [a.log], fields: [host], host: false }
+  d: { type: tail, stream: logs, paths: [a.log], fields: [line] }
+  e: { type: tail, stream: logs, paths: [a.log], format: xml }
+  f: { type: tail, stream: logs, paths: [a.log], fields: path }
+"#,
+        )
+        .unwrap_err();
+        let want = [
+            "sources.a.fields[2]: path is listed twice",
+            "sources.b.host: host: true disagrees with fields, which does not list host",
+            "sources.c.host: host: false disagrees with fields, which lists host",
+            "sources.d.fields[0]: unknown variant `line`",
+            "sources.e.format: unknown variant `xml`",
+            "sources.f.fields:",
         ];
         for w in want {
             assert!(

@@ -1,6 +1,7 @@
 //! How the lines of a followed file become records in a [`Batch`]: multiline grouping, the
-//! source's filters, encoding (with the `host`/`labels` fields), a record cut to what the stream
-//! holds, and the line counters. [`Settings`] are what a source's records (and reads) are made
+//! source's filters, encoding (written in place into the batch, in the source's [`record::Shape`]:
+//! its `fields`, `host`, `labels` and `format`), a record cut to what the stream holds, and the
+//! line counters. [`Settings`] are what a source's records (and reads) are made
 //! with.
 //!
 //! It does not read files or know where a line came from beyond its path and offset: the tailer
@@ -13,7 +14,7 @@ use std::time::Instant;
 use super::batch::Batch;
 use super::lines::{Assembler, Group, Line};
 use super::record;
-use super::{TailConfig, TailStats};
+use super::{Format, TailConfig, TailStats};
 
 /// Smallest read.
 const MIN_CHUNK: usize = 256 << 10;
@@ -22,8 +23,8 @@ const MIN_CHUNK: usize = 256 << 10;
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub cfg: Arc<TailConfig>,
-    /// `,"host":...,"labels":{...}`.
-    pub extra: String,
+    /// How its records are made (fields, host, labels, `format`).
+    pub shape: record::Shape,
     /// Bytes read at once (past the 256 bytes of context before the position).
     pub chunk: usize,
     /// Largest record the stream can hold.
@@ -32,14 +33,14 @@ pub struct Settings {
 
 impl Settings {
     pub fn new(cfg: Arc<TailConfig>, host: Option<&str>, stream_max_bytes: u64) -> Settings {
-        let extra = record::extra_fields(host, &cfg.labels);
+        let shape = record::Shape::new(cfg.fields, host, &cfg.labels, cfg.format == Format::Json);
         let chunk = MIN_CHUNK.max(2 * cfg.max_line_bytes + 2);
         let record_limit = usize::try_from(stream_max_bytes.saturating_sub(256))
             .unwrap_or(usize::MAX)
             .max(64);
         Settings {
             cfg,
-            extra,
+            shape,
             chunk,
             record_limit,
         }
@@ -77,9 +78,10 @@ impl Emit<'_> {
         tail: impl FnOnce() -> u64,
     ) -> bool {
         let stats = self.stats;
+        let text = record::text(line.bytes);
         match &self.settings.cfg.multiline {
             Some(ml) => {
-                let starts = ml.start.is_match(&record::text(line.bytes));
+                let starts = ml.start.is_match(&text);
                 if group.completes(ml, line.bytes.len(), starts) {
                     let g = group
                         .pending
@@ -93,7 +95,6 @@ impl Emit<'_> {
                 group.push(ml, line, starts, self.now, tail);
             }
             None => {
-                let text = record::text(line.bytes);
                 let draft = Draft {
                     text: &text,
                     first: &text,
@@ -130,34 +131,51 @@ impl Emit<'_> {
         self.offer(batch, &draft, force)
     }
 
-    /// Filters a record and, when kept, adds it to the batch if it fits (or `force`). False when
-    /// it did not fit (nothing changed then).
+    /// Filters a record and, when kept, writes it into the batch if it fits (or `force`). False
+    /// when it did not fit (nothing changed then).
     fn offer(&self, batch: &mut Batch, d: &Draft<'_>, force: bool) -> bool {
         let (s, stats, path_json) = (self.settings, self.stats, self.path_json);
         if !s.cfg.filter.is_empty() && !s.cfg.filter.keeps(d.text, d.first) {
             stats.filtered_lines.fetch_add(u64::from(d.lines), Relaxed);
             return true;
         }
-        let mut rec = record::encode(d.text, path_json, d.offset, d.lines, d.truncated, &s.extra);
+        let shape = &s.shape;
+        // Under `format: json`, a line that is a JSON object is the record (a cut one never is:
+        // it is not the object that was written).
+        let mut wrapped = shape.json;
         let mut cut = false;
-        if rec.len() > s.record_limit {
-            // Only for streams whose max_bytes is smaller than a line: cut it to what surely fits
-            // (escaping can make a byte six).
-            let room = s
-                .record_limit
-                .saturating_sub(path_json.len() + s.extra.len() + 80)
-                / 6;
-            let text = record::text(record::cut_at_char(d.text.as_bytes(), room));
-            rec = record::encode(&text, path_json, d.offset, d.lines, true, &s.extra);
-            cut = !d.truncated;
-        }
-        if !force && !batch.fits(&[rec.len()]) {
+        let taken = batch.push_with(force, self.now, |out| {
+            let start = out.len();
+            if shape.json && !d.truncated {
+                wrapped = shape
+                    .object(out, d.text, path_json, d.offset, d.lines)
+                    .is_none();
+            }
+            if wrapped || !shape.json {
+                shape.wrap(out, d.text, path_json, d.offset, d.lines, d.truncated);
+            }
+            if out.len() - start > s.record_limit {
+                // Only for streams whose max_bytes is smaller than a line: cut it to what surely
+                // fits (escaping can make a byte six).
+                out.truncate(start);
+                let room = s
+                    .record_limit
+                    .saturating_sub(path_json.len() + shape.overhead())
+                    / 6;
+                let text = record::text(record::cut_at_char(d.text.as_bytes(), room));
+                shape.wrap(out, &text, path_json, d.offset, d.lines, true);
+                cut = !d.truncated;
+            }
+        });
+        if !taken {
             return false;
         }
         if cut {
             stats.truncated_lines.fetch_add(1, Relaxed);
         }
-        batch.push(&rec, self.now);
+        if shape.json && (wrapped || cut) {
+            stats.wrapped_lines.fetch_add(u64::from(d.lines), Relaxed);
+        }
         true
     }
 }

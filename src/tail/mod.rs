@@ -21,6 +21,7 @@ pub mod batch;
 pub mod checkpoint;
 pub mod emit;
 pub mod identity;
+pub mod json;
 pub mod lines;
 pub mod record;
 pub mod tailer;
@@ -60,8 +61,10 @@ pub struct TailConfig {
     pub filter: record::Filter,
     pub max_line_bytes: usize,
     pub multiline: Option<lines::MultilineConfig>,
-    pub host: bool,
+    /// What records carry beyond `line` (`host` only when the host name is known).
+    pub fields: record::Fields,
     pub labels: Vec<(String, String)>,
+    pub format: Format,
     pub watch: WatchMode,
     pub poll_interval: Duration,
     pub scan_interval: Duration,
@@ -81,6 +84,16 @@ pub struct Exclude {
 pub enum StartAt {
     Beginning,
     End,
+}
+
+/// What a source's lines are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Any text: each line is the `line` of a record.
+    Text,
+    /// JSON objects: a line that is one is the record itself (the fields added); any other line
+    /// is wrapped as text, and counted.
+    Json,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +129,17 @@ impl TailConfig {
         }
         if let Some(l) = f.min_level {
             notes.push(format!("min_level {}", l.name()));
+        }
+        if self.format == Format::Json {
+            notes.push("format json".to_string());
+        }
+        if self.fields != record::Fields::ALL {
+            let names = self.fields.names();
+            notes.push(if names.is_empty() {
+                "fields: line only".to_string()
+            } else {
+                format!("fields: line, {}", names.join(", "))
+            });
         }
         if self.max_line_bytes as u64 != DEFAULT_MAX_LINE_BYTES {
             notes.push(format!(
@@ -156,6 +180,9 @@ pub struct TailStats {
     pub truncated_lines: AtomicU64,
     /// Lines dropped by `include_lines`, `exclude_lines` or `min_level`.
     pub filtered_lines: AtomicU64,
+    /// Under `format: json`, lines stored wrapped as text (`{"line": ...}`) because they were not
+    /// a JSON object (or were cut).
+    pub wrapped_lines: AtomicU64,
     /// Followed files that were renamed away or deleted.
     pub rotations: AtomicU64,
     /// Followed files that got shorter (or were rewritten) and were read again from their start.
@@ -227,7 +254,11 @@ pub async fn run(
         }
         attempt = attempt.saturating_add(1);
     };
-    let host = if config.host { hostname() } else { None };
+    let host = if config.fields.contains(record::Fields::HOST) {
+        hostname()
+    } else {
+        None
+    };
     let settings = Settings::new(Arc::clone(&config), host.as_deref(), stream.max_bytes);
     let (inotify, watcher) = match config.watch {
         WatchMode::Poll => (None, None),
@@ -272,6 +303,7 @@ pub async fn run(
         records_dropped = s.records_dropped.load(Relaxed),
         truncated_lines = s.truncated_lines.load(Relaxed),
         filtered_lines = s.filtered_lines.load(Relaxed),
+        wrapped_lines = s.wrapped_lines.load(Relaxed),
         rotations = s.rotations.load(Relaxed),
         truncations = s.truncations.load(Relaxed),
         files_opened = s.files_opened.load(Relaxed),
@@ -462,7 +494,7 @@ impl Driver {
         }
         if !more
             && !b.records.is_empty()
-            && (b.records.len() >= self.job_records || b.bytes >= self.job_bytes)
+            && (b.records.len() >= self.job_records || b.bytes() >= self.job_bytes)
         {
             return true;
         }

@@ -13,12 +13,21 @@
 //!   under), `offset`: the byte offset of the line's first byte in that file.
 //! - `lines`: only for a multiline group of more than one line: how many.
 //! - `truncated: true`: only when the line (or group) was cut at `max_line_bytes` (`multiline.max_bytes`).
-//! - `host` (unless `host: false`) and `labels` (when configured) come last.
-
-use std::fmt::Write as _;
+//! - `host` and `labels` (when configured) come last.
+//!
+//! Which of `path`, `offset`, `lines`, `truncated` and `host` a record carries is the source's
+//! `fields` ([`Fields`]); `line` is always there. Under `format: json` ([`Shape::json`]) a line
+//! that is a JSON object is the record itself, with the fields it does not have already (its own
+//! keys win) added at its end; any other line is wrapped as above.
+//!
+//! Records are written in place into the batch's buffer ([`Shape::wrap`], [`Shape::object`]): no
+//! allocation per record; the line's text is escaped a run of plain bytes at a time
+//! ([`super::json::escape_into`]).
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+pub use super::json::escape_into;
 
 /// Bytes of a file's start that identify it (with its device and inode).
 pub const FP_BYTES: usize = 256;
@@ -34,39 +43,6 @@ pub fn hash(bytes: &[u8]) -> u64 {
     h
 }
 
-/// Appends `s` as the inside of a JSON string (no quotes).
-pub fn escape_into(out: &mut Vec<u8>, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let bytes = s.as_bytes();
-    let mut run = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let esc: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0..=0x1f => b"",
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[run..i]);
-        if esc.is_empty() {
-            out.extend_from_slice(&[
-                b'\\',
-                b'u',
-                b'0',
-                b'0',
-                HEX[(b >> 4) as usize],
-                HEX[(b & 15) as usize],
-            ]);
-        } else {
-            out.extend_from_slice(esc);
-        }
-        run = i + 1;
-    }
-    out.extend_from_slice(&bytes[run..]);
-}
-
 /// `s` as a JSON string, quotes included.
 pub fn json_string(s: &str) -> String {
     let mut v = Vec::with_capacity(s.len() + 2);
@@ -76,58 +52,253 @@ pub fn json_string(s: &str) -> String {
     String::from_utf8(v).expect("escaping keeps UTF-8")
 }
 
-/// The text of a line as UTF-8 (lossy only when it is not).
+/// The text of a line as UTF-8: borrowed when it is (checked the fast way), with U+FFFD for each
+/// invalid sequence when it is not.
 pub fn text(line: &[u8]) -> std::borrow::Cow<'_, str> {
-    String::from_utf8_lossy(line)
+    match std::str::from_utf8(line) {
+        Ok(s) => std::borrow::Cow::Borrowed(s),
+        Err(_) => String::from_utf8_lossy(line),
+    }
 }
 
-/// What every record of a source ends with: `,"host":...,"labels":{...}` (may be empty).
-pub fn extra_fields(host: Option<&str>, labels: &[(String, String)]) -> String {
-    let mut out = String::new();
-    if let Some(h) = host {
-        let _ = write!(out, ",\"host\":{}", json_string(h));
+/// The fields a record carries beyond `line` (and `labels`, which come with the labels set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fields(u8);
+
+impl Fields {
+    pub const NONE: Fields = Fields(0);
+    pub const PATH: Fields = Fields(1);
+    pub const OFFSET: Fields = Fields(2);
+    pub const LINES: Fields = Fields(4);
+    pub const TRUNCATED: Fields = Fields(8);
+    pub const HOST: Fields = Fields(16);
+    /// Every field, as records carried them before `fields` could be set.
+    pub const ALL: Fields = Fields(31);
+
+    pub fn contains(self, f: Fields) -> bool {
+        self.0 & f.0 == f.0
     }
-    if !labels.is_empty() {
-        out.push_str(",\"labels\":{");
-        for (i, (k, v)) in labels.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
+
+    #[must_use]
+    pub fn with(self, f: Fields) -> Fields {
+        Fields(self.0 | f.0)
+    }
+
+    #[must_use]
+    pub fn without(self, f: Fields) -> Fields {
+        Fields(self.0 & !f.0)
+    }
+
+    /// The names, in the order records carry them.
+    pub fn names(self) -> Vec<&'static str> {
+        [
+            (Fields::PATH, "path"),
+            (Fields::OFFSET, "offset"),
+            (Fields::LINES, "lines"),
+            (Fields::TRUNCATED, "truncated"),
+            (Fields::HOST, "host"),
+        ]
+        .into_iter()
+        .filter(|&(f, _)| self.contains(f))
+        .map(|(_, n)| n)
+        .collect()
+    }
+}
+
+/// Names of a JSON object's members that colibri would add: a passed-through object that has one
+/// keeps its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Present {
+    fields: u8,
+    labels: bool,
+}
+
+impl Present {
+    fn note(&mut self, name: &[u8]) {
+        match name {
+            b"path" => self.fields |= Fields::PATH.0,
+            b"offset" => self.fields |= Fields::OFFSET.0,
+            b"lines" => self.fields |= Fields::LINES.0,
+            b"truncated" => self.fields |= Fields::TRUNCATED.0,
+            b"host" => self.fields |= Fields::HOST.0,
+            b"labels" => self.labels = true,
+            // A name written with escapes may still spell one of them (rare: decoded only then).
+            n if n.contains(&b'\\') && n.len() <= 64 => {
+                let mut quoted = Vec::with_capacity(n.len() + 2);
+                quoted.push(b'"');
+                quoted.extend_from_slice(n);
+                quoted.push(b'"');
+                if let Ok(decoded) = serde_json::from_slice::<String>(&quoted)
+                    && !decoded.contains('\\')
+                {
+                    self.note(decoded.as_bytes());
+                }
             }
-            let _ = write!(out, "{}:{}", json_string(k), json_string(v));
+            _ => {}
         }
-        out.push('}');
     }
-    out
 }
 
-/// One record's bytes (see the module docs for the shape).
-pub fn encode(
-    line: &str,
-    path_json: &str,
-    offset: u64,
-    lines: u32,
-    truncated: bool,
-    extra: &str,
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(line.len() + path_json.len() + extra.len() + 64);
-    out.extend_from_slice(b"{\"line\":\"");
-    escape_into(&mut out, line);
-    out.extend_from_slice(b"\",\"path\":");
-    out.extend_from_slice(path_json.as_bytes());
-    out.extend_from_slice(b",\"offset\":");
-    push_u64(&mut out, offset);
-    if lines > 1 {
-        out.extend_from_slice(b",\"lines\":");
-        push_u64(&mut out, u64::from(lines));
-    }
-    if truncated {
-        out.extend_from_slice(b",\"truncated\":true");
-    }
-    out.extend_from_slice(extra.as_bytes());
-    out.push(b'}');
-    out
+/// How the records of one source are made: the fields it carries, its host and labels (encoded
+/// once), and whether lines that are JSON objects are records as they are (`format: json`).
+#[derive(Debug, Clone)]
+pub struct Shape {
+    fields: Fields,
+    /// `"host":"gw-7"` (no comma), when records carry the host.
+    host: Option<String>,
+    /// `"labels":{...}`, when labels are set.
+    labels: Option<String>,
+    /// `format: json`.
+    pub json: bool,
 }
 
+impl Shape {
+    /// `host` is the machine's name when records carry it (`fields` has `host` and the name is
+    /// known).
+    pub fn new(
+        fields: Fields,
+        host: Option<&str>,
+        labels: &[(String, String)],
+        json: bool,
+    ) -> Shape {
+        let host = host
+            .filter(|_| fields.contains(Fields::HOST))
+            .map(|h| format!("\"host\":{}", json_string(h)));
+        let labels = (!labels.is_empty()).then(|| {
+            let mut out = String::from("\"labels\":{");
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&json_string(k));
+                out.push(':');
+                out.push_str(&json_string(v));
+            }
+            out.push('}');
+            out
+        });
+        Shape {
+            fields: fields.without(Fields::HOST),
+            host,
+            labels,
+            json,
+        }
+    }
+
+    /// Bytes a record may take besides its line's text (escaped) and path: what a record cut to
+    /// fit a small stream leaves room for.
+    pub fn overhead(&self) -> usize {
+        self.host.as_ref().map_or(0, String::len) + self.labels.as_ref().map_or(0, String::len) + 80
+    }
+
+    /// A record wrapping `text` (see the module docs), appended to `out`.
+    pub fn wrap(
+        &self,
+        out: &mut Vec<u8>,
+        text: &str,
+        path_json: &str,
+        offset: u64,
+        lines: u32,
+        truncated: bool,
+    ) {
+        out.extend_from_slice(b"{\"line\":\"");
+        escape_into(out, text);
+        out.push(b'"');
+        self.fields_into(
+            out,
+            Present::default(),
+            true,
+            path_json,
+            offset,
+            lines,
+            truncated,
+        );
+        out.push(b'}');
+    }
+
+    /// A record that is the JSON object `object` (the whole text, checked by
+    /// [`super::json::object`]), with the fields it lacks added at its end. `\n` joining the lines
+    /// of a multiline group become spaces (they can only be whitespace between tokens in valid
+    /// JSON): a record is one line. `None` (nothing written) when `text` is not one JSON object.
+    pub fn object(
+        &self,
+        out: &mut Vec<u8>,
+        text: &str,
+        path_json: &str,
+        offset: u64,
+        lines: u32,
+    ) -> Option<()> {
+        let mut present = Present::default();
+        let o = super::json::object(text, |name| present.note(name))?;
+        let object = &text.as_bytes()[o.start..o.end];
+        let start = out.len();
+        // Without its closing brace: the fields go before it.
+        out.extend_from_slice(&object[..object.len() - 1]);
+        if lines > 1 {
+            for b in &mut out[start..] {
+                if *b == b'\n' {
+                    *b = b' ';
+                }
+            }
+        }
+        self.fields_into(out, present, !o.empty, path_json, offset, lines, false);
+        out.push(b'}');
+        Some(())
+    }
+
+    /// `,"path":...` and the rest this shape adds, but those already `present`; `comma`: whether
+    /// the first one needs a comma before it.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one record's facts, written in place"
+    )]
+    fn fields_into(
+        &self,
+        out: &mut Vec<u8>,
+        present: Present,
+        mut comma: bool,
+        path_json: &str,
+        offset: u64,
+        lines: u32,
+        truncated: bool,
+    ) {
+        let f = self.fields.without(Fields(present.fields));
+        let mut field = |out: &mut Vec<u8>, name: &[u8]| {
+            if comma {
+                out.push(b',');
+            }
+            comma = true;
+            out.extend_from_slice(name);
+        };
+        if f.contains(Fields::PATH) {
+            field(out, b"\"path\":");
+            out.extend_from_slice(path_json.as_bytes());
+        }
+        if f.contains(Fields::OFFSET) {
+            field(out, b"\"offset\":");
+            push_u64(out, offset);
+        }
+        if lines > 1 && f.contains(Fields::LINES) {
+            field(out, b"\"lines\":");
+            push_u64(out, u64::from(lines));
+        }
+        if truncated && f.contains(Fields::TRUNCATED) {
+            field(out, b"\"truncated\":true");
+        }
+        if let Some(h) = &self.host
+            && present.fields & Fields::HOST.0 == 0
+        {
+            field(out, h.as_bytes());
+        }
+        if let Some(l) = &self.labels
+            && !present.labels
+        {
+            field(out, l.as_bytes());
+        }
+    }
+}
+
+/// `n` in decimal, without allocating.
 fn push_u64(out: &mut Vec<u8>, mut n: u64) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
@@ -370,19 +541,33 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(rec)))
     }
 
+    fn wrap(shape: &Shape, text: &str, path: &str, offset: u64, lines: u32, cut: bool) -> Vec<u8> {
+        let mut out = b"earlier record\n".to_vec();
+        shape.wrap(&mut out, text, &json_string(path), offset, lines, cut);
+        out.split_off(15)
+    }
+
+    fn object(shape: &Shape, text: &str, offset: u64, lines: u32) -> Option<String> {
+        let mut out = Vec::new();
+        shape.object(&mut out, text, "\"p\"", offset, lines)?;
+        serde_json::from_slice::<serde_json::Value>(&out).expect("valid JSON");
+        Some(String::from_utf8(out).unwrap())
+    }
+
+    fn labels() -> Vec<(String, String)> {
+        vec![("app".into(), "api".into()), ("env".into(), "prod".into())]
+    }
+
     #[test]
     fn records_are_json_with_line_path_offset_and_extras() {
-        let extra = extra_fields(
-            Some("gw\"7"),
-            &[("app".into(), "api".into()), ("env".into(), "prod".into())],
-        );
-        let r = encode(
+        let shape = Shape::new(Fields::ALL, Some("gw\"7"), &labels(), false);
+        let r = wrap(
+            &shape,
             "say \"hi\"\\\t\u{1}é",
-            &json_string("/var/log/a.log"),
+            "/var/log/a.log",
             1042,
             1,
             false,
-            &extra,
         );
         let v = parse(&r);
         assert_eq!(v["line"], "say \"hi\"\\\t\u{1}é");
@@ -392,11 +577,8 @@ mod tests {
         assert_eq!(v["labels"]["app"], "api");
         assert_eq!(v["labels"]["env"], "prod");
         assert!(v.get("truncated").is_none() && v.get("lines").is_none());
-        let r = encode("a\nb", "\"p\"", 0, 2, true, "");
-        let v = parse(&r);
-        assert_eq!(v["lines"], 2);
-        assert_eq!(v["truncated"], true);
-        assert_eq!(v["offset"], 0);
+        let bare = Shape::new(Fields::ALL, None, &[], false);
+        let r = wrap(&bare, "a\nb", "p", 0, 2, true);
         assert_eq!(
             String::from_utf8(r).unwrap(),
             r#"{"line":"a\nb","path":"p","offset":0,"lines":2,"truncated":true}"#
@@ -404,11 +586,98 @@ mod tests {
     }
 
     #[test]
+    fn fields_name_what_a_record_carries_beyond_its_line() {
+        let only = |fields: Fields, labels: &[(String, String)]| {
+            let shape = Shape::new(fields, Some("gw"), labels, false);
+            String::from_utf8(wrap(&shape, "x", "p", 7, 3, true)).unwrap()
+        };
+        assert_eq!(only(Fields::NONE, &[]), r#"{"line":"x"}"#);
+        assert_eq!(
+            only(Fields::NONE, &labels()),
+            r#"{"line":"x","labels":{"app":"api","env":"prod"}}"#
+        );
+        assert_eq!(
+            only(Fields::OFFSET.with(Fields::HOST), &[]),
+            r#"{"line":"x","offset":7,"host":"gw"}"#
+        );
+        assert_eq!(
+            only(Fields::ALL, &[]),
+            r#"{"line":"x","path":"p","offset":7,"lines":3,"truncated":true,"host":"gw"}"#
+        );
+        assert_eq!(
+            only(
+                Fields::ALL.without(Fields::LINES).without(Fields::PATH),
+                &[]
+            ),
+            r#"{"line":"x","offset":7,"truncated":true,"host":"gw"}"#
+        );
+        assert_eq!(
+            Fields::ALL.names(),
+            ["path", "offset", "lines", "truncated", "host"]
+        );
+        assert!(Fields::NONE.names().is_empty());
+    }
+
+    #[test]
+    fn json_objects_are_records_with_the_fields_they_lack() {
+        let shape = Shape::new(Fields::ALL, Some("gw"), &labels(), true);
+        assert_eq!(
+            object(&shape, r#" {"msg":"hi","n":[1]}  "#, 5, 1).unwrap(),
+            r#"{"msg":"hi","n":[1],"path":"p","offset":5,"host":"gw","labels":{"app":"api","env":"prod"}}"#
+        );
+        assert_eq!(
+            object(&shape, "{}", 5, 1).unwrap(),
+            r#"{"path":"p","offset":5,"host":"gw","labels":{"app":"api","env":"prod"}}"#
+        );
+        // Its own keys win (also when written with escapes); nested ones do not count.
+        assert_eq!(
+            object(
+                &shape,
+                r#"{"host":"own","labels":1,"o\u0066fset":2,"x":{"path":3}}"#,
+                5,
+                1
+            )
+            .unwrap(),
+            r#"{"host":"own","labels":1,"o\u0066fset":2,"x":{"path":3},"path":"p"}"#
+        );
+        // A multiline group's joins become spaces; the group's line count is added.
+        assert_eq!(
+            object(&shape, "{\n  \"a\": 1\n}", 9, 3).unwrap(),
+            r#"{   "a": 1 ,"path":"p","offset":9,"lines":3,"host":"gw","labels":{"app":"api","env":"prod"}}"#
+        );
+        // As they are with no field and no label.
+        let bare = Shape::new(Fields::NONE, Some("gw"), &[], true);
+        let line = r#"{"ts":"2026-11-30T12:00:00.000Z","level":"info","msg":"x\"y"}"#;
+        assert_eq!(object(&bare, line, 0, 1).unwrap(), line);
+        for not in [
+            "",
+            "plain",
+            "[1]",
+            "{\"a\":}",
+            r#"{"a":"\ud800"}"#,
+            "{} {}",
+            "\"{}\"",
+        ] {
+            let mut out = b"keep".to_vec();
+            assert!(
+                shape.object(&mut out, not, "\"p\"", 0, 1).is_none(),
+                "{not:?}"
+            );
+            assert_eq!(out, b"keep", "nothing written for {not:?}");
+        }
+    }
+
+    #[test]
     fn invalid_utf8_is_replaced_and_every_control_byte_escaped() {
         let t = text(b"ok \xff\xfe end");
         assert_eq!(t, "ok \u{fffd}\u{fffd} end");
+        assert!(matches!(
+            text("é".as_bytes()),
+            std::borrow::Cow::Borrowed("é")
+        ));
         let all: String = (0u8..0x80).map(char::from).collect();
-        let v = parse(&encode(&all, "\"p\"", 7, 1, false, ""));
+        let shape = Shape::new(Fields::ALL, None, &[], false);
+        let v = parse(&wrap(&shape, &all, "p", 7, 1, false));
         assert_eq!(v["line"], all.as_str());
     }
 

@@ -946,3 +946,194 @@ fn check_describes_sources_and_names_each_problem() {
         assert!(f.stderr.contains(want), "no {want:?} in:\n{}", f.stderr);
     }
 }
+
+/// What a receiver gets for each record shape a source can be set to: today's record (`line`,
+/// `path`, `offset`, `host`), `fields: []` (the line alone), `format: json` with some fields and
+/// labels (objects with what they lack added at their end, other lines wrapped and counted,
+/// filters applied first), `format: json` with no field (objects exactly as written), and a
+/// multiline group of a pretty-printed object into a `json_array` sink.
+#[test]
+fn each_record_shape_reaches_the_receiver_as_set() {
+    let sb = Sandbox::new();
+    std::fs::create_dir_all(sb.file("logs")).expect("create logs/");
+    let rx = Receiver::start();
+    let lines: [&[u8]; 7] = [
+        br#"{"msg":"hello","n":1}"#,
+        b"plain \"quoted\"\ttab",
+        b"[1,2]",
+        br#"{"msg":"cut short""#,
+        "{\"host\":\"own\",\"s\":\"\\ud83d\\ude00\u{e9}\"}".as_bytes(),
+        b"caf\xe9 {}",
+        br#"  {"drop":true}  "#,
+    ];
+    let mut app = Vec::new();
+    let mut offsets = Vec::new();
+    for l in lines {
+        offsets.push(app.len() as u64);
+        app.extend_from_slice(l);
+        app.extend_from_slice(b"\r\n");
+    }
+    std::fs::write(sb.file("logs/app.log"), &app).expect("write app.log");
+    std::fs::write(
+        sb.file("logs/pretty.log"),
+        "{\n  \"a\": 1,\n  \"b\": [true, null]\n}\n{\"c\": \"one line\"}\n",
+    )
+    .expect("write pretty.log");
+    let app_log = quote_path(&sb.file("logs/app.log"));
+    let pretty_log = quote_path(&sb.file("logs/pretty.log"));
+    let sources = [
+        ("default", app_log.as_str(), ""),
+        ("bare", &app_log, ", fields: []"),
+        (
+            "pass",
+            &app_log,
+            ", format: json, fields: [offset], labels: { app: x }, exclude_lines: ['\"drop\"']",
+        ),
+        ("raw", &app_log, ", format: json, fields: []"),
+        (
+            "group",
+            &pretty_log,
+            ", format: json, fields: [lines, path], multiline: { start: '^\\{', timeout: 200ms }",
+        ),
+    ];
+    let mut yaml = String::from(
+        "data_dir: data\nshutdown_grace: 2s\nstorage: { min_free: 1MiB }\nlog: { format: json, level: info }\nsinks:\n",
+    );
+    for (name, _, _) in &sources {
+        let encoding = if *name == "group" {
+            "json_array"
+        } else {
+            "ndjson"
+        };
+        yaml.push_str(&format!(
+            "  {name}: {{ type: http, url: {}, encoding: {encoding} }}\n",
+            quote(rx.url(&format!("/{name}")))
+        ));
+    }
+    yaml.push_str("streams:\n");
+    for (name, _, _) in &sources {
+        yaml.push_str(&format!(
+            "  {name}: {{ sink: {name}, batch: {{ linger: 50ms }} }}\n"
+        ));
+    }
+    yaml.push_str("sources:\n");
+    for (name, path, settings) in &sources {
+        yaml.push_str(&format!(
+            "  {name}: {{ type: tail, stream: {name}, paths: [{path}]{settings} }}\n"
+        ));
+    }
+    let config = sb.write_config(&yaml);
+    let agent = Proc::run(&config);
+    let at = |path: &str| -> Vec<String> {
+        let mut keys = HashSet::new();
+        rx.requests()
+            .into_iter()
+            .filter(|r| r.path == path && r.status.is_some_and(|s| (200..300).contains(&s)))
+            .filter(|r| keys.insert(r.idempotency_key.clone()))
+            .flat_map(|r| r.records())
+            .collect()
+    };
+    let want = [
+        ("/default", 7),
+        ("/bare", 7),
+        ("/pass", 6),
+        ("/raw", 7),
+        ("/group", 2),
+    ];
+    let arrived = poll(secs(30), || {
+        want.iter()
+            .all(|(path, n)| at(path).len() >= *n)
+            .then_some(())
+    });
+    if arrived.is_none() {
+        let got: Vec<_> = want.iter().map(|(p, _)| (p, at(p))).collect();
+        panic!(
+            "not every record arrived: {got:?}; stderr:\n{}",
+            agent.stderr()
+        );
+    }
+    let agent = stop(agent);
+    for (path, n) in want {
+        assert_eq!(at(path).len(), n, "{path}: {:?}", at(path));
+    }
+    let text = |l: &[u8]| String::from_utf8_lossy(l).into_owned();
+    let json = |s: &str| serde_json::to_string(s).unwrap();
+
+    // Today's shape, unchanged by default.
+    for (i, r) in at("/default").iter().enumerate() {
+        let v: Value = serde_json::from_str(r).unwrap_or_else(|e| panic!("{e}: {r}"));
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, ["host", "line", "offset", "path"], "{r}");
+        let at = |k: &str| r.find(&format!("\"{k}\":")).unwrap();
+        assert!(at("line") < at("path") && at("path") < at("offset") && at("offset") < at("host"));
+        assert_eq!(v["line"], text(lines[i]).as_str());
+        assert_eq!(v["offset"], offsets[i]);
+    }
+    // The line alone: exactly `{"line":...}`, escaped as serde_json escapes.
+    let bare: Vec<String> = lines
+        .iter()
+        .map(|l| format!("{{\"line\":{}}}", json(&text(l))))
+        .collect();
+    assert_eq!(at("/bare"), bare);
+    assert!(
+        at("/bare")[5].contains('\u{fffd}'),
+        "invalid UTF-8 replaced"
+    );
+    // Objects keep their bytes (their own `host` too) and get what they lack; the rest is wrapped.
+    let extra = |i: usize| format!("\"offset\":{},\"labels\":{{\"app\":\"x\"}}", offsets[i]);
+    let object = |i: usize| {
+        let l = text(lines[i]);
+        format!("{},{}}}", l.trim().strip_suffix('}').unwrap(), extra(i))
+    };
+    let wrapped = |i: usize| format!("{{\"line\":{},{}}}", json(&text(lines[i])), extra(i));
+    assert_eq!(
+        at("/pass"),
+        [
+            object(0),
+            wrapped(1),
+            wrapped(2),
+            wrapped(3),
+            object(4),
+            wrapped(5)
+        ]
+    );
+    // With no field and no label, objects go exactly as written (without the spaces around).
+    let raw: Vec<String> = lines
+        .iter()
+        .map(|l| match l.trim_ascii() {
+            t if t.starts_with(b"{\"") && t.ends_with(b"}") => text(t),
+            _ => format!("{{\"line\":{}}}", json(&text(l))),
+        })
+        .collect();
+    assert_eq!(at("/raw"), raw);
+    // A pretty-printed object, one multiline record, arrives whole in a JSON array.
+    let group: Vec<Value> = at("/group")
+        .iter()
+        .map(|r| serde_json::from_str(r).unwrap())
+        .collect();
+    let pretty = sb.file("logs/pretty.log");
+    assert_eq!(
+        group,
+        [
+            serde_json::json!({"a": 1, "b": [true, null], "lines": 4, "path": pretty.to_str().unwrap()}),
+            serde_json::json!({"c": "one line", "path": pretty.to_str().unwrap()}),
+        ]
+    );
+    for r in rx.requests() {
+        assert!(r.decode_error.is_none(), "{:?}", r.decode_error);
+    }
+    // Lines wrapped under `format: json` are counted; filtered ones are not wrapped.
+    let summaries = agent.events_where(|e| field(e, "message") == "tail summary");
+    let of = |source: &str| {
+        summaries
+            .iter()
+            .find(|e| field(e, "source") == source)
+            .unwrap_or_else(|| panic!("no summary of {source}: {summaries:?}"))
+            .clone()
+    };
+    assert_eq!(num(&of("pass"), "wrapped_lines"), 4);
+    assert_eq!(num(&of("pass"), "filtered_lines"), 1);
+    assert_eq!(num(&of("raw"), "wrapped_lines"), 4);
+    assert_eq!(num(&of("bare"), "wrapped_lines"), 0);
+    assert_eq!(num(&of("group"), "wrapped_lines"), 0);
+}
