@@ -185,7 +185,9 @@ impl Batch {
             *refused = true;
             return false; // the writer, dropped, takes the bytes back
         }
-        w.finish();
+        // A tail record is JSON colibri escaped (or a JSON object it checked, its line breaks
+        // made spaces): never a raw newline.
+        w.finish_line();
         tally.add(limits, len);
         since.get_or_insert(now);
         true

@@ -777,3 +777,29 @@ fn counters_survive_reopen_exactly() {
     );
     assert!(counters(&store, "b").dropped_oldest_records > 0);
 }
+
+/// A job stored as it is fills its redb page: 1,000 records of 320 bytes (a 321 KB job, which
+/// would take a 512 KiB page) are cut into a job that fits 256 KiB and one of the rest; 1,000 of
+/// 200 bytes (a 205 KB job in a 256 KiB page) stay one job.
+#[test]
+fn plain_jobs_are_cut_to_fill_their_page() {
+    let d = Dir::new(vec![stream(S)]);
+    let mut store = d.open();
+    append(&mut store, S, &sized(b'a', &[320; 1000]), T0).unwrap();
+    let jobs = take(&mut store, S, 10, T0);
+    let counts: Vec<usize> = jobs.iter().map(Job::record_count).collect();
+    assert_eq!(counts.len(), 2, "{counts:?}");
+    assert_eq!(counts.iter().sum::<usize>(), 1000);
+    assert!(
+        jobs[0].bytes() + 16 <= 256 << 10,
+        "{} bytes fit a 256 KiB page with redb's leaf",
+        jobs[0].bytes()
+    );
+    assert!(jobs[1].bytes() <= 64 << 10, "{}", jobs[1].bytes());
+    let leases: Vec<&Lease> = jobs.iter().map(|j| &j.lease).collect();
+    ack(&mut store, &leases);
+    append(&mut store, S, &sized(b'b', &[200; 1000]), T0).unwrap();
+    let jobs = take(&mut store, S, 10, T0);
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].record_count(), 1000);
+}

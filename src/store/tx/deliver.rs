@@ -8,6 +8,7 @@ use redb::ReadableTable;
 use super::Tx;
 use super::quarantine::{QUARANTINE_PER_TAKE, Undecodable};
 use crate::store::error::StoreError;
+use crate::store::files::file_value;
 use crate::store::format::{self, Meta};
 use crate::store::job::{Failed, Failure, Job, Lease, Settle, job_from, job_from_value};
 use crate::store::layout::Table;
@@ -132,44 +133,52 @@ impl Tx<'_> {
         })
     }
 
+    /// Deletes a leased job from its table and counts it out; returns its size and, for a file
+    /// job, its value (what disposing of its file needs). A job of records is not copied out.
     pub(in crate::store) fn remove_leased(
         &mut self,
         lease: &Lease,
-    ) -> Result<(Vec<u8>, Table), StoreError> {
+    ) -> Result<(format::Size, Option<Vec<u8>>), StoreError> {
         self.check_lease(lease)?;
         let (txn, st) = self.txn_and_stream(&lease.stream)?;
-        let (raw, table) = match lease.retry_due {
+        let seen = |g: redb::AccessGuard<'_, &'static [u8]>| {
+            let v = g.value();
+            (format::size(v), file_value(v))
+        };
+        let (removed, table) = match lease.retry_due {
             None => {
                 let mut t = txn.open_table(st.ready_def())?;
-                let v = t.remove(lease.id)?.map(|g| g.value().to_vec());
+                let v = t.remove(lease.id)?.map(seen);
                 (v, Table::Ready)
             }
             Some(due) => {
                 let mut t = txn.open_table(st.retry_def())?;
-                let v = t.remove((due, lease.id))?.map(|g| g.value().to_vec());
+                let v = t.remove((due, lease.id))?.map(seen);
                 (v, Table::Retry)
             }
         };
         st.in_flight.remove(&lease.id);
-        let raw = raw.ok_or(StoreError::NoSuchJob {
+        let (size, file) = removed.ok_or(StoreError::NoSuchJob {
             stream: lease.stream.clone(),
             table: table.name(),
             id: lease.id,
         })?;
-        st.counters.remove_job(table, format::size(&raw));
+        st.counters.remove_job(table, size);
         self.dirty.insert(lease.stream.clone());
-        Ok((raw, table))
+        Ok((size, file))
     }
 
     /// The job was delivered: delete it.
     pub fn ack(&mut self, lease: &Lease) -> Result<(), StoreError> {
-        let (raw, _) = self.remove_leased(lease)?;
+        let (size, file) = self.remove_leased(lease)?;
         let st = self.stream_mut(&lease.stream)?;
-        let size = format::size(&raw);
         st.counters.delivered_jobs += 1;
         st.counters.delivered_records += size.records;
         st.counters.delivered_bytes += size.bytes;
-        self.job_left(&raw, true)
+        match file {
+            Some(raw) => self.job_left(&raw, true),
+            None => Ok(()),
+        }
     }
 
     /// An attempt failed: the job goes to retry (same transaction) or, when the failure is
