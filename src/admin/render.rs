@@ -526,6 +526,11 @@ fn source_metrics(t: &mut Text, stats: &[(String, Arc<TailStats>)]) {
                 |s| s.truncated_lines.load(Relaxed),
             ),
             (
+                "colibri_source_wrapped_lines_total",
+                "Lines a format: json source stored wrapped as text (not a JSON object, or cut).",
+                |s| s.wrapped_lines.load(Relaxed),
+            ),
+            (
                 "colibri_source_rotations_total",
                 "Followed files renamed away or deleted.",
                 |s| s.rotations.load(Relaxed),
