@@ -76,10 +76,16 @@ fn main() {
     println!();
     for lines in counts {
         let file = base.join(format!("app-{lines}.log"));
-        write_lines(&file, lines);
+        let line_bytes = write_lines(&file, lines);
         online(&base.join("online"), &file, lines, &extra);
         if !online_only {
-            with_outage(&base.join("outage"), &file, lines, outage, &extra);
+            with_outage(
+                &base.join("outage"),
+                &file,
+                (lines, line_bytes),
+                outage,
+                &extra,
+            );
         }
         let _ = std::fs::remove_file(&file);
     }
@@ -96,19 +102,40 @@ fn line(seq: u64) -> Vec<u8> {
     l
 }
 
-fn write_lines(file: &Path, lines: u64) {
+/// Writes the workload's `lines` lines into `file`; returns their bytes. The bench's own JSON
+/// lines, or with BENCH_LOG_FILE the lines of that file in turn (real log text compresses less).
+fn write_lines(file: &Path, lines: u64) -> u64 {
     std::fs::create_dir_all(file.parent().expect("a parent")).expect("create the bench directory");
     let started = Instant::now();
+    let sample: Option<Vec<Vec<u8>>> = std::env::var_os("BENCH_LOG_FILE").map(|p| {
+        let text = std::fs::read(&p).expect("read BENCH_LOG_FILE");
+        text.split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| [l, b"\n"].concat())
+            .collect()
+    });
     let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(file).expect("create"));
+    let mut bytes = 0u64;
     for seq in 0..lines {
-        w.write_all(&line(seq)).expect("write");
+        let l = match &sample {
+            Some(s) => s[seq as usize % s.len()].clone(),
+            None => line(seq),
+        };
+        bytes += l.len() as u64;
+        w.write_all(&l).expect("write");
     }
     w.flush().expect("flush");
     println!(
-        "== {lines} lines ({:.0} MB) written in {:.1} s",
-        (lines as usize * LINE_BYTES) as f64 / 1e6,
+        "== {lines} lines ({:.0} MB{}) written in {:.1} s",
+        bytes as f64 / 1e6,
+        if sample.is_some() {
+            ", from BENCH_LOG_FILE"
+        } else {
+            ""
+        },
         started.elapsed().as_secs_f64()
     );
+    bytes
 }
 
 /// Settings added to the config's stream and source.
@@ -278,7 +305,13 @@ fn online(dir: &Path, file: &Path, lines: u64, extra: &Extra) {
     );
 }
 
-fn with_outage(dir: &Path, file: &Path, lines: u64, outage: Duration, extra: &Extra) {
+fn with_outage(
+    dir: &Path,
+    file: &Path,
+    (lines, line_bytes): (u64, u64),
+    outage: Duration,
+    extra: &Extra,
+) {
     let receiver = Receiver::start_counting();
     let cfg = setup(dir, file, &receiver.url("/ingest"), extra);
     receiver.set_mode(Mode::Refuse);
@@ -316,7 +349,6 @@ fn with_outage(dir: &Path, file: &Path, lines: u64, outage: Duration, extra: &Ex
         queued_at.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
-    let line_bytes = lines * LINE_BYTES as u64;
     println!(
         "    disk used {} ({:.2}x the lines' {}); store file {}; {} written to storage; stream holds {} stored{}",
         mb(disk),

@@ -175,12 +175,16 @@ fn load(cfg: &Path) -> Config {
     c
 }
 
-fn open(c: &Config, quick_repair: bool) -> Store {
-    let opts = OpenOptions {
-        quick_repair,
+/// Options with quick repair always on, or never.
+fn opts(quick_repair: bool) -> OpenOptions {
+    OpenOptions {
+        quick_repair_from: if quick_repair { 0 } else { u64::MAX },
         ..OpenOptions::default()
-    };
-    Store::open(&c.data_dir, c.storage, &c.streams, opts).expect("open the store")
+    }
+}
+
+fn open(c: &Config, quick_repair: bool) -> Store {
+    Store::open(&c.data_dir, c.storage, &c.streams, opts(quick_repair)).expect("open the store")
 }
 
 fn record(seq: u64) -> Vec<u8> {
@@ -244,13 +248,7 @@ fn appends(base: &Path, producers: usize, secs: u64, quick_repair: bool) -> f64 
     let c = load(&write_config(dir.path()));
     let store = open(&c, quick_repair);
     let (d, storage, streams) = (c.data_dir.clone(), c.storage, c.streams.clone());
-    let reopen = Box::new(move || {
-        let opts = OpenOptions {
-            quick_repair,
-            ..OpenOptions::default()
-        };
-        Store::open(&d, storage, &streams, opts)
-    });
+    let reopen = Box::new(move || Store::open(&d, storage, &streams, opts(quick_repair)));
     let handle = writer::spawn(store, reopen, writer::WriterOptions { window: window() })
         .expect("spawn the writer");
     // A multi-thread runtime with a worker per core; each producer is a task.
@@ -429,7 +427,7 @@ fn startup_after_push_crash(cfg: &Path, starts: usize) {
         ready.push(r);
     }
     println!(
-        "  after kill -9 of a writer (quick_repair on, the default): spawn to \"colibri started\" \
+        "  after kill -9 of `queue push` (quick repair from 256 MiB of file, the default): spawn to \"colibri started\" \
          median {:.1} ms (max {:.1}); Store::open {:.0} ms ({starts} crashes)",
         median(&mut ready.clone()),
         ready.iter().copied().fold(0.0, f64::max),

@@ -41,9 +41,10 @@ use crate::store::{Failed, Failure, Job, JobRecords, Lease, Settle};
 const STORE_ERROR_PAUSE: Duration = Duration::from_secs(1);
 /// Jobs taken at once by a worker of a sink with concurrency 1, delivered one after the other in
 /// order and acknowledged together (one commit, whose writes are most of a drain's); fewer when
-/// they hold [`TAKE_BYTES`] (memory). After a crash at most these are sent again.
+/// they hold [`TAKE_BYTES`] (memory: 16 compressed jobs, two uncompressed ones of 256 KiB). After
+/// a crash at most these are sent again.
 const TAKE_SEQUENTIAL: usize = 16;
-const TAKE_BYTES: u64 = 1 << 20;
+const TAKE_BYTES: u64 = 512 << 10;
 /// A peer's `Retry-After` is honoured up to this.
 const RETRY_AFTER_MAX: Duration = Duration::from_secs(24 * 3600);
 

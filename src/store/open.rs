@@ -21,15 +21,27 @@ use super::layout::{
 use super::stream::{StorageConfig, StreamConfig, StreamState};
 use super::tx::{Rollback, Tx};
 
-/// redb's page cache. Its default is 1 GiB; colibri reads the backlog in bounded windows and writes
-/// in group commits, so a small cache keeps memory flat however large the backlog.
-pub(super) const CACHE_BYTES: usize = 4 << 20;
+/// redb's page cache. Its default is 1 GiB; colibri reads each job once (a take), in bounded
+/// windows, and writes in group commits, so the cache serves the trees' branch pages and a small
+/// one keeps memory flat however large the backlog (4 MiB held 16 large jobs' pages for nothing:
+/// 1.6-1.9 MB more peak RSS online, BENCHMARKS.md).
+pub(super) const CACHE_BYTES: usize = 1 << 20;
+/// The file size from which redb's allocator state is written at every commit (quick repair). A
+/// smaller file is walked after a crash in less than ~50 ms (about 0.2 s per GB here), while
+/// writing that state costs every commit ~16 KB and ~0.1-0.3 CPU-s per million lines online.
+pub const QUICK_REPAIR_FROM: u64 = 256 << 20;
+/// Below this much free disk the allocator state is written at every commit too: without it a
+/// clean close must write it, which a full disk refuses, leaving a file that every read-only
+/// open (`queue stats`, `peek`) refuses until the agent repairs it.
+pub const QUICK_REPAIR_BELOW_FREE: u64 = 64 << 20;
 /// Options that are not in the config file.
 #[derive(Debug, Clone, Copy)]
 pub struct OpenOptions {
-    /// Write redb's allocator state on every commit so that opening after a crash does not walk the
-    /// whole file (see BENCHMARKS.md for the cost on each side).
-    pub quick_repair: bool,
+    /// Write redb's allocator state on every commit once the file is at least this large (or the
+    /// disk nearly full, [`QUICK_REPAIR_BELOW_FREE`]), so that opening after a crash does not walk
+    /// the whole file (see [`QUICK_REPAIR_FROM`] and BENCHMARKS.md for the cost on each side); 0:
+    /// always.
+    pub quick_repair_from: u64,
     /// Refuse to write (operator inspection beside a running agent).
     pub read_only: bool,
     /// Verify every page's checksum while opening (about 0.2 s per GB), so damage shows up as
@@ -40,7 +52,7 @@ pub struct OpenOptions {
 impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
-            quick_repair: true,
+            quick_repair_from: QUICK_REPAIR_FROM,
             read_only: false,
             verify: false,
         }
@@ -361,7 +373,10 @@ impl Store {
             self.load_counters()?;
         }
         let mut txn = self.db.rw()?.begin_write()?;
-        txn.set_quick_repair(self.opts.quick_repair);
+        let quick = self.opts.quick_repair_from == 0
+            || self.file_bytes() >= self.opts.quick_repair_from
+            || super::tx::free_disk_bytes(&self.path).is_some_and(|f| f < QUICK_REPAIR_BELOW_FREE);
+        txn.set_quick_repair(quick);
         #[cfg(test)]
         if self.unsafe_no_fsync {
             txn.set_durability(Durability::None)?;

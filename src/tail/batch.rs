@@ -10,9 +10,11 @@ use std::time::Instant;
 use crate::store::RecordBuf;
 
 /// An append starts no new job past this many bytes (and holds at most twice as many): whole
-/// jobs of the stream's `batch` size where they are smaller, otherwise about this much. Larger
-/// appends gain nothing (the commit's fsync is already a small part) and cost memory.
-pub const APPEND_BYTES: usize = 256 << 10;
+/// jobs of the stream's `batch` size where they are smaller, otherwise about this much. Each
+/// append is a commit, and a commit costs ~50 KB of writes and a fsync whatever it holds: a file
+/// read from its start in appends of 256 KiB spent a third more CPU per line than in 1 MiB
+/// ones (BENCHMARKS.md, issue 16); more costs memory for little.
+pub const APPEND_BYTES: usize = 1 << 20;
 pub const APPEND_RECORDS: usize = 8192;
 
 /// How much one append may carry. The store cuts an append into jobs of `job_records` /

@@ -7,7 +7,7 @@
 //!   `scan_interval`, polling when inotify is off or unavailable, multiline and rotation timers,
 //!   the stream's `batch.linger`) and `stopping`;
 //! - hands the tailer what happened and a batch to fill: whole jobs of the stream's `batch` size,
-//!   about 256 KiB (at most 512 KiB or 8192 records, and half the stream's bounds) per append;
+//!   about 1 MiB (at most 2 MiB or 8192 records, and half the stream's bounds) per append;
 //! - appends each batch with the checkpoint that covers it, in one store transaction, so a crash
 //!   can neither lose nor repeat a line. One append is in flight at a time; the next batch is read
 //!   while it commits. Under `when_full: block` the append waits in the writer for room and the

@@ -265,18 +265,18 @@ struct Timeline {
     done_at: Vec<u64>,
 }
 
-fn power_run(backend: &PowerBackend, steps: &[Step], flaw: Flaw) -> (RunOutcome, Timeline) {
+fn power_run(
+    backend: &PowerBackend,
+    steps: &[Step],
+    flaw: Flaw,
+    opts: OpenOptions,
+) -> (RunOutcome, Timeline) {
     // The store id is random (fastrand's thread-local generator); every run must write the same
     // bytes for the replay to be compared with a real run.
     fastrand::seed(0x1d);
     let mut out = RunOutcome::default();
     let mut timeline = Timeline::default();
-    let opened = Store::open_backend(
-        backend.clone(),
-        unbounded(),
-        &[power_stream()],
-        OpenOptions::default(),
-    );
+    let opened = Store::open_backend(backend.clone(), unbounded(), &[power_stream()], opts);
     let Ok(mut store) = opened else {
         return (out, timeline);
     };
@@ -368,12 +368,17 @@ fn simulate(steps: &[Step], applied: impl Iterator<Item = usize>) -> Expected {
 /// Opens a crash image on a plain in-memory backend and checks that it holds exactly the
 /// acknowledged state, or that plus the in-doubt step whole: every acknowledged record, in order,
 /// once, with its checkpoint and counters; nothing quarantined.
-fn check_image(img: &[u8], steps: &[Step], run: &RunOutcome) -> Result<(), String> {
+fn check_image(
+    img: &[u8],
+    steps: &[Step],
+    run: &RunOutcome,
+    opts: OpenOptions,
+) -> Result<(), String> {
     let mut store = Store::open_backend(
         Locked::with_bytes(img),
         unbounded(),
         &[power_stream()],
-        OpenOptions::default(),
+        opts,
     )
     .map_err(|e| format!("the crash image does not open: {e}"))?;
     let c = counters(&store, P);
@@ -453,6 +458,7 @@ struct PowerReport {
 fn power_loss_campaign(
     seed: u64,
     flaw: Flaw,
+    opts: OpenOptions,
     target_cuts: u64,
     random_images: usize,
     real_every: u64,
@@ -462,7 +468,7 @@ fn power_loss_campaign(
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed);
     let mut report = PowerReport::default();
     let recorder = PowerBackend::default();
-    let (run, timeline) = power_run(&recorder, &steps, flaw);
+    let (run, timeline) = power_run(&recorder, &steps, flaw, opts);
     assert_eq!(
         run.acked.len(),
         steps.len(),
@@ -485,7 +491,7 @@ fn power_loss_campaign(
         let run = outcome_at(&timeline, steps.len(), cut);
         if report.cut_points % real_every == 0 {
             let real = PowerBackend::cutting_at(cut);
-            let (real_run, _) = power_run(&real, &steps, flaw);
+            let (real_run, _) = power_run(&real, &steps, flaw, opts);
             assert_eq!(real_run, run, "cut at call {cut}: real run vs replay");
             assert!(
                 real.0.lock().unwrap().disk == disk,
@@ -507,7 +513,7 @@ fn power_loss_campaign(
             // redb may panic on a file that is no state it ever wrote (a lying disk): that is a
             // failed image too, not a crashed test.
             let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                check_image(&img, &steps, &run)
+                check_image(&img, &steps, &run, opts)
             }))
             .unwrap_or_else(|p| {
                 report.panics += 1;
@@ -545,20 +551,32 @@ fn power_loss_campaign(
     report
 }
 
+/// With redb's allocator state written at every commit (quick repair, as a file past
+/// QUICK_REPAIR_FROM is), and without (a smaller file, walked after a crash).
 #[test]
 fn power_loss_never_loses_an_acknowledged_record() {
+    for quick_repair_from in [0, u64::MAX] {
+        power_loss_holds(OpenOptions {
+            quick_repair_from,
+            ..OpenOptions::default()
+        });
+    }
+}
+
+fn power_loss_holds(opts: OpenOptions) {
     let started = Instant::now();
     // About 400 cut points (every third storage call) keep this near 7 s in a debug build;
     // COLIBRI_POWER_LOSS_EXHAUSTIVE=1 cuts at every call with five random images each.
     let exhaustive = std::env::var_os("COLIBRI_POWER_LOSS_EXHAUSTIVE").is_some();
     let report = if exhaustive {
-        power_loss_campaign(1, Flaw::None, u64::MAX, 5, 30, false)
+        power_loss_campaign(1, Flaw::None, opts, u64::MAX, 5, 30, false)
     } else {
-        power_loss_campaign(1, Flaw::None, 400, 3, 20, false)
+        power_loss_campaign(1, Flaw::None, opts, 400, 3, 20, false)
     };
     eprintln!(
-        "power loss: {} storage calls in the run, {} cut points ({} before the store opened, {} \
+        "power loss (quick repair from {} bytes): {} storage calls in the run, {} cut points ({} before the store opened, {} \
          also run for real), {} crash images checked, {} failed ({} panics), in {:?}",
+        opts.quick_repair_from,
         report.total_calls,
         report.cut_points,
         report.before_open,
@@ -579,7 +597,7 @@ fn power_loss_never_loses_an_acknowledged_record() {
 /// Runs a control campaign and asserts the checker saw acknowledged records go missing.
 fn control_catches(flaw: Flaw) {
     let started = Instant::now();
-    let report = power_loss_campaign(1, flaw, 400, 3, 20, true);
+    let report = power_loss_campaign(1, flaw, OpenOptions::default(), 400, 3, 20, true);
     eprintln!(
         "{flaw:?} control: {} cut points, {} images, {} losses, {} panics, in {:?}; first loss: \
          {:?}",
