@@ -50,8 +50,10 @@ fn expire_interval(ttls: impl Iterator<Item = Duration>) -> Duration {
 }
 /// Quiet time before an idle, drained store is compacted.
 const COMPACT_AFTER_IDLE: Duration = Duration::from_secs(10);
-/// Compaction is worth it when the file is this much larger than what it stores.
-const COMPACT_SLACK: u64 = 8 << 20;
+/// Compaction is worth it when at least this much of the file is free pages, and at least half
+/// of it: a drained store holds little, so compacting it moves little (a bounded cost), and a
+/// small store (a compressed backlog of a few MB) gives its disk back too.
+const COMPACT_SLACK: u64 = 1 << 20;
 
 type Reply<T> = oneshot::Sender<T>;
 

@@ -504,7 +504,8 @@ impl Writer {
             self.compacted = true;
             // redb's own count of free pages: stored_bytes counts spooled files, which are not in
             // the database file.
-            if store.reclaimable_bytes().unwrap_or(0) > COMPACT_SLACK {
+            let free = store.reclaimable_bytes().unwrap_or(0);
+            if free > COMPACT_SLACK && free * 2 > store.file_bytes() {
                 let started = Instant::now();
                 match store.compact() {
                     Ok(freed) => tracing::info!(
