@@ -826,6 +826,42 @@ mod checkpoint_tests {
         assert_eq!(w.next_timeout(), Duration::from_millis(1));
     }
 
+    /// Once drained and idle, a store whose file is mostly free pages is compacted, small as it
+    /// is (a compressed backlog of a few MB).
+    #[test]
+    fn a_drained_idle_store_gives_its_disk_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut open = opener(dir.path(), stream());
+        let mut store = open().unwrap();
+        let mut rng = fastrand::Rng::with_seed(9);
+        let records: Vec<Vec<u8>> = (0..3000)
+            .map(|_| (0..1000).map(|_| rng.alphanumeric() as u8).collect())
+            .collect();
+        let mut tx = store.transaction().unwrap();
+        tx.append_list("s", &records, None, now_ms()).unwrap();
+        tx.commit().unwrap();
+        let full = store.file_bytes();
+        assert!(full > 3 << 20, "{full}");
+        let mut tx = store.transaction().unwrap();
+        for j in tx.take("s", 100, u64::MAX, now_ms()).unwrap() {
+            tx.ack(&j.lease).unwrap();
+        }
+        tx.commit().unwrap();
+        let mut w = Writer::new(
+            store,
+            Box::new(open),
+            WriterOptions::default(),
+            Arc::default(),
+            Arc::default(),
+            Arc::default(),
+        );
+        w.last_request = Instant::now() - COMPACT_AFTER_IDLE * 2;
+        w.housekeeping();
+        assert!(w.compacted);
+        let after = w.store.as_ref().unwrap().file_bytes();
+        assert!(after < full / 2, "{after} of {full} bytes after compaction");
+    }
+
     /// An append waiting for room in a full `block` stream is answered "stopping" as soon as the
     /// stop begins, with nothing stored; later ones that find the stream full do not wait either.
     #[tokio::test]
