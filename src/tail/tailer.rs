@@ -242,12 +242,25 @@ impl Tailer {
     /// rotated files, and read into `batch` until it is full or nothing is left to read. Sets the
     /// batch's checkpoint when the state changed.
     pub fn step(&mut self, input: &StepInput, batch: &mut Batch, now: Instant) {
+        let read_before = self.stats.bytes_read.load(Relaxed);
         self.apply(input);
         if input.rescan || self.rescan_wanted {
             self.rescan(now);
         }
         self.fill(batch, now);
         self.tick(batch, now);
+        // No file changed since the last round (a timer's round: the rescan, a poll) and nothing
+        // was read: the source is quiet. The read buffer (a chunk, 256 KiB at least) is not kept
+        // resident while it stays quiet, and what the last burst left free in the allocator's
+        // heaps goes back with it. A busy source keeps its buffer: its rounds come from events.
+        if !self.buf.is_empty()
+            && input.events.is_empty()
+            && !self.has_work()
+            && self.stats.bytes_read.load(Relaxed) == read_before
+        {
+            self.buf = Vec::new();
+            crate::memory::trim_heap();
+        }
         if self.changed {
             self.changed = false;
             batch.checkpoint = Some(checkpoint::encode(&self.checkpoint()));
