@@ -1,9 +1,17 @@
 //! Giving memory back to the system once the process no longer uses it: the free memory glibc
 //! keeps in its heaps (it keeps what a thread freed for that thread's next allocations), and the
-//! pages of the binary's own code and constants that only start-up ran, which stay mapped into
-//! the process after it. Neither changes what the program computes; where the C library or the
-//! kernel has no such call they do nothing. The callers decide when: after start-up, after a
-//! reload, when a burst of work ends.
+//! pages of the binary's own code and constants that stay mapped into the process after what ran
+//! them (start-up, a burst of work) is over. Neither changes what the program computes; where the
+//! C library or the kernel has no such call they do nothing. The callers decide when: after
+//! start-up and reloads (`agent`), when a tail source goes quiet (`tail`).
+
+/// Both of the below: what start-up or a burst of work used and the idle process does not. About
+/// half a millisecond of CPU, most of it mapping back the code that runs next: call it when work
+/// ends, not per request.
+pub fn give_back() {
+    trim_heap();
+    release_code();
+}
 
 /// Returns the free memory of every allocator heap to the system: whole free pages inside the
 /// heaps, and the tops of the heaps. It walks the heaps under their locks: call it once after a
@@ -23,12 +31,12 @@ pub fn trim_heap() {
 /// again (a minor fault, no disk read while the cache holds them). The kernel maps a file's pages
 /// 64 KiB at a time around each fault, so by the time the agent is ready nearly all of its 5.4 MB
 /// of code and 0.8 MB of its constants are mapped, most of it for code that only start-up runs
-/// (the CLI, the YAML loader, the config checks, TLS and store set-up). What the agent runs from
-/// then on comes back: with a tail source and an HTTP sink, 4.9 of 6.2 MB stay mapped
-/// (BENCHMARKS.md, issue 16 part 5). This lowers the process's resident set, not the page
-/// cache: the kernel can drop those pages without unmapping them first, and reads them back
-/// if a reload runs that code again.
-pub fn release_startup_code() -> Option<u64> {
+/// (the CLI, the YAML loader, the config checks, TLS and store set-up); a burst of work maps what
+/// it ran in the same way. What the idle agent runs comes back: with a tail source and an HTTP
+/// sink, 3.8 of 6.2 MB (BENCHMARKS.md, issue 16 part 5). This lowers the process's resident
+/// set, not the page cache: the kernel can drop those pages without unmapping them first, and
+/// reads them back when that code runs again.
+pub fn release_code() -> Option<u64> {
     #[cfg(target_os = "linux")]
     {
         let exe = std::fs::read_link("/proc/self/exe").ok()?;
@@ -57,7 +65,7 @@ pub fn release_startup_code() -> Option<u64> {
     }
 }
 
-/// A mapping that [`release_startup_code`] may release.
+/// A mapping that [`release_code`] may release.
 #[derive(Debug, PartialEq, Eq)]
 struct Mapping {
     start: usize,
@@ -202,9 +210,8 @@ Anonymous:             0 kB
     #[test]
     fn releasing_the_code_of_a_running_process_keeps_it_running() {
         // The test binary itself: its code is released and then runs on.
-        let released = release_startup_code();
-        assert!(released.is_some());
-        trim_heap();
+        assert!(release_code().is_some());
+        give_back();
         assert_eq!((1..=10u64).sum::<u64>(), 55);
     }
 }

@@ -24,7 +24,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::TailStats;
 use super::batch::Batch;
@@ -34,6 +34,10 @@ use super::identity::{Identity, mtime, read_full_at, read_head, tail_at, window}
 use super::lines::{self, Assembler, Line};
 use super::record::{self, FP_BYTES, hash};
 use super::watch::{Event, Watcher};
+
+/// How long a source reads nothing before it gives its read buffer back: a source that reads
+/// every few seconds keeps it.
+const QUIET: Duration = Duration::from_secs(5);
 
 /// What happened since the last step, for the tailer to act on.
 #[derive(Debug, Default)]
@@ -242,24 +246,27 @@ impl Tailer {
     /// rotated files, and read into `batch` until it is full or nothing is left to read. Sets the
     /// batch's checkpoint when the state changed.
     pub fn step(&mut self, input: &StepInput, batch: &mut Batch, now: Instant) {
-        let read_before = self.stats.bytes_read.load(Relaxed);
         self.apply(input);
         if input.rescan || self.rescan_wanted {
             self.rescan(now);
         }
         self.fill(batch, now);
         self.tick(batch, now);
-        // No file changed since the last round (a timer's round: the rescan, a poll) and nothing
-        // was read: the source is quiet. The read buffer (a chunk, 256 KiB at least) is not kept
-        // resident while it stays quiet, and what the last burst left free in the allocator's
-        // heaps goes back with it. A busy source keeps its buffer: its rounds come from events.
+        // A timer's round (the rescan, a poll) with nothing read from any file for QUIET: the
+        // burst is over. The read buffer (a chunk, 256 KiB at least) is not kept resident while
+        // the source stays quiet, and what the burst left (free memory in the allocator's heaps,
+        // the mapping of the code it ran) goes back with it: once per burst, as the buffer is
+        // taken again only by a read.
         if !self.buf.is_empty()
             && input.events.is_empty()
             && !self.has_work()
-            && self.stats.bytes_read.load(Relaxed) == read_before
+            && self
+                .files
+                .iter()
+                .all(|f| now.saturating_duration_since(f.idle_since) >= QUIET)
         {
             self.buf = Vec::new();
-            crate::memory::trim_heap();
+            crate::memory::give_back();
         }
         if self.changed {
             self.changed = false;

@@ -696,7 +696,15 @@ fn a_quiet_round_gives_the_read_buffer_back_and_the_next_read_takes_one_again() 
         buf >= r.settings.chunk,
         "a round that read keeps its buffer"
     );
-    assert_eq!(step(&mut r), (0, 0), "a round that read nothing frees it");
+    r.advance(QUIET - Duration::from_millis(1));
+    let (records, buf) = step(&mut r);
+    assert_eq!(records, 0);
+    assert!(
+        buf >= r.settings.chunk,
+        "a source quiet for less than QUIET keeps it"
+    );
+    r.advance(Duration::from_millis(1));
+    assert_eq!(step(&mut r), (0, 0), "then it gives it back");
     assert_eq!(step(&mut r), (0, 0));
     r.append("a.log", &numbered("a", 10, 2));
     let (records, buf) = step(&mut r);
