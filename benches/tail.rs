@@ -6,14 +6,20 @@
 //!   BENCH_LINES=200000 cargo bench --bench tail                 # quicker
 //!   BENCH_IDLE_SECS=30 cargo bench --bench tail                 # a longer idle window
 //!   COLIBRI_BIN=path/to/static/colibri cargo bench --bench tail # measure another build
+//!   BENCH_ONLY=throughput cargo bench --bench tail              # one scenario (or idle, memory)
 //!
 //! Scenarios:
 //! - throughput: a pre-written file of BENCH_LINES (1,000,000) JSON lines of 200 bytes, tailed from
 //!   the beginning; timed from the spawn to the last record at the receiver: lines/s end to end,
 //!   colibri's peak resident memory (VmHWM) and its CPU seconds per million lines;
 //! - idle: 100 files in one directory, each with a line (delivered first), then BENCH_IDLE_SECS
-//!   (15) of nothing: colibri's CPU time and context switches over that window.
+//!   (15) of nothing: colibri's CPU time and context switches over that window;
+//! - idle memory: one file of 3 lines, one source, one HTTP sink (the issue 16 figure): resident
+//!   memory once the lines are delivered, after BENCH_IDLE_SECS + 10 s of nothing and a minute
+//!   later, and where it is (the binary's pages, the heap, the rest of anonymous memory); the
+//!   throughput scenario prints the same after its 1M lines, once it has been idle as long.
 
+use std::collections::HashMap;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -22,7 +28,9 @@ mod common;
 #[path = "../tests/it/util/http/mod.rs"]
 mod http;
 
-use common::{bin, cores, cpu_secs, env_u64, log_lines, rss_kib, spawn_run, stop, wait_log};
+use common::{
+    bin, cores, cpu_secs, env_u64, log_lines, resident, rss_kib, spawn_run, stop, wait_log,
+};
 use http::Receiver;
 
 const LINE_BYTES: usize = 200;
@@ -41,8 +49,24 @@ fn main() {
     );
     println!("binary: {}", bin());
     println!();
-    throughput(&base.join("throughput"), lines);
-    idle(&base.join("idle"), 100, idle_secs);
+    let only = std::env::var("BENCH_ONLY").ok();
+    let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if run("throughput") {
+        throughput(&base.join("throughput"), lines, idle_secs);
+    }
+    if run("idle") {
+        idle(&base.join("idle"), 100, idle_secs);
+    }
+    if run("memory") {
+        idle_memory(&base.join("idle-memory"), idle_secs);
+    }
+}
+
+/// How long a scenario waits, after its last record arrived, before its idle memory is read: the
+/// idle window plus a rescan interval (10 s), so a source has seen a quiet round and the
+/// blocking pool's threads have ended (10 s after their last task).
+fn settle(idle_secs: u64) -> Duration {
+    Duration::from_secs(idle_secs + 10)
 }
 
 fn fresh(dir: &Path) {
@@ -56,6 +80,7 @@ fn write_config(dir: &Path, url: &str, paths: &str) -> PathBuf {
         "data_dir: {data}\n\
          storage: {{ min_free: 512MiB, max_bytes: 8GiB }}\n\
          log: {{ level: info, format: json }}\n\
+         admin: {{ listen: \"127.0.0.1:0\" }}\n\
          sinks:\n  \
            up: {{ type: http, url: \"{url}\" }}\n\
          streams:\n  \
@@ -79,37 +104,39 @@ fn line(seq: u64) -> Vec<u8> {
     l
 }
 
-/// Nanoseconds on a CPU, summed over the process's threads (`/proc/PID/task/*/schedstat`): finer
-/// than clock ticks.
-fn cpu_ns(pid: u32) -> u64 {
+/// Per thread (by id): nanoseconds on a CPU (`/proc/PID/task/*/schedstat`, finer than clock
+/// ticks) and context switches, voluntary + involuntary (each is a wake-up).
+fn per_thread(pid: u32) -> HashMap<String, (u64, u64)> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
+        return HashMap::new();
     };
     tasks
         .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
-}
-
-/// Context switches (voluntary + involuntary) over the process's threads: each is a wake-up.
-fn switches(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
-        .map(|s| {
-            s.lines()
+        .filter_map(|t| {
+            let ns = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+            let ns = ns.split_whitespace().next()?.parse::<u64>().ok()?;
+            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+            let switches = status
+                .lines()
                 .filter(|l| l.contains("ctxt_switches:"))
                 .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                .sum::<u64>()
+                .sum::<u64>();
+            Some((t.file_name().to_string_lossy().into_owned(), (ns, switches)))
         })
-        .sum()
+        .collect()
 }
 
-fn throughput(dir: &Path, lines: u64) {
+/// CPU nanoseconds and context switches between two samples of [`per_thread`]: a thread that
+/// started in between counts whole; one that ended in between (a blocking-pool thread ends 10 s
+/// after its last task) drops out, with what it did since the first sample.
+fn delta(before: &HashMap<String, (u64, u64)>, after: &HashMap<String, (u64, u64)>) -> (u64, u64) {
+    after.iter().fold((0, 0), |(ns, sw), (tid, (n, s))| {
+        let (n0, s0) = before.get(tid).copied().unwrap_or((0, 0));
+        (ns + n.saturating_sub(n0), sw + s.saturating_sub(s0))
+    })
+}
+
+fn throughput(dir: &Path, lines: u64, idle_secs: u64) {
     println!("== throughput: {lines} lines of {LINE_BYTES} B in one file, from the beginning");
     fresh(dir);
     let file = dir.join("logs/app.log");
@@ -150,6 +177,8 @@ fn throughput(dir: &Path, lines: u64) {
     let secs = t0.elapsed().as_secs_f64();
     let cpu = cpu_secs(pid);
     let (_, hwm) = rss_kib(pid);
+    std::thread::sleep(settle(idle_secs));
+    let after = resident(pid);
     stop(child);
     let (requests, delivered, bytes) = got;
     assert!(
@@ -165,6 +194,11 @@ fn throughput(dir: &Path, lines: u64) {
         "  colibri: peak RSS {:.1} MB, {cpu:.2} CPU-s ({:.2} CPU-s per million lines)",
         hwm.max(peak_kib) as f64 / 1024.0,
         cpu / delivered as f64 * 1e6
+    );
+    println!(
+        "  {} s after the last record: {}",
+        settle(idle_secs).as_secs(),
+        after.line()
     );
     println!();
 }
@@ -190,20 +224,52 @@ fn idle(dir: &Path, files: usize, idle_secs: u64) {
         .expect("every file's line delivered");
     // Let the last commit, the delivery and the writer's idle compaction check settle.
     std::thread::sleep(Duration::from_secs(12));
-    let (ns0, sw0, t0) = (cpu_ns(pid), switches(pid), Instant::now());
+    let (before, t0) = (per_thread(pid), Instant::now());
     std::thread::sleep(Duration::from_secs(idle_secs));
-    let (ns1, sw1, secs) = (cpu_ns(pid), switches(pid), t0.elapsed().as_secs_f64());
+    let (after, secs) = (per_thread(pid), t0.elapsed().as_secs_f64());
+    let (ns, sw) = delta(&before, &after);
     let (rss, _) = rss_kib(pid);
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
     stop(child);
-    let cpu = (ns1 - ns0) as f64 / 1e9;
+    let cpu = ns as f64 / 1e9;
     println!(
         "  CPU {:.2} ms over {secs:.1} s ({:.4} %), {} context switches ({:.2}/s); RSS {:.1} MB, {fds} open descriptors",
         cpu * 1e3,
         cpu / secs * 100.0,
-        sw1 - sw0,
-        (sw1 - sw0) as f64 / secs,
+        sw,
+        sw as f64 / secs,
         rss as f64 / 1024.0,
     );
+    println!();
+}
+
+fn idle_memory(dir: &Path, idle_secs: u64) {
+    println!("== idle memory: one source (a file of 3 lines), one HTTP sink");
+    fresh(dir);
+    let file = dir.join("logs/app.log");
+    std::fs::write(&file, [line(0), line(1), line(2)].concat()).expect("write");
+    let receiver = Receiver::start_counting();
+    let cfg = write_config(dir, &receiver.url("/ingest"), &file.display().to_string());
+    let mut child = spawn_run(&cfg);
+    let pid = child.id();
+    let logs = log_lines(&mut child);
+    wait_log(&logs, "colibri started", Duration::from_secs(60));
+    receiver
+        .wait_count(3, Duration::from_secs(60))
+        .expect("the 3 lines delivered");
+    // The commit that acknowledges the delivery comes just after the answer.
+    std::thread::sleep(Duration::from_millis(200));
+    let delivered = resident(pid);
+    std::thread::sleep(settle(idle_secs));
+    let idle = resident(pid);
+    // What runs now and then while idle (the connection pool's expiry, the blocking pool's
+    // threads ending and starting) has run at least once.
+    std::thread::sleep(Duration::from_secs(60));
+    let later = resident(pid);
+    stop(child);
+    let secs = settle(idle_secs).as_secs();
+    println!("  once delivered: {}", delivered.line());
+    println!("  {secs:>3} s later:   {}", idle.line());
+    println!("  {:>3} s later:   {}", secs + 60, later.line());
     println!();
 }

@@ -127,6 +127,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "colibri started"
     );
     notify("READY=1\nSTATUS=serving");
+    release_startup_memory();
     let scheduler = scheduler.run();
     tokio::pin!(scheduler);
     let watchdog = crate::notify::watchdog_interval();
@@ -226,6 +227,16 @@ struct Agent {
     stopping: CancellationToken,
 }
 
+/// Gives back what start-up or a reload used and the running agent does not. The heap they freed:
+/// after the config was compiled (when `cli` trims once), building the parts read and parsed TLS
+/// files and certificates, the config check built its own clients, the store read its file; in
+/// glibc's heaps below live data, that stayed resident (0.4 MB of an idle agent's 0.75 MB heap
+/// with a tail source and an HTTP sink). And the mapping of the code only they ran (see
+/// `memory::release_code`): 1.0-1.2 MB of the 6.2 MB of the binary mapped then.
+fn release_startup_memory() {
+    crate::memory::give_back();
+}
+
 impl Agent {
     /// Loads the file again and applies what changed, all or nothing.
     async fn reload(&mut self) -> ReloadResult {
@@ -259,6 +270,7 @@ impl Agent {
             }
         }
         notify("READY=1\nSTATUS=serving");
+        release_startup_memory();
         result.map_err(|r| r.text)
     }
 

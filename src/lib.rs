@@ -12,6 +12,7 @@ pub(crate) mod files;
 pub(crate) mod ingest;
 pub(crate) mod link;
 pub(crate) mod logging;
+pub(crate) mod memory;
 pub(crate) mod metrics;
 pub(crate) mod net;
 pub(crate) mod notify;

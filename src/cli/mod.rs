@@ -125,7 +125,9 @@ fn run(args: &ConfigArg) -> ExitCode {
         eprintln!("error: log.file: {e}");
         return ExitCode::FAILURE;
     }
-    release_freed_memory();
+    // glibc keeps freed memory for reuse; after a large file (10,000 tasks) the parse tree's
+    // would stay resident for the life of the process.
+    crate::memory::trim_heap();
     // One thread: task runs are child processes and timers, so a single event loop keeps
     // memory and idle wake-ups at their minimum.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -158,16 +160,6 @@ fn run(args: &ConfigArg) -> ExitCode {
 pub(crate) fn print_warnings(warnings: &[String]) {
     for w in warnings {
         eprintln!("warning: {w}");
-    }
-}
-
-/// Hands the heap that parsing the config freed back to the kernel. glibc keeps freed memory for
-/// reuse; after a large file (10,000 tasks) that would stay resident for the life of the process.
-fn release_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only walks the allocator's own free lists; it takes and returns integers.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 

@@ -269,6 +269,7 @@ pub(super) fn compile_sink(
                     retry: RetrySpec::default(),
                     ..spec
                 },
+                &link.probe,
                 base,
                 &mut err,
             )?;
@@ -310,6 +311,7 @@ const RESERVED_HEADERS: &[&str] = &[
 
 pub(super) fn compile_http(
     spec: HttpSinkSpec,
+    probe: &Probe,
     base: &Path,
     err: &mut Problems<'_>,
 ) -> Option<SinkKind> {
@@ -414,7 +416,7 @@ pub(super) fn compile_http(
     };
     // Building the client reads and parses the TLS files: a bad CA is reported now, not at the
     // first delivery.
-    if headers_ok && let Err(e) = crate::sink::http::HttpSink::new(&http) {
+    if headers_ok && let Err(e) = crate::sink::http::HttpSink::new(&http, probe) {
         err.add(&e.field, e.message);
     }
     Some(SinkKind::Http(Box::new(http)))

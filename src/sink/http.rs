@@ -161,8 +161,9 @@ pub struct HttpSink {
 
 impl HttpSink {
     /// Builds the client: reads the CA and client certificate files, checks the headers. Errors name
-    /// the setting at fault.
-    pub fn new(spec: &HttpConfig) -> Result<HttpSink, SettingError> {
+    /// the setting at fault. `probe` is the sink's link probe: with the URL, it says whether the
+    /// client ever makes a TLS connection.
+    pub fn new(spec: &HttpConfig, probe: &Probe) -> Result<HttpSink, SettingError> {
         let mut url = spec.url.clone();
         let host = url
             .host_str()
@@ -192,6 +193,11 @@ impl HttpSink {
                 return Err(bad("holds no PEM certificate".into()));
             }
             b = b.tls_certs_only(certs);
+        } else if !uses_tls(&spec.url, probe) {
+            // Requests and probes go to `http://` URLs and redirects are refused: no TLS
+            // connection is ever made, so the system's roots (reading /etc/ssl/certs and parsing
+            // ~150 certificates at each start, ~100 KB kept by the client) are not loaded.
+            b = b.tls_certs_only([]);
         }
         match (&tls.client_cert, &tls.client_key) {
             (Some(cert), Some(key)) => {
@@ -482,6 +488,13 @@ impl Deliver for HttpSink {
     }
 }
 
+/// Whether a sink with this URL and probe makes TLS connections: its requests (redirects are
+/// refused, so they stay on the URL's scheme) and an HTTP probe's.
+fn uses_tls(url: &Url, probe: &Probe) -> bool {
+    let https = |u: &Url| u.scheme() != "http";
+    https(url) || matches!(probe, Probe::Http(p) if https(p))
+}
+
 /// Resolves the configured `tls.server_name` to the URL's original host; other names as usual.
 struct ServerName {
     name: String,
@@ -611,6 +624,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_https_requests_or_probes_need_tls_roots() {
+        let url = |s: &str| Url::parse(s).unwrap();
+        let plain = url("http://127.0.0.1:8428/write");
+        let secure = url("https://collector.example/v1");
+        assert!(!uses_tls(&plain, &Probe::Tcp));
+        assert!(!uses_tls(
+            &plain,
+            &Probe::Http(url("http://127.0.0.1:8428/health"))
+        ));
+        assert!(uses_tls(
+            &plain,
+            &Probe::Http(url("https://gw.example/health"))
+        ));
+        assert!(uses_tls(&secure, &Probe::Tcp));
+        assert!(uses_tls(&secure, &Probe::Http(plain)));
+    }
+
+    #[test]
     fn encodings_pass_records_through() {
         let recs: Vec<&[u8]> = vec![b"{\"a\":1}", b"{\"b\":2}"];
         let enc = |e, p: Payload<'_>| encode(e, &p).unwrap();
@@ -631,18 +662,21 @@ mod tests {
     }
 
     fn sink(encoding: Encoding, compression: Compression) -> HttpSink {
-        HttpSink::new(&HttpConfig {
-            url: Url::parse("http://127.0.0.1:9/in").unwrap(),
-            method: HttpMethod::Post,
-            encoding,
-            precision: None,
-            compression,
-            headers: Vec::new(),
-            timeout: Duration::from_secs(1),
-            concurrency: 1,
-            tls: TlsConfig::default(),
-            replay_rate: None,
-        })
+        HttpSink::new(
+            &HttpConfig {
+                url: Url::parse("http://127.0.0.1:9/in").unwrap(),
+                method: HttpMethod::Post,
+                encoding,
+                precision: None,
+                compression,
+                headers: Vec::new(),
+                timeout: Duration::from_secs(1),
+                concurrency: 1,
+                tls: TlsConfig::default(),
+                replay_rate: None,
+            },
+            &Probe::Tcp,
+        )
         .unwrap()
     }
 

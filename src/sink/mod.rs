@@ -156,7 +156,9 @@ impl Sink {
     /// Builds the sink (for HTTP: reads TLS files, builds the client). Errors name the setting.
     pub fn new(config: Arc<SinkConfig>) -> Result<Sink, SettingError> {
         let built = match &config.kind {
-            SinkKind::Http(spec) => Built::Http(Box::new(http::HttpSink::new(spec)?)),
+            SinkKind::Http(spec) => {
+                Built::Http(Box::new(http::HttpSink::new(spec, &config.link.probe)?))
+            }
             SinkKind::File { dir } => Built::File(file::FileSink::new(&config.name, dir)),
             SinkKind::Stdout => Built::Stdout(stdout::StdoutSink::new(&config.name)),
         };

@@ -24,7 +24,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::TailStats;
 use super::batch::Batch;
@@ -34,6 +34,10 @@ use super::identity::{Identity, mtime, read_full_at, read_head, tail_at, window}
 use super::lines::{self, Assembler, Line};
 use super::record::{self, FP_BYTES, hash};
 use super::watch::{Event, Watcher};
+
+/// How long a source reads nothing before it gives its read buffer back: a source that reads
+/// every few seconds keeps it.
+const QUIET: Duration = Duration::from_secs(5);
 
 /// What happened since the last step, for the tailer to act on.
 #[derive(Debug, Default)]
@@ -248,6 +252,22 @@ impl Tailer {
         }
         self.fill(batch, now);
         self.tick(batch, now);
+        // A timer's round (the rescan, a poll) with nothing read from any file for QUIET: the
+        // burst is over. The read buffer (a chunk, 256 KiB at least) is not kept resident while
+        // the source stays quiet, and what the burst left (free memory in the allocator's heaps,
+        // the mapping of the code it ran) goes back with it: once per burst, as the buffer is
+        // taken again only by a read.
+        if !self.buf.is_empty()
+            && input.events.is_empty()
+            && !self.has_work()
+            && self
+                .files
+                .iter()
+                .all(|f| now.saturating_duration_since(f.idle_since) >= QUIET)
+        {
+            self.buf = Vec::new();
+            crate::memory::give_back();
+        }
         if self.changed {
             self.changed = false;
             batch.checkpoint = Some(checkpoint::encode(&self.checkpoint()));

@@ -13,7 +13,7 @@ const LAYERS: &[(u8, &[&str])] = &[
         1,
         &[
             "units", "clock", "files", "backoff", "metrics", "notify", "zone", "net", "logging",
-            "scrape",
+            "scrape", "memory",
         ],
     ),
     (2, &["store", "schedule"]),

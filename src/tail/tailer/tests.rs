@@ -674,3 +674,41 @@ fn a_batch_holds_what_the_stream_takes_in_one_append() {
         numbered("a", 0, 20).len() as u64
     );
 }
+
+#[test]
+fn a_quiet_round_gives_the_read_buffer_back_and_the_next_read_takes_one_again() {
+    let mut r = Rig::new(&["*.log"], |_| {});
+    r.append("a.log", &numbered("a", 0, 10));
+    r.start();
+    let step = |r: &mut Rig| {
+        let mut b = Batch::new(r.limits);
+        let input = StepInput {
+            events: Vec::new(),
+            rescan: true,
+            check_all: true,
+        };
+        r.t.as_mut().unwrap().step(&input, &mut b, r.now);
+        let buf = r.t.as_ref().unwrap().buf.capacity();
+        (b.records.len(), buf)
+    };
+    let (records, buf) = step(&mut r);
+    assert_eq!(records, 10);
+    assert!(
+        buf >= r.settings.chunk,
+        "a round that read keeps its buffer"
+    );
+    r.advance(QUIET - Duration::from_millis(1));
+    let (records, buf) = step(&mut r);
+    assert_eq!(records, 0);
+    assert!(
+        buf >= r.settings.chunk,
+        "a source quiet for less than QUIET keeps it"
+    );
+    r.advance(Duration::from_millis(1));
+    assert_eq!(step(&mut r), (0, 0), "then it gives it back");
+    assert_eq!(step(&mut r), (0, 0));
+    r.append("a.log", &numbered("a", 10, 2));
+    let (records, buf) = step(&mut r);
+    assert_eq!(records, 2);
+    assert!(buf >= r.settings.chunk);
+}
