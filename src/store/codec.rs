@@ -28,6 +28,15 @@ thread_local! {
     static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
 }
 
+/// Drops this thread's contexts (about 1.3 MB for compression at level 1, 0.1 MB for
+/// decompression, plus their window buffers): the store writer calls it when it goes idle after a
+/// drain, so an agent that had a burst idles as small as one that never had one. The next job
+/// builds them again.
+pub(super) fn release_contexts() {
+    COMPRESSOR.with(|c| c.borrow_mut().take());
+    DECOMPRESSOR.with(|d| d.borrow_mut().take());
+}
+
 /// `plain` as one zstd frame, or `None` when that is not smaller (or the library refused, which
 /// a plain buffer never makes it do).
 pub(super) fn compress(plain: &[u8]) -> Option<Vec<u8>> {

@@ -519,6 +519,9 @@ impl Writer {
                     }
                 }
             }
+            // Idle and drained: what the burst's commits and compression held goes back too.
+            crate::store::codec::release_contexts();
+            crate::memory::trim_heap();
         }
     }
 }
