@@ -43,16 +43,21 @@ pub fn stop(mut child: Child) {
 
 /// (resident KiB, peak resident KiB) of a process.
 pub fn rss_kib(pid: u32) -> (u64, u64) {
+    let field = status_fields(pid);
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// A reader of `/proc/PID/status`: the number after a field's name (`VmRSS:`), 0 if absent.
+fn status_fields(pid: u32) -> impl Fn(&str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
+    move |name: &str| {
         status
             .lines()
             .find(|l| l.starts_with(name))
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    }
 }
 
 /// A numeric setting from the environment, or its default.
@@ -145,15 +150,7 @@ impl Resident {
 }
 
 pub fn resident(pid: u32) -> Resident {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
+    let field = status_fields(pid);
     let mut r = Resident {
         rss: field("VmRSS:"),
         anon: field("RssAnon:"),

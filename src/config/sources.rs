@@ -442,6 +442,18 @@ mod tests {
         })
     }
 
+    /// `problems` are exactly `want`, each named by the start of its text.
+    fn assert_problems(problems: &[String], want: &[&str]) {
+        for w in want {
+            assert!(
+                problems.iter().any(|p| p.starts_with(w)),
+                "no problem starting {w:?} in:\n{}",
+                problems.join("\n")
+            );
+        }
+        assert_eq!(problems.len(), want.len(), "{}", problems.join("\n"));
+    }
+
     #[test]
     fn a_full_tail_source_compiles() {
         let c = load(
@@ -553,14 +565,7 @@ mod tests {
             "sources.bad name.paths: at least one glob pattern",
             "sources.other.surprise: unknown field `surprise`",
         ];
-        for w in want {
-            assert!(
-                problems.iter().any(|p| p.starts_with(w)),
-                "no problem starting {w:?} in:\n{}",
-                problems.join("\n")
-            );
-        }
-        assert_eq!(problems.len(), want.len(), "{}", problems.join("\n"));
+        assert_problems(&problems, &want);
     }
 
     #[test]
@@ -626,14 +631,7 @@ mod tests {
             "sources.e.format: unknown variant `xml`",
             "sources.f.fields:",
         ];
-        for w in want {
-            assert!(
-                problems.iter().any(|p| p.starts_with(w)),
-                "no problem starting {w:?} in:\n{}",
-                problems.join("\n")
-            );
-        }
-        assert_eq!(problems.len(), want.len(), "{}", problems.join("\n"));
+        assert_problems(&problems, &want);
     }
 
     #[test]

@@ -807,15 +807,7 @@ mod checkpoint_tests {
         let mut tx = store.transaction().unwrap();
         tx.append_list("s", &[b"queued"], None, now_ms()).unwrap();
         tx.commit().unwrap();
-        let mut w = Writer::new(
-            store,
-            Box::new(open),
-            WriterOptions::default(),
-            Arc::default(),
-            Arc::default(),
-            Arc::default(),
-        );
-        w.last_request = Instant::now() - COMPACT_AFTER_IDLE * 2;
+        let mut w = idle_writer(store, open);
         assert!(
             w.next_timeout() >= Duration::from_secs(3600),
             "a store with a backlog sleeps until a request: {:?}",
@@ -827,6 +819,23 @@ mod checkpoint_tests {
         tx.ack(&jobs[0].lease).unwrap();
         tx.commit().unwrap();
         assert_eq!(w.next_timeout(), Duration::from_millis(1));
+    }
+
+    /// A writer around `store` (reopened by `open`) whose last request was long ago.
+    fn idle_writer(
+        store: Store,
+        open: impl FnMut() -> Result<Store, StoreError> + Send + 'static,
+    ) -> Writer {
+        let mut w = Writer::new(
+            store,
+            Box::new(open),
+            WriterOptions::default(),
+            Arc::default(),
+            Arc::default(),
+            Arc::default(),
+        );
+        w.last_request = Instant::now() - COMPACT_AFTER_IDLE * 2;
+        w
     }
 
     /// Once drained and idle, a store whose file is mostly free pages is compacted, small as it
@@ -850,15 +859,7 @@ mod checkpoint_tests {
             tx.ack(&j.lease).unwrap();
         }
         tx.commit().unwrap();
-        let mut w = Writer::new(
-            store,
-            Box::new(open),
-            WriterOptions::default(),
-            Arc::default(),
-            Arc::default(),
-            Arc::default(),
-        );
-        w.last_request = Instant::now() - COMPACT_AFTER_IDLE * 2;
+        let mut w = idle_writer(store, open);
         w.housekeeping();
         assert!(w.compacted);
         let after = w.store.as_ref().unwrap().file_bytes();
