@@ -4,7 +4,8 @@
 //! spent), and the monitor probes with jittered exponential backoff from `backoff_base` to
 //! `backoff_cap`. The cap is what bounds how late a link's return is noticed, whatever the outage
 //! length: a cheap probe (a TCP connect, by default) keeps a short one (2 s) and runs every few
-//! seconds forever, spending nothing; an expensive one (an HTTP GET) backs off to 60 s. A
+//! seconds forever, spending nothing (on a path that drops packets a connect itself lasts until
+//! its SYN retry gets through, within the sink's `timeout`); an expensive one (an HTTP GET) backs off to 60 s. A
 //! successful probe only opens a *trial*: workers send again, and the first answer confirms the
 //! link `up`; a request without an answer during the trial closes it at once and the probing goes
 //! on where its backoff was, the next try waiting at least the trial backoff (to `trial_cap`, 60 s

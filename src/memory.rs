@@ -3,7 +3,9 @@
 //! pages of the binary's own code and constants that stay mapped into the process after what ran
 //! them (start-up, a burst of work) is over. Neither changes what the program computes; where the
 //! C library or the kernel has no such call they do nothing. The callers decide when: after
-//! start-up and reloads (`agent`), when a tail source goes quiet (`tail`).
+//! start-up and reloads (`agent`), when a tail source goes quiet (`tail`), after a large ingest
+//! body (`ingest`), when the store writer goes idle after a drain (`store`), once the config is
+//! compiled (`cli`).
 
 /// Both of the below: what start-up or a burst of work used and the idle process does not. About
 /// half a millisecond of CPU, most of it mapping back the code that runs next: call it when work

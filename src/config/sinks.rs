@@ -197,7 +197,8 @@ pub struct LinkSpec {
     #[serde(default)]
     pub backoff_base: Option<Dur>,
     /// Longest probe delay. Default: 2s with `probe: tcp` (a connect is cheap, so it runs every 2s
-    /// however long the outage, and the link's return is noticed within about 2s), 60s with
+    /// however long the outage, and the link's return is noticed within about 2s, plus the
+    /// connect's SYN retries, within the sink's `timeout`, on a path that drops packets), 60s with
     /// `probe: http` (a GET costs the receiver a request); never below a `backoff_base` that is
     /// set. A probe that passes while requests still get no answer (TLS, credentials) makes the
     /// next tries back off to 60s, or to this when it is set.

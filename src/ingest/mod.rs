@@ -97,11 +97,7 @@ pub(crate) const TRIM_ABOVE: u64 = 4 << 20;
 /// body, so peak RSS would be about three bodies' worth rather than the two `body_cost` counts.
 /// Runs on the blocking pool (it walks the heaps).
 pub(crate) fn give_back_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    tokio::task::spawn_blocking(|| {
-        // SAFETY: malloc_trim has no preconditions; it only releases free pages of the heaps.
-        unsafe { libc::malloc_trim(0) };
-    });
+    tokio::task::spawn_blocking(crate::memory::trim_heap);
 }
 
 /// What every connection and request shares.

@@ -8,7 +8,8 @@
 //! similar compression speed; ruzstd (pure Rust) compresses 5-10x slower than libzstd.
 //!
 //! Decompression is bounded by the length the job's header claims, so a damaged header cannot make
-//! it allocate more than that. Used by `format` only.
+//! it allocate more than that. Used by `format`; the store writer drops its thread's contexts when
+//! it goes idle ([`release_contexts`]).
 
 use std::cell::RefCell;
 use std::io::Read;

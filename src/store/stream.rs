@@ -42,7 +42,9 @@ pub enum AtRest {
 }
 
 /// Jobs waiting (queued and not in flight) from which `auto` compresses new ones. A delivery
-/// worker takes up to 4 jobs at once, so a stream that keeps up has fewer than this waiting.
+/// worker takes what waits (up to 16 jobs or 512 KiB) as soon as its last request is answered,
+/// so a stream that keeps up rarely has this many waiting, and one whose link is down or slow
+/// soon has more.
 pub const WAITING_JOBS: u64 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +91,12 @@ pub(super) struct StreamState {
 }
 
 impl StreamState {
+    /// Jobs no worker has taken yet: what `compression: auto` calls a backlog.
+    pub(super) fn waiting(&self) -> u64 {
+        (self.counters.ready_jobs + self.counters.retry_jobs)
+            .saturating_sub(self.in_flight.len() as u64)
+    }
+
     pub(super) fn new(cfg: StreamConfig) -> Self {
         StreamState {
             ready: format!("ready/{}", cfg.name),

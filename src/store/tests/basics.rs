@@ -803,3 +803,19 @@ fn plain_jobs_are_cut_to_fill_their_page() {
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0].record_count(), 1000);
 }
+
+/// Cutting jobs to fit their pages never makes a batch that `batch` cuts within `max_jobs` too
+/// large for the stream: such a batch is stored in emptier pages instead (a tail source sizes its
+/// batches by `max_jobs`; with `max_jobs: 1` a split would refuse every batch forever).
+#[test]
+fn page_fit_never_takes_a_batch_past_max_jobs() {
+    let d = Dir::new(vec![StreamConfig {
+        max_jobs: 1,
+        ..stream(S)
+    }]);
+    let mut store = d.open();
+    append(&mut store, S, &sized(b'a', &[320; 1000]), T0).unwrap();
+    let jobs = take(&mut store, S, 10, T0);
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].record_count(), 1000);
+}

@@ -13,6 +13,14 @@ use crate::store::layout::{CHECKPOINTS, Table};
 use crate::store::record_buf::RecordBuf;
 use crate::store::stream::{AtRest, WAITING_JOBS, WhenFull};
 
+/// What an append that was refused for room took, and how many jobs of its stream waited then.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::store) struct Need {
+    jobs: u64,
+    bytes: u64,
+    waiting: u64,
+}
+
 impl Tx<'_> {
     /// Appends records to a stream, cut into jobs by `batch.max_records` / `batch.max_bytes`, and,
     /// when given, saves a source checkpoint in the same transaction. Bounds are checked before
@@ -24,64 +32,61 @@ impl Tx<'_> {
         checkpoint: Option<(&str, &[u8])>,
         now_ms: u64,
     ) -> Result<Appended, AppendError> {
+        self.append_again(stream, records, checkpoint, now_ms, &mut None)
+    }
+
+    /// [`Tx::append`] for an append that waits for room (the writer retries it at least every
+    /// 50 ms while its stream is full): `need` holds the jobs and bytes it took when it was last
+    /// found full, and while the stream cannot hold even those the records are not cut, framed
+    /// and compressed again only to find that out (during an outage, up to 2 MiB 20 times a
+    /// second). What it needs now is checked as it is encoded, as for any append; a refusal for
+    /// room under `when_full: block` leaves that in `need`.
+    pub(in crate::store) fn append_again(
+        &mut self,
+        stream: &str,
+        records: &RecordBuf,
+        checkpoint: Option<(&str, &[u8])>,
+        now_ms: u64,
+        need: &mut Option<Need>,
+    ) -> Result<Appended, AppendError> {
+        // With as many jobs waiting or fewer, `auto` compresses no more of the records than it
+        // did, so they take at least what they took then.
+        if let Some(n) = *need
+            && self.stream(stream)?.waiting() <= n.waiting
+            && let Some(reason) = self.full(stream, n.jobs, n.bytes, n.bytes)
+        {
+            return Err(AppendError::Full {
+                stream: stream.into(),
+                reason,
+            });
+        }
         let st = self.stream(stream)?;
         let batch = st.cfg.batch;
         let max_bytes = st.cfg.max_bytes;
         let max_jobs = st.cfg.max_jobs;
         let when_full = st.cfg.when_full;
         let compression = st.cfg.compression;
-        // Jobs no worker has taken yet: what `auto` calls a backlog.
-        let waiting = (st.counters.ready_jobs + st.counters.retry_jobs)
-            .saturating_sub(st.in_flight.len() as u64);
-        // Cut into jobs.
-        let mut jobs: Vec<Vec<u8>> = Vec::new();
-        let mut raw_bytes = 0u64;
-        let mut start = 0;
-        while start < records.len() {
-            let mut end = start;
-            let mut size = 0u64;
-            while end < records.len() && (end - start) < batch.max_records as usize {
-                let r = records.record_len(end) as u64;
-                if end > start && size + r > batch.max_bytes {
-                    break;
-                }
-                size += r;
-                end += 1;
-            }
-            let codec = match compression {
-                AtRest::Plain => Codec::None,
-                AtRest::Always => Codec::Zstd,
-                AtRest::Waiting if waiting + jobs.len() as u64 >= WAITING_JOBS => Codec::Zstd,
-                AtRest::Waiting => Codec::None,
-            };
-            if codec == Codec::None {
-                end = page_fit(records, start, end);
-            }
-            let n = u32::try_from(end - start).expect("a job holds at most u32::MAX records");
-            let job = match records.lines(start..end) {
-                Some(lines) => {
-                    format::encode_area(now_ms, &fresh_meta(0), lines, Framing::Lines, n, codec)
-                }
-                None => {
-                    let part: Vec<&[u8]> = records.iter().skip(start).take(end - start).collect();
-                    let (plain, framing) = format::frame(&part);
-                    format::encode_area(now_ms, &fresh_meta(0), &plain, framing, n, codec)
-                }
-            };
-            if job.len() as u64 > max_bytes {
-                let size = size.max(job.len() as u64);
-                return Err(AppendError::TooLarge {
-                    stream: stream.into(),
-                    size,
-                    max: max_bytes,
-                    why: format!(
-                        "a record of {size} bytes can never fit in stream {stream:?} (max_bytes {max_bytes})"
-                    ),
-                });
-            }
-            raw_bytes += format::size(&job).raw;
-            jobs.push(job);
-            start = end;
+        let waiting = st.waiting();
+        let cut = |fit: bool| {
+            cut_jobs(
+                records,
+                &Cut {
+                    stream,
+                    batch,
+                    max_bytes,
+                    compression,
+                    waiting,
+                    now_ms,
+                    fit,
+                },
+            )
+        };
+        let (mut jobs, mut raw_bytes) = cut(true)?;
+        if jobs.len() as u64 > max_jobs {
+            // Cut to fit their pages, the records need more jobs than the stream may hold, while
+            // `batch` alone would have cut few enough (a producer sizes its batches by that):
+            // store them in fewer, emptier pages rather than refuse them.
+            (jobs, raw_bytes) = cut(false)?;
         }
         let n_records = records.len() as u64;
         let n_jobs = jobs.len() as u64;
@@ -116,6 +121,11 @@ impl Tx<'_> {
         if let Some(reason) = self.full(stream, n_jobs, bytes, bytes) {
             match when_full {
                 WhenFull::Block => {
+                    *need = Some(Need {
+                        jobs: n_jobs,
+                        bytes,
+                        waiting,
+                    });
                     return Err(AppendError::Full {
                         stream: stream.into(),
                         reason,
@@ -203,7 +213,7 @@ impl Tx<'_> {
         if self.below_min_free(disk) {
             return Ok(0);
         }
-        let stored_elsewhere = self.rollback.store.stored_bytes()
+        let stored_elsewhere = self.rollback.store.budget_used()
             - self.rollback.store.streams[stream].counters.stored_bytes();
         let budget = self.rollback.store.storage.max_bytes;
         let (txn, st) = self.txn_and_stream(stream)?;
@@ -262,12 +272,82 @@ impl Tx<'_> {
     }
 }
 
+/// How [`cut_jobs`] cuts an append's records.
+struct Cut<'a> {
+    stream: &'a str,
+    batch: crate::store::BatchConfig,
+    /// The stream's `max_bytes`: a job larger than that can never be stored.
+    max_bytes: u64,
+    compression: AtRest,
+    /// Jobs of the stream no worker has taken (see [`AtRest::Waiting`]).
+    waiting: u64,
+    now_ms: u64,
+    /// Cut plain jobs to fill their pages ([`page_fit`]).
+    fit: bool,
+}
+
+/// The jobs `records` make, encoded (compressed where `compression` says so), and their raw bytes.
+fn cut_jobs(records: &RecordBuf, c: &Cut<'_>) -> Result<(Vec<Vec<u8>>, u64), AppendError> {
+    let mut jobs: Vec<Vec<u8>> = Vec::new();
+    let mut raw_bytes = 0u64;
+    let mut start = 0;
+    while start < records.len() {
+        let mut end = start;
+        let mut size = 0u64;
+        while end < records.len() && (end - start) < c.batch.max_records as usize {
+            let r = records.record_len(end) as u64;
+            if end > start && size + r > c.batch.max_bytes {
+                break;
+            }
+            size += r;
+            end += 1;
+        }
+        let codec = match c.compression {
+            AtRest::Plain => Codec::None,
+            AtRest::Always => Codec::Zstd,
+            AtRest::Waiting if c.waiting + jobs.len() as u64 >= WAITING_JOBS => Codec::Zstd,
+            AtRest::Waiting => Codec::None,
+        };
+        if c.fit && codec == Codec::None {
+            end = page_fit(records, start, end);
+        }
+        let n = u32::try_from(end - start).expect("a job holds at most u32::MAX records");
+        let job = match records.lines(start..end) {
+            Some(lines) => {
+                format::encode_area(c.now_ms, &fresh_meta(0), lines, Framing::Lines, n, codec)
+            }
+            None => {
+                let part: Vec<&[u8]> = records.iter().skip(start).take(end - start).collect();
+                let (plain, framing) = format::frame(&part);
+                format::encode_area(c.now_ms, &fresh_meta(0), &plain, framing, n, codec)
+            }
+        };
+        if job.len() as u64 > c.max_bytes {
+            let size = size.max(job.len() as u64);
+            return Err(AppendError::TooLarge {
+                stream: c.stream.into(),
+                size,
+                max: c.max_bytes,
+                why: format!(
+                    "a record of {size} bytes can never fit in stream {:?} (max_bytes {})",
+                    c.stream, c.max_bytes
+                ),
+            });
+        }
+        raw_bytes += format::size(&job).raw;
+        jobs.push(job);
+        start = end;
+    }
+    Ok((jobs, raw_bytes))
+}
+
 /// Where to end a job of records `start..end` that is stored as it is so that it fills its redb
 /// page. redb keeps a value too large to share a page in a power-of-two run of 4 KiB pages, written
 /// whole: a job of 1,000 records of 320 bytes takes 512 KiB, a third of it empty and written all
 /// the same. A job whose page would stay more than a quarter empty is cut back to fit the page half
 /// that size, the rest opening the next job; so an append makes at most twice the jobs that
-/// `batch` alone would cut (which the bounds and the tail's batches allow for). Jobs whose page is
+/// `batch` alone would cut, and never more than the stream's `max_jobs` when `batch` alone stays
+/// within it (the append then cuts without this). Jobs whose page is
 /// 64 KiB or less are left alone: each commit writes about 50 KB besides its jobs anyway. A
 /// compressed job's size is known only once compressed, and is small: it is not cut.
 fn page_fit(records: &RecordBuf, start: usize, end: usize) -> usize {

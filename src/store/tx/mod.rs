@@ -6,6 +6,7 @@
 //! [`super::files`]. Used by the store writer and `colibri queue`.
 
 mod append;
+pub(in crate::store) use append::Need;
 mod dead;
 mod deliver;
 mod expire;
@@ -180,7 +181,7 @@ impl<'s> Tx<'s> {
         if self.below_min_free(disk) {
             return Some(FullReason::MinFree);
         }
-        if self.rollback.store.stored_bytes() + bytes > self.rollback.store.storage.max_bytes {
+        if self.rollback.store.budget_used() + bytes > self.rollback.store.storage.max_bytes {
             return Some(FullReason::Budget);
         }
         let st = &self.rollback.store.streams[stream];

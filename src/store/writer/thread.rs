@@ -26,6 +26,8 @@ struct Parked {
     checkpoint: Option<(String, Vec<u8>)>,
     deadline: Instant,
     reply: Reply<Result<Appended, AppendError>>,
+    /// The jobs and bytes it needed when last found full (see [`Tx::append_again`]).
+    need: Option<crate::store::tx::Need>,
 }
 
 /// A reply to send once the transaction's fate is known.
@@ -265,6 +267,13 @@ impl Writer {
         })
     }
 
+    /// Whether the idle compaction is still to run: not since the last change, on a drained
+    /// store, with no append waiting for room (the timer and the check must agree, or the thread
+    /// wakes every millisecond for nothing).
+    fn wants_compaction(&self) -> bool {
+        !self.compacted && self.parked.is_empty() && self.drained()
+    }
+
     /// Whether every stream is empty, nothing in flight: the moment compaction is for.
     fn drained(&self) -> bool {
         self.store.as_ref().is_some_and(|store| {
@@ -287,7 +296,7 @@ impl Writer {
         }
         // Only a drained store is compacted: while a backlog waits (an outage) the compaction
         // timer must not wake the thread (past its deadline it would, every millisecond).
-        if !self.compacted && self.drained() {
+        if self.wants_compaction() {
             t = t.min(COMPACT_AFTER_IDLE.saturating_sub(now - self.last_request));
         }
         if self.store.is_none() {
@@ -498,9 +507,9 @@ impl Writer {
             self.dispose();
         }
         let idle = self.last_request.elapsed() >= COMPACT_AFTER_IDLE;
-        let drained = self.drained();
+        let wanted = self.wants_compaction();
         let store = self.store.as_mut().expect("checked above");
-        if idle && drained && !self.compacted && self.parked.is_empty() {
+        if idle && wanted {
             self.compacted = true;
             // redb's own count of free pages: stored_bytes counts spooled files, which are not in
             // the database file.
@@ -579,8 +588,11 @@ fn run_tx(
             .checkpoint
             .as_ref()
             .map(|(s, c)| (s.as_str(), c.as_slice()));
-        match tx.append(&p.stream, &p.records, cp, now) {
-            Err(AppendError::Full { reason, .. }) => still_parked.push_back(Parked { reason, ..p }),
+        let mut need = p.need;
+        match tx.append_again(&p.stream, &p.records, cp, now, &mut need) {
+            Err(AppendError::Full { reason, .. }) => {
+                still_parked.push_back(Parked { reason, need, ..p })
+            }
             result => {
                 requests += 1;
                 pending.push(Pending::Append(p.reply, result));
@@ -599,6 +611,7 @@ fn run_tx(
             } => {
                 // Behind parked appends of the same stream it is not tried: it waits in line (or,
                 // without a wait, fails at once, as the stream is full for everyone before it).
+                let mut need = None;
                 let result = match still_parked.iter().find(|q| q.stream == stream) {
                     Some(ahead) => Err(AppendError::Full {
                         stream: stream.clone(),
@@ -606,7 +619,7 @@ fn run_tx(
                     }),
                     None => {
                         let cp = checkpoint.as_ref().map(|(s, c)| (s.as_str(), c.as_slice()));
-                        tx.append(&stream, &records, cp, now)
+                        tx.append_again(&stream, &records, cp, now, &mut need)
                     }
                 };
                 match (result, deadline) {
@@ -618,6 +631,7 @@ fn run_tx(
                             checkpoint,
                             deadline,
                             reply,
+                            need,
                         });
                     }
                     (result, _) => pending.push(Pending::Append(reply, result)),
