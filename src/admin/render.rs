@@ -494,6 +494,27 @@ fn store_metrics(t: &mut Text, store: &StoreHandle, snap: Option<&Snapshot>, con
         "storage.min_free: below it every stream is full.",
         config.storage.min_free as f64,
     );
+    // Read from the data directory at each scrape (a readdir): an operator who removes a damaged
+    // file sees it leave the metrics at once.
+    let aside = crate::store::aside::list(&config.data_dir);
+    t.single(
+        "colibri_store_damaged_files",
+        Kind::Gauge,
+        "Damaged store files moved aside and still in the data directory.",
+        aside.len() as f64,
+    );
+    t.single(
+        "colibri_store_damaged_bytes",
+        Kind::Gauge,
+        "Bytes of those files, counted against storage.max_bytes until removed.",
+        aside.iter().map(|f| f.bytes).sum::<u64>() as f64,
+    );
+    t.single(
+        "colibri_store_last_damage_timestamp_seconds",
+        Kind::Gauge,
+        "When the newest of those files was moved aside (0: none).",
+        aside.last().map_or(0, |f| f.moved_ms) as f64 / 1000.0,
+    );
 }
 
 fn source_metrics(t: &mut Text, stats: &[(String, Arc<TailStats>)]) {

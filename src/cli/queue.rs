@@ -437,6 +437,7 @@ fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
     let stored = s.stored_bytes();
     let raw: u64 = s.streams().map(|(_, n)| n.raw_bytes()).sum();
     let quarantined = s.quarantined()?;
+    let aside = s.aside_files();
     drop(s);
     // Read-only handles cannot see redb's free-page statistics, and a writable open here would
     // compete with an agent starting at the same moment: report the upper bound instead.
@@ -449,6 +450,7 @@ fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
             "raw_bytes": raw,
             "reclaimable_bytes_at_most": reclaimable,
             "quarantined_entries": quarantined,
+            "damaged_files": aside,
             "streams": rows,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -500,6 +502,19 @@ fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
             n.dead_lettered_records,
             n.expired_records,
             n.dropped_records(),
+        );
+    }
+    // Damaged store files the agent moved aside: they hold disk (and count against
+    // storage.max_bytes) until removed.
+    for f in &aside {
+        let moved = chrono::DateTime::from_timestamp_millis(f.moved_ms as i64)
+            .map_or("?".into(), |t| {
+                t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            });
+        println!(
+            "damaged store moved aside {moved}: {} ({}; counts against storage.max_bytes until removed)",
+            f.path.display(),
+            fmt_size(f.bytes)
         );
     }
     Ok(())

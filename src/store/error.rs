@@ -184,6 +184,17 @@ pub(super) fn db_error(path: &Path, e: DatabaseError) -> StoreError {
             path: path.to_path_buf(),
         },
         DatabaseError::Storage(redb::StorageError::Corrupted(m)) => StoreError::Corrupted(m),
+        // What redb says of a file that is not (or no longer) a database: a damaged magic
+        // number or header (`InvalidData`), a file cut shorter than its header (`UnexpectedEof`).
+        // Damage, not a failing device: the agent moves such a file aside like any corrupted one.
+        DatabaseError::Storage(redb::StorageError::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            StoreError::Corrupted(e.to_string())
+        }
         other => StoreError::Io(Box::new(other)),
     }
 }

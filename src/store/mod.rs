@@ -23,6 +23,7 @@
 //! crash at any point neither re-sends a delivered file nor loses a queued one. Start-up reads only
 //! DISPOSE (normally empty), never the list of queued files.
 
+pub mod aside;
 mod codec;
 mod counters;
 mod error;

@@ -97,6 +97,8 @@ pub struct Store {
     /// Spooled files whose jobs left the store in committed transactions (or before the last
     /// crash), not yet disposed of: the owner takes them with [`Store::take_disposals`].
     pub(super) disposals: Vec<Disposal>,
+    /// Bytes of the damaged store files moved aside in `data_dir` when this store was opened.
+    pub(super) aside_bytes: u64,
     /// Test seam: commit without waiting for the disk (the planted bug the power-loss test must catch).
     #[cfg(test)]
     pub unsafe_no_fsync: bool,
@@ -182,13 +184,8 @@ impl Store {
                 b.open(&path)
             })
             .unwrap_or_else(|panic| {
-                let what = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
                 Err(DatabaseError::Storage(redb::StorageError::Corrupted(
-                    format!("redb gave up reading the file: {what}"),
+                    format!("redb gave up reading the file: {}", panic_message(&*panic)),
                 )))
             });
             Db::Rw(opened.map_err(|e| db_error(&path, e))?)
@@ -196,49 +193,45 @@ impl Store {
         Self::with_db(db, path, storage, streams, opts)
     }
 
-    /// Opens the store as [`Store::open`] does, for the agent: a file redb reports as corrupted is
-    /// opened again with every page verified (which rebuilds redb's allocator state and may well
-    /// succeed), and one that fails that too is moved aside (kept for inspection, as
-    /// `colibri.redb.corrupt-<ms>`) and a fresh one created, so the agent comes back into service.
-    /// Logged at ERROR: data in the old file is no longer served. `verify`: check every page at
-    /// once (a reopen after a failure). The store owns this recovery: nothing else renames its file.
+    /// Opens the store as [`Store::open`] does, for the agent, and always comes back with a store
+    /// unless the data directory itself fails: a file redb reports as corrupted is opened again
+    /// with every page verified (which rebuilds redb's allocator state and may well succeed); one
+    /// that fails that too, or that redb does not recognise (damaged magic number or header, cut
+    /// shorter than its header), or whose opening panicked, is moved aside (kept for inspection and
+    /// salvage as `colibri.redb.corrupt-<ms>`, see [`super::aside`]) and a fresh one created. An
+    /// empty file (a power cut before the first create's rename, on a filesystem that does not
+    /// order it) holds nothing and is simply replaced. Logged at ERROR: data in the old file is no
+    /// longer served. `verify`: check every page at once (a reopen after a failure). The store owns
+    /// this recovery: nothing else renames its file.
     pub fn open_or_replace(
         dir: &Path,
         storage: StorageConfig,
         streams: &[StreamConfig],
         verify: bool,
     ) -> Result<Store, StoreError> {
-        let opts = OpenOptions {
-            verify,
-            ..OpenOptions::default()
-        };
-        let first = Store::open(dir, storage, streams, opts);
-        // A plain open trusts redb's recorded allocator state; a verifying one checks every page and
-        // rebuilds it, and may well succeed. Only a file that fails that too is given up on.
-        let opened = match first {
+        let path = dir.join(DB_FILE);
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+            tracing::warn!(
+                path = %path.display(),
+                "the store file is empty (a power cut while it was first created); a new one is created"
+            );
+            std::fs::remove_file(&path)?;
+        }
+        // A plain open trusts redb's recorded allocator state; a verifying one checks every page
+        // and rebuilds it, and may well succeed. Only a file that fails that too is given up on.
+        let opened = match open_guarded(dir, storage, streams, verify) {
             Err(StoreError::Corrupted(reason)) if !verify => {
                 tracing::warn!(
                     reason,
                     "the store looks damaged; opening it again with full verification"
                 );
-                let opts = OpenOptions {
-                    verify: true,
-                    ..OpenOptions::default()
-                };
-                Store::open(dir, storage, streams, opts)
+                open_guarded(dir, storage, streams, true)
             }
             other => other,
         };
         match opened {
             Err(StoreError::Corrupted(reason)) => {
-                let path = dir.join(DB_FILE);
-                let aside = path.with_extension(format!("redb.corrupt-{}", crate::clock::now_ms()));
-                std::fs::rename(&path, &aside).map_err(|e| {
-                    StoreError::io(format!(
-                        "cannot move the corrupted store {} aside: {e}",
-                        path.display()
-                    ))
-                })?;
+                let aside = super::aside::move_aside(dir, crate::clock::now_ms())?;
                 tracing::error!(
                     reason,
                     moved_to = %aside.display(),
@@ -276,7 +269,9 @@ impl Store {
         opts: OpenOptions,
     ) -> Result<Store, StoreError> {
         let data_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let aside_bytes = super::aside::list(&data_dir).iter().map(|f| f.bytes).sum();
         let mut store = Store {
+            aside_bytes,
             db,
             data_dir,
             disposals: Vec::new(),
@@ -367,15 +362,21 @@ impl Store {
         Ok(())
     }
 
-    /// Begins a write transaction. After a failed or abandoned one, counters are reloaded first.
-    pub fn transaction(&mut self) -> Result<Tx<'_>, StoreError> {
-        if self.stale {
-            self.load_counters()?;
-        }
+    /// A redb write transaction as every commit of this store must be made: durable, and with
+    /// redb's allocator state written (quick repair) when the file is large or the disk nearly
+    /// full (see [`QUICK_REPAIR_FROM`]: a commit without it also deletes the state an earlier one
+    /// wrote). With the free disk, when it was read for that.
+    pub(super) fn begin_write(
+        &mut self,
+    ) -> Result<(redb::WriteTransaction, Option<u64>), StoreError> {
         let mut txn = self.db.rw()?.begin_write()?;
+        let mut free_disk = None;
         let quick = self.opts.quick_repair_from == 0
             || self.file_bytes() >= self.opts.quick_repair_from
-            || super::tx::free_disk_bytes(&self.path).is_some_and(|f| f < QUICK_REPAIR_BELOW_FREE);
+            || {
+                free_disk = super::tx::free_disk_bytes(&self.path);
+                free_disk.is_some_and(|f| f < QUICK_REPAIR_BELOW_FREE)
+            };
         txn.set_quick_repair(quick);
         #[cfg(test)]
         if self.unsafe_no_fsync {
@@ -383,14 +384,52 @@ impl Store {
         }
         #[cfg(not(test))]
         txn.set_durability(Durability::Immediate)?;
+        Ok((txn, free_disk))
+    }
+
+    /// Begins a write transaction. After a failed or abandoned one, counters are reloaded first.
+    pub fn transaction(&mut self) -> Result<Tx<'_>, StoreError> {
+        if self.stale {
+            self.load_counters()?;
+        }
+        let (txn, free_disk) = self.begin_write()?;
         Ok(Tx {
             txn,
             rollback: Rollback::new(self),
             dirty: HashSet::new(),
             fed: HashSet::new(),
-            free_disk: None,
+            free_disk,
             disposals: Vec::new(),
             touched: false,
         })
     }
+}
+
+/// [`Store::open`] (writable), with a panic anywhere in it (redb reading a damaged page while the
+/// layout is checked or the counters loaded) reported as corruption.
+fn open_guarded(
+    dir: &Path,
+    storage: StorageConfig,
+    streams: &[StreamConfig],
+    verify: bool,
+) -> Result<Store, StoreError> {
+    let opts = OpenOptions {
+        verify,
+        ..OpenOptions::default()
+    };
+    std::panic::catch_unwind(|| Store::open(dir, storage, streams, opts)).unwrap_or_else(|panic| {
+        Err(StoreError::Corrupted(format!(
+            "redb gave up reading the file: {}",
+            panic_message(&*panic)
+        )))
+    })
+}
+
+/// The text of a caught panic, if it has one.
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
 }

@@ -63,6 +63,18 @@ impl Store {
             .sum()
     }
 
+    /// What counts against `storage.max_bytes`: the streams' bytes and the damaged store files
+    /// kept beside this one (an operator frees that part by removing them).
+    pub fn budget_used(&self) -> u64 {
+        self.stored_bytes() + self.aside_bytes
+    }
+
+    /// The damaged store files moved aside in this store's directory, oldest first (read from
+    /// the directory: an operator may have removed some).
+    pub fn aside_files(&self) -> Vec<super::aside::AsideFile> {
+        super::aside::list(&self.data_dir)
+    }
+
     /// The database file's size on disk.
     pub fn file_bytes(&self) -> u64 {
         std::fs::metadata(&self.path).map_or(0, |m| m.len())
@@ -162,7 +174,7 @@ impl Store {
         // commits after them: two empty ones (redb also trims free pages off the file's end).
         // Called once per drain, when the store is idle.
         for _ in 0..2 {
-            self.db.rw()?.begin_write()?.commit()?;
+            self.begin_write()?.0.commit()?;
         }
         let txn = self.db.rw()?.begin_write()?;
         let stats = txn.stats()?;

@@ -903,6 +903,77 @@ fn corrupt_file_is_moved_aside_and_the_agent_starts() {
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }
 
+/// Writes `f` over the store file's bytes.
+fn rewrite(db: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+    let mut bytes = std::fs::read(db).expect("store file");
+    f(&mut bytes);
+    std::fs::write(db, &bytes).expect("write the damaged file");
+}
+
+/// The damage that made `colibri run` exit 1 before (issue 17: a restart loop under systemd):
+/// redb refused the file before colibri's recovery saw a "corrupted" answer. Each now starts, with
+/// the file moved aside (or, empty, replaced), and the moved file is listed by `queue stats` and
+/// counted in `/metrics`.
+#[test]
+fn damage_that_stopped_start_up_moves_the_file_aside() {
+    type Damage = Box<dyn FnOnce(&Path)>;
+    let cases: Vec<(&str, Damage, bool)> = vec![
+        (
+            "a flipped byte in the magic number",
+            Box::new(|db: &Path| rewrite(db, |b| b[0] ^= 0x01)),
+            true,
+        ),
+        (
+            "an empty file",
+            Box::new(|db: &Path| rewrite(db, |b| b.clear())),
+            false,
+        ),
+        (
+            "cut to 100 bytes",
+            Box::new(|db: &Path| rewrite(db, |b| b.truncate(100))),
+            true,
+        ),
+        (
+            "two bytes of the header's version",
+            Box::new(|db: &Path| rewrite(db, |b| b[64..66].iter_mut().for_each(|x| *x ^= 0xff))),
+            true,
+        ),
+    ];
+    let mut failed = Vec::new();
+    for (name, damage, kept) in cases {
+        match run_on_damaged_store(name, damage) {
+            Outcome::MovedAside(_) if kept => {}
+            Outcome::Opened { queued_bytes: 0 } if !kept => {}
+            other => failed.push(format!("{name}: {other:?}")),
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+
+    // What an operator sees afterwards, with the agent stopped and running.
+    let (sb, config) = damaged_store(|db| rewrite(db, |b| b[0] ^= 0x01));
+    let damaged_len = std::fs::metadata(sb.file("data").join("colibri.redb"))
+        .unwrap()
+        .len();
+    let agent = Proc::run(&config);
+    agent.wait_until(secs(30), "colibri started", || {
+        has_message(&json_events(&agent.stderr()), "colibri started")
+    });
+    // `stop` checks the exit status.
+    stop(agent);
+    let doc = queue_stats(&config, &[]);
+    let files = doc["damaged_files"].as_array().expect("damaged_files");
+    assert_eq!(files.len(), 1, "{doc}");
+    assert_eq!(files[0]["bytes"].as_u64(), Some(damaged_len), "{doc}");
+    let text = finish(queue(&config, &["stats"]), secs(30));
+    assert!(
+        text.stdout.contains("damaged store moved aside"),
+        "{}",
+        text.stdout
+    );
+    // The fresh store works: a push is acknowledged.
+    assert_eq!(push_ok(&config, 1, 1, 2), vec![1, 2]);
+}
+
 /// `peek` and `stats` on a damaged file, with the agent stopped (an operator looking into why it
 /// would not start): an error, or what can be read, but never a panic.
 #[test]

@@ -466,3 +466,4 @@ mod model;
 mod power_loss;
 mod regressions;
 mod settle;
+mod start_always;
