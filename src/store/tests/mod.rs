@@ -465,4 +465,5 @@ mod io_errors;
 mod model;
 mod power_loss;
 mod regressions;
+mod salvage;
 mod settle;
