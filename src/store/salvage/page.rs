@@ -176,6 +176,45 @@ pub fn leaf_len(b: &[u8], key_w: Option<usize>, value_w: Option<usize>) -> Optio
     }
 }
 
+/// Whether a leaf may be `len` bytes long, from what its first page (`b`) shows, before more of
+/// it is read: redb splits a leaf that would outgrow one page unless it holds a single pair, so
+/// only a one-entry leaf is longer; and a longer one-entry leaf is read only when its value
+/// starts as a job does, and, for a version 3 job stored as it is, is exactly as long as its
+/// header says. So a damaged or foreign page cannot make the walk read far for nothing.
+pub fn plausible_len(b: &[u8], len: usize, key_w: Option<usize>, value_w: Option<usize>) -> bool {
+    if len as u64 <= PAGE {
+        return true;
+    }
+    if u16_at(b, 2) != Some(1) || value_w.is_some() {
+        return false;
+    }
+    let key_end = match key_w {
+        Some(w) => leaf_tables(1, key_w, value_w) + w,
+        None => match u32_at(b, 4) {
+            Some(e) => e as usize,
+            None => return false,
+        },
+    };
+    let Some(v) = b.get(key_end..) else {
+        return false;
+    };
+    let value_len = len.saturating_sub(key_end) as u64;
+    match v.first() {
+        Some(1 | 2) => true,
+        Some(3) => match (u32_at(v, 17), u64_at(v, 21), v.get(29)) {
+            (Some(meta), Some(plain), Some(0)) => {
+                31u64.saturating_add(u64::from(meta)).saturating_add(plain) == value_len
+            }
+            // Compressed: never longer than its records plus zstd's worst case.
+            (Some(meta), Some(plain), Some(1)) => {
+                value_len <= 31u64 + u64::from(meta) + plain + plain / 128 + 1024
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 /// How many bytes must be read to see a leaf's end-offset tables (from its first 4 bytes).
 pub fn leaf_tables_len(
     first: &[u8],

@@ -157,6 +157,7 @@ impl<R: ReadAt + ?Sized> Walker<'_, R> {
             .min(page::MAX_LEAF)
             .min(self.rd.len().saturating_sub(start));
         let cap = |n: usize| n as u64 <= max;
+        // Read the first page, and the rest only when the leaf says it is longer.
         let mut b = self.rd.read(start, PAGE as usize)?;
         let Some(tables) = page::leaf_tables_len(&b, key_w, value_w) else {
             return Ok(None);
@@ -170,7 +171,7 @@ impl<R: ReadAt + ?Sized> Walker<'_, R> {
         let Some(len) = page::leaf_len(&b, key_w, value_w) else {
             return Ok(None);
         };
-        if !cap(len) {
+        if !cap(len) || !page::plausible_len(&b, len, key_w, value_w) {
             return Ok(None);
         }
         if len > b.len() {

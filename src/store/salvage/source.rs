@@ -66,12 +66,14 @@ impl ReadAt for FileSource {
     }
 }
 
-/// Reads windows of the source, counting what it read.
+/// Reads windows of the source, counting what it read. The last window read is kept, so the
+/// walk's several looks at one page (its type, then as each kind of leaf) read it once.
 pub struct Reader<'a, R: ReadAt + ?Sized> {
     src: &'a R,
     len: u64,
-    /// Bytes read so far (a byte read twice counts twice).
+    /// Bytes read from the source so far (a byte read again later counts again).
     pub bytes_read: u64,
+    last: (u64, Vec<u8>),
 }
 
 impl<'a, R: ReadAt + ?Sized> Reader<'a, R> {
@@ -80,6 +82,7 @@ impl<'a, R: ReadAt + ?Sized> Reader<'a, R> {
             len: src.len(),
             src,
             bytes_read: 0,
+            last: (0, Vec::new()),
         }
     }
 
@@ -95,10 +98,22 @@ impl<'a, R: ReadAt + ?Sized> Reader<'a, R> {
     pub fn read(&mut self, offset: u64, n: usize) -> io::Result<Vec<u8>> {
         let left = self.len.saturating_sub(offset);
         let n = n.min(usize::try_from(left).unwrap_or(usize::MAX));
+        let (at, kept) = &self.last;
+        if let Some(from) = offset
+            .checked_sub(*at)
+            .and_then(|d| usize::try_from(d).ok())
+            && let Some(b) = from.checked_add(n).and_then(|end| kept.get(from..end))
+        {
+            return Ok(b.to_vec());
+        }
         let mut buf = vec![0u8; n];
         let got = self.src.read_at(&mut buf, offset)?;
         buf.truncate(got);
         self.bytes_read += got as u64;
+        // Keep a page-sized window (the page just looked at), never a large value.
+        if got <= 4096 {
+            self.last = (offset, buf.clone());
+        }
         Ok(buf)
     }
 }
