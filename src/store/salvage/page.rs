@@ -279,6 +279,11 @@ pub fn table_root(def: &[u8]) -> Option<Option<u64>> {
     }
 }
 
+/// How many entries a table definition says its table holds (bytes 1..9).
+pub fn table_len(def: &[u8]) -> Option<u64> {
+    u64_at(def, 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -360,7 +360,8 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
 
     // 2. The scan.
     let mut parents: HashMap<u64, Vec<u64>> = HashMap::new();
-    let mut roots: HashMap<u64, Vec<usize>> = HashMap::new();
+    // Root page -> (table, entries its definition says it held) of every definition found.
+    let mut roots: HashMap<u64, Vec<(usize, u64, u64)>> = HashMap::new();
     let mut leaves: Vec<JobLeaf> = Vec::new();
     let len = w.rd.len();
     let mut at = PAGE;
@@ -411,15 +412,17 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
                         let name = b
                             .get(e.key.clone())
                             .and_then(|k| std::str::from_utf8(k).ok());
-                        let def = b.get(e.value.clone()).and_then(page::table_root);
+                        let value = b.get(e.value.clone()).unwrap_or_default();
+                        let def = page::table_root(value);
                         if let (Some(name), Some(Some(root))) = (name, def) {
                             let n = named(name);
                             if matches!(n, Named::Job(..)) {
                                 let t = intern(n, &mut names);
+                                let claim = (t, page::table_len(value).unwrap_or(u64::MAX), root);
                                 if let Some(r) = w.geo.range(root) {
                                     let ts = roots.entry(r.start).or_default();
-                                    if !ts.contains(&t) {
-                                        ts.push(t);
+                                    if !ts.contains(&claim) {
+                                        ts.push(claim);
                                     }
                                 }
                             }
@@ -433,30 +436,62 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
     }
 
     // 3. Attribution.
-    let owner = |leaf: u64| -> Option<usize> {
-        if let Some(t) = live_owner.get(&leaf) {
-            return Some(*t);
-        }
-        let mut tables = HashSet::new();
-        let mut seen = HashSet::new();
-        let mut frontier = vec![leaf];
-        while let Some(p) = frontier.pop() {
-            if seen.len() > 1 << 16 || !seen.insert(p) {
-                continue;
+    // A page freed and used again may be named as the root of several tables by definitions of
+    // different ages. Only claims that fit the leaf's key width count, and of those, when they
+    // still disagree, the ones whose entry count is what the tree under that root holds now.
+    let mut counts: HashMap<(u64, usize), Option<u64>> = HashMap::new();
+    let mut owner =
+        |w: &mut Walker<'_, R>, leaf: u64, width: Option<usize>| -> io::Result<Option<usize>> {
+            if let Some(t) = live_owner.get(&leaf) {
+                return Ok(Some(*t));
             }
-            if let Some(ts) = roots.get(&p) {
-                tables.extend(ts.iter().copied());
+            // (root page number, table, entries claimed, key width)
+            let mut claims: Vec<(u64, usize, u64, usize)> = Vec::new();
+            let mut seen = HashSet::new();
+            let mut frontier = vec![leaf];
+            while let Some(p) = frontier.pop() {
+                if seen.len() > 1 << 16 || !seen.insert(p) {
+                    continue;
+                }
+                for &(t, len, raw) in roots.get(&p).map(Vec::as_slice).unwrap_or_default() {
+                    if let Some(Named::Job(_, k)) = names.get(t)
+                        && width.is_none_or(|w| w == k.key_width())
+                    {
+                        claims.push((raw, t, len, k.key_width()));
+                    }
+                }
+                if let Some(ps) = parents.get(&p) {
+                    frontier.extend(ps.iter().copied());
+                }
             }
-            if let Some(ps) = parents.get(&p) {
-                frontier.extend(ps.iter().copied());
+            let one = |claims: &[(u64, usize, u64, usize)]| {
+                let mut ts = claims.iter().map(|c| c.1);
+                let first = ts.next()?;
+                ts.all(|t| t == first).then_some(first)
+            };
+            if claims.len() <= 1 || one(&claims).is_some() {
+                return Ok(one(&claims));
             }
-        }
-        let mut it = tables.into_iter();
-        match (it.next(), it.next()) {
-            (Some(t), None) => Some(t),
-            _ => None,
-        }
-    };
+            let mut fitting = Vec::new();
+            for c in &claims {
+                let (root, _, len, key_w) = *c;
+                let n = match counts.get(&(root, key_w)) {
+                    Some(n) => *n,
+                    None => {
+                        let mut n = 0u64;
+                        let whole =
+                            w.walk(root, Some(key_w), None, |_, _, e| n += e.len() as u64)?;
+                        let n = whole.then_some(n);
+                        counts.insert((root, key_w), n);
+                        n
+                    }
+                };
+                if n == Some(len) {
+                    fitting.push(*c);
+                }
+            }
+            Ok(one(&fitting))
+        };
     let single = match streams {
         [s] => Some(s.to_string()),
         _ => None,
@@ -466,7 +501,7 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
     let mut unattributed: HashSet<u64> = HashSet::new();
     for leaf in leaves {
         let live = live_owner.contains_key(&leaf.at);
-        let by_tree = owner(leaf.at).and_then(|t| match names.get(t) {
+        let by_tree = owner(&mut w, leaf.at, leaf.width)?.and_then(|t| match names.get(t) {
             Some(Named::Job(s, k)) => Some((t, s.clone(), *k)),
             _ => None,
         });
