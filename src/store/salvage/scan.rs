@@ -202,7 +202,7 @@ impl<R: ReadAt + ?Sized> Walker<'_, R> {
                 complete = false;
                 continue;
             }
-            let first = self.rd.read(range.start, 4)?;
+            let first = self.rd.read(range.start, PAGE as usize)?;
             match first.first() {
                 Some(&page::LEAF) => {
                     match self.leaf(range.start, range.end - range.start, key_w, value_w)? {
@@ -221,7 +221,7 @@ impl<R: ReadAt + ?Sized> Walker<'_, R> {
     }
 
     fn branch(&mut self, start: u64, max: u64) -> io::Result<Option<Vec<u64>>> {
-        let first = self.rd.read(start, 4)?;
+        let first = self.rd.read(start, PAGE as usize)?;
         let Some(need) = page::branch_need(&first) else {
             return Ok(None);
         };
@@ -366,7 +366,7 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
     let len = w.rd.len();
     let mut at = PAGE;
     while at < len {
-        let first = w.rd.read(at, 4)?;
+        let first = w.rd.read(at, PAGE as usize)?;
         let mut next = at + PAGE;
         match first.first() {
             Some(&page::BRANCH) => {

@@ -191,7 +191,13 @@ fn an_undamaged_file_gives_back_exactly_its_live_jobs() {
         [("tail-src".to_string(), b"149".to_vec())]
     );
     assert!(found.store_id.is_some());
-    assert!(found.bytes_read >= fx.file.len() as u64 / 2);
+    // Every page once, and the live tree's pages again (its walk comes first).
+    let n = fx.file.len() as u64;
+    assert!(
+        found.bytes_read >= n - 4096 && found.bytes_read <= 3 * n,
+        "{} of {n}",
+        found.bytes_read
+    );
 }
 
 #[test]
