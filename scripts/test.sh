@@ -56,7 +56,7 @@ if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     echo "==> installing cargo-fuzz"
     cargo install --locked cargo-fuzz
   fi
-  for target in job_decode config prometheus lineproto; do
+  for target in job_decode config prometheus lineproto salvage; do
     echo "==> cargo +nightly fuzz run $target (20 s)"
     cargo +nightly fuzz run "$target" -- -max_total_time=20 -print_final_stats=0
   done

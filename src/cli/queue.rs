@@ -59,6 +59,18 @@ pub enum QueueCommand {
     /// Dead letters: list them, replay them into the queue, or purge them
     #[command(subcommand)]
     Dead(DeadCommand),
+    /// Read a damaged store file (one moved aside as colibri.redb.corrupt-<ms>) and append every
+    /// intact job in it to the configured store, under its stream; prints what was restored and
+    /// what was lost (the agent must be stopped)
+    Salvage {
+        #[command(flatten)]
+        config: super::ConfigArg,
+        /// The damaged file
+        file: std::path::PathBuf,
+        /// Print the report as JSON
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -252,6 +264,7 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
             stream,
             batch,
         } => push(&load(&config)?, &stream, batch.max(1)),
+        QueueCommand::Salvage { config, file, json } => salvage(&load(&config)?, &file, json),
         QueueCommand::Dead(DeadCommand::Replay { target, id, json }) => {
             let c = load(&target.config)?;
             let mut s = open(&c, Access::Change)?;
@@ -626,6 +639,35 @@ fn push(c: &Config, stream: &str, batch: usize) -> anyhow::Result<()> {
 }
 
 /// Asks on the terminal (the caller has checked there is one).
+/// `queue salvage`: the file is checked before the store is opened (or created), and refused
+/// when it is the configured store itself (its jobs would be queued twice).
+fn salvage(c: &Config, file: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    let meta =
+        std::fs::metadata(file).with_context(|| format!("cannot read {}", file.display()))?;
+    if !meta.is_file() {
+        anyhow::bail!("{} is not a file", file.display());
+    }
+    let live = c.data_dir.join(store::DB_FILE);
+    let same = |a: &std::path::Path, b: &std::path::Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b);
+    if same(file, &live) {
+        return Err(Usage(format!(
+            "{} is the configured store itself; salvage reads a file moved aside (colibri.redb.corrupt-<ms>)",
+            file.display()
+        ))
+        .into());
+    }
+    let mut s = open(c, Access::Append)?;
+    let report = s
+        .salvage_from(file)
+        .with_context(|| format!("cannot salvage {}", file.display()))?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{report}");
+    }
+    Ok(())
+}
+
 fn confirm(question: &str) -> anyhow::Result<bool> {
     eprint!("{question} [y/N] ");
     std::io::stderr().flush()?;

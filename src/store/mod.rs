@@ -34,6 +34,7 @@ mod layout;
 mod open;
 mod read;
 mod record_buf;
+pub mod salvage;
 pub mod spool;
 mod stream;
 mod tx;
@@ -47,6 +48,7 @@ pub use layout::DB_FILE;
 pub use open::{DATA_DIR_MODE, OpenOptions, QUICK_REPAIR_FROM, Store, create_data_dir};
 pub use read::Peeked;
 pub use record_buf::{RecordBuf, RecordWriter};
+pub use salvage::SalvageReport;
 pub use stream::{AtRest, BatchConfig, StorageConfig, StreamConfig, WAITING_JOBS, WhenFull};
 pub use tx::{EXPIRE_CHUNK, Tx};
 

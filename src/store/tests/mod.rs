@@ -1,6 +1,6 @@
 //! Tests of the durable store: the `Tx` API on a real file, a model-based random test, corruption,
-//! power loss (crash images built from what was synced plus a torn subset of what was not), I/O
-//! errors, and the group-commit writer.
+//! power loss (crash images built from what was synced plus a torn subset of what was not), the
+//! salvage of damaged files, I/O errors, and the group-commit writer.
 //!
 //! Every loop is bounded and every random choice comes from a seeded `fastrand::Rng`.
 //!
@@ -465,5 +465,6 @@ mod io_errors;
 mod model;
 mod power_loss;
 mod regressions;
+mod salvage;
 mod settle;
 mod start_always;

@@ -1,0 +1,418 @@
+//! The salvager on real redb files, damaged on purpose: a flipped byte in the magic, a zeroed
+//! header page, truncations, a flipped byte in each page in turn, zeroed pages; random bytes and
+//! an empty file. Every case checks that what comes back is exactly jobs that were in the file
+//! (same stream, same records, once each; a delivered job only when the salvager says it is in
+//! doubt), and, where the damage left the trees whole, that every job with an intact copy came back.
+
+use super::*;
+
+use crate::store::salvage::{Found, scan};
+
+/// A store file and what it held: live jobs' records by (stream, old id), and delivered ones.
+struct Fixture {
+    file: Vec<u8>,
+    live: BTreeMap<(String, u64), Vec<Vec<u8>>>,
+    delivered: BTreeMap<(String, u64), Vec<Vec<u8>>>,
+    /// Where each live job's value bytes occur in the file (every copy).
+    copies: BTreeMap<(String, u64), Vec<std::ops::Range<usize>>>,
+}
+
+fn streams() -> Vec<StreamConfig> {
+    vec![stream("a"), stream("b")]
+}
+
+fn fixture(stream_names: &[&str], jobs_per_stream: usize) -> Fixture {
+    let cfg: Vec<StreamConfig> = stream_names.iter().map(|s| stream(s)).collect();
+    fixture_of(cfg, jobs_per_stream, 0)
+}
+
+/// `big`: every seventh job of each stream holds records of about this many bytes (a value
+/// larger than a page lives in a multi-page leaf of its own).
+fn fixture_of(cfg: Vec<StreamConfig>, jobs_per_stream: usize, big: usize) -> Fixture {
+    let names: Vec<String> = cfg.iter().map(|c| c.name.clone()).collect();
+    let stream_names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let stream_names = stream_names.as_slice();
+    let d = Dir::new(cfg);
+    let mut store = d.open();
+    let mut delivered = BTreeMap::new();
+    for i in 0..jobs_per_stream {
+        for s in stream_names {
+            let pad = if big > 0 && i % 7 == 3 {
+                big + i * 37
+            } else {
+                i % 40
+            };
+            let recs: Vec<Vec<u8>> = (0..3)
+                .map(|j| format!("{s}-{i}-{j}-{}", pad_text(pad, i + j)).into_bytes())
+                .collect();
+            let mut tx = store.transaction().unwrap();
+            let cp = format!("{i}");
+            tx.append_list(s, &recs, Some(("tail-src", cp.as_bytes())), T0 + i as u64)
+                .unwrap();
+            tx.commit().unwrap();
+        }
+        if i % 50 == 49 {
+            // Deliver some (freed pages then hold jobs long gone), fail some to retry and dead.
+            for s in stream_names {
+                let jobs = take(&mut store, s, 10, T0);
+                for j in &jobs[..6] {
+                    delivered.insert((s.to_string(), j.lease.id), owned(j));
+                    ack(&mut store, &[&j.lease]);
+                }
+                fail(
+                    &mut store,
+                    &jobs[6].lease,
+                    &Failure::Transient {
+                        reason: "503".into(),
+                        retry_at_ms: T0 + 99,
+                        max_attempts: 5,
+                    },
+                    T0,
+                );
+                fail(
+                    &mut store,
+                    &jobs[7].lease,
+                    &Failure::Permanent {
+                        reason: "400".into(),
+                    },
+                    T0,
+                );
+                for j in &jobs[8..] {
+                    store.release(&j.lease);
+                }
+            }
+        }
+    }
+    let mut live = BTreeMap::new();
+    let mut values = BTreeMap::new();
+    {
+        let rtx = store.db.begin_read().unwrap();
+        for s in stream_names {
+            let st = &store.streams[*s];
+            let mut add = |id: u64, v: &[u8]| {
+                let recs = format::decode(v).unwrap().area.to_records().unwrap();
+                live.insert((s.to_string(), id), recs);
+                values.insert((s.to_string(), id), v.to_vec());
+            };
+            for e in rtx.open_table(st.ready_def()).unwrap().iter().unwrap() {
+                let (k, v) = e.unwrap();
+                add(k.value(), v.value());
+            }
+            for e in rtx.open_table(st.retry_def()).unwrap().iter().unwrap() {
+                let (k, v) = e.unwrap();
+                add(k.value().1, v.value());
+            }
+            for e in rtx.open_table(st.dead_def()).unwrap().iter().unwrap() {
+                let (k, v) = e.unwrap();
+                add(k.value(), v.value());
+            }
+        }
+    }
+    let path = store.path().to_path_buf();
+    drop(store);
+    let file = std::fs::read(&path).unwrap();
+    let copies = values
+        .iter()
+        .map(|(k, v)| {
+            let at: Vec<_> = memchr::memmem::find_iter(&file, v)
+                .map(|i| i..i + v.len())
+                .collect();
+            assert!(!at.is_empty(), "job {k:?} is in the file");
+            (k.clone(), at)
+        })
+        .collect();
+    Fixture {
+        file,
+        live,
+        delivered,
+        copies,
+    }
+}
+
+/// `n` bytes of text that compresses somewhat, different for each `seed`.
+fn pad_text(n: usize, seed: usize) -> String {
+    let mut rng = fastrand::Rng::with_seed(seed as u64);
+    (0..n).map(|_| char::from(b'a' + rng.u8(0..8))).collect()
+}
+
+/// What comes back is jobs that were there, once each, with their records; delivered ones only
+/// when the salvager is in doubt. Returns the (stream, id) salvaged.
+#[track_caller]
+fn sound(fx: &Fixture, file: &[u8], found: &Found, what: &str) -> BTreeSet<(String, u64)> {
+    let mut got = BTreeSet::new();
+    for j in &found.jobs {
+        let key = (j.stream.clone(), j.id);
+        assert!(got.insert(key.clone()), "{what}: {key:?} salvaged twice");
+        let v = &file[j.at as usize..j.at as usize + j.len];
+        let recs = format::decode(v).unwrap().area.to_records().unwrap();
+        match (fx.live.get(&key), fx.delivered.get(&key)) {
+            (Some(r), _) => assert_eq!(&recs, r, "{what}: {key:?} has its records"),
+            (None, Some(r)) => {
+                assert!(
+                    found.in_doubt,
+                    "{what}: delivered {key:?} came back without doubt"
+                );
+                assert_eq!(&recs, r, "{what}: {key:?} has its records");
+            }
+            (None, None) => panic!("{what}: {key:?} was never in the file"),
+        }
+    }
+    got
+}
+
+/// Live jobs no copy of which `touched` overlaps (a job with a damaged copy may or may not come
+/// back: its other copies may be old ones in pages no tree leads to any more).
+fn intact(fx: &Fixture, touched: &std::ops::Range<usize>) -> BTreeSet<(String, u64)> {
+    fx.copies
+        .iter()
+        .filter(|(_, at)| {
+            at.iter()
+                .all(|r| r.end <= touched.start || r.start >= touched.end)
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+fn names<'a>(fx: &[&'a str]) -> Vec<&'a str> {
+    fx.to_vec()
+}
+
+#[test]
+fn an_undamaged_file_gives_back_exactly_its_live_jobs() {
+    let fx = fixture(&["a", "b"], 150);
+    let found = scan(&fx.file[..], &names(&["a", "b"])).unwrap();
+    let got = sound(&fx, &fx.file, &found, "undamaged");
+    let want: BTreeSet<_> = fx.live.keys().cloned().collect();
+    assert_eq!(got, want);
+    assert!(!found.in_doubt);
+    assert_eq!((found.damaged, found.unattributable), (0, 0));
+    assert_eq!(
+        found.checkpoints,
+        [("tail-src".to_string(), b"149".to_vec())]
+    );
+    assert!(found.store_id.is_some());
+    // Every page once, and the live tree's pages again (its walk comes first).
+    let n = fx.file.len() as u64;
+    assert!(
+        found.bytes_read >= n - 4096 && found.bytes_read <= 3 * n,
+        "{} of {n}",
+        found.bytes_read
+    );
+}
+
+#[test]
+fn a_flipped_magic_byte_loses_nothing() {
+    let fx = fixture(&["a", "b"], 150);
+    let mut f = fx.file.clone();
+    f[3] ^= 0xff;
+    let found = scan(&f[..], &names(&["a", "b"])).unwrap();
+    let got = sound(&fx, &f, &found, "magic");
+    assert_eq!(got, fx.live.keys().cloned().collect());
+}
+
+#[test]
+fn a_zeroed_header_page_with_one_stream_loses_nothing() {
+    let fx = fixture(&["a"], 200);
+    let mut f = fx.file.clone();
+    f[..4096].fill(0);
+    let found = scan(&f[..], &["a"]).unwrap();
+    let got = sound(&fx, &f, &found, "zeroed header, one stream");
+    assert!(found.in_doubt);
+    // Every live job is somewhere intact (nothing but the header was touched); with no live tree
+    // freed copies count too, so delivered jobs may come back (allowed by `sound`).
+    let want: BTreeSet<_> = fx.live.keys().cloned().collect();
+    assert!(
+        want.is_subset(&got),
+        "missing {:?}",
+        want.difference(&got).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_zeroed_header_page_with_two_streams_attributes_through_old_tables() {
+    let fx = fixture(&["a", "b"], 150);
+    let mut f = fx.file.clone();
+    f[..4096].fill(0);
+    let found = scan(&f[..], &names(&["a", "b"])).unwrap();
+    let got = sound(&fx, &f, &found, "zeroed header, two streams");
+    assert!(found.in_doubt);
+    // The table tree's pages and the branches are still there: every live job is attributed.
+    let want: BTreeSet<_> = fx.live.keys().cloned().collect();
+    assert!(
+        want.is_subset(&got),
+        "missing {:?}",
+        want.difference(&got).collect::<Vec<_>>()
+    );
+    eprintln!(
+        "zeroed header: {} live jobs back, {} of {} delivered ones sent again",
+        want.len(),
+        got.len() - want.len(),
+        fx.delivered.len()
+    );
+    assert!(found.checkpoints.is_empty(), "no live tree: no checkpoint");
+}
+
+#[test]
+fn truncations_never_give_back_anything_wrong() {
+    let fx = fixture(&["a", "b"], 150);
+    let n = fx.file.len();
+    for cut in [0, 100, 4096, 5000, n / 4, n / 2, n - 4096, n - 1] {
+        let f = &fx.file[..cut];
+        let found = scan(f, &names(&["a", "b"])).unwrap();
+        sound(&fx, f, &found, &format!("cut at {cut}"));
+    }
+}
+
+#[test]
+fn a_flipped_byte_in_each_page_loses_at_most_that_page() {
+    let fx = fixture(&["a", "b"], 100);
+    let pages = fx.file.len() / 4096;
+    for p in 0..pages {
+        let start = p * 4096;
+        // Inside the page's first value when it is a leaf of jobs, else the page's middle.
+        let at = (start..start + 4096)
+            .find(|i| {
+                matches!(fx.file[*i], 1..=3)
+                    && i - start > 200
+                    && fx.copies.values().any(|c| c.iter().any(|r| r.start == *i))
+            })
+            .map_or(start + 2048, |i| i + 20);
+        let mut f = fx.file.clone();
+        f[at] ^= 0x5a;
+        let found = scan(&f[..], &names(&["a", "b"])).unwrap();
+        let got = sound(&fx, &f, &found, &format!("page {p} byte {at}"));
+        let page_starts_leaf = fx.file[start] == 1;
+        if page_starts_leaf && at - start > 200 {
+            // A job leaf's value: the tree is whole, so only jobs with no other copy are lost.
+            let want = intact(&fx, &(at..at + 1));
+            assert!(
+                want.is_subset(&got),
+                "page {p}: missing {:?}",
+                want.difference(&got).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+#[test]
+fn zeroed_pages_never_give_back_anything_wrong() {
+    let fx = fixture(&["a", "b"], 150);
+    let pages = fx.file.len() / 4096;
+    let mut rng = fastrand::Rng::with_seed(17);
+    for _ in 0..30 {
+        let p = rng.usize(1..pages);
+        let k = rng.usize(1..4).min(pages - p);
+        let mut f = fx.file.clone();
+        f[p * 4096..(p + k) * 4096].fill(0);
+        let found = scan(&f[..], &names(&["a", "b"])).unwrap();
+        sound(&fx, &f, &found, &format!("pages {p}..{}", p + k));
+    }
+}
+
+#[test]
+fn random_bytes_and_an_empty_file_give_an_empty_report() {
+    assert!(scan(&[][..], &["a"]).unwrap().jobs.is_empty());
+    let mut rng = fastrand::Rng::with_seed(5);
+    for n in [1, 100, 4096, 4097, 64 << 10, 300_000] {
+        let b: Vec<u8> = (0..n).map(|_| rng.u8(..)).collect();
+        let found = scan(&b[..], &["a"]).unwrap();
+        assert!(
+            found.jobs.is_empty() && found.checkpoints.is_empty(),
+            "{n} random bytes"
+        );
+        // Pages that look like leaves and branches, with random rest.
+        let mut b = b;
+        for p in (0..b.len()).step_by(4096) {
+            b[p] = [1, 2][p / 4096 % 2];
+        }
+        let found = scan(&b[..], &["a", "b"]).unwrap();
+        assert!(found.jobs.is_empty(), "{n} random bytes as pages");
+    }
+}
+
+#[test]
+fn salvage_from_appends_into_a_live_store_and_restores_checkpoints() {
+    let fx = fixture(&["a", "b"], 120);
+    let d = Dir::new(streams());
+    let old = d.dir.path().join("old.redb");
+    std::fs::write(&old, &fx.file).unwrap();
+    let mut store = d.open();
+    append(&mut store, "a", &recs("new", 2), T0).unwrap();
+    let report = store.salvage_from(&old).unwrap();
+    check(&store);
+    assert_eq!(report.jobs, fx.live.len() as u64);
+    let records: u64 = fx.live.values().map(|r| r.len() as u64).sum();
+    assert_eq!(report.records, records);
+    assert_eq!(
+        (
+            report.damaged,
+            report.unattributable,
+            report.checkpoints_restored
+        ),
+        (0, 0, 1)
+    );
+    assert_eq!(
+        store.checkpoint("tail-src").unwrap().as_deref(),
+        Some(b"119".as_slice())
+    );
+    assert!(report.to_string().contains("jobs restored"), "{report}");
+    // The ready jobs come out in their old order after what the store held.
+    let jobs = take_all(&mut store, "a", T0);
+    assert_eq!(owned(&jobs[0]), recs("new", 2));
+    let ready_a: Vec<Vec<Vec<u8>>> = fx
+        .live
+        .iter()
+        .filter(|((s, _), r)| s == "a" && !r.is_empty())
+        .map(|(_, r)| r.clone())
+        .collect();
+    let salvaged: Vec<Vec<Vec<u8>>> = jobs[1..].iter().map(owned).collect();
+    assert!(salvaged.iter().all(|j| ready_a.contains(j)));
+    let c = counters(&store, "b");
+    assert!(c.balanced());
+    let dead = fx.live.keys().filter(|(s, _)| s == "b").count() as u64;
+    assert_eq!(c.ready_jobs + c.retry_jobs + c.dead_jobs, dead);
+    let store = d.reopen(store);
+    drop(store);
+    // Missing file: an error that names it.
+    let mut store = d.open();
+    let e = store.salvage_from(&d.dir.path().join("nope")).unwrap_err();
+    assert!(e.to_string().contains("nope"), "{e}");
+    // An empty file: an empty report.
+    let empty = d.dir.path().join("empty");
+    std::fs::write(&empty, b"").unwrap();
+    let r = store.salvage_from(&empty).unwrap();
+    assert_eq!((r.jobs, r.damaged), (0, 0));
+}
+
+#[test]
+fn large_and_compressed_jobs_come_back_from_their_own_pages() {
+    let mut zstd = stream("z");
+    zstd.compression = AtRest::Always;
+    let fx = fixture_of(vec![stream("a"), zstd], 60, 9000);
+    let found = scan(&fx.file[..], &["a", "z"]).unwrap();
+    let got = sound(&fx, &fx.file, &found, "large, undamaged");
+    assert_eq!(got, fx.live.keys().cloned().collect());
+    assert!(
+        fx.live
+            .values()
+            .any(|r| r.iter().map(Vec::len).sum::<usize>() > 8192)
+    );
+    // A flipped byte in each page: what comes back is right, and every job no copy of which
+    // was touched comes back when the page was a leaf of jobs.
+    for p in 1..fx.file.len() / 4096 {
+        let at = p * 4096 + 1500;
+        let mut f = fx.file.clone();
+        f[at] ^= 0x81;
+        let found = scan(&f[..], &["a", "z"]).unwrap();
+        let got = sound(&fx, &f, &found, &format!("large, page {p}"));
+        let in_a_value = fx.copies.values().flatten().any(|r| r.contains(&at));
+        if in_a_value {
+            let want = intact(&fx, &(at..at + 1));
+            assert!(
+                want.is_subset(&got),
+                "page {p}: missing {:?}",
+                want.difference(&got).collect::<Vec<_>>()
+            );
+        }
+    }
+}
