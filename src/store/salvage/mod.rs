@@ -110,73 +110,139 @@ impl fmt::Display for SalvageReport {
     }
 }
 
+/// One intact job of a damaged file on its way into the live store: its value as it was, and
+/// where it goes.
+#[derive(Debug, Clone)]
+pub struct Restored {
+    pub stream: String,
+    pub kind: Kind,
+    /// Retry: when it falls due.
+    pub due: u64,
+    pub value: Vec<u8>,
+}
+
+/// Where a salvage puts what it found: the store itself (`queue salvage`, tests) or the running
+/// agent's writer thread, a chunk per transaction.
+pub trait Restore {
+    /// Appends these jobs, in this order, in one transaction.
+    fn jobs(&mut self, jobs: Vec<Restored>) -> Result<(), StoreError>;
+    /// Saves these checkpoints where the store has none; returns how many it saved and how many
+    /// it kept because the store had its own.
+    fn checkpoints(&mut self, cps: Vec<(String, Vec<u8>)>) -> Result<(u64, u64), StoreError>;
+}
+
+/// Reads `file` (a damaged or moved-aside store) and gives every intact job it holds of
+/// `streams` to `into`, in old id order, in chunks of at most [`CHUNK_JOBS`] jobs or
+/// [`CHUNK_BYTES`]; then the checkpoints (see the module header). An unreadable file is an
+/// error; a file holding nothing usable is an empty report.
+pub fn salvage(
+    file: &Path,
+    streams: &[&str],
+    into: &mut impl Restore,
+) -> Result<SalvageReport, StoreError> {
+    let cannot = |e: std::io::Error| StoreError::io(format!("cannot read {}: {e}", file.display()));
+    let src = FileSource::new(File::open(file).map_err(cannot)?).map_err(cannot)?;
+    let found = scan(&src, streams).map_err(cannot)?;
+    let mut report = SalvageReport {
+        file: file.to_path_buf(),
+        damaged: found.damaged,
+        unattributable: found.unattributable,
+        unknown_streams: found.unknown_streams.clone(),
+        file_jobs: found.file_jobs,
+        in_doubt: found.in_doubt,
+        old_store_id: found.store_id,
+        ..SalvageReport::default()
+    };
+    let mut rd = Reader::new(&src);
+    let mut jobs = found.jobs.iter().peekable();
+    while jobs.peek().is_some() {
+        let (mut chunk, mut bytes) = (Vec::new(), 0);
+        while chunk.len() < CHUNK_JOBS && bytes < CHUNK_BYTES {
+            let Some(job) = jobs.next() else { break };
+            let value = rd.read(job.at, job.len).map_err(cannot)?;
+            // Read again: checked again, in case the file changed since the scan.
+            let Ok(d) = format::decode(&value) else {
+                report.damaged += 1;
+                continue;
+            };
+            let records = u64::from(d.header.records);
+            let s = report.streams.entry(job.stream.clone()).or_default();
+            s.0 += 1;
+            s.1 += records;
+            report.jobs += 1;
+            report.records += records;
+            bytes += value.len();
+            chunk.push(Restored {
+                stream: job.stream.clone(),
+                kind: job.kind,
+                due: job.due,
+                value,
+            });
+        }
+        if !chunk.is_empty() {
+            into.jobs(chunk)?;
+        }
+    }
+    if found.in_doubt {
+        report.checkpoints_withheld = found.checkpoints.len() as u64;
+    } else if !found.checkpoints.is_empty() {
+        let cps = found.checkpoints.clone();
+        (report.checkpoints_restored, report.checkpoints_kept) = into.checkpoints(cps)?;
+    }
+    report.bytes_read = found.bytes_read + rd.bytes_read;
+    Ok(report)
+}
+
 impl Store {
-    /// Reads `file` (a damaged or moved-aside store) and appends every intact job it holds to
-    /// this store under its stream, in old id order, in transactions of at most [`CHUNK_JOBS`]
-    /// jobs or [`CHUNK_BYTES`]; restores checkpoints (see the module header). An unreadable file
-    /// is an error; a file holding nothing usable is an empty report.
+    /// [`salvage`] into this store (`colibri queue salvage`, with the agent stopped).
     pub fn salvage_from(&mut self, file: &Path) -> Result<SalvageReport, StoreError> {
-        let cannot =
-            |e: std::io::Error| StoreError::io(format!("cannot read {}: {e}", file.display()));
-        let src = FileSource::new(File::open(file).map_err(cannot)?).map_err(cannot)?;
         let names: Vec<String> = self.streams.keys().cloned().collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let found = scan(&src, &refs).map_err(cannot)?;
-        let mut report = SalvageReport {
-            file: file.to_path_buf(),
-            damaged: found.damaged,
-            unattributable: found.unattributable,
-            unknown_streams: found.unknown_streams.clone(),
-            file_jobs: found.file_jobs,
-            in_doubt: found.in_doubt,
-            old_store_id: found.store_id,
-            ..SalvageReport::default()
-        };
-        let mut rd = Reader::new(&src);
-        let mut jobs = found.jobs.iter().peekable();
-        while jobs.peek().is_some() {
-            let mut tx = self.transaction()?;
-            let (mut n, mut bytes) = (0, 0);
-            while n < CHUNK_JOBS && bytes < CHUNK_BYTES {
-                let Some(job) = jobs.next() else { break };
-                let value = rd.read(job.at, job.len).map_err(cannot)?;
-                // Read again: checked again, in case the file changed since the scan.
-                let Ok(d) = format::decode(&value) else {
-                    report.damaged += 1;
-                    continue;
-                };
-                let records = u64::from(d.header.records);
-                tx.restore(&job.stream, job.kind, job.due, &value)?;
-                let s = report.streams.entry(job.stream.clone()).or_default();
-                s.0 += 1;
-                s.1 += records;
-                report.jobs += 1;
-                report.records += records;
-                n += 1;
-                bytes += value.len();
-            }
-            tx.commit()?;
-        }
-        if !found.checkpoints.is_empty() {
-            let mut tx = self.transaction()?;
-            for (source, value) in &found.checkpoints {
-                if tx.has_checkpoint(source)? {
-                    report.checkpoints_kept += 1;
-                } else if found.in_doubt {
-                    report.checkpoints_withheld += 1;
-                } else {
-                    tx.restore_checkpoint(source, value)?;
-                    report.checkpoints_restored += 1;
-                }
-            }
-            tx.close()?;
-        }
-        report.bytes_read = found.bytes_read + rd.bytes_read;
-        Ok(report)
+        salvage(file, &refs, self)
+    }
+}
+
+impl Restore for Store {
+    fn jobs(&mut self, jobs: Vec<Restored>) -> Result<(), StoreError> {
+        let mut tx = self.transaction()?;
+        tx.restore_jobs(&jobs)?;
+        tx.commit()
+    }
+
+    fn checkpoints(&mut self, cps: Vec<(String, Vec<u8>)>) -> Result<(u64, u64), StoreError> {
+        let mut tx = self.transaction()?;
+        let n = tx.restore_checkpoints(&cps)?;
+        tx.close()?;
+        Ok(n)
     }
 }
 
 impl Tx<'_> {
+    /// Appends salvaged jobs as they are (see [`Tx::restore`]).
+    pub(in crate::store) fn restore_jobs(&mut self, jobs: &[Restored]) -> Result<(), StoreError> {
+        for j in jobs {
+            self.restore(&j.stream, j.kind, j.due, &j.value)?;
+        }
+        Ok(())
+    }
+
+    /// Saves salvaged checkpoints where this store has none: (saved, kept).
+    pub(in crate::store) fn restore_checkpoints(
+        &mut self,
+        cps: &[(String, Vec<u8>)],
+    ) -> Result<(u64, u64), StoreError> {
+        let (mut saved, mut kept) = (0, 0);
+        for (source, value) in cps {
+            if self.has_checkpoint(source)? {
+                kept += 1;
+            } else {
+                self.restore_checkpoint(source, value)?;
+                saved += 1;
+            }
+        }
+        Ok((saved, kept))
+    }
+
     /// Appends a salvaged job value as it is to `stream`'s `kind` table under a new id (retry:
     /// at its old due time), counted as appended.
     fn restore(
