@@ -19,7 +19,7 @@ use super::layout::{
     new_store_id,
 };
 use super::stream::{StorageConfig, StreamConfig, StreamState};
-use super::tx::{Rollback, Tx};
+use super::tx::{FreePages, Rollback, Tx};
 
 /// redb's page cache. Its default is 1 GiB; colibri reads each job once (a take), in bounded
 /// windows, and writes in group commits, so the cache serves the trees' branch pages and a small
@@ -97,6 +97,8 @@ pub struct Store {
     /// Spooled files whose jobs left the store in committed transactions (or before the last
     /// crash), not yet disposed of: the owner takes them with [`Store::take_disposals`].
     pub(super) disposals: Vec<Disposal>,
+    /// The file's free pages, as counted for `storage.min_free` (see [`FreePages`]).
+    pub(super) free_pages: FreePages,
     /// Test seam: commit without waiting for the disk (the planted bug the power-loss test must catch).
     #[cfg(test)]
     pub unsafe_no_fsync: bool,
@@ -280,6 +282,7 @@ impl Store {
             db,
             data_dir,
             disposals: Vec::new(),
+            free_pages: FreePages::new(),
             path,
             streams: streams
                 .iter()
@@ -389,6 +392,7 @@ impl Store {
             dirty: HashSet::new(),
             fed: HashSet::new(),
             free_disk: None,
+            free_pages: None,
             disposals: Vec::new(),
             touched: false,
         })

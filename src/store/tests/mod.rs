@@ -460,6 +460,7 @@ mod compaction;
 mod compression;
 mod corruption;
 mod file_jobs;
+mod free_pages;
 mod group_commit;
 mod io_errors;
 mod model;
