@@ -100,17 +100,20 @@ pub(in crate::store) fn free_disk_bytes(path: &Path) -> Option<u64> {
 /// backlog (measured: `store/tests/free_pages.rs`); an append must not pay that. So the count is
 /// made only when the disk alone would refuse an append, kept, counted down by what later
 /// transactions append, and made again only after a commit (which may have freed pages) and
-/// once 20 times as long as the last count took has passed: counting takes at most 5 % of the
-/// writer's time however large the backlog, and a drained store (a small tree) is counted at
-/// once. Between counts the figure errs low: pages freed since are not in it.
+/// once 20 times as long as it is expected to take has passed: counting takes at most about 5 %
+/// of the writer's time however large the backlog. What a count takes is expected from the last
+/// one, in proportion to the bytes queued then and now: so when the backlog has drained (the
+/// moment the count matters, producers having been refused while it waited) the next count is
+/// made at once, however long the last one took over the full backlog. Between counts the figure
+/// errs low: pages freed since are not in it.
 #[derive(Debug)]
 pub(in crate::store) struct FreePages {
     /// Bytes, as last counted and counted down since.
     bytes: u64,
     /// A commit since the last count may have freed pages.
     stale: bool,
-    /// No count before this (the throttle above).
-    next_count: Option<std::time::Instant>,
+    /// The last count: when it ended, what it took, and the bytes queued then (the throttle).
+    last: Option<(std::time::Instant, std::time::Duration, u64)>,
     /// Counts made, and what the last one took (tests check that appends do not each make one,
     /// and measure).
     pub(in crate::store) counts: u64,
@@ -129,24 +132,33 @@ impl FreePages {
         FreePages {
             bytes: 0,
             stale: true,
-            next_count: None,
+            last: None,
             counts: 0,
             last_took: std::time::Duration::ZERO,
         }
     }
 
     /// The free pages' bytes: counted now in `txn` when the last count is stale and the
-    /// throttle allows, otherwise the last figure.
-    fn get(&mut self, txn: &WriteTransaction, path: &Path) -> u64 {
+    /// throttle allows, otherwise the last figure. `queued`: the bytes of jobs in the store.
+    fn get(&mut self, txn: &WriteTransaction, path: &Path, queued: u64) -> u64 {
         let now = std::time::Instant::now();
-        if !self.stale || self.next_count.is_some_and(|t| now < t) {
+        if !self.stale {
             return self.bytes;
+        }
+        if let Some((ended, took, then)) = self.last {
+            // The tree walked is the backlog; a megabyte stands for what does not shrink with it.
+            const FLOOR: u64 = 1 << 20;
+            let ratio = (queued + FLOOR) as f64 / (then + FLOOR) as f64;
+            let expected = took.mul_f64(ratio.min(1e6));
+            if now < ended + expected * COUNT_DUTY {
+                return self.bytes;
+            }
         }
         let counted = count_free_pages(txn, path);
         let took = now.elapsed();
         self.counts += 1;
         self.last_took = took;
-        self.next_count = Some(std::time::Instant::now() + took * COUNT_DUTY);
+        self.last = Some((std::time::Instant::now(), took, queued));
         match counted {
             Ok(n) => {
                 self.bytes = n;
@@ -276,7 +288,8 @@ impl<'s> Tx<'s> {
             return n;
         }
         let store = &mut *self.rollback.store;
-        let n = store.free_pages.get(&self.txn, &store.path);
+        let queued = store.stored_bytes();
+        let n = store.free_pages.get(&self.txn, &store.path, queued);
         self.free_pages = Some(n);
         n
     }
