@@ -240,3 +240,40 @@ pub(super) fn db_error(path: &Path, e: DatabaseError) -> StoreError {
         other => StoreError::Io(Box::new(other)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enospc() -> std::io::Error {
+        std::io::Error::from_raw_os_error(libc::ENOSPC)
+    }
+
+    /// ENOSPC is found however redb wrapped it, and nothing else is taken for it.
+    #[test]
+    fn no_space_is_found_through_redb_s_wrappers() {
+        let storage = || redb::StorageError::Io(enospc());
+        let full: Vec<StoreError> = vec![
+            enospc().into(),
+            storage().into(),
+            redb::CommitError::Storage(storage()).into(),
+            redb::TransactionError::Storage(storage()).into(),
+            redb::TableError::Storage(storage()).into(),
+            redb::CompactionError::Storage(storage()).into(),
+            redb::Error::Io(enospc()).into(),
+            StoreError::NoSpace("commit failed".into()),
+        ];
+        for e in &full {
+            assert!(e.is_no_space(), "{e}");
+        }
+        let other: Vec<StoreError> = vec![
+            std::io::Error::from_raw_os_error(libc::EIO).into(),
+            redb::CommitError::Storage(redb::StorageError::PreviousIo).into(),
+            StoreError::io("No space left on device (as text only)"),
+            StoreError::Unavailable { detail: "" },
+        ];
+        for e in &other {
+            assert!(!e.is_no_space(), "{e}");
+        }
+    }
+}
