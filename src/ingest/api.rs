@@ -541,6 +541,13 @@ fn append_error(e: AppendError) -> Reject {
         AppendError::Store(StoreError::UnknownStream(stream)) => {
             Reject::new(StatusCode::NOT_FOUND, format!("no stream {stream:?}"))
         }
+        // The disk is full (ENOSPC): the same answer as an exhausted budget, since what the
+        // producer must do is the same (send again later); nothing was acknowledged.
+        AppendError::Store(e @ StoreError::NoSpace(_)) => Reject::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            format!("{e}: send the records again later"),
+        )
+        .retry_after(RETRY_DISK),
         AppendError::Store(e) => Reject::new(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("the store could not take the records ({e}); they may or may not have been stored: send them again"),

@@ -20,6 +20,12 @@ pub enum StoreError {
     /// printing the chain (`{:#}`) would show it twice.
     #[error("storage i/o error: {0}")]
     Io(Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// The disk is full: a write or commit failed with ENOSPC ([`StoreError::is_no_space`] finds
+    /// one in an `Io`). Nothing in that transaction was acknowledged; redb writes its header last,
+    /// so a commit that ran out of space did not take effect, and the store is reopened to go on
+    /// once there is room. A producer is told to send again later (ingest: 507, `Retry-After`).
+    #[error("no space left on the disk: {0}")]
+    NoSpace(String),
     /// A read-only open (`colibri queue ...` beside a running agent) found no database file.
     #[error("storage i/o error: {} does not exist", path.display())]
     Missing { path: PathBuf },
@@ -62,6 +68,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether this error is the disk being full: [`StoreError::NoSpace`], or an `Io` whose cause
+    /// (however redb wrapped it) is an I/O error with ENOSPC.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            StoreError::NoSpace(_) => true,
+            StoreError::Io(e) => cause_is_no_space(e.as_ref()),
+            _ => false,
+        }
+    }
+
     /// Whether the message names the database file already, so a caller adding "cannot open
     /// <file>" would say it twice.
     pub fn names_file(&self) -> bool {
@@ -175,6 +191,43 @@ impl StoreError {
     }
 }
 
+/// ENOSPC anywhere in `e`: redb's error types each wrap a `StorageError`, whose `Io` variant holds
+/// the `std::io::Error`; they are looked through by type, since not all of them give a `source`.
+pub(super) fn cause_is_no_space(e: &(dyn std::error::Error + 'static)) -> bool {
+    fn storage(e: &redb::StorageError) -> bool {
+        matches!(e, redb::StorageError::Io(io) if io.raw_os_error() == Some(libc::ENOSPC))
+    }
+    let mut next = Some(e);
+    while let Some(e) = next {
+        let found = if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            io.raw_os_error() == Some(libc::ENOSPC)
+        } else if let Some(s) = e.downcast_ref::<redb::StorageError>() {
+            storage(s)
+        } else if let Some(c) = e.downcast_ref::<redb::CommitError>() {
+            matches!(c, redb::CommitError::Storage(s) if storage(s))
+        } else if let Some(t) = e.downcast_ref::<redb::TransactionError>() {
+            matches!(t, redb::TransactionError::Storage(s) if storage(s))
+        } else if let Some(t) = e.downcast_ref::<redb::TableError>() {
+            matches!(t, redb::TableError::Storage(s) if storage(s))
+        } else if let Some(c) = e.downcast_ref::<redb::CompactionError>() {
+            matches!(c, redb::CompactionError::Storage(s) if storage(s))
+        } else if let Some(d) = e.downcast_ref::<redb::DatabaseError>() {
+            matches!(d, redb::DatabaseError::Storage(s) if storage(s))
+        } else if let Some(r) = e.downcast_ref::<redb::Error>() {
+            matches!(r, redb::Error::Io(io) if io.raw_os_error() == Some(libc::ENOSPC))
+        } else if let Some(s) = e.downcast_ref::<StoreError>() {
+            s.is_no_space()
+        } else {
+            false
+        };
+        if found {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
 pub(super) fn db_error(path: &Path, e: DatabaseError) -> StoreError {
     match e {
         DatabaseError::DatabaseAlreadyOpen => StoreError::Locked {
@@ -196,5 +249,42 @@ pub(super) fn db_error(path: &Path, e: DatabaseError) -> StoreError {
             StoreError::Corrupted(e.to_string())
         }
         other => StoreError::Io(Box::new(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enospc() -> std::io::Error {
+        std::io::Error::from_raw_os_error(libc::ENOSPC)
+    }
+
+    /// ENOSPC is found however redb wrapped it, and nothing else is taken for it.
+    #[test]
+    fn no_space_is_found_through_redb_s_wrappers() {
+        let storage = || redb::StorageError::Io(enospc());
+        let full: Vec<StoreError> = vec![
+            enospc().into(),
+            storage().into(),
+            redb::CommitError::Storage(storage()).into(),
+            redb::TransactionError::Storage(storage()).into(),
+            redb::TableError::Storage(storage()).into(),
+            redb::CompactionError::Storage(storage()).into(),
+            redb::Error::Io(enospc()).into(),
+            StoreError::NoSpace("commit failed".into()),
+        ];
+        for e in &full {
+            assert!(e.is_no_space(), "{e}");
+        }
+        let other: Vec<StoreError> = vec![
+            std::io::Error::from_raw_os_error(libc::EIO).into(),
+            redb::CommitError::Storage(redb::StorageError::PreviousIo).into(),
+            StoreError::io("No space left on device (as text only)"),
+            StoreError::Unavailable { detail: "" },
+        ];
+        for e in &other {
+            assert!(!e.is_no_space(), "{e}");
+        }
     }
 }

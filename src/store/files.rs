@@ -261,9 +261,7 @@ impl Tx<'_> {
         st.counters.appended_records += 1;
         self.dirty.insert(stream.into());
         self.fed.insert(stream.into());
-        if let Some(free) = self.free_disk.as_mut() {
-            *free = free.saturating_sub(disk);
-        }
+        self.consume(disk);
         Ok(FileAppend::Queued { id })
     }
 

@@ -19,7 +19,7 @@ use super::layout::{
     new_store_id,
 };
 use super::stream::{StorageConfig, StreamConfig, StreamState};
-use super::tx::{Rollback, Tx};
+use super::tx::{FreePages, Rollback, Tx};
 
 /// redb's page cache. Its default is 1 GiB; colibri reads each job once (a take), in bounded
 /// windows, and writes in group commits, so the cache serves the trees' branch pages and a small
@@ -99,6 +99,8 @@ pub struct Store {
     pub(super) disposals: Vec<Disposal>,
     /// Bytes of the damaged store files moved aside in `data_dir` when this store was opened.
     pub(super) aside_bytes: u64,
+    /// The file's free pages, as counted for `storage.min_free` (see [`FreePages`]).
+    pub(super) free_pages: FreePages,
     /// Test seam: commit without waiting for the disk (the planted bug the power-loss test must catch).
     #[cfg(test)]
     pub unsafe_no_fsync: bool,
@@ -275,6 +277,7 @@ impl Store {
             db,
             data_dir,
             disposals: Vec::new(),
+            free_pages: FreePages::new(),
             path,
             streams: streams
                 .iter()
@@ -399,6 +402,7 @@ impl Store {
             dirty: HashSet::new(),
             fed: HashSet::new(),
             free_disk,
+            free_pages: None,
             disposals: Vec::new(),
             touched: false,
         })

@@ -515,13 +515,13 @@ fn stats_and_peek_work_after_a_crash_without_a_writer() {
 }
 
 /// A tmpfs mounted for the life of the value.
-struct Tmpfs {
-    dir: PathBuf,
+pub(crate) struct Tmpfs {
+    pub(crate) dir: PathBuf,
 }
 
 impl Tmpfs {
     /// `None` (with the reason on stderr) where mounting is not possible.
-    fn mount(dir: PathBuf, size: &str) -> Option<Tmpfs> {
+    pub(crate) fn mount(dir: PathBuf, size: &str) -> Option<Tmpfs> {
         // SAFETY: geteuid(2) has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("SKIPPED: mounting a tmpfs needs root");
@@ -550,7 +550,7 @@ impl Tmpfs {
     }
 
     /// Free bytes, as colibri sees them (statvfs f_bavail).
-    fn free(&self) -> u64 {
+    pub(crate) fn free(&self) -> u64 {
         let c = std::ffi::CString::new(self.dir.as_os_str().as_encoded_bytes()).expect("path");
         // SAFETY: zeroed is a valid statvfs; `c` is NUL-terminated and outlives the call.
         let mut s: libc::statvfs = unsafe { std::mem::zeroed() };

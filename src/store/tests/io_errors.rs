@@ -99,3 +99,37 @@ fn failed_fsync_or_write_is_not_acknowledged_and_a_new_store_recovers() {
         }
     }
 }
+
+/// A commit that meets a full disk (ENOSPC) is answered "no space" (ingest's 507), not a store
+/// failure; so is every append while the disk stays full; the acknowledged records stay, and
+/// once there is room the next append is stored, by the same writer (the store reopened).
+#[tokio::test]
+async fn a_full_disk_is_no_space_and_the_writer_takes_appends_again_once_there_is_room() {
+    let disk = MemDisk::default();
+    let handle = group_commit_spawn(&disk);
+    handle
+        .append(S, recs("acked", 3), None, None)
+        .await
+        .unwrap();
+    disk.faults.full.store(true, Ordering::SeqCst);
+    for i in 0..3 {
+        let r = handle.append(S, recs("full", 2), None, None).await;
+        assert!(
+            matches!(&r, Err(AppendError::Store(e)) if e.is_no_space()),
+            "append {i} on a full disk: {r:?}"
+        );
+    }
+    disk.faults.full.store(false, Ordering::SeqCst);
+    handle.append(S, recs("room", 1), None, None).await.unwrap();
+    let snap = handle.snapshot().await.unwrap();
+    assert_eq!(
+        snap.streams[0].1.ready_records, 4,
+        "{:?}",
+        snap.streams[0].1
+    );
+    handle.shutdown().await;
+}
+
+fn group_commit_spawn(disk: &MemDisk) -> writer::StoreHandle {
+    super::group_commit::spawn_on(disk, vec![stream(S)])
+}

@@ -389,6 +389,8 @@ impl StorageBackend for Locked {
 struct Faults {
     fail_write: AtomicBool,
     fail_sync: AtomicBool,
+    /// Writes that would grow the disk fail as a full disk's do (ENOSPC).
+    full: AtomicBool,
     syncs: AtomicU64,
 }
 
@@ -422,6 +424,9 @@ impl StorageBackend for MemDisk {
             return Err(injected("set_len"));
         }
         let len = usize::try_from(len).expect("small");
+        if self.faults.full.load(Ordering::SeqCst) && len > self.bytes.lock().unwrap().len() {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
         self.bytes.lock().unwrap().resize(len, 0);
         Ok(())
     }
@@ -435,6 +440,11 @@ impl StorageBackend for MemDisk {
     fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
         if self.faults.fail_write.load(Ordering::SeqCst) {
             return Err(injected("write"));
+        }
+        // A full disk refuses a write to the file as redb grows it (tmpfs, or ext4 writing a
+        // hole's pages): any write once it is full, here.
+        if self.faults.full.load(Ordering::SeqCst) {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
         }
         let mut b = self.bytes.lock().unwrap();
         let at = usize::try_from(offset).expect("small");
@@ -460,6 +470,7 @@ mod compaction;
 mod compression;
 mod corruption;
 mod file_jobs;
+mod free_pages;
 mod group_commit;
 mod io_errors;
 mod model;

@@ -175,9 +175,7 @@ impl Tx<'_> {
         self.dirty.insert(stream.into());
         self.fed.insert(stream.into());
         // Later appends in this transaction see the space this one takes.
-        if let Some(free) = self.free_disk.as_mut() {
-            *free = free.saturating_sub(bytes);
-        }
+        self.consume(bytes);
         Ok(Appended {
             jobs: n_jobs,
             records: n_records,
@@ -208,8 +206,9 @@ impl Tx<'_> {
         bytes: u64,
         disk: u64,
     ) -> Result<u64, StoreError> {
-        // Deleting jobs frees no filesystem space (redb keeps the pages), so it cannot help with
-        // min_free: do not throw old data away for that.
+        // Deleting jobs frees no filesystem space (redb keeps the pages, and reuses them only
+        // after later commits), so it cannot help with min_free now: do not throw old data away
+        // for that.
         if self.below_min_free(disk) {
             return Ok(0);
         }

@@ -53,10 +53,32 @@ enum Pending {
 }
 
 impl Pending {
-    /// Sends the result, or, when the commit failed, an error in its place.
-    fn send(self, commit: &Result<(), StoreError>) {
-        let failed =
-            |e: &StoreError| StoreError::io(format!("commit failed, nothing acknowledged: {e}"));
+    /// Whether its own result failed for want of disk space.
+    fn no_space(&self) -> bool {
+        let store = |e: &StoreError| e.is_no_space();
+        let append = |e: &AppendError| matches!(e, AppendError::Store(e) if e.is_no_space());
+        match self {
+            Pending::Append(_, Err(e)) => append(e),
+            Pending::AppendFile(_, Err(e)) => append(e),
+            Pending::Take(_, Err(e)) | Pending::Ack(_, Err(e)) => store(e),
+            Pending::Fail(_, Err(e)) => store(e),
+            Pending::Settle(_, Err(e)) => store(e),
+            _ => false,
+        }
+    }
+
+    /// Sends the result, or, when the commit failed, an error in its place: `no_space` when the
+    /// transaction ran out of disk (a commit after a failed write fails with redb's "previous
+    /// i/o error", which no longer says why).
+    fn send(self, commit: &Result<(), StoreError>, no_space: bool) {
+        let failed = |e: &StoreError| {
+            let why = format!("commit failed, nothing acknowledged: {e}");
+            if no_space {
+                StoreError::NoSpace(why)
+            } else {
+                StoreError::io(why)
+            }
+        };
         match (self, commit) {
             (Pending::Append(r, v), Ok(())) => drop(r.send(v)),
             (Pending::Append(r, _), Err(e)) => drop(r.send(Err(AppendError::Store(failed(e))))),
@@ -85,9 +107,15 @@ pub(super) struct Writer {
     /// Set by [`Request::StopWaiting`]: nothing waits for room any more.
     no_wait: bool,
     last_expire: Instant,
-    last_request: Instant,
+    /// When a transaction last changed the store: what compaction waits to be quiet. Requests that
+    /// change nothing (refused appends, reads, snapshots for `/metrics`) do not count: producers
+    /// retrying against a full disk must not keep a drained store from being compacted.
+    last_write: Instant,
     /// Compaction already ran since the last write.
     compacted: bool,
+    /// The store was lost because the disk is full (ENOSPC): until it is reopened, appends are
+    /// told so (ingest: 507), not that the store failed.
+    no_space: bool,
     reopen_backoff: Duration,
     /// Leases of a store that was lost, for the next one.
     carried_in_flight: Vec<(String, u64)>,
@@ -123,8 +151,9 @@ impl Writer {
             parked: VecDeque::new(),
             no_wait: false,
             last_expire: Instant::now(),
-            last_request: Instant::now(),
+            last_write: Instant::now(),
             compacted: false,
+            no_space: false,
             reopen_backoff: Duration::from_millis(100),
             carried_in_flight: Vec::new(),
             janitor: None,
@@ -219,9 +248,6 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            if !batch.is_empty() {
-                self.last_request = Instant::now();
-            }
             // redb can panic on a damaged page instead of returning an error. Contain it: the
             // requests in flight fail (their reply channels close), the store is dropped and
             // reopened (the agent's reopen verifies the file and replaces a corrupted one).
@@ -297,7 +323,7 @@ impl Writer {
         // Only a drained store is compacted: while a backlog waits (an outage) the compaction
         // timer must not wake the thread (past its deadline it would, every millisecond).
         if self.wants_compaction() {
-            t = t.min(COMPACT_AFTER_IDLE.saturating_sub(now - self.last_request));
+            t = t.min(COMPACT_AFTER_IDLE.saturating_sub(now - self.last_write));
         }
         if self.store.is_none() {
             t = t.min(self.reopen_backoff);
@@ -376,7 +402,7 @@ impl Writer {
                     | Request::Settle { lease, .. } => self.forget_carried(lease),
                     _ => {}
                 }
-                fail_unavailable(req);
+                self.fail_unavailable(req);
             }
             // Producers blocked on a stream must not hang on a broken disk past their deadline.
             let now = Instant::now();
@@ -386,11 +412,14 @@ impl Writer {
                     .partition(|p| now >= p.deadline);
             self.parked = waiting;
             for p in expired {
-                let _ = p
-                    .reply
-                    .send(Err(AppendError::Store(StoreError::Unavailable {
+                let e = if self.no_space {
+                    no_space_yet()
+                } else {
+                    StoreError::Unavailable {
                         detail: " after an i/o error",
-                    })));
+                    }
+                };
+                let _ = p.reply.send(Err(AppendError::Store(e)));
             }
             return shutdown;
         }
@@ -399,8 +428,11 @@ impl Writer {
         let (still_parked, result) = run_tx(store, parked, work, &self.stats);
         self.parked = still_parked;
         match result {
-            TxResult::Committed(fed) => {
-                self.compacted = false;
+            TxResult::Committed { fed, wrote } => {
+                if wrote {
+                    self.last_write = Instant::now();
+                    self.compacted = false;
+                }
                 for stream in fed {
                     if let Some(n) = self.notifiers.get(&stream) {
                         n.notify_one();
@@ -409,9 +441,23 @@ impl Writer {
                 self.dispose();
             }
             TxResult::Nothing => {}
-            TxResult::StoreLost => self.lose_store(),
+            TxResult::StoreLost { no_space } => {
+                self.no_space = no_space;
+                self.lose_store();
+            }
         }
         shutdown
+    }
+
+    /// Answers a request that cannot be applied while the store is being reopened.
+    fn fail_unavailable(&self, req: Request) {
+        if self.no_space {
+            fail_with(req, no_space_yet);
+        } else {
+            fail_with(req, || StoreError::Unavailable {
+                detail: " after an i/o error; retrying",
+            });
+        }
     }
 
     /// Drops the store after a failure, keeping its leases: jobs handed out before must not be
@@ -441,12 +487,16 @@ impl Writer {
                     s.restore_in_flight(carried);
                 }
                 self.store = Some(s);
+                self.no_space = false;
                 self.stats.store_open.store(true, Ordering::Relaxed);
                 self.reopen_backoff = Duration::from_millis(100);
                 self.dispose();
                 true
             }
             Err(e) => {
+                // Opening writes (redb repairs a file closed by a failed commit): the disk may
+                // still be full.
+                self.no_space |= e.is_no_space();
                 tracing::error!(error = %e, retry_in_ms = self.reopen_backoff.as_millis() as u64, "cannot reopen the store");
                 std::thread::sleep(self.reopen_backoff.min(Duration::from_secs(1)));
                 self.reopen_backoff = (self.reopen_backoff * 2).min(Duration::from_secs(30));
@@ -506,7 +556,7 @@ impl Writer {
             // Expired file jobs take their spooled files with them.
             self.dispose();
         }
-        let idle = self.last_request.elapsed() >= COMPACT_AFTER_IDLE;
+        let idle = self.last_write.elapsed() >= COMPACT_AFTER_IDLE;
         let wanted = self.wants_compaction();
         let store = self.store.as_mut().expect("checked above");
         if idle && wanted {
@@ -536,12 +586,13 @@ impl Writer {
 }
 
 enum TxResult {
-    /// With the streams that received jobs.
-    Committed(Vec<String>),
+    /// With the streams that received jobs; `wrote`: it changed the disk (not only leases).
+    Committed { fed: Vec<String>, wrote: bool },
     /// Nothing needed committing.
     Nothing,
-    /// The transaction could not begin or commit: the store must be reopened.
-    StoreLost,
+    /// The transaction could not begin or commit: the store must be reopened. `no_space`: it
+    /// failed for want of disk space.
+    StoreLost { no_space: bool },
 }
 
 /// Applies parked appends and a batch of requests in one transaction, commits, and replies.
@@ -552,18 +603,22 @@ fn run_tx(
     stats: &WriterStats,
 ) -> (VecDeque<Parked>, TxResult) {
     let now = now_ms();
-    let tx = match store.transaction() {
-        Ok(tx) => Some(tx),
+    let mut tx = match store.transaction() {
+        Ok(tx) => tx,
         Err(e) => {
             tracing::error!(error = %e, "cannot begin a store transaction; reopening the database");
+            let no_space = e.is_no_space();
             for req in work.drain(..) {
-                fail_with(req, || StoreError::io(e.to_string()));
+                fail_with(req, || {
+                    if no_space {
+                        StoreError::NoSpace(e.to_string())
+                    } else {
+                        StoreError::io(e.to_string())
+                    }
+                });
             }
-            None
+            return (parked, TxResult::StoreLost { no_space });
         }
-    };
-    let Some(mut tx) = tx else {
-        return (parked, TxResult::StoreLost);
     };
     let mut pending = Vec::with_capacity(work.len() + parked.len());
     let mut requests = 0u64;
@@ -719,6 +774,8 @@ fn run_tx(
     // or only handed out leases, does not touch the disk.
     let started = Instant::now();
     let commit = tx.close();
+    let no_space = commit.as_ref().is_err_and(StoreError::is_no_space)
+        || (commit.is_err() && pending.iter().any(Pending::no_space));
     let result = match &commit {
         Ok(()) => {
             if dirty {
@@ -726,16 +783,21 @@ fn run_tx(
                 stats.commit_duration.observe(started.elapsed());
             }
             stats.requests.fetch_add(requests, Ordering::Relaxed);
-            TxResult::Committed(fed)
+            TxResult::Committed { fed, wrote: dirty }
+        }
+        Err(e) if no_space => {
+            stats.failed_commits.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, requests, "store commit failed: the disk is full; nothing in it was acknowledged; reopening the database, appends answered \"no space\" until it is");
+            TxResult::StoreLost { no_space }
         }
         Err(e) => {
             stats.failed_commits.fetch_add(1, Ordering::Relaxed);
             tracing::error!(error = %e, requests, "store commit failed: nothing in it was acknowledged; reopening the database");
-            TxResult::StoreLost
+            TxResult::StoreLost { no_space }
         }
     };
     for p in pending {
-        p.send(&commit);
+        p.send(&commit, no_space);
     }
     (still_parked, result)
 }
@@ -761,10 +823,9 @@ fn fail_with(req: Request, err: impl Fn() -> StoreError) {
     }
 }
 
-fn fail_unavailable(req: Request) {
-    fail_with(req, || StoreError::Unavailable {
-        detail: " after an i/o error; retrying",
-    });
+/// What a request is told while the store that ran out of disk space is being reopened.
+fn no_space_yet() -> StoreError {
+    StoreError::NoSpace("the store is reopened once there is room; nothing was stored".into())
 }
 
 #[cfg(test)]
@@ -848,8 +909,50 @@ mod checkpoint_tests {
             Arc::default(),
             Arc::default(),
         );
-        w.last_request = Instant::now() - COMPACT_AFTER_IDLE * 2;
+        w.last_write = Instant::now() - COMPACT_AFTER_IDLE * 2;
         w
+    }
+
+    /// Producers retrying against a full disk (refused appends), and `/metrics` snapshots, change
+    /// nothing: they must not put off the compaction of a drained store (issue 17: with the 507's
+    /// `Retry-After` as long as the quiet time, a producer that retried on time put it off
+    /// forever). A write does.
+    #[test]
+    fn refused_appends_and_reads_do_not_put_compaction_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut open = opener(dir.path(), stream());
+        let mut store = open().unwrap();
+        store.storage.min_free = u64::MAX / 2;
+        let mut w = idle_writer(store, open);
+        let append = |w: &mut Writer| {
+            let (reply, mut rx) = tokio::sync::oneshot::channel();
+            let (snap, _snap_rx) = tokio::sync::oneshot::channel();
+            w.apply(vec![
+                Request::Append {
+                    stream: "s".into(),
+                    records: Arc::new(RecordBuf::from(&[b"r"][..])),
+                    checkpoint: None,
+                    deadline: None,
+                    reply,
+                },
+                Request::Snapshot { reply: snap },
+            ]);
+            rx.try_recv().expect("answered")
+        };
+        for _ in 0..5 {
+            let r = append(&mut w);
+            assert!(
+                matches!(r, Err(AppendError::Full { reason, .. }) if reason.is_disk()),
+                "{r:?}"
+            );
+            assert_eq!(w.next_timeout(), Duration::from_millis(1), "compaction due");
+        }
+        w.store.as_mut().unwrap().storage.min_free = 0;
+        append(&mut w).unwrap();
+        assert!(
+            w.next_timeout() > Duration::from_secs(1),
+            "a write puts it off"
+        );
     }
 
     /// Once drained and idle, a store whose file is mostly free pages is compacted, small as it
