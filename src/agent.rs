@@ -58,6 +58,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     store::create_data_dir(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
     let store_handle = open_store(&config)?;
+    if let Some(handle) = &store_handle {
+        salvage_damaged(handle, &config);
+    }
 
     let ctx = RunContext {
         stopping: Default::default(),
@@ -627,6 +630,66 @@ fn open_store(config: &Config) -> anyhow::Result<Option<writer::StoreHandle>> {
     let handle = writer::spawn(opened, reopen, writer::WriterOptions::default())
         .context("cannot start the store writer thread")?;
     Ok(Some(handle))
+}
+
+/// Puts the intact jobs of every damaged store file not yet salvaged back into the live store, on
+/// a thread of its own: the file is read there and each chunk appended through the writer among
+/// its other work, so the agent is in service (ready, taking appends, delivering) meanwhile. A
+/// file whose salvage ended is renamed `….salvaged` (kept, and counted against the budget, until
+/// an operator removes it); one whose salvage failed is tried again at the next start. Sources
+/// whose checkpoint was in the damaged file read their files from the beginning (see `tail`).
+fn salvage_damaged(handle: &writer::StoreHandle, config: &Config) {
+    let files: Vec<_> = handle
+        .damaged_files()
+        .into_iter()
+        .filter(|f| !f.salvaged)
+        .collect();
+    if files.is_empty() {
+        return;
+    }
+    let streams: Vec<String> = config.streams.iter().map(|s| s.name.clone()).collect();
+    let handle = handle.clone();
+    let spawned = std::thread::Builder::new()
+        .name("colibri-salvage".into())
+        .spawn(move || {
+            let names: Vec<&str> = streams.iter().map(String::as_str).collect();
+            for f in files {
+                tracing::warn!(file = %f.path.display(), bytes = f.bytes, "salvaging the intact jobs of a damaged store file");
+                let started = std::time::Instant::now();
+                match store::salvage::salvage(&f.path, &names, &mut writer::Restoring(&handle)) {
+                    Ok(report) => {
+                        use std::sync::atomic::Ordering::Relaxed;
+                        let stats = handle.stats();
+                        stats.salvaged_jobs.fetch_add(report.jobs, Relaxed);
+                        stats.salvaged_records.fetch_add(report.records, Relaxed);
+                        let lost = report.damaged
+                            + report.unattributable
+                            + report.unknown_streams.values().sum::<u64>();
+                        stats.lost_jobs.fetch_add(lost, Relaxed);
+                        let marked = store::aside::mark_salvaged(&f.path);
+                        tracing::warn!(
+                            file = %f.path.display(),
+                            jobs = report.jobs,
+                            records = report.records,
+                            lost_jobs = lost,
+                            checkpoints_restored = report.checkpoints_restored,
+                            in_doubt = report.in_doubt,
+                            duration_ms = started.elapsed().as_millis() as u64,
+                            renamed_to = %marked.as_ref().map_or_else(|e| format!("(not renamed: {e})"), |p| p.display().to_string()),
+                            "salvage done: intact jobs are back in their streams"
+                        );
+                    }
+                    Err(e) => tracing::error!(
+                        file = %f.path.display(),
+                        error = %e,
+                        "salvage failed; it is tried again at the next start"
+                    ),
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the salvage thread; it is tried again at the next start");
+    }
 }
 
 /// What a sink did in this life of the process, logged at stop (the metrics endpoint will expose

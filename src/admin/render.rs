@@ -515,6 +515,25 @@ fn store_metrics(t: &mut Text, store: &StoreHandle, snap: Option<&Snapshot>, con
         "When the newest of those files was moved aside (0: none).",
         aside.last().map_or(0, |f| f.moved_ms) as f64 / 1000.0,
     );
+    let s = store.stats();
+    t.single(
+        "colibri_store_salvaged_jobs_total",
+        Kind::Counter,
+        "Jobs put back into the store from damaged files by this process.",
+        s.salvaged_jobs.load(Relaxed) as f64,
+    );
+    t.single(
+        "colibri_store_salvaged_records_total",
+        Kind::Counter,
+        "Records in those jobs.",
+        s.salvaged_records.load(Relaxed) as f64,
+    );
+    t.single(
+        "colibri_store_lost_to_damage_jobs_total",
+        Kind::Counter,
+        "Jobs of damaged files that could not be put back: damaged themselves, of a stream no longer configured, or of no stream that could be told.",
+        s.lost_jobs.load(Relaxed) as f64,
+    );
 }
 
 fn source_metrics(t: &mut Text, stats: &[(String, Arc<TailStats>)]) {

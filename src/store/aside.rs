@@ -12,6 +12,9 @@ use super::layout::DB_FILE;
 
 /// What a moved-aside file's name starts with, after [`DB_FILE`].
 const SUFFIX: &str = ".corrupt-";
+/// What a moved-aside file's name ends with once its intact jobs were salvaged (so a restart does
+/// not salvage them twice).
+const SALVAGED: &str = ".salvaged";
 
 /// One damaged store file kept beside the live one.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -20,6 +23,22 @@ pub struct AsideFile {
     pub bytes: u64,
     /// When it was moved aside (from its name), ms since the epoch.
     pub moved_ms: u64,
+    /// Its intact jobs were put back into the live store.
+    pub salvaged: bool,
+}
+
+/// Renames a moved-aside file to say it was salvaged; returns the new name.
+pub fn mark_salvaged(path: &Path) -> std::io::Result<PathBuf> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(SALVAGED);
+    let to = PathBuf::from(name);
+    std::fs::rename(path, &to)?;
+    if let Some(dir) = path.parent()
+        && let Ok(d) = std::fs::File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+    Ok(to)
 }
 
 /// Moves `dir`'s store file to a name no other file has; returns that name.
@@ -61,12 +80,17 @@ pub fn list(dir: &Path) -> Vec<AsideFile> {
         .filter_map(|e| {
             let name = e.file_name();
             let rest = name.to_str()?.strip_prefix(&prefix)?;
+            let (rest, salvaged) = match rest.strip_suffix(SALVAGED) {
+                Some(r) => (r, true),
+                None => (rest, false),
+            };
             let moved_ms = rest.split('-').next()?.parse().ok()?;
             let meta = e.metadata().ok().filter(|m| m.is_file())?;
             Some(AsideFile {
                 path: e.path(),
                 bytes: meta.len(),
                 moved_ms,
+                salvaged,
             })
         })
         .collect();
@@ -108,6 +132,18 @@ mod tests {
         assert_eq!(
             (listed[2].bytes, listed[2].moved_ms),
             (5, 1_700_000_000_000)
+        );
+        // Salvaged, it is still listed (and counted), as salvaged.
+        let marked = mark_salvaged(&moved[1]).unwrap();
+        assert!(
+            marked.to_string_lossy().ends_with("-2.salvaged"),
+            "{}",
+            marked.display()
+        );
+        let listed = list(dir.path());
+        assert_eq!(
+            listed.iter().map(|f| f.salvaged).collect::<Vec<_>>(),
+            [false, true, false]
         );
     }
 }

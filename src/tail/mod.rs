@@ -367,13 +367,18 @@ impl Driver {
             let Some(stored) = self.load_checkpoint().await else {
                 return;
             };
-            let first_life = stored.is_none();
+            // No checkpoint while a damaged store file is kept: it may have held this source's
+            // (the salvage restores it only where nothing was lost). Reading the files again from
+            // the beginning sends some lines twice; `start_at: end` would lose them.
+            let lost = stored.is_none() && !self.store.damaged_files().is_empty();
+            let first_life = stored.is_none() && !lost;
             let start = {
                 let (s, w, st) = (self.settings.clone(), self.watcher, Arc::clone(&self.stats));
                 tokio::task::spawn_blocking(move || {
                     Box::new(Tailer::start(
                         s,
                         stored.as_deref(),
+                        lost,
                         w,
                         st,
                         std::time::Instant::now(),

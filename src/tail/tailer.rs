@@ -150,6 +150,7 @@ impl Tailer {
     pub fn start(
         settings: Settings,
         stored: Option<&[u8]>,
+        lost: bool,
         watcher: Option<Watcher>,
         stats: Arc<TailStats>,
         now: Instant,
@@ -171,6 +172,10 @@ impl Tailer {
             unreadable: HashSet::new(),
         };
         let (entries, first_life) = match stored.map(checkpoint::decode) {
+            None if lost => {
+                tracing::warn!(source = %t.settings.cfg.name, "this source's checkpoint may have been in a damaged store file; files are read from their beginning");
+                (Vec::new(), false)
+            }
             None => (Vec::new(), true),
             Some(Ok(cp)) => (cp.files, false),
             Some(Err(e)) => {

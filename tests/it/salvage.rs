@@ -98,3 +98,98 @@ fn a_damaged_store_is_salvaged_into_the_configured_one() {
         f.stdout
     );
 }
+
+/// Start-up after damage, on the real binary with a real receiver: the agent moves a file redb
+/// refuses aside, comes up on a fresh store, salvages the damaged file in the background and
+/// delivers every job whose bytes were intact exactly once; the file is then marked salvaged, and
+/// a restart salvages nothing twice. Damage only in the header page leaves every job intact, so
+/// the intact set is every record pushed.
+#[test]
+fn the_agent_salvages_a_damaged_store_at_start_up_and_delivers_each_intact_job_once() {
+    use crate::util::http::Receiver;
+    use crate::util::{Proc, field, poll, stop};
+
+    type Damage = fn(&mut Vec<u8>);
+    let cases: [(&str, Damage); 3] = [
+        ("a flipped byte in the magic number", |b| b[0] ^= 0x01),
+        ("the header's version bytes", |b| {
+            b[64] ^= 0xff;
+            b[65] ^= 0xff
+        }),
+        ("the first page zeroed", |b| b[..4096].fill(0)),
+    ];
+    for (name, damage) in cases {
+        let sb = Sandbox::new();
+        let data = sb.file("data");
+        let rx = Receiver::start();
+        let cfg = sb.write_config(&format!(
+            "data_dir: {data}\n\
+             log: {{ format: json }}\n\
+             sinks:\n  \
+               up: {{ type: http, url: \"{url}\", link: {{ down_after: 1, backoff_base: 50ms, backoff_cap: 200ms }} }}\n\
+             streams:\n  \
+               logs: {{ sink: up, batch: {{ max_records: 7 }} }}\n",
+            data = quote_path(&data),
+            url = rx.url("/in"),
+        ));
+        // Queued while no agent runs (nothing delivered yet), then damaged.
+        let lines: String = (0..500).map(|i| format!("{{\"seq\":{i}}}\n")).collect();
+        let f = finish_with_stdin(&sb, queue(&cfg, &["push", "logs"]), &lines, secs(60));
+        assert_code(f.status, 0, &f.stderr);
+        let live = data.join("colibri.redb");
+        let mut bytes = std::fs::read(&live).unwrap();
+        damage(&mut bytes);
+        std::fs::write(&live, &bytes).unwrap();
+
+        let agent = Proc::run(&cfg);
+        agent.wait_until(secs(60), "the salvage to end", || {
+            agent.stderr().contains("salvage done")
+        });
+        let got = poll(secs(60), || {
+            let got = rx.records();
+            (got.len() >= 500).then_some(got)
+        })
+        .unwrap_or_else(|| panic!("{name}: {} of 500 delivered", rx.records().len()));
+        let mut seqs: Vec<u64> = got
+            .iter()
+            .map(|r| {
+                serde_json::from_str::<serde_json::Value>(r).unwrap()["seq"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        seqs.sort_unstable();
+        assert_eq!(
+            seqs,
+            (0..500).collect::<Vec<_>>(),
+            "{name}: each record once"
+        );
+        let agent = stop(agent);
+        let events = crate::util::complete_lines(&agent.stderr());
+        let done: Vec<serde_json::Value> = events
+            .iter()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter(|e: &serde_json::Value| field(e, "message").starts_with("salvage done"))
+            .collect();
+        assert_eq!(done.len(), 1, "{name}: {}", agent.stderr());
+        assert_eq!(done[0]["records"], 500, "{name}: {}", done[0]);
+        assert_eq!(done[0]["lost_jobs"], 0, "{name}: {}", done[0]);
+
+        // Marked salvaged, still listed; a restart salvages nothing and sends nothing again.
+        let stats = queue_stats(&cfg, &[]);
+        let files = stats["damaged_files"].as_array().expect("damaged_files");
+        assert_eq!(files.len(), 1, "{stats}");
+        assert_eq!(files[0]["salvaged"], true, "{stats}");
+        let agent = Proc::run(&cfg);
+        agent.wait_until(secs(30), "colibri started", || {
+            agent.stderr().contains("colibri started")
+        });
+        let agent = stop(agent);
+        assert!(
+            !agent.stderr().contains("salvaging"),
+            "{name}: {}",
+            agent.stderr()
+        );
+        assert_eq!(rx.records().len(), 500, "{name}: nothing sent twice");
+    }
+}

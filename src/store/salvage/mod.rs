@@ -3,7 +3,8 @@
 //! records and metadata (attempts, settled offset) as they were, byte for byte. [`scan`] finds them
 //! (`scan.rs`: the live tree, a walk of every page, attribution and the choice of copies, on
 //! redb's format as `page.rs` reads it, through the bounded windows of `source.rs`);
-//! [`Store::salvage_from`] appends them in bounded transactions and restores checkpoints.
+//! [`salvage`] hands them on in bounded chunks to a [`Restore`] (the store, or the writer thread)
+//! and restores checkpoints.
 //!
 //! What it restores: record jobs of the target store's streams, to the table they were in
 //! (ready, retry with its due time, dead), with new ids in the old ids' order (so new idempotency
@@ -13,7 +14,8 @@
 //! one). Not restored: file jobs (their spooled files are still in the spool, which the
 //! `file_move` task re-queues when it starts), counters (the salvaged jobs are counted as
 //! appended), quarantine, the old store id (reported only). Stream bounds are not applied: the
-//! jobs were admitted under them once. Called by `colibri queue salvage`; not by start-up yet.
+//! jobs were admitted under them once. Called by `colibri queue salvage` (into the store) and by
+//! the agent at start-up (into the running writer, [`crate::store::writer::Restoring`]).
 
 mod page;
 mod scan;

@@ -24,6 +24,8 @@ pub struct StoreHandle {
     /// The id of the store the writer holds; the writer updates it when it reopens one (a file
     /// that replaced a corrupted one has a new id).
     pub(super) store_id: Arc<AtomicU64>,
+    /// The data directory, where damaged store files are kept.
+    pub(super) data_dir: Arc<std::path::PathBuf>,
 }
 
 pub(super) fn gone() -> StoreError {
@@ -59,6 +61,11 @@ impl StoreHandle {
     ) -> Result<T, E> {
         self.send(make)?.blocking_recv().map_err(|_| gone())?
     }
+    /// Damaged store files moved aside in the data directory (read from it now).
+    pub fn damaged_files(&self) -> Vec<crate::store::aside::AsideFile> {
+        crate::store::aside::list(&self.data_dir)
+    }
+
     /// Appends records and returns once they are durable. Under `when_full: block`, waits for room
     /// up to `wait` (None: fail at once when full).
     pub async fn append(
@@ -239,5 +246,25 @@ impl StoreHandle {
     /// only when the writer had to replace a corrupted file with a fresh one.
     pub fn store_id(&self) -> u64 {
         self.store_id.load(Ordering::Acquire)
+    }
+}
+
+/// The running agent's writer as where a salvage puts what it found: a transaction per chunk,
+/// among the writer's other work, so the agent stays in service while a damaged file is read.
+/// From a thread outside the event loop (it blocks on each answer).
+pub struct Restoring<'a>(pub &'a StoreHandle);
+
+impl crate::store::salvage::Restore for Restoring<'_> {
+    fn jobs(&mut self, jobs: Vec<crate::store::salvage::Restored>) -> Result<(), StoreError> {
+        self.0
+            .ask_blocking(|reply| Request::Restore { jobs, reply })
+    }
+
+    fn checkpoints(
+        &mut self,
+        checkpoints: Vec<(String, Vec<u8>)>,
+    ) -> Result<(u64, u64), StoreError> {
+        self.0
+            .ask_blocking(|reply| Request::RestoreCheckpoints { checkpoints, reply })
     }
 }

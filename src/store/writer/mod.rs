@@ -18,7 +18,7 @@
 mod handle;
 mod thread;
 
-pub use handle::StoreHandle;
+pub use handle::{Restoring, StoreHandle};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -120,6 +120,16 @@ enum Request {
         stream: String,
         reply: Reply<Result<Option<u64>, StoreError>>,
     },
+    /// Jobs salvaged from a damaged file, appended as they are in one transaction.
+    Restore {
+        jobs: Vec<crate::store::salvage::Restored>,
+        reply: Reply<Result<(), StoreError>>,
+    },
+    /// Checkpoints salvaged from a damaged file, saved where the store has none.
+    RestoreCheckpoints {
+        checkpoints: Vec<(String, Vec<u8>)>,
+        reply: Reply<Result<(u64, u64), StoreError>>,
+    },
     /// The stop has begun: appends waiting for room are answered [`AppendError::Stopping`] now,
     /// and later ones do not wait.
     StopWaiting,
@@ -149,6 +159,11 @@ pub struct WriterStats {
     pub commit_duration: crate::metrics::Histogram,
     /// The writer holds an open store (false while it reopens one after an I/O error).
     pub store_open: std::sync::atomic::AtomicBool,
+    /// Salvages of damaged files in this process: jobs and records put back, jobs lost to damage
+    /// (found damaged, of no known stream, or whose stream could not be told).
+    pub salvaged_jobs: AtomicU64,
+    pub salvaged_records: AtomicU64,
+    pub lost_jobs: AtomicU64,
 }
 
 impl Default for WriterStats {
@@ -159,6 +174,9 @@ impl Default for WriterStats {
             failed_commits: AtomicU64::new(0),
             commit_duration: crate::metrics::Histogram::new(crate::metrics::COMMIT_BUCKETS),
             store_open: std::sync::atomic::AtomicBool::new(true),
+            salvaged_jobs: AtomicU64::new(0),
+            salvaged_records: AtomicU64::new(0),
+            lost_jobs: AtomicU64::new(0),
         }
     }
 }
@@ -187,6 +205,7 @@ pub fn spawn(
     );
     let thread_notifiers = Arc::clone(&notifiers);
     let store_id = Arc::new(AtomicU64::new(store.id()));
+    let data_dir = Arc::new(store.data_dir().to_path_buf());
     let thread_store_id = Arc::clone(&store_id);
     std::thread::Builder::new()
         .name("colibri-store".into())
@@ -206,5 +225,6 @@ pub fn spawn(
         stats,
         notifiers,
         store_id,
+        data_dir,
     })
 }

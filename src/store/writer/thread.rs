@@ -50,6 +50,10 @@ enum Pending {
         Reply<Result<FileAppend, AppendError>>,
         Result<FileAppend, AppendError>,
     ),
+    Counts(
+        Reply<Result<(u64, u64), StoreError>>,
+        Result<(u64, u64), StoreError>,
+    ),
 }
 
 impl Pending {
@@ -92,6 +96,8 @@ impl Pending {
             (Pending::Settle(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
             (Pending::AppendFile(r, v), Ok(())) => drop(r.send(v)),
             (Pending::AppendFile(r, _), Err(e)) => drop(r.send(Err(AppendError::Store(failed(e))))),
+            (Pending::Counts(r, v), Ok(())) => drop(r.send(v)),
+            (Pending::Counts(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
         }
     }
 }
@@ -729,6 +735,14 @@ fn run_tx(
                 let r = tx.quarantine_taken(&lease, &reason);
                 pending.push(Pending::Ack(reply, r));
             }
+            Request::Restore { jobs, reply } => {
+                let r = tx.restore_jobs(&jobs);
+                pending.push(Pending::Ack(reply, r));
+            }
+            Request::RestoreCheckpoints { checkpoints, reply } => {
+                let r = tx.restore_checkpoints(&checkpoints);
+                pending.push(Pending::Counts(reply, r));
+            }
             Request::Settle {
                 lease,
                 n,
@@ -810,6 +824,8 @@ fn fail_with(req: Request, err: impl Fn() -> StoreError) {
         Request::Ack { reply, .. } => drop(reply.send(Err(err()))),
         Request::Fail { reply, .. } => drop(reply.send(Err(err()))),
         Request::Quarantine { reply, .. } => drop(reply.send(Err(err()))),
+        Request::Restore { reply, .. } => drop(reply.send(Err(err()))),
+        Request::RestoreCheckpoints { reply, .. } => drop(reply.send(Err(err()))),
         Request::Settle { reply, .. } => drop(reply.send(Err(err()))),
         Request::AppendFile { reply, .. } => drop(reply.send(Err(AppendError::Store(err())))),
         Request::SpoolKnown { reply, .. } => drop(reply.send(Err(err()))),

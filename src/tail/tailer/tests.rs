@@ -99,10 +99,16 @@ impl Rig {
 
     /// Starts (again) from the last checkpoint, as after a crash.
     fn start(&mut self) {
+        self.start_lost(false);
+    }
+
+    /// Starts; `lost`: the checkpoint may have been in a damaged store file.
+    fn start_lost(&mut self, lost: bool) {
         self.t = None;
         self.t = Some(Tailer::start(
             self.settings.clone(),
             self.cp.as_deref(),
+            lost,
             None,
             Arc::new(TailStats::default()),
             self.now,
@@ -214,6 +220,16 @@ fn start_at_end_applies_only_to_files_of_the_first_life() {
     r.append("late.log", "late 1\n");
     r.start();
     assert_eq!(r.lines(), vec!["late 1"]);
+}
+
+/// A checkpoint lost with a damaged store: `start_at: end` would skip what was not yet read, so
+/// the files are read from their beginning (lines twice rather than none).
+#[test]
+fn a_checkpoint_lost_with_a_damaged_store_reads_from_the_beginning_despite_start_at_end() {
+    let mut r = Rig::new(&["*.log"], |c| c.start_at = StartAt::End);
+    r.append("a.log", "one\ntwo\n");
+    r.start_lost(true);
+    assert_eq!(r.lines(), vec!["one", "two"]);
 }
 
 #[test]
