@@ -656,7 +656,7 @@ fn salvage_damaged(handle: &writer::StoreHandle, config: &Config) {
             for f in files {
                 tracing::warn!(file = %f.path.display(), bytes = f.bytes, "salvaging the intact jobs of a damaged store file");
                 let started = std::time::Instant::now();
-                match store::salvage::salvage(&f.path, &names, &mut writer::Restoring(&handle)) {
+                match store::salvage::salvage(&f.path, &names, &mut writer::Restoring::new(&handle, &f.path)) {
                     Ok(report) => {
                         use std::sync::atomic::Ordering::Relaxed;
                         let stats = handle.stats();

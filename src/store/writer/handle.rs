@@ -251,20 +251,46 @@ impl StoreHandle {
 
 /// The running agent's writer as where a salvage puts what it found: a transaction per chunk,
 /// among the writer's other work, so the agent stays in service while a damaged file is read.
-/// From a thread outside the event loop (it blocks on each answer).
-pub struct Restoring<'a>(pub &'a StoreHandle);
+/// From a thread outside the event loop (it blocks on each answer). Logs its progress every
+/// [`Restoring::PROGRESS_EVERY`] while it lasts.
+pub struct Restoring<'a> {
+    handle: &'a StoreHandle,
+    file: &'a std::path::Path,
+    jobs: u64,
+    logged: Instant,
+}
+
+impl<'a> Restoring<'a> {
+    const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+    pub fn new(handle: &'a StoreHandle, file: &'a std::path::Path) -> Self {
+        Restoring {
+            handle,
+            file,
+            jobs: 0,
+            logged: Instant::now(),
+        }
+    }
+}
 
 impl crate::store::salvage::Restore for Restoring<'_> {
     fn jobs(&mut self, jobs: Vec<crate::store::salvage::Restored>) -> Result<(), StoreError> {
-        self.0
-            .ask_blocking(|reply| Request::Restore { jobs, reply })
+        let n = jobs.len() as u64;
+        self.handle
+            .ask_blocking(|reply| Request::Restore { jobs, reply })?;
+        self.jobs += n;
+        if self.logged.elapsed() >= Self::PROGRESS_EVERY {
+            self.logged = Instant::now();
+            tracing::info!(file = %self.file.display(), jobs = self.jobs, "salvage in progress");
+        }
+        Ok(())
     }
 
     fn checkpoints(
         &mut self,
         checkpoints: Vec<(String, Vec<u8>)>,
     ) -> Result<(u64, u64), StoreError> {
-        self.0
+        self.handle
             .ask_blocking(|reply| Request::RestoreCheckpoints { checkpoints, reply })
     }
 }
