@@ -20,6 +20,19 @@ fn config(sb: &Sandbox, data: &Path) -> std::path::PathBuf {
     ))
 }
 
+/// A config for the agent: stream `logs` (7 records a job) delivered to `url`, short link timings.
+fn agent_config(sb: &Sandbox, data: &Path, url: &str) -> std::path::PathBuf {
+    sb.write_config(&format!(
+        "data_dir: {data}\n\
+         log: {{ format: json }}\n\
+         sinks:\n  \
+           up: {{ type: http, url: \"{url}\", link: {{ down_after: 1, backoff_base: 50ms, backoff_cap: 200ms }} }}\n\
+         streams:\n  \
+           logs: {{ sink: up, batch: {{ max_records: 7 }} }}\n",
+        data = quote_path(data),
+    ))
+}
+
 fn push(sb: &Sandbox, config: &Path, stream: &str, n: usize) {
     let lines: String = (0..n).map(|i| format!("{stream} line {i}\n")).collect();
     let f = finish_with_stdin(
@@ -122,16 +135,7 @@ fn the_agent_salvages_a_damaged_store_at_start_up_and_delivers_each_intact_job_o
         let sb = Sandbox::new();
         let data = sb.file("data");
         let rx = Receiver::start();
-        let cfg = sb.write_config(&format!(
-            "data_dir: {data}\n\
-             log: {{ format: json }}\n\
-             sinks:\n  \
-               up: {{ type: http, url: \"{url}\", link: {{ down_after: 1, backoff_base: 50ms, backoff_cap: 200ms }} }}\n\
-             streams:\n  \
-               logs: {{ sink: up, batch: {{ max_records: 7 }} }}\n",
-            data = quote_path(&data),
-            url = rx.url("/in"),
-        ));
+        let cfg = agent_config(&sb, &data, &rx.url("/in"));
         // Queued while no agent runs (nothing delivered yet), then damaged.
         let lines: String = (0..500).map(|i| format!("{{\"seq\":{i}}}\n")).collect();
         let f = finish_with_stdin(&sb, queue(&cfg, &["push", "logs"]), &lines, secs(60));
@@ -207,16 +211,7 @@ fn a_salvage_cut_short_by_kill_9_is_done_again_and_loses_nothing() {
     let sb = Sandbox::new();
     let data = sb.file("data");
     let rx = Receiver::start();
-    let cfg = sb.write_config(&format!(
-        "data_dir: {data}\n\
-         log: {{ format: json }}\n\
-         sinks:\n  \
-           up: {{ type: http, url: \"{url}\", link: {{ down_after: 1, backoff_base: 50ms, backoff_cap: 200ms }} }}\n\
-         streams:\n  \
-           logs: {{ sink: up, batch: {{ max_records: 7 }} }}\n",
-        data = quote_path(&data),
-        url = rx.url("/in"),
-    ));
+    let cfg = agent_config(&sb, &data, &rx.url("/in"));
     let lines: String = (0..N).map(|i| format!("{{\"seq\":{i}}}\n")).collect();
     let f = finish_with_stdin(&sb, queue(&cfg, &["push", "logs"]), &lines, secs(60));
     assert_code(f.status, 0, &f.stderr);
