@@ -150,11 +150,8 @@ fn leaf_tables(n: usize, key_w: Option<usize>, value_w: Option<usize>) -> usize 
     4 + 4 * n * usize::from(key_w.is_none()) + 4 * n * usize::from(value_w.is_none())
 }
 
-/// How many bytes a leaf declares it uses, read from its header and end offsets (which must be
-/// in `b`): the end of its last value. `None` when the declared layout is impossible.
-/// Layout: type, padding, entry count (u16); per entry a key end (u32) unless keys are fixed,
-/// per entry a value end (u32) unless values are fixed; keys; values.
-pub fn leaf_len(b: &[u8], key_w: Option<usize>, value_w: Option<usize>) -> Option<usize> {
+/// A leaf's entry count (never 0) and where its keys begin; `None` when `b` is no leaf.
+fn leaf_head(b: &[u8], key_w: Option<usize>, value_w: Option<usize>) -> Option<(usize, usize)> {
     if b.first() != Some(&LEAF) {
         return None;
     }
@@ -162,7 +159,15 @@ pub fn leaf_len(b: &[u8], key_w: Option<usize>, value_w: Option<usize>) -> Optio
     if n == 0 {
         return None;
     }
-    let tables = leaf_tables(n, key_w, value_w);
+    Some((n, leaf_tables(n, key_w, value_w)))
+}
+
+/// How many bytes a leaf declares it uses, read from its header and end offsets (which must be
+/// in `b`): the end of its last value. `None` when the declared layout is impossible.
+/// Layout: type, padding, entry count (u16); per entry a key end (u32) unless keys are fixed,
+/// per entry a value end (u32) unless values are fixed; keys; values.
+pub fn leaf_len(b: &[u8], key_w: Option<usize>, value_w: Option<usize>) -> Option<usize> {
+    let (n, tables) = leaf_head(b, key_w, value_w)?;
     let keys_end = match key_w {
         Some(w) => tables.checked_add(w.checked_mul(n)?)?,
         None => u32_at(b, 4 + 4 * (n - 1))? as usize,
@@ -228,14 +233,7 @@ pub fn leaf_tables_len(
 /// The entries of a leaf whose bytes are all in `b` (at least [`leaf_len`] of them), checked:
 /// every key and value within the bytes, in order, not overlapping the tables. `None` otherwise.
 pub fn leaf_entries(b: &[u8], key_w: Option<usize>, value_w: Option<usize>) -> Option<Vec<Entry>> {
-    if b.first() != Some(&LEAF) {
-        return None;
-    }
-    let n = usize::from(u16_at(b, 2)?);
-    if n == 0 {
-        return None;
-    }
-    let tables = leaf_tables(n, key_w, value_w);
+    let (n, tables) = leaf_head(b, key_w, value_w)?;
     let mut key_ends = Vec::with_capacity(n);
     for i in 0..n {
         key_ends.push(match key_w {
