@@ -64,7 +64,8 @@ impl Store {
     }
 
     /// What counts against `storage.max_bytes`: the streams' bytes and the damaged store files
-    /// kept beside this one (an operator frees that part by removing them).
+    /// kept beside this one when it was opened (an operator frees that part by removing them; the
+    /// next open sees it: an append must not read the directory).
     pub fn budget_used(&self) -> u64 {
         self.stored_bytes() + self.aside_bytes
     }
