@@ -636,7 +636,8 @@ fn open_store(config: &Config) -> anyhow::Result<Option<writer::StoreHandle>> {
 /// a thread of its own: the file is read there and each chunk appended through the writer among
 /// its other work, so the agent is in service (ready, taking appends, delivering) meanwhile. A
 /// file whose salvage ended is renamed `….salvaged` (kept, and counted against the budget, until
-/// an operator removes it); one whose salvage failed is tried again at the next start. Sources
+/// an operator removes it); one whose salvage failed or was cut short goes on where it stopped at
+/// the next start (the store keeps its progress). Sources
 /// whose checkpoint was in the damaged file read their files from the beginning (see `tail`).
 fn salvage_damaged(handle: &writer::StoreHandle, config: &Config) {
     let files: Vec<_> = handle
@@ -674,6 +675,9 @@ fn salvage_damaged(handle: &writer::StoreHandle, config: &Config) {
                             lost_jobs = lost,
                             checkpoints_restored = report.checkpoints_restored,
                             in_doubt = report.in_doubt,
+                            counters_carried_on = report.counters_carried_on,
+                            put_back_before = report.put_back_before,
+                            ended_before = report.ended_before,
                             duration_ms = started.elapsed().as_millis() as u64,
                             renamed_to = %marked.as_ref().map_or_else(|e| format!("(not renamed: {e})"), |p| p.display().to_string()),
                             "salvage done: intact jobs are back in their streams"

@@ -388,15 +388,19 @@ async fn deliver_job(
                 }
             }
         };
+        // A salvaged job keeps the key it had before the damage: its old store's id and its own.
+        let (store_id, key_job) = job
+            .origin
+            .map_or((store.store_id(), id), |o| (o.store, o.job));
         let batch = Batch {
             stream,
-            job: id,
+            job: key_job,
             first: job.offset + start as u32,
             end: job.offset + end as u32,
             whole: job.offset == 0 && whole_job,
             payload,
             file: job.file(),
-            store_id: store.store_id(),
+            store_id,
         };
         let result = tokio::select! {
             r = send_paced(rt, &batch, rt.replaying(stream)) => Some(r),

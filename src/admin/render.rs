@@ -294,6 +294,13 @@ fn stream_metrics(t: &mut Text, snap: &Snapshot) {
     for (metric, help, parts) in &queues {
         streams.split(t, metric, Kind::Gauge, help, "queue", parts);
     }
+    streams.family(
+        t,
+        "colibri_stream_salvaging_records",
+        Kind::Gauge,
+        "Records a damaged store file held that its salvage, still running, has not put back yet.",
+        |c| c.salvaging_records,
+    );
     streams.families(
         t,
         Kind::Counter,
@@ -322,6 +329,11 @@ fn stream_metrics(t: &mut Text, snap: &Snapshot) {
                 "colibri_stream_quarantined_records_total",
                 "Records of jobs that failed their checksum, moved to quarantine.",
                 |c| c.quarantined_records,
+            ),
+            (
+                "colibri_stream_lost_to_damage_records_total",
+                "Records a damaged store file held that its salvage could not put back.",
+                |c| c.lost_to_damage_records,
             ),
             (
                 "colibri_stream_dead_lettered_records_total",

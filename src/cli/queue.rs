@@ -424,6 +424,10 @@ fn job_json(job: &store::Peeked) -> serde_json::Value {
         "last_error": job.last_error,
         "last_failed_ms": job.last_failed_ms,
         "offset": job.offset,
+        "salvaged_from": job.origin.map(|o| serde_json::json!({
+            "store_id": format!("{:016x}", o.store),
+            "job": o.job,
+        })),
         "bytes": job.bytes,
         "records": records,
         "decode_error": decode_error,
@@ -548,6 +552,9 @@ fn print_job(out: &mut impl Write, job: &store::Peeked) -> std::io::Result<()> {
     }
     if let Some(e) = &job.last_error {
         write!(out, ", last error: {e}")?;
+    }
+    if let Some(o) = job.origin {
+        write!(out, ", salvaged from store {:016x} #{}", o.store, o.job)?;
     }
     writeln!(out)?;
     match &job.records {
@@ -733,6 +740,7 @@ mod tests {
             last_error: None,
             last_failed_ms: 0,
             offset: 0,
+            origin: None,
             bytes: 10,
             raw_bytes: 10,
             records,

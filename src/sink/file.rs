@@ -52,7 +52,11 @@ impl Deliver for FileSink {
     /// Copies a file job's file into the directory, under the job's name and the file's own.
     async fn send_file(&self, batch: &Batch<'_>, file: &FileJob) -> Result<(), DeliveryError> {
         use std::os::unix::ffi::OsStrExt;
-        let mut name = format!("{}-{:020}-", batch.stream, batch.job).into_bytes();
+        let mut name = format!(
+            "{}-{:016x}-{:020}-",
+            batch.stream, batch.store_id, batch.job
+        )
+        .into_bytes();
         // Cut so the name (and its temporary `.<name>.tmp`) stays within NAME_MAX (255).
         let original = file.name.as_bytes();
         let room = 250usize.saturating_sub(name.len() + 5);
@@ -82,14 +86,17 @@ impl Deliver for FileSink {
     }
 }
 
-/// The name of a batch's file: the same for every re-send of the same records.
+/// The name of a batch's file: the same for every re-send of the same records, and, as the
+/// idempotency key, never the same for two store files (job ids start over in a store that
+/// replaced a damaged one: its job 1 must not overwrite the old one's).
 fn file_name(batch: &Batch<'_>) -> String {
+    let (stream, store, job) = (batch.stream, batch.store_id, batch.job);
     if batch.whole {
-        format!("{}-{:020}.ndjson", batch.stream, batch.job)
+        format!("{stream}-{store:016x}-{job:020}.ndjson")
     } else {
         format!(
-            "{}-{:020}-{}-{}.ndjson",
-            batch.stream, batch.job, batch.first, batch.end
+            "{stream}-{store:016x}-{job:020}-{}-{}.ndjson",
+            batch.first, batch.end
         )
     }
 }

@@ -244,12 +244,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_job_becomes_one_whole_file_and_a_replay_overwrites_it() {
+    async fn a_job_becomes_one_whole_file_named_by_store_and_job_and_a_replay_overwrites_it() {
         let dir = tempfile::tempdir().unwrap();
         let sink = file_sink(dir.path());
         let recs: [&[u8]; 2] = [b"{\"a\":1}", b"{\"b\":2}"];
         deliver(&sink, &batch(7, &recs)).await.unwrap();
-        let path = dir.path().join("logs-00000000000000000007.ndjson");
+        let path = dir
+            .path()
+            .join("logs-0000000000000abc-00000000000000000007.ndjson");
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
             "{\"a\":1}\n{\"b\":2}\n"
@@ -262,6 +264,17 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
+        // The same job id from another store file (one that replaced a damaged file starts its
+        // ids over): a file of its own, the first one kept.
+        let mut other = batch(7, &recs);
+        other.store_id = 0xdef;
+        deliver(&sink, &other).await.unwrap();
+        assert!(path.exists());
+        assert!(
+            dir.path()
+                .join("logs-0000000000000def-00000000000000000007.ndjson")
+                .exists()
+        );
     }
 
     #[tokio::test]

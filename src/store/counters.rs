@@ -50,6 +50,12 @@ counters! {
     /// What the queued and dead jobs would take uncompressed (`*_bytes` is what they take on
     /// disk). Stores written before compression have no such counters: see [`Counters::set`].
     ready_raw_bytes, retry_raw_bytes, dead_raw_bytes,
+    /// Records that were queued or dead in a damaged store file and are being salvaged: they
+    /// leave this term as they are put back, and what is left when the salvage ends is lost.
+    salvaging_records,
+    /// Records lost to a damaged store file: not intact, or of a file whose counters were read
+    /// and whose salvage has ended.
+    lost_to_damage_records,
 }
 
 impl Counters {
@@ -65,15 +71,66 @@ impl Counters {
             + self.dropped_dead_full_records
     }
 
-    /// `appended = delivered + dropped + expired + quarantined + dead + pending`.
+    /// `appended = delivered + dropped + expired + quarantined + lost to damage + dead + pending
+    /// + salvaging`.
     pub fn balanced(&self) -> bool {
-        self.appended_records
-            == self.delivered_records
-                + self.dropped_records()
-                + self.expired_records
-                + self.quarantined_records
-                + self.dead_records
-                + self.pending_records()
+        self.appended_records == self.settled_records() + self.held_records()
+    }
+
+    /// Records that left the queue for good, one way or another.
+    fn settled_records(&self) -> u64 {
+        self.delivered_records
+            + self.dropped_records()
+            + self.expired_records
+            + self.quarantined_records
+            + self.lost_to_damage_records
+    }
+
+    /// Records still held: queued, dead, or being salvaged.
+    fn held_records(&self) -> u64 {
+        self.dead_records + self.pending_records() + self.salvaging_records
+    }
+
+    /// A damaged store file's counters (`old`, as its last commit left them) carried on here, in
+    /// the store that replaced it: its flows are added, and what it held (queued, dead, still
+    /// being salvaged itself) is being salvaged now, until [`Counters::salvaged`] or
+    /// [`Counters::salvage_ended`]. An `old` that does not balance (counters from an older copy)
+    /// is counted as if it did, appended covering what it says it holds.
+    pub(super) fn carry_on(&mut self, old: &Counters) {
+        let settled = old.settled_records();
+        let appended = old.appended_records.max(settled + old.held_records());
+        self.appended_jobs += old.appended_jobs;
+        self.appended_records += appended;
+        self.delivered_jobs += old.delivered_jobs;
+        self.delivered_records += old.delivered_records;
+        self.delivered_bytes += old.delivered_bytes;
+        self.retried_attempts += old.retried_attempts;
+        self.dead_lettered_records += old.dead_lettered_records;
+        self.replayed_records += old.replayed_records;
+        self.dropped_oldest_records += old.dropped_oldest_records;
+        self.dropped_newest_records += old.dropped_newest_records;
+        self.dropped_purged_records += old.dropped_purged_records;
+        self.dropped_dead_full_records += old.dropped_dead_full_records;
+        self.expired_records += old.expired_records;
+        self.quarantined_records += old.quarantined_records;
+        self.lost_to_damage_records += old.lost_to_damage_records;
+        self.salvaging_records += appended - settled;
+    }
+
+    /// A salvaged job of `records` is back (its table counts it): out of what is being salvaged,
+    /// or, beyond that (no counters were carried on, or they were older than the jobs), appended.
+    pub(super) fn salvaged(&mut self, records: u64) {
+        let from = records.min(self.salvaging_records);
+        self.salvaging_records -= from;
+        if from < records {
+            self.appended_jobs += 1;
+            self.appended_records += records - from;
+        }
+    }
+
+    /// A salvage ended: what it did not put back is lost.
+    pub(super) fn salvage_ended(&mut self) {
+        self.lost_to_damage_records += std::mem::take(&mut self.salvaging_records);
     }
 
     /// A table's (jobs, records, bytes, raw bytes).

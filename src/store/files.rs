@@ -216,7 +216,7 @@ impl Tx<'_> {
             mtime_ms: file.mtime_ms,
             archive: file.archive.clone(),
         };
-        let value = format::encode_file(now_ms, &fresh_meta(0), &stored, len);
+        let value = format::encode_file(now_ms, &fresh_meta(0, None), &stored, len);
         let bytes = format::stored_len(&value);
         let disk = value.len() as u64;
         let storage_max = self.rollback.store.storage.max_bytes;

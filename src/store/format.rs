@@ -37,7 +37,13 @@
 //! ```text
 //! V1  attempts, last_error, last_failed_ms            read only (decoded as offset 0)
 //! V2  attempts, last_error, last_failed_ms, offset    written by this version
+//! V3  as V2, and origin (store id, job id)              a salvaged job (issue 17)
 //! ```
+//!
+//! `origin` is where a salvaged job came from: the damaged file's store id and the job's id in it.
+//! A sink builds its idempotency key from it, so a receiver sees the same key it saw before the
+//! damage. Only salvaged jobs carry V3 (a release before it quarantines such a job instead of
+//! reading it; every other job is still V2).
 //!
 //! `offset` is how many records of the job as first appended were settled (delivered or
 //! dead-lettered) and cut from its front since: a sink that splits a job keeps its place in it, so
@@ -118,6 +124,47 @@ pub enum Meta {
         /// Records of the job as first appended already settled and cut from its front.
         offset: u32,
     },
+    V3 {
+        attempts: u32,
+        last_error: Option<String>,
+        last_failed_ms: u64,
+        offset: u32,
+        origin: Origin,
+    },
+}
+
+/// Where a salvaged job came from: the store file it was in, and its id there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origin {
+    pub store: u64,
+    pub job: u64,
+}
+
+impl Meta {
+    /// The variant that holds these: V3 with an origin, else V2 (what earlier releases read).
+    pub fn new(
+        attempts: u32,
+        last_error: Option<String>,
+        last_failed_ms: u64,
+        offset: u32,
+        origin: Option<Origin>,
+    ) -> Meta {
+        match origin {
+            None => Meta::V2 {
+                attempts,
+                last_error,
+                last_failed_ms,
+                offset,
+            },
+            Some(origin) => Meta::V3 {
+                attempts,
+                last_error,
+                last_failed_ms,
+                offset,
+                origin,
+            },
+        }
+    }
 }
 
 /// `Meta::V1` by reference, to encode a file job without cloning the error text (same variant
@@ -208,18 +255,21 @@ pub struct Decoded<'a> {
     pub last_failed_ms: u64,
     /// Records of the job as first appended already settled and cut from its front (0 for V1).
     pub offset: u32,
+    /// For a salvaged job, where it came from.
+    pub origin: Option<Origin>,
     pub area: Area<'a>,
 }
 
 impl Decoded<'_> {
     /// This job's metadata as the current variant: what re-encoding it unchanged writes.
     pub fn meta(&self) -> Meta {
-        Meta::V2 {
-            attempts: self.attempts,
-            last_error: self.last_error.clone(),
-            last_failed_ms: self.last_failed_ms,
-            offset: self.offset,
-        }
+        Meta::new(
+            self.attempts,
+            self.last_error.clone(),
+            self.last_failed_ms,
+            self.offset,
+            self.origin,
+        )
     }
 }
 
@@ -499,18 +549,25 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
             rest.len()
         )));
     }
-    let (attempts, last_error, last_failed_ms, offset) = match meta {
+    let (attempts, last_error, last_failed_ms, offset, origin) = match meta {
         Meta::V1 {
             attempts,
             last_error,
             last_failed_ms,
-        } => (attempts, last_error, last_failed_ms, 0),
+        } => (attempts, last_error, last_failed_ms, 0, None),
         Meta::V2 {
             attempts,
             last_error,
             last_failed_ms,
             offset,
-        } => (attempts, last_error, last_failed_ms, offset),
+        } => (attempts, last_error, last_failed_ms, offset, None),
+        Meta::V3 {
+            attempts,
+            last_error,
+            last_failed_ms,
+            offset,
+            origin,
+        } => (attempts, last_error, last_failed_ms, offset, Some(origin)),
     };
     // A job never held more than u32::MAX records, so its settled prefix and what is left of it
     // add up to at most that; refusing anything else lets callers add them without overflow.
@@ -560,6 +617,7 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
         last_error,
         last_failed_ms,
         offset,
+        origin,
         area,
     })
 }

@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
-use super::format::{self, Codec, Framing, Meta};
+use super::format::{self, Codec, Framing, Meta, Origin};
 
 /// What an accepted append did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -41,6 +41,9 @@ pub struct Job {
     /// record is record `offset` of the original job (an idempotency key stays stable across
     /// splits, and differs between the parts).
     pub offset: u32,
+    /// For a salvaged job, the store and id it had before the damage: its idempotency key is
+    /// built from them, so a receiver sees the key it saw before.
+    pub origin: Option<Origin>,
     /// The stored value (one copy out of the database, verified; a compressed area is checked
     /// when it is decompressed); records are read from it in place.
     pub(super) value: Vec<u8>,
@@ -148,7 +151,7 @@ impl Job {
     /// A job as `take` would hand it out (tests of the parts downstream of the store).
     #[cfg(test)]
     pub fn for_test<R: AsRef<[u8]>>(lease: Lease, records: &[R]) -> Job {
-        let value = format::encode(0, &fresh_meta(0), records);
+        let value = format::encode(0, &fresh_meta(0, None), records);
         job_from_value(lease, value).expect("a fresh job decodes")
     }
 }
@@ -181,14 +184,10 @@ pub enum Failed {
     Retry { attempts: u32, due_ms: u64 },
     Dead { attempts: u32 },
 }
-/// Metadata of a job with no attempts behind it: appended, or replayed (keeping its `offset`).
-pub(super) fn fresh_meta(offset: u32) -> Meta {
-    Meta::V2 {
-        attempts: 0,
-        last_error: None,
-        last_failed_ms: 0,
-        offset,
-    }
+/// Metadata of a job with no attempts behind it: appended, or replayed (keeping its `offset` and
+/// `origin`).
+pub(super) fn fresh_meta(offset: u32, origin: Option<Origin>) -> Meta {
+    Meta::new(0, None, 0, offset, origin)
 }
 pub(super) fn job_from(
     store: u64,
@@ -222,7 +221,8 @@ pub(super) fn job_from(
 pub(super) fn job_from_value(lease: Lease, value: Vec<u8>) -> Result<Job, format::FormatError> {
     let d = format::decode(&value)?;
     let area = AreaAt::of(&value, &d.area);
-    let (created_ms, attempts, offset) = (d.header.created_ms, d.attempts, d.offset);
+    let (created_ms, attempts, offset, origin) =
+        (d.header.created_ms, d.attempts, d.offset, d.origin);
     let last_error = d.last_error;
     Ok(Job {
         lease,
@@ -230,6 +230,7 @@ pub(super) fn job_from_value(lease: Lease, value: Vec<u8>) -> Result<Job, format
         attempts,
         last_error,
         offset,
+        origin,
         area,
         value,
         file: None,

@@ -13,6 +13,9 @@ pub(super) const STORE_ID: &str = "store_id";
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 pub(super) const COUNTERS: TableDefinition<(&str, &str), u64> = TableDefinition::new("counters");
 pub(super) const CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("checkpoints");
+/// How far the salvage of each damaged file went, by [`super::salvage::progress_key`]: a
+/// postcard [`super::salvage::Progress`].
+pub(super) const SALVAGE: TableDefinition<&str, &[u8]> = TableDefinition::new("salvage");
 pub(super) const QUARANTINE: TableDefinition<u64, &[u8]> = TableDefinition::new("quarantine");
 /// Spooled files a job ships, by their path relative to the data directory: a postcard
 /// [`SpoolEntry::Queued`].

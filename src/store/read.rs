@@ -218,6 +218,8 @@ pub struct Peeked {
     pub last_failed_ms: u64,
     /// Records of the original job settled and cut from its front before.
     pub offset: u32,
+    /// For a salvaged job: the store and id it had before the damage.
+    pub origin: Option<format::Origin>,
     pub bytes: u64,
     /// What it would take uncompressed (`bytes` when it is stored as it is).
     pub raw_bytes: u64,
@@ -237,6 +239,7 @@ impl Peeked {
                 last_error: d.last_error,
                 last_failed_ms: d.last_failed_ms,
                 offset: d.offset,
+                origin: d.origin,
                 bytes: format::stored_len(v),
                 raw_bytes: format::size(v).raw,
                 records: match d.header.file_len {
@@ -269,6 +272,7 @@ impl Peeked {
                 last_error: None,
                 last_failed_ms: 0,
                 offset: 0,
+                origin: None,
                 bytes: v.len() as u64,
                 raw_bytes: v.len() as u64,
                 records: Err(e.to_string()),

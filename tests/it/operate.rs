@@ -234,7 +234,9 @@ tasks:
             .map(|s| s.value)
             .sum();
         let expired = value(&samples, "colibri_stream_expired_records_total", &l);
-        let quarantined = value(&samples, "colibri_stream_quarantined_records_total", &l);
+        let quarantined = value(&samples, "colibri_stream_quarantined_records_total", &l)
+            + value(&samples, "colibri_stream_lost_to_damage_records_total", &l)
+            + value(&samples, "colibri_stream_salvaging_records", &l);
         let queue = |q: &str| {
             value(
                 &samples,
@@ -246,7 +248,7 @@ tasks:
         assert_eq!(
             appended,
             delivered + dropped + expired + quarantined + dead + ready + retry,
-            "{stream}: appended {appended} = delivered {delivered} + dropped {dropped} + expired {expired} + quarantined {quarantined} + dead {dead} + ready {ready} + retry {retry}"
+            "{stream}: appended {appended} = delivered {delivered} + dropped {dropped} + expired {expired} + quarantined, lost to damage and salvaging {quarantined} + dead {dead} + ready {ready} + retry {retry}"
         );
     }
     assert_eq!(

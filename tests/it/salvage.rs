@@ -79,14 +79,42 @@ fn a_damaged_store_is_salvaged_into_the_configured_one() {
         "{stats}"
     );
 
-    // JSON, into a store that has them already: salvaged again (a salvage is not idempotent).
+    assert!(
+        f.stdout.contains("counters           carried on"),
+        "{}",
+        f.stdout
+    );
+    // The old file's counters carried on: what it had appended is still counted, once.
+    assert_eq!(
+        stream_stats(&stats, "logs")["counters"]["appended_records"],
+        300,
+        "{stats}"
+    );
+    assert_eq!(stream_stats(&stats, "logs")["balanced"], true, "{stats}");
+    // The jobs say where they came from.
+    let f = finish(queue(&cfg, &["peek", "logs", "--json"]), secs(60));
+    assert_code(f.status, 0, &f.stderr);
+    let first = f.stdout.lines().next().unwrap_or_default();
+    assert!(first.contains("\"salvaged_from\":{"), "{first}");
+
+    // JSON, a second time: this file was salvaged into this store already, nothing is done.
     let f = finish(
         queue(&cfg, &["salvage", aside.to_str().unwrap(), "--json"]),
         secs(60),
     );
     assert_code(f.status, 0, &f.stderr);
     let doc: serde_json::Value = serde_json::from_str(&f.stdout).unwrap();
-    assert_eq!(doc["jobs"], 80, "{doc}");
+    assert_eq!(
+        (&doc["jobs"], &doc["ended_before"]),
+        (&0.into(), &true.into()),
+        "{doc}"
+    );
+    let stats = queue_stats(&cfg, &[]);
+    assert_eq!(
+        stream_stats(&stats, "logs")["ready"]["records"],
+        300,
+        "{stats}"
+    );
 
     let missing = data.join("nope.redb");
     let f = finish(
@@ -199,13 +227,15 @@ fn the_agent_salvages_a_damaged_store_at_start_up_and_delivers_each_intact_job_o
 }
 
 /// kill -9 of the agent while it salvages (right as the salvage begins, so it is cut short or just
-/// done): the next start salvages whatever is not marked done, and every intact record reaches the
-/// receiver at least once; none is lost. Records sent twice are the price of a cut salvage.
+/// done): the next start goes on where the salvage stopped (the store keeps its progress) and puts
+/// no job back twice; every intact record reaches the receiver, and a record that reaches it twice
+/// (killed between a delivery and its acknowledgement: at-least-once) carries the same idempotency
+/// key both times.
 #[test]
-fn a_salvage_cut_short_by_kill_9_is_done_again_and_loses_nothing() {
+fn a_salvage_cut_short_by_kill_9_goes_on_where_it_stopped_and_loses_nothing() {
     use crate::util::http::Receiver;
     use crate::util::{Proc, poll, stop};
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
 
     const N: u64 = 5000;
     let sb = Sandbox::new();
@@ -234,16 +264,12 @@ fn a_salvage_cut_short_by_kill_9_is_done_again_and_loses_nothing() {
 
     let agent = Proc::run(&cfg);
     let all: BTreeSet<u64> = (0..N).collect();
-    let seen = || -> BTreeSet<u64> {
-        rx.records()
-            .iter()
-            .map(|r| {
-                serde_json::from_str::<serde_json::Value>(r).unwrap()["seq"]
-                    .as_u64()
-                    .unwrap()
-            })
-            .collect()
+    let seq = |r: &str| -> u64 {
+        serde_json::from_str::<serde_json::Value>(r).unwrap()["seq"]
+            .as_u64()
+            .unwrap()
     };
+    let seen = || -> BTreeSet<u64> { rx.records().iter().map(|r| seq(r)).collect() };
     if poll(secs(120), || (seen() == all).then_some(())).is_none() {
         let missing = all.difference(&seen()).count();
         panic!(
@@ -252,7 +278,20 @@ fn a_salvage_cut_short_by_kill_9_is_done_again_and_loses_nothing() {
         );
     }
     let agent = stop(agent);
-    // The second life salvaged again exactly when the first did not finish.
+    // Each record under one key only, however often it was sent.
+    let mut keys: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    for r in rx.requests().iter().filter(|r| r.status == Some(200)) {
+        let key = r.idempotency_key.clone().expect("an idempotency key");
+        for rec in r.records() {
+            keys.entry(seq(&rec)).or_default().insert(key.clone());
+        }
+    }
+    let twice: Vec<_> = keys.iter().filter(|(_, k)| k.len() > 1).collect();
+    assert!(twice.is_empty(), "records sent under two keys: {twice:?}");
+    // Sent more than once only what was in flight at the kill: never a salvaged chunk again.
+    let sent = rx.records().len() as u64;
+    assert!(sent - N <= 7 * 16, "{} records sent twice", sent - N);
+    // The second life salvaged what the first did not finish, from where it stopped.
     assert_eq!(
         agent.stderr().contains("salvage done"),
         cut_short,
@@ -261,5 +300,82 @@ fn a_salvage_cut_short_by_kill_9_is_done_again_and_loses_nothing() {
     );
     let stats = queue_stats(&cfg, &[]);
     assert_eq!(stats["damaged_files"][0]["salvaged"], true, "{stats}");
-    assert_eq!(stream_stats(&stats, "logs")["balanced"], true, "{stats}");
+    let logs = stream_stats(&stats, "logs");
+    assert_eq!(logs["balanced"], true, "{stats}");
+    assert_eq!(logs["counters"]["appended_records"], N, "{stats}");
+    assert_eq!(logs["counters"]["lost_to_damage_records"], 0, "{stats}");
+}
+
+/// A job the receiver saw before the damage (its answer was a 503, so it stayed queued) is sent
+/// after the salvage with the same idempotency key and the same records: a receiver that
+/// deduplicates by key drops it if it had kept the first.
+#[test]
+fn a_salvaged_job_is_sent_with_the_idempotency_key_it_had_before_the_damage() {
+    use crate::util::http::{Mode, Receiver};
+    use crate::util::{Proc, poll, stop};
+    use std::collections::BTreeMap;
+
+    let sb = Sandbox::new();
+    let data = sb.file("data");
+    let rx = Receiver::start();
+    rx.set_mode(Mode::Status(503));
+    let cfg = sb.write_config(&format!(
+        "data_dir: {data}\n\
+         log: {{ format: json }}\n\
+         sinks:\n  \
+           up: {{ type: http, url: \"{url}\", retry: {{ base: 100ms, cap: 200ms, max_attempts: 1000 }}, link: {{ down_after: 1, backoff_base: 50ms, backoff_cap: 200ms }} }}\n\
+         streams:\n  \
+           logs: {{ sink: up, batch: {{ max_records: 7 }} }}\n",
+        data = quote_path(&data),
+        url = rx.url("/in"),
+    ));
+    let lines: String = (0..70).map(|i| format!("{{\"seq\":{i}}}\n")).collect();
+    let f = finish_with_stdin(&sb, queue(&cfg, &["push", "logs"]), &lines, secs(60));
+    assert_code(f.status, 0, &f.stderr);
+    let agent = Proc::run(&cfg);
+    // The head of the queue tried (a stream delivers in order: the jobs behind it wait), twice
+    // so that it went through the retry table: its key and records, as the receiver saw them.
+    let tried = poll(secs(60), || {
+        let got = rx.requests();
+        (got.len() >= 2).then(|| {
+            got.iter()
+                .filter_map(|r| Some((r.idempotency_key.clone()?, r.records())))
+                .collect::<BTreeMap<_, _>>()
+        })
+    })
+    .expect("the first job tried twice");
+    assert_eq!(tried.len(), 1, "one job tried, under one key: {tried:?}");
+    let (old_key, _) = tried.iter().next().expect("one key");
+    let old_store = old_key.split(':').next().expect("a store id").to_string();
+    let _ = stop(agent);
+    let live = data.join("colibri.redb");
+    let mut bytes = std::fs::read(&live).unwrap();
+    bytes[0] ^= 0x01;
+    std::fs::write(&live, &bytes).unwrap();
+
+    rx.clear();
+    rx.set_mode(Mode::Accept);
+    let agent = Proc::run(&cfg);
+    let got = poll(secs(60), || {
+        let got = rx.requests();
+        (got.iter().map(|r| r.records().len()).sum::<usize>() >= 70).then_some(got)
+    })
+    .unwrap_or_else(|| panic!("not delivered after the salvage:\n{}", agent.stderr()));
+    let _ = stop(agent);
+    // Every job under its old store's id (the key it would have had without the damage), and
+    // the one tried before under its key then, with the same records.
+    for r in &got {
+        let key = r.idempotency_key.as_deref().expect("an idempotency key");
+        assert!(key.starts_with(&format!("{old_store}:logs:")), "{key}");
+        if let Some(records) = tried.get(key) {
+            assert_eq!(records, &r.records(), "key {key}");
+        }
+    }
+    assert!(
+        got.iter()
+            .any(|r| r.idempotency_key.as_ref() == Some(old_key)),
+        "the job tried before was not sent again under its key {old_key}"
+    );
+    let seqs: std::collections::BTreeSet<String> = got.iter().flat_map(|r| r.records()).collect();
+    assert_eq!(seqs.len(), 70);
 }

@@ -182,6 +182,38 @@ fn version_1_values_decode() {
     assert_eq!(decode(&again).unwrap().offset, 5);
 }
 
+/// A salvaged job's origin survives decoding and re-encoding (a failed attempt rewrites the
+/// metadata); a job without one is written as V2, byte for byte what the release before wrote.
+#[test]
+fn a_salvaged_jobs_origin_round_trips_and_other_jobs_stay_v2() {
+    let origin = Origin {
+        store: 0xabc,
+        job: 77,
+    };
+    let m = Meta::new(2, Some("503".into()), 9, 3, Some(origin));
+    assert!(matches!(m, Meta::V3 { .. }));
+    let v = encode(1, &m, &[b"a".as_slice(), b"b"]);
+    let d = decode(&v).unwrap();
+    assert_eq!((d.origin, d.offset, d.attempts), (Some(origin), 3, 2));
+    assert_eq!(d.meta(), m);
+    let again = with_meta(&v, |d| {
+        Meta::new(d.attempts + 1, None, 10, d.offset, d.origin)
+    })
+    .unwrap();
+    assert_eq!(decode(&again).unwrap().origin, Some(origin));
+    let plain = Meta::new(2, Some("503".into()), 9, 3, None);
+    assert_eq!(
+        plain,
+        Meta::V2 {
+            attempts: 2,
+            last_error: Some("503".into()),
+            last_failed_ms: 9,
+            offset: 3
+        }
+    );
+    assert_eq!(decode(&encode(1, &plain, &[b"a"])).unwrap().origin, None);
+}
+
 #[test]
 fn an_offset_past_a_jobs_size_is_refused() {
     let at = |offset: u32| Meta::V2 {

@@ -7,15 +7,19 @@
 //! and restores checkpoints.
 //!
 //! What it restores: record jobs of the target store's streams, to the table they were in
-//! (ready, retry with its due time, dead), with new ids in the old ids' order (so new idempotency
-//! keys: a receiver may get a job twice, never lose it); source checkpoints, only where the live
-//! store has none and only when nothing says data was lost (a checkpoint past lost records would
-//! skip them for good: "if in doubt keep the older position", here: the source starts as a new
-//! one). Not restored: file jobs (their spooled files are still in the spool, which the
-//! `file_move` task re-queues when it starts), counters (the salvaged jobs are counted as
-//! appended), quarantine, the old store id (reported only). Stream bounds are not applied: the
-//! jobs were admitted under them once. Called by `colibri queue salvage` (into the store) and by
-//! the agent at start-up (into the running writer, [`crate::store::writer::Restoring`]).
+//! (ready, retry with its due time, dead), with new ids in the old ids' order, each marked with its
+//! [`format::Origin`] (old store id and old id, when the old store id was read) so that a sink's
+//! idempotency key is the one a receiver saw before; the old file's counters, carried on
+//! ([`crate::store::Counters::carry_on`]: what the file held is `salvaging` until it is put back,
+//! the rest `lost_to_damage` when the salvage ends); source checkpoints, only where the live store
+//! has none and only when nothing says data was lost (a checkpoint past lost records would skip
+//! them for good: "if in doubt keep the older position", here: the source starts as a new one).
+//! Not restored: file jobs (their spooled files are still in the spool, which the `file_move` task
+//! re-queues when it starts), quarantine. Stream bounds are not applied: the jobs were admitted
+//! under them once. Each [`Step`] is one transaction that also saves the file's [`Progress`], so a
+//! salvage cut short goes on where it stopped and one that ended is not done again. Called by
+//! `colibri queue salvage` (into the store) and by the agent at start-up (into the running writer,
+//! [`crate::store::writer::Restoring`]).
 
 mod page;
 mod scan;
@@ -33,7 +37,7 @@ use redb::ReadableTable;
 
 use super::error::StoreError;
 use super::format;
-use super::layout::{CHECKPOINTS, Table};
+use super::layout::{CHECKPOINTS, SALVAGE, Table};
 use super::open::Store;
 use super::tx::Tx;
 
@@ -65,12 +69,31 @@ pub struct SalvageReport {
     /// Something says data may be missing beyond what is counted (a page lost whole says nothing).
     pub in_doubt: bool,
     pub old_store_id: Option<u64>,
+    /// Streams whose counters were read from the file and carried on (see the module header).
+    pub counters_carried_on: u64,
+    /// Jobs an earlier salvage of this file, cut short, had put back already.
+    pub put_back_before: u64,
+    /// An earlier salvage of this file ended: nothing was done again.
+    pub ended_before: bool,
     pub bytes_read: u64,
 }
 
 impl fmt::Display for SalvageReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "salvaged from {}", self.file.display())?;
+        if self.ended_before {
+            return write!(
+                f,
+                "  nothing done: this file was salvaged into this store before"
+            );
+        }
+        if self.put_back_before > 0 {
+            writeln!(
+                f,
+                "  put back before    {} jobs (an earlier salvage was cut short; it went on from there)",
+                self.put_back_before
+            )?;
+        }
         writeln!(
             f,
             "  jobs restored      {} ({} records)",
@@ -100,8 +123,20 @@ impl fmt::Display for SalvageReport {
             self.checkpoints_restored, self.checkpoints_kept, self.checkpoints_withheld
         )?;
         if let Some(id) = self.old_store_id {
-            writeln!(f, "  old store id       {id:016x}")?;
+            writeln!(
+                f,
+                "  old store id       {id:016x} (the jobs keep their idempotency keys)"
+            )?;
         }
+        writeln!(
+            f,
+            "  counters           {}",
+            if self.counters_carried_on > 0 {
+                "carried on (what was not put back is counted lost to damage)"
+            } else {
+                "not readable (jobs put back are counted as appended)"
+            }
+        )?;
         if self.in_doubt {
             writeln!(
                 f,
@@ -121,22 +156,65 @@ pub struct Restored {
     /// Retry: when it falls due.
     pub due: u64,
     pub value: Vec<u8>,
+    /// Its old store's id and its id there, when the old store id was read: kept in the job
+    /// (see [`format::Origin`]) so its idempotency key does not change.
+    pub origin: Option<format::Origin>,
+}
+
+/// How far the salvage of one file went, saved in the live store in the transaction of each step:
+/// a salvage cut short (kill -9, power cut) goes on from there at the next start, and one that
+/// ended is not done again. Kept by [`progress_key`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Progress {
+    /// The last job put back, as (stream, old id): they are put back in that order.
+    pub last: Option<(String, u64)>,
+    /// The salvage ended (the file may still await its rename to `….salvaged`).
+    pub done: bool,
+}
+
+/// One transaction of a salvage.
+#[derive(Debug)]
+pub enum Step {
+    /// The first: the old file's counters carried on ([`crate::store::Counters::carry_on`]).
+    Begin {
+        counters: BTreeMap<String, crate::store::Counters>,
+    },
+    /// Jobs put back, in this order; the last one's (stream, old id).
+    Jobs {
+        jobs: Vec<Restored>,
+        last: (String, u64),
+    },
+    /// The last: checkpoints saved where the store has none; what was not put back is lost.
+    End { checkpoints: Vec<(String, Vec<u8>)> },
 }
 
 /// Where a salvage puts what it found: the store itself (`queue salvage`, tests) or the running
-/// agent's writer thread, a chunk per transaction.
+/// agent's writer thread, a step per transaction.
 pub trait Restore {
-    /// Appends these jobs, in this order, in one transaction.
-    fn jobs(&mut self, jobs: Vec<Restored>) -> Result<(), StoreError>;
-    /// Saves these checkpoints where the store has none; returns how many it saved and how many
-    /// it kept because the store had its own.
-    fn checkpoints(&mut self, cps: Vec<(String, Vec<u8>)>) -> Result<(u64, u64), StoreError>;
+    /// How far an earlier salvage under `key` went.
+    fn progress(&mut self, key: &str) -> Result<Option<Progress>, StoreError>;
+    /// Does `step` and saves the progress it makes under `key`, in one transaction. For
+    /// [`Step::End`]: the checkpoints (saved, kept because the store had its own); else (0, 0).
+    fn step(&mut self, key: &str, step: Step) -> Result<(u64, u64), StoreError>;
+}
+
+/// What a file's progress is kept under: its name and old store id (an id alone could be shared
+/// by two copies of a file, a name by two files of different stores).
+pub fn progress_key(file: &Path, store_id: Option<u64>) -> String {
+    let name = file
+        .file_name()
+        .map_or_else(|| file.to_string_lossy(), |n| n.to_string_lossy());
+    match store_id {
+        Some(id) => format!("{name}:{id:016x}"),
+        None => format!("{name}:?"),
+    }
 }
 
 /// Reads `file` (a damaged or moved-aside store) and gives every intact job it holds of
 /// `streams` to `into`, in old id order, in chunks of at most [`CHUNK_JOBS`] jobs or
-/// [`CHUNK_BYTES`]; then the checkpoints (see the module header). An unreadable file is an
-/// error; a file holding nothing usable is an empty report.
+/// [`CHUNK_BYTES`], after the old counters and before the checkpoints (see the module header).
+/// Goes on where an earlier salvage of the same file stopped, and does nothing for one that
+/// ended. An unreadable file is an error; a file holding nothing usable is an empty report.
 pub fn salvage(
     file: &Path,
     streams: &[&str],
@@ -153,14 +231,45 @@ pub fn salvage(
         file_jobs: found.file_jobs,
         in_doubt: found.in_doubt,
         old_store_id: found.store_id,
+        bytes_read: found.bytes_read,
         ..SalvageReport::default()
     };
+    let key = progress_key(file, found.store_id);
+    let after = match into.progress(&key)? {
+        Some(p) if p.done => {
+            report.ended_before = true;
+            return Ok(report);
+        }
+        Some(p) => p.last,
+        None => {
+            let counters: BTreeMap<_, _> = found
+                .counters
+                .iter()
+                .filter(|(s, _)| streams.contains(&s.as_str()))
+                .map(|(s, c)| (s.clone(), c.clone()))
+                .collect();
+            report.counters_carried_on = counters.len() as u64;
+            into.step(&key, Step::Begin { counters })?;
+            None
+        }
+    };
     let mut rd = Reader::new(&src);
-    let mut jobs = found.jobs.iter().peekable();
+    let mut jobs = found
+        .jobs
+        .iter()
+        .filter(|j| {
+            let done = after
+                .as_ref()
+                .is_some_and(|(s, id)| (&j.stream, j.id) <= (s, *id));
+            report.put_back_before += u64::from(done);
+            !done
+        })
+        .peekable();
     while jobs.peek().is_some() {
-        let (mut chunk, mut bytes) = (Vec::new(), 0);
+        let (mut chunk, mut bytes, mut last) = (Vec::new(), 0, None);
         while chunk.len() < CHUNK_JOBS && bytes < CHUNK_BYTES {
             let Some(job) = jobs.next() else { break };
+            last = Some((job.stream.clone(), job.id));
             let value = rd.read(job.at, job.len).map_err(cannot)?;
             // Read again: checked again, in case the file changed since the scan.
             let Ok(d) = format::decode(&value) else {
@@ -179,19 +288,24 @@ pub fn salvage(
                 kind: job.kind,
                 due: job.due,
                 value,
+                origin: found
+                    .store_id
+                    .map(|store| format::Origin { store, job: job.id }),
             });
         }
-        if !chunk.is_empty() {
-            into.jobs(chunk)?;
+        if let Some(last) = last {
+            into.step(&key, Step::Jobs { jobs: chunk, last })?;
         }
     }
-    if found.in_doubt {
+    let checkpoints = if found.in_doubt {
         report.checkpoints_withheld = found.checkpoints.len() as u64;
-    } else if !found.checkpoints.is_empty() {
-        let cps = found.checkpoints.clone();
-        (report.checkpoints_restored, report.checkpoints_kept) = into.checkpoints(cps)?;
-    }
-    report.bytes_read = found.bytes_read + rd.bytes_read;
+        Vec::new()
+    } else {
+        found.checkpoints.clone()
+    };
+    (report.checkpoints_restored, report.checkpoints_kept) =
+        into.step(&key, Step::End { checkpoints })?;
+    report.bytes_read += rd.bytes_read;
     Ok(report)
 }
 
@@ -202,37 +316,88 @@ impl Store {
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         salvage(file, &refs, self)
     }
+
+    /// How far the salvage kept under `key` went.
+    pub(in crate::store) fn salvage_progress(
+        &self,
+        key: &str,
+    ) -> Result<Option<Progress>, StoreError> {
+        let rtx = self.db.begin_read()?;
+        let t = match rtx.open_table(SALVAGE) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let Some(v) = t.get(key)? else {
+            return Ok(None);
+        };
+        postcard::from_bytes(v.value())
+            .map(Some)
+            .map_err(|e| StoreError::io(format!("salvage progress of {key} cannot be read: {e}")))
+    }
 }
 
 impl Restore for Store {
-    fn jobs(&mut self, jobs: Vec<Restored>) -> Result<(), StoreError> {
-        let mut tx = self.transaction()?;
-        tx.restore_jobs(&jobs)?;
-        tx.commit()
+    fn progress(&mut self, key: &str) -> Result<Option<Progress>, StoreError> {
+        self.salvage_progress(key)
     }
 
-    fn checkpoints(&mut self, cps: Vec<(String, Vec<u8>)>) -> Result<(u64, u64), StoreError> {
+    fn step(&mut self, key: &str, step: Step) -> Result<(u64, u64), StoreError> {
         let mut tx = self.transaction()?;
-        let n = tx.restore_checkpoints(&cps)?;
-        tx.close()?;
+        let n = tx.salvage_step(key, step)?;
+        tx.commit()?;
         Ok(n)
     }
 }
 
 impl Tx<'_> {
-    /// Appends salvaged jobs as they are (see [`Tx::restore`]).
-    pub(in crate::store) fn restore_jobs(&mut self, jobs: &[Restored]) -> Result<(), StoreError> {
-        for j in jobs {
-            self.restore(&j.stream, j.kind, j.due, &j.value)?;
+    /// Does one step of a salvage kept under `key` and saves the progress it makes (see
+    /// [`Restore::step`]).
+    pub(in crate::store) fn salvage_step(
+        &mut self,
+        key: &str,
+        step: Step,
+    ) -> Result<(u64, u64), StoreError> {
+        let mut progress = self
+            .rollback
+            .store
+            .salvage_progress(key)?
+            .unwrap_or_default();
+        let mut counts = (0, 0);
+        match step {
+            Step::Begin { counters } => {
+                for (stream, old) in &counters {
+                    self.stream_mut(stream)?.counters.carry_on(old);
+                    self.dirty.insert(stream.clone());
+                }
+            }
+            Step::Jobs { jobs, last } => {
+                for j in &jobs {
+                    self.restore(j)?;
+                }
+                progress.last = Some(last);
+            }
+            Step::End { checkpoints } => {
+                counts = self.restore_checkpoints(&checkpoints)?;
+                let names: Vec<String> = self.rollback.store.streams.keys().cloned().collect();
+                for stream in names {
+                    let c = &mut self.stream_mut(&stream)?.counters;
+                    if c.salvaging_records > 0 {
+                        c.salvage_ended();
+                        self.dirty.insert(stream);
+                    }
+                }
+                progress.done = true;
+            }
         }
-        Ok(())
+        let v = postcard::to_stdvec(&progress).expect("postcard encodes a plain struct");
+        self.txn.open_table(SALVAGE)?.insert(key, v.as_slice())?;
+        self.touched = true;
+        Ok(counts)
     }
 
     /// Saves salvaged checkpoints where this store has none: (saved, kept).
-    pub(in crate::store) fn restore_checkpoints(
-        &mut self,
-        cps: &[(String, Vec<u8>)],
-    ) -> Result<(u64, u64), StoreError> {
+    fn restore_checkpoints(&mut self, cps: &[(String, Vec<u8>)]) -> Result<(u64, u64), StoreError> {
         let (mut saved, mut kept) = (0, 0);
         for (source, value) in cps {
             if self.has_checkpoint(source)? {
@@ -245,24 +410,37 @@ impl Tx<'_> {
         Ok((saved, kept))
     }
 
-    /// Appends a salvaged job value as it is to `stream`'s `kind` table under a new id (retry:
-    /// at its old due time), counted as appended.
-    fn restore(
-        &mut self,
-        stream: &str,
-        kind: Kind,
-        due: u64,
-        value: &[u8],
-    ) -> Result<(), StoreError> {
-        let (txn, st) = self.txn_and_stream(stream)?;
+    /// Appends a salvaged job to its stream's table under a new id (retry: at its old due time),
+    /// with its origin written into it; counted out of what is being salvaged.
+    fn restore(&mut self, j: &Restored) -> Result<(), StoreError> {
+        let with_origin;
+        let value = match j.origin {
+            Some(origin) => {
+                // Salvaged twice: the first origin is the one receivers know.
+                with_origin = format::with_meta(&j.value, |d| {
+                    let origin = Some(d.origin.unwrap_or(origin));
+                    format::Meta::new(
+                        d.attempts,
+                        d.last_error.clone(),
+                        d.last_failed_ms,
+                        d.offset,
+                        origin,
+                    )
+                })
+                .map_err(|e| StoreError::io(format!("a salvaged job cannot be re-encoded: {e}")))?;
+                with_origin.as_slice()
+            }
+            None => j.value.as_slice(),
+        };
+        let (txn, st) = self.txn_and_stream(&j.stream)?;
         let id = st.counters.next_id;
-        let table = match kind {
+        let table = match j.kind {
             Kind::Ready => {
                 txn.open_table(st.ready_def())?.insert(id, value)?;
                 Table::Ready
             }
             Kind::Retry => {
-                txn.open_table(st.retry_def())?.insert((due, id), value)?;
+                txn.open_table(st.retry_def())?.insert((j.due, id), value)?;
                 Table::Retry
             }
             Kind::Dead => {
@@ -273,12 +451,11 @@ impl Tx<'_> {
         let size = format::size(value);
         st.counters.next_id += 1;
         st.counters.add_job(table, size);
-        st.counters.appended_jobs += 1;
-        st.counters.appended_records += size.records;
+        st.counters.salvaged(size.records);
         // Not counted as dead-lettered (a flow of this store's failures, which alerts watch): a
         // salvaged dead letter failed in the old file.
-        self.dirty.insert(stream.into());
-        self.fed.insert(stream.into());
+        self.dirty.insert(j.stream.clone());
+        self.fed.insert(j.stream.clone());
         Ok(())
     }
 

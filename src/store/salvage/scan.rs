@@ -25,6 +25,7 @@ use std::io;
 
 use super::page::{self, Entry, Geometry, PAGE};
 use super::source::{ReadAt, Reader};
+use crate::store::counters::Counters;
 use crate::store::format::{self, Codec};
 
 /// Which of a stream's tables a job was in.
@@ -72,6 +73,9 @@ pub struct Found {
     pub checkpoints: Vec<(String, Vec<u8>)>,
     /// The old file's store id, when its META was readable.
     pub store_id: Option<u64>,
+    /// The old file's counters by stream, when its live COUNTERS table was read whole (else
+    /// empty: partial counters would not balance).
+    pub counters: BTreeMap<String, Counters>,
     /// Jobs (distinct ids) whose values look like jobs but fail their checks, with no intact copy.
     pub damaged: u64,
     /// Intact jobs whose stream could not be told.
@@ -91,6 +95,7 @@ pub struct Found {
 enum Named {
     Job(String, Kind),
     Checkpoints,
+    Counters,
     Meta,
     Other,
 }
@@ -105,6 +110,8 @@ fn named(name: &str) -> Named {
         job(Kind::Dead, s)
     } else if name == "checkpoints" {
         Named::Checkpoints
+    } else if name == "counters" {
+        Named::Counters
     } else if name == "meta" {
         Named::Meta
     } else {
@@ -277,6 +284,26 @@ fn cands(at: u64, b: &[u8], entries: &[Entry], width: usize) -> Vec<Cand> {
         .collect()
 }
 
+/// A COUNTERS key, `(stream, counter name)` as redb lays out a tuple of two strings: the first's
+/// length (one byte below 254, else 254 and a u16 LE, or 255 and a u32 LE), the first, the second.
+fn counter_key(k: &[u8]) -> Option<(&str, &str)> {
+    let (len, at): (usize, usize) = match *k.first()? {
+        254 => (
+            usize::from(u16::from_le_bytes(k.get(1..3)?.try_into().ok()?)),
+            3,
+        ),
+        255 => (
+            usize::try_from(u32::from_le_bytes(k.get(1..5)?.try_into().ok()?)).ok()?,
+            5,
+        ),
+        n => (usize::from(n), 1),
+    };
+    let end = at.checked_add(len)?;
+    let stream = std::str::from_utf8(k.get(at..end)?).ok()?;
+    let name = std::str::from_utf8(k.get(end..)?).ok()?;
+    Some((stream, name))
+}
+
 /// Reads the whole of `src` as a damaged colibri store. `streams`: the target store's streams.
 pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> {
     let mut w = Walker {
@@ -324,7 +351,7 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
         let (key_w, value_w) = match &n {
             Named::Job(_, kind) => (Some(kind.key_width()), None),
             Named::Checkpoints => (None, None),
-            Named::Meta => (None, Some(8)),
+            Named::Counters | Named::Meta => (None, Some(8)),
             Named::Other => continue,
         };
         let t = intern(n.clone(), &mut names);
@@ -333,6 +360,7 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
             continue;
         };
         let mut leaves = Vec::new();
+        let mut counters = BTreeMap::new();
         let whole = w.walk(*root, key_w, value_w, |at, b, entries| {
             leaves.push(at);
             for e in entries {
@@ -346,10 +374,23 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
                         }
                     }
                     Named::Meta if k == b"store_id" => found.store_id = page::u64_at(v, 0),
+                    Named::Counters => {
+                        if let (Some((stream, name)), Some(v)) =
+                            (counter_key(k), page::u64_at(v, 0))
+                        {
+                            counters
+                                .entry(stream.to_string())
+                                .or_insert_with(Counters::default)
+                                .set(name, v);
+                        }
+                    }
                     _ => {}
                 }
             }
         })?;
+        if whole {
+            found.counters.append(&mut counters);
+        }
         for at in leaves {
             live_owner.insert(at, t);
         }

@@ -67,7 +67,7 @@ fn auto_compresses_what_waits() {
 /// The bounds count bytes on disk: a stream holds more records compressed than it could raw.
 #[test]
 fn bounds_count_bytes_on_disk() {
-    let one = format::encode(T0, &fresh_meta(0), &lines("x", 10)).len() as u64;
+    let one = format::encode(T0, &fresh_meta(0, None), &lines("x", 10)).len() as u64;
     let d = Dir::new(vec![StreamConfig {
         max_bytes: one * 4,
         ..compressed_stream(AtRest::Always)

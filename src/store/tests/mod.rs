@@ -80,12 +80,12 @@ fn sized(tag: u8, sizes: &[usize]) -> Vec<Vec<u8>> {
 
 /// The stored size of a fresh job holding `records`.
 fn job_bytes(records: &[Vec<u8>]) -> u64 {
-    format::encode(T0, &fresh_meta(0), records).len() as u64
+    format::encode(T0, &fresh_meta(0, None), records).len() as u64
 }
 
 /// Same, for the rest of a job after `offset` records were settled (its metadata names the offset).
 fn rest_bytes(records: &[Vec<u8>], offset: u32) -> u64 {
-    format::encode(T0, &fresh_meta(offset), records).len() as u64
+    format::encode(T0, &fresh_meta(offset, None), records).len() as u64
 }
 
 /// A job's records, owned, for comparisons.

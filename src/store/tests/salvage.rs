@@ -15,6 +15,9 @@ struct Fixture {
     delivered: BTreeMap<(String, u64), Vec<Vec<u8>>>,
     /// Where each live job's value bytes occur in the file (every copy).
     copies: BTreeMap<(String, u64), Vec<std::ops::Range<usize>>>,
+    /// The counters of its last commit, by stream, and its store id.
+    counters: BTreeMap<String, Counters>,
+    store_id: u64,
 }
 
 fn streams() -> Vec<StreamConfig> {
@@ -109,6 +112,11 @@ fn fixture_of(cfg: Vec<StreamConfig>, jobs_per_stream: usize, big: usize) -> Fix
         }
     }
     let path = store.path().to_path_buf();
+    let fx_counters = stream_names
+        .iter()
+        .map(|s| (s.to_string(), counters(&store, s)))
+        .collect();
+    let store_id = store.id();
     drop(store);
     let file = std::fs::read(&path).unwrap();
     let copies = values
@@ -126,6 +134,8 @@ fn fixture_of(cfg: Vec<StreamConfig>, jobs_per_stream: usize, big: usize) -> Fix
         live,
         delivered,
         copies,
+        counters: fx_counters,
+        store_id,
     }
 }
 
@@ -415,4 +425,164 @@ fn large_and_compressed_jobs_come_back_from_their_own_pages() {
             );
         }
     }
+}
+
+/// The old file's counters are carried on: what it had appended, delivered, dropped... stays
+/// counted, what it held comes back into the queue, and a job whose bytes were damaged is counted
+/// lost to damage once the salvage ends; the identity holds throughout.
+#[test]
+fn a_salvage_carries_the_counters_on_and_counts_what_it_could_not_put_back_as_lost() {
+    let fx = fixture(&["a", "b"], 120);
+    // Damage the value of one live job of `a` that has a single copy.
+    let (key, at) = fx
+        .copies
+        .iter()
+        .find(|((s, _), at)| s == "a" && at.len() == 1)
+        .map(|(k, at)| (k.clone(), at[0].clone()))
+        .expect("a job with one copy");
+    let mut file = fx.file.clone();
+    file[at.start + 40] ^= 0x55;
+    let d = Dir::new(streams());
+    let old = d.dir.path().join("old.redb");
+    std::fs::write(&old, &file).unwrap();
+    let mut store = d.open();
+    let report = store.salvage_from(&old).unwrap();
+    check(&store);
+    assert_eq!(report.counters_carried_on, 2, "{report}");
+    assert!(report.to_string().contains("carried on"), "{report}");
+    let lost = fx.live[&key].len() as u64;
+    for s in ["a", "b"] {
+        let (old, new) = (&fx.counters[s], counters(&store, s));
+        assert_eq!(new.appended_records, old.appended_records, "{s}");
+        assert_eq!(new.delivered_records, old.delivered_records, "{s}");
+        assert_eq!(new.dead_lettered_records, old.dead_lettered_records, "{s}");
+        assert_eq!(new.salvaging_records, 0, "{s}");
+        let want_lost = if s == "a" { lost } else { 0 };
+        assert_eq!(new.lost_to_damage_records, want_lost, "{s}");
+        assert_eq!(
+            new.pending_records() + new.dead_records + want_lost,
+            old.pending_records() + old.dead_records,
+            "{s}"
+        );
+    }
+}
+
+/// A salvaged job keeps where it came from (the old store id and its old id) through a failed
+/// attempt, a replay from the dead letters and a split: a sink's idempotency key stays the one a
+/// receiver saw before the damage.
+#[test]
+fn salvaged_jobs_keep_their_old_store_and_id_through_failures_and_splits() {
+    let fx = fixture(&["a"], 60);
+    let d = Dir::new(vec![stream("a")]);
+    let old = d.dir.path().join("old.redb");
+    std::fs::write(&old, &fx.file).unwrap();
+    let mut store = d.open();
+    store.salvage_from(&old).unwrap();
+    let jobs = take_all(&mut store, "a", T0 + 1000);
+    assert_eq!(
+        jobs.len() as u64,
+        counters(&store, "a").ready_jobs + counters(&store, "a").retry_jobs
+    );
+    for j in &jobs {
+        let o = j.origin.expect("a salvaged job has its origin");
+        assert_eq!(o.store, fx.store_id);
+        assert_eq!(owned(j), fx.live[&("a".to_string(), o.job)], "{o:?}");
+        assert_ne!(j.lease.id, o.job, "new ids in the new file");
+    }
+    let origin = |j: &Job| j.origin.expect("origin");
+    let (first, second) = (&jobs[0], &jobs[1]);
+    let failed = fail(&mut store, &first.lease, &permanent(), T0);
+    assert!(matches!(failed, Failed::Dead { .. }));
+    let replayed = {
+        let mut tx = store.transaction().unwrap();
+        let n = tx.replay_dead("a", None, 100).unwrap();
+        tx.commit().unwrap();
+        n
+    };
+    assert!(replayed.0 >= 1);
+    let again = take_all(&mut store, "a", T0 + 1000);
+    let back = again
+        .iter()
+        .find(|j| owned(j) == owned(first))
+        .expect("the replayed job");
+    assert_eq!(origin(back), origin(first));
+    let rest = settle(&mut store, &second.lease, 1, &Settle::Delivered, T0);
+    assert_eq!(origin(&rest), origin(second));
+    assert_eq!(rest.offset, second.offset + 1);
+    check(&store);
+}
+
+/// A salvage that fails part way (here after its first chunk: in the agent, kill -9 or a power
+/// cut) goes on where it stopped when run again, so no job is put back twice; one that ended is
+/// not done again.
+#[test]
+fn a_salvage_cut_short_goes_on_where_it_stopped_and_one_that_ended_is_not_done_again() {
+    use crate::store::salvage::{Progress, Restore, Step, salvage};
+    struct Cut<'a> {
+        store: &'a mut Store,
+        chunks_left: usize,
+    }
+    impl Restore for Cut<'_> {
+        fn progress(&mut self, key: &str) -> Result<Option<Progress>, StoreError> {
+            self.store.progress(key)
+        }
+        fn step(&mut self, key: &str, step: Step) -> Result<(u64, u64), StoreError> {
+            if matches!(step, Step::Jobs { .. }) {
+                if self.chunks_left == 0 {
+                    return Err(StoreError::io("cut short"));
+                }
+                self.chunks_left -= 1;
+            }
+            self.store.step(key, step)
+        }
+    }
+    let fx = fixture(&["a"], 700);
+    let d = Dir::new(vec![stream("a")]);
+    let old = d.dir.path().join("colibri.redb.corrupt-1");
+    std::fs::write(&old, &fx.file).unwrap();
+    let mut store = d.open();
+    let mut cut = Cut {
+        store: &mut store,
+        chunks_left: 1,
+    };
+    salvage(&old, &["a"], &mut cut).expect_err("cut short");
+    check(&store);
+    let c = counters(&store, "a");
+    assert_eq!(c.ready_jobs + c.retry_jobs + c.dead_jobs, 256);
+    assert!(c.salvaging_records > 0 && c.balanced());
+    let mut store = d.reopen(store);
+    let report = store.salvage_from(&old).unwrap();
+    assert_eq!(report.put_back_before, 256, "{report}");
+    assert!(report.to_string().contains("put back before"), "{report}");
+    assert_eq!(report.jobs + 256, fx.live.len() as u64);
+    check(&store);
+    // Each old job once, by the origin it carries.
+    let mut seen = BTreeSet::new();
+    let held: Vec<_> = take_all(&mut store, "a", u64::MAX / 2)
+        .iter()
+        .map(|j| j.origin)
+        .chain(
+            store
+                .peek("a", true, 100_000)
+                .unwrap()
+                .iter()
+                .map(|p| p.origin),
+        )
+        .collect();
+    for o in held {
+        let o = o.expect("origin").job;
+        assert!(seen.insert(o), "job {o} put back twice");
+    }
+    assert_eq!(seen.len(), fx.live.len());
+    let c = counters(&store, "a");
+    assert_eq!(
+        (c.salvaging_records, c.lost_to_damage_records),
+        (0, 0),
+        "{c:?}"
+    );
+    assert_eq!(c.appended_records, fx.counters["a"].appended_records);
+    // Ended: nothing done again.
+    let again = store.salvage_from(&old).unwrap();
+    assert!(again.ended_before && again.jobs == 0, "{again}");
+    assert!(again.to_string().contains("nothing done"), "{again}");
 }

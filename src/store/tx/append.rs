@@ -312,13 +312,18 @@ fn cut_jobs(records: &RecordBuf, c: &Cut<'_>) -> Result<(Vec<Vec<u8>>, u64), App
         }
         let n = u32::try_from(end - start).expect("a job holds at most u32::MAX records");
         let job = match records.lines(start..end) {
-            Some(lines) => {
-                format::encode_area(c.now_ms, &fresh_meta(0), lines, Framing::Lines, n, codec)
-            }
+            Some(lines) => format::encode_area(
+                c.now_ms,
+                &fresh_meta(0, None),
+                lines,
+                Framing::Lines,
+                n,
+                codec,
+            ),
             None => {
                 let part: Vec<&[u8]> = records.iter().skip(start).take(end - start).collect();
                 let (plain, framing) = format::frame(&part);
-                format::encode_area(c.now_ms, &fresh_meta(0), &plain, framing, n, codec)
+                format::encode_area(c.now_ms, &fresh_meta(0, None), &plain, framing, n, codec)
             }
         };
         if job.len() as u64 > c.max_bytes {

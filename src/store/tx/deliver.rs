@@ -206,12 +206,7 @@ impl Tx<'_> {
                 max_attempts,
             } => (reason.clone(), attempts >= *max_attempts, *retry_at_ms),
         };
-        let meta = Meta::V2 {
-            attempts,
-            last_error: Some(reason),
-            last_failed_ms: now_ms,
-            offset: d.offset,
-        };
+        let meta = Meta::new(attempts, Some(reason), now_ms, d.offset, d.origin);
         let value = format::reencode(&d, &meta);
         let size = format::size(&value);
         let (txn, st) = self.txn_and_stream(&lease.stream)?;
@@ -279,12 +274,13 @@ impl Tx<'_> {
         // Cannot overflow: decode guarantees offset + records fits in a u32, and n < records.
         let offset = d.offset + n;
         let rest = encode(
-            &Meta::V2 {
-                attempts: d.attempts,
-                last_error: d.last_error.clone(),
-                last_failed_ms: d.last_failed_ms,
+            &Meta::new(
+                d.attempts,
+                d.last_error.clone(),
+                d.last_failed_ms,
                 offset,
-            },
+                d.origin,
+            ),
             tail,
         );
         let (old, new) = (format::size(&raw), format::size(&rest));
@@ -322,12 +318,7 @@ impl Tx<'_> {
             Settle::Dead { reason } => {
                 let dead_id = st.counters.next_id;
                 st.counters.next_id += 1;
-                let meta = Meta::V2 {
-                    attempts: d.attempts,
-                    last_error: Some(reason.clone()),
-                    last_failed_ms: now_ms,
-                    offset: d.offset,
-                };
+                let meta = Meta::new(d.attempts, Some(reason.clone()), now_ms, d.offset, d.origin);
                 let value = encode(&meta, head);
                 txn.open_table(st.dead_def())?
                     .insert(dead_id, value.as_slice())?;

@@ -274,23 +274,33 @@ impl<'a> Restoring<'a> {
 }
 
 impl crate::store::salvage::Restore for Restoring<'_> {
-    fn jobs(&mut self, jobs: Vec<crate::store::salvage::Restored>) -> Result<(), StoreError> {
-        let n = jobs.len() as u64;
+    fn progress(
+        &mut self,
+        key: &str,
+    ) -> Result<Option<crate::store::salvage::Progress>, StoreError> {
+        let key = key.to_string();
         self.handle
-            .ask_blocking(|reply| Request::Restore { jobs, reply })?;
-        self.jobs += n;
-        if self.logged.elapsed() >= Self::PROGRESS_EVERY {
+            .ask_blocking(|reply| Request::SalvageProgress { key, reply })
+    }
+
+    fn step(
+        &mut self,
+        key: &str,
+        step: crate::store::salvage::Step,
+    ) -> Result<(u64, u64), StoreError> {
+        let jobs = match &step {
+            crate::store::salvage::Step::Jobs { jobs, .. } => jobs.len() as u64,
+            _ => 0,
+        };
+        let key = key.to_string();
+        let n = self
+            .handle
+            .ask_blocking(|reply| Request::Salvage { key, step, reply })?;
+        self.jobs += jobs;
+        if jobs > 0 && self.logged.elapsed() >= Self::PROGRESS_EVERY {
             self.logged = Instant::now();
             tracing::info!(file = %self.file.display(), jobs = self.jobs, "salvage in progress");
         }
-        Ok(())
-    }
-
-    fn checkpoints(
-        &mut self,
-        checkpoints: Vec<(String, Vec<u8>)>,
-    ) -> Result<(u64, u64), StoreError> {
-        self.handle
-            .ask_blocking(|reply| Request::RestoreCheckpoints { checkpoints, reply })
+        Ok(n)
     }
 }

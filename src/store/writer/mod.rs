@@ -120,14 +120,15 @@ enum Request {
         stream: String,
         reply: Reply<Result<Option<u64>, StoreError>>,
     },
-    /// Jobs salvaged from a damaged file, appended as they are in one transaction.
-    Restore {
-        jobs: Vec<crate::store::salvage::Restored>,
-        reply: Reply<Result<(), StoreError>>,
+    /// How far the salvage of a damaged file kept under `key` went.
+    SalvageProgress {
+        key: String,
+        reply: Reply<Result<Option<crate::store::salvage::Progress>, StoreError>>,
     },
-    /// Checkpoints salvaged from a damaged file, saved where the store has none.
-    RestoreCheckpoints {
-        checkpoints: Vec<(String, Vec<u8>)>,
+    /// One step of a salvage, with its progress, in one transaction.
+    Salvage {
+        key: String,
+        step: crate::store::salvage::Step,
         reply: Reply<Result<(u64, u64), StoreError>>,
     },
     /// The stop has begun: appends waiting for room are answered [`AppendError::Stopping`] now,

@@ -375,6 +375,9 @@ impl Writer {
                 Request::Checkpoint { source, reply } => {
                     let _ = reply.send(self.read(|s| s.checkpoint(&source)));
                 }
+                Request::SalvageProgress { key, reply } => {
+                    let _ = reply.send(self.read(|s| s.salvage_progress(&key)));
+                }
                 Request::NextDue { stream, reply } => {
                     let _ = reply.send(self.read(|s| s.next_retry_due(&stream)));
                 }
@@ -735,12 +738,8 @@ fn run_tx(
                 let r = tx.quarantine_taken(&lease, &reason);
                 pending.push(Pending::Ack(reply, r));
             }
-            Request::Restore { jobs, reply } => {
-                let r = tx.restore_jobs(&jobs);
-                pending.push(Pending::Ack(reply, r));
-            }
-            Request::RestoreCheckpoints { checkpoints, reply } => {
-                let r = tx.restore_checkpoints(&checkpoints);
+            Request::Salvage { key, step, reply } => {
+                let r = tx.salvage_step(&key, step);
                 pending.push(Pending::Counts(reply, r));
             }
             Request::Settle {
@@ -770,6 +769,7 @@ fn run_tx(
             Request::Release { .. }
             | Request::Snapshot { .. }
             | Request::Checkpoint { .. }
+            | Request::SalvageProgress { .. }
             | Request::NextDue { .. }
             | Request::SpoolKnown { .. }
             | Request::StopWaiting
@@ -824,8 +824,8 @@ fn fail_with(req: Request, err: impl Fn() -> StoreError) {
         Request::Ack { reply, .. } => drop(reply.send(Err(err()))),
         Request::Fail { reply, .. } => drop(reply.send(Err(err()))),
         Request::Quarantine { reply, .. } => drop(reply.send(Err(err()))),
-        Request::Restore { reply, .. } => drop(reply.send(Err(err()))),
-        Request::RestoreCheckpoints { reply, .. } => drop(reply.send(Err(err()))),
+        Request::Salvage { reply, .. } => drop(reply.send(Err(err()))),
+        Request::SalvageProgress { reply, .. } => drop(reply.send(Err(err()))),
         Request::Settle { reply, .. } => drop(reply.send(Err(err()))),
         Request::AppendFile { reply, .. } => drop(reply.send(Err(AppendError::Store(err())))),
         Request::SpoolKnown { reply, .. } => drop(reply.send(Err(err()))),
