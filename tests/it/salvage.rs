@@ -1,13 +1,26 @@
-//! `colibri queue salvage FILE` on the real binary: a store file damaged where redb refuses it
-//! (its magic) is salvaged whole into the configured store, the report says so, and `queue
-//! stats` shows the jobs back under their streams; a missing file fails naming it, and the live
-//! store itself is refused as a usage error.
+//! Damaged store files on the real binary. `colibri queue salvage FILE`: a file damaged where redb
+//! refuses it (its magic) is salvaged whole into the configured store, the report says so, and
+//! `queue stats` shows the jobs back under their streams; a missing file fails naming it, and the
+//! live store itself is refused as a usage error. `colibri run` (issue 17), with a real receiver:
+//! for each kind of damage (the magic, the header, a flipped bit in each page of a small store file
+//! in turn, zeroed pages, the file cut short at several offsets) the agent starts within a bound
+//! and delivers every job whose bytes the damage left intact exactly once, and nothing else; the
+//! intact set is computed from the damage applied, on the salvager's own map of the undamaged file
+//! (which job's value lies where). A kill -9 during a salvage loses nothing.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
+use serde_json::Value;
+
+use crate::util::client::Client;
+use crate::util::http::Receiver;
 use crate::util::{
-    Sandbox, assert_code, finish, finish_with_stdin, queue, queue_stats, quote_path, secs,
-    stream_stats,
+    Proc, Sandbox, assert_code, field, finish, finish_with_stdin, poll, queue, queue_stats,
+    quote_path, secs, stream_stats,
 };
 
 fn config(sb: &Sandbox, data: &Path) -> std::path::PathBuf {
@@ -378,4 +391,647 @@ fn a_salvaged_job_is_sent_with_the_idempotency_key_it_had_before_the_damage() {
     );
     let seqs: std::collections::BTreeSet<String> = got.iter().flat_map(|r| r.records()).collect();
     assert_eq!(seqs.len(), 70);
+}
+
+// Damage page by page on the real binary (issue 17): the store file, what each job in it holds
+// and where, one life of the agent on a damaged copy, and the verdict.
+
+/// Records in the store file the page tests damage: 80 jobs of 5, a few dozen pages.
+const RECORDS: u64 = 400;
+/// redb's page size (fixed in 4.6).
+const PAGE: usize = 4096;
+/// From the agent's spawn to "colibri started", whatever the damage.
+const START_BOUND: Duration = Duration::from_secs(30);
+/// From "colibri started" to an empty queue with every moved-aside file salvaged.
+const SETTLE_BOUND: Duration = Duration::from_secs(30);
+
+/// Stream `logs` in jobs of 5 records stored as they are (`compression: none`: a job compressed
+/// would hide its records from the page layout the tests reason about), delivered to `url`.
+fn pages_config(sb: &Sandbox, data: &Path, url: &str) -> PathBuf {
+    sb.write_config(&format!(
+        "data_dir: {data}\n\
+         log: {{ format: json }}\n\
+         sinks:\n  \
+           up: {{ type: http, url: \"{url}\", link: {{ down_after: 1, backoff_base: 50ms, backoff_cap: 200ms }} }}\n\
+         streams:\n  \
+           logs: {{ sink: up, compression: none, batch: {{ max_records: 5 }} }}\n",
+        data = quote_path(data),
+    ))
+}
+
+/// Record `seq`: JSON with a pad of 0 to 199 letters, so jobs and leaves differ in length.
+fn page_record(seq: u64) -> String {
+    let mut rng = fastrand::Rng::with_seed(seq);
+    let pad: String = (0..rng.usize(0..200))
+        .map(|_| char::from(b'a' + rng.u8(0..26)))
+        .collect();
+    format!("{{\"seq\":{seq},\"pad\":\"{pad}\"}}")
+}
+
+/// One job of the undamaged file.
+struct StoredJob {
+    id: u64,
+    /// Its value's live copy.
+    value: Range<usize>,
+    /// Its leaf's page.
+    leaf: usize,
+    /// The bytes of its leaf that find it and name it: the leaf's type and entry count, the end
+    /// offsets of its value and of the one before (where its value starts), and its key.
+    entry: Vec<Range<usize>>,
+    /// Every place its value's bytes occur: the live copy, and old ones in freed pages (each
+    /// commit of `queue push` wrote a leaf anew).
+    copies: Vec<Range<usize>>,
+    seqs: Vec<u64>,
+}
+
+/// A store file of [`RECORDS`] records queued while no agent ran, and what it holds.
+struct StoreFile {
+    bytes: Vec<u8>,
+    jobs: Vec<StoredJob>,
+    /// The live table tree's page (one leaf: a dozen tables).
+    table_tree: usize,
+    /// The live root page of `ready/logs`.
+    ready_root: usize,
+}
+
+/// Where a redb page number lies in a file colibri creates (4 KiB pages, one region without a
+/// header): index in the low bits, order (size 4 KiB << order) in the top 5.
+fn page_range(raw: u64) -> Range<usize> {
+    let order = (raw >> 59) as u32;
+    let index = (raw & (0x000F_FFFF >> order)) as usize;
+    assert_eq!((raw >> 20) & 0x000F_FFFF, 0, "one region");
+    let size = PAGE << order;
+    PAGE + index * size..PAGE + (index + 1) * size
+}
+
+fn u16_at(b: &[u8], at: usize) -> usize {
+    usize::from(u16::from_le_bytes(b[at..at + 2].try_into().unwrap()))
+}
+
+fn u32_at(b: &[u8], at: usize) -> usize {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// The newest commit's table tree root (redb's header: commit slots at 64 and 192, each with
+/// its data tree root at +8 and transaction id at +104), and `table`'s root page in it.
+fn live_roots(b: &[u8], table: &str) -> (usize, usize) {
+    let slot = [64, 192]
+        .into_iter()
+        .max_by_key(|s| u64_at(b, s + 104))
+        .unwrap();
+    let tree = page_range(u64_at(b, slot + 8)).start;
+    let leaf = &b[tree..tree + PAGE];
+    assert_eq!(leaf[0], 1, "the table tree is one leaf");
+    // Variable keys and values: n, key ends, value ends, keys, values.
+    let n = u16_at(leaf, 2);
+    let (mut key_at, mut value_at) = (4 + 8 * n, u32_at(leaf, 4 + 4 * (n - 1)));
+    for i in 0..n {
+        let (key_end, value_end) = (u32_at(leaf, 4 + 4 * i), u32_at(leaf, 4 + 4 * n + 4 * i));
+        if &leaf[key_at..key_end] == table.as_bytes() {
+            let def = &leaf[value_at..value_end];
+            assert_eq!(def[9], 1, "{table} has a root");
+            return (tree, page_range(u64_at(def, 10)).start);
+        }
+        (key_at, value_at) = (key_end, value_end);
+    }
+    panic!("no {table} in the table tree");
+}
+
+/// The bytes of the ready table's leaf at `leaf` that find the value starting at `value` and name
+/// it (see [`StoredJob::entry`]). Layout (u64 keys, variable values): type, padding, entry count
+/// (u16); a value end offset (u32) per entry; the keys; the values.
+fn entry_bytes(b: &[u8], leaf: usize, value: usize) -> Vec<Range<usize>> {
+    let n = u16_at(b, leaf + 2);
+    let end = |i: usize| leaf + 4 + 4 * i;
+    let i = (0..n)
+        .find(|&i| {
+            let start = match i {
+                0 => 4 + 12 * n,
+                _ => u32_at(b, end(i - 1)),
+            };
+            leaf + start == value
+        })
+        .expect("the value is an entry of its leaf");
+    let key = leaf + 4 + 4 * n + 8 * i;
+    let mut out = vec![leaf..leaf + 4, end(i)..end(i) + 4, key..key + 8];
+    if i > 0 {
+        out.push(end(i - 1)..end(i - 1) + 4);
+    }
+    out
+}
+
+/// Queues [`RECORDS`] records (in commits of 40) with no agent running and reads the file:
+/// every job's live value from the salvager's walk of the undamaged file (which must find them
+/// all, live), its records, and every copy of its bytes.
+fn store_file() -> StoreFile {
+    let sb = Sandbox::new();
+    let data = sb.file("data");
+    let cfg = pages_config(&sb, &data, "http://127.0.0.1:9/in");
+    let lines: String = (0..RECORDS).map(|s| page_record(s) + "\n").collect();
+    let f = finish_with_stdin(
+        &sb,
+        queue(&cfg, &["push", "logs", "--batch", "40"]),
+        &lines,
+        secs(60),
+    );
+    assert_code(f.status, 0, &f.stderr);
+    let bytes = std::fs::read(data.join("colibri.redb")).unwrap();
+    let found = colibri::store::salvage::scan(&bytes[..], &["logs"]).expect("scan");
+    assert!(
+        !found.in_doubt && found.damaged == 0 && found.jobs.iter().all(|j| j.live),
+        "the undamaged file reads whole: {found:?}"
+    );
+    let jobs: Vec<StoredJob> = found
+        .jobs
+        .iter()
+        .map(|j| {
+            let value = j.at as usize..j.at as usize + j.len;
+            let v = &bytes[value.clone()];
+            let d = colibri::store::format::decode(v).expect("an intact job decodes");
+            let seqs = d
+                .area
+                .to_records()
+                .expect("its records")
+                .iter()
+                .map(|r| seq_of(std::str::from_utf8(r).expect("UTF-8")))
+                .collect();
+            let copies = memchr::memmem::find_iter(&bytes, v)
+                .map(|at| at..at + v.len())
+                .collect();
+            StoredJob {
+                id: j.id,
+                leaf: j.leaf as usize,
+                entry: entry_bytes(&bytes, j.leaf as usize, value.start),
+                value,
+                copies,
+                seqs,
+            }
+        })
+        .collect();
+    let mut all: Vec<u64> = jobs.iter().flat_map(|j| j.seqs.clone()).collect();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (0..RECORDS).collect::<Vec<_>>(),
+        "each record in one job"
+    );
+    let (table_tree, ready_root) = live_roots(&bytes, "ready/logs");
+    StoreFile {
+        bytes,
+        jobs,
+        table_tree,
+        ready_root,
+    }
+}
+
+/// The `seq` of a record the tests pushed.
+fn seq_of(record: &str) -> u64 {
+    serde_json::from_str::<Value>(record)
+        .ok()
+        .and_then(|v| v["seq"].as_u64())
+        .unwrap_or_else(|| panic!("not a record of the test: {record}"))
+}
+
+/// Damage applied to a copy of the file, and the bytes it touched (for a cut: the rest of the
+/// file).
+struct Damage {
+    what: String,
+    bytes: Vec<u8>,
+    touched: Range<usize>,
+}
+
+fn overlaps(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+impl StoreFile {
+    /// The lowest bit of the byte at `at` flipped.
+    fn flip(&self, at: usize, what: String) -> Damage {
+        let mut bytes = self.bytes.clone();
+        bytes[at] ^= 0x01;
+        Damage {
+            what: format!(
+                "{what}: bit 0 of byte {at} (page {}, +{})",
+                at / PAGE,
+                at % PAGE
+            ),
+            bytes,
+            touched: at..at + 1,
+        }
+    }
+
+    /// `pages` zeroed.
+    fn zero(&self, pages: Range<usize>, what: &str) -> Damage {
+        let mut bytes = self.bytes.clone();
+        let r = pages.start * PAGE..pages.end * PAGE;
+        bytes[r.clone()].fill(0);
+        Damage {
+            what: format!("{what}: pages {pages:?} zeroed"),
+            bytes,
+            touched: r,
+        }
+    }
+
+    /// The file cut to `len` bytes.
+    fn cut(&self, len: usize) -> Damage {
+        Damage {
+            what: format!("cut to {len} bytes (page {}, +{})", len / PAGE, len % PAGE),
+            bytes: self.bytes[..len].to_vec(),
+            touched: len..self.bytes.len(),
+        }
+    }
+
+    /// Jobs the damage left intact, which must each arrive once: no damaged byte in the live
+    /// copy of the value nor in the leaf bytes that find and name it ([`StoredJob::entry`]). Those
+    /// count because a job is what its key and end offsets say: with them damaged its value's
+    /// bytes may be intact yet not be found where they are (no reader can tell a shifted end
+    /// offset from a damaged value), or be found under another id. Other damage in a leaf or in
+    /// the tree above it (branches, the table tree) leaves a job intact: the salvager finds
+    /// leaves by reading every page. Every job not intact may be lost, or come back once from an
+    /// old copy (a salvage takes freed pages' copies when the live tree is damaged), with its
+    /// records as they were.
+    fn intact(&self, d: &Damage) -> Vec<bool> {
+        self.jobs
+            .iter()
+            .map(|j| {
+                let t = &d.touched;
+                !overlaps(t, &j.value) && !j.entry.iter().any(|e| overlaps(t, e))
+            })
+            .collect()
+    }
+}
+
+/// One life of the agent on a damaged file.
+struct Life {
+    /// "colibri started" came within [`START_BOUND`], or why not.
+    started: Result<(), String>,
+    /// The queue emptied and every moved-aside file was salvaged within [`SETTLE_BOUND`].
+    settled: bool,
+    /// Exit status after SIGTERM: 0 expected.
+    exit: Option<i32>,
+    records: Vec<String>,
+    stderr: String,
+    took: Duration,
+}
+
+/// The JSON events of a stderr (lines that are not JSON, such as a caught panic's message, are
+/// left to [`notable`]).
+fn json_events(stderr: &str) -> Vec<Value> {
+    crate::util::complete_lines(stderr)
+        .iter()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// What the agent said about the damage: its warnings and errors with their fields (no timestamp,
+/// no backtrace), and any line that is not JSON; at most 20, one a line.
+fn notable(stderr: &str) -> String {
+    let lines: Vec<String> = crate::util::complete_lines(stderr)
+        .into_iter()
+        .filter_map(|l| match serde_json::from_str::<Value>(&l) {
+            Ok(Value::Object(mut e)) => {
+                if !matches!(
+                    e.get("level").and_then(Value::as_str),
+                    Some("WARN" | "ERROR")
+                ) {
+                    return None;
+                }
+                e.remove("timestamp");
+                e.remove("backtrace");
+                Some(Value::Object(e).to_string())
+            }
+            _ => Some(l),
+        })
+        .collect();
+    let shown: Vec<&str> = lines.iter().take(20).map(String::as_str).collect();
+    format!("    {}", shown.join("\n    "))
+}
+
+/// The queue's ready and retry jobs, from a scrape of the admin endpoint's `/metrics` (the
+/// agent holds the store, so `queue stats` would read it beside the writer).
+fn queued_jobs(admin: SocketAddr) -> Option<u64> {
+    let a = Client::new(admin)
+        .request("GET", "/metrics", &[], None)
+        .ok()?;
+    let text = a.text();
+    let mut n = 0;
+    for q in ["ready", "retry"] {
+        let prefix = format!("colibri_stream_jobs{{stream=\"logs\",queue=\"{q}\"}} ");
+        n += text
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))?
+            .parse::<u64>()
+            .ok()?;
+    }
+    Some(n)
+}
+
+/// Starts the agent on `bytes` as its store file, with a receiver, waits until it has delivered
+/// all it will (nothing queued, every moved-aside file salvaged), and stops it.
+fn life_on(bytes: &[u8]) -> Life {
+    let started_at = Instant::now();
+    let sb = Sandbox::new();
+    let data = sb.file("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("colibri.redb"), bytes).unwrap();
+    let rx = Receiver::start();
+    let cfg = pages_config(&sb, &data, &rx.url("/in"));
+    let mut agent = Proc::run(&cfg);
+    let is_started = |e: &Value| field(e, "message") == "colibri started";
+    let up = poll(START_BOUND, || {
+        if json_events(&agent.stderr()).iter().any(is_started) {
+            return Some(Ok(()));
+        }
+        crate::util::is_gone(agent.pid()).then(|| Err("it exited".to_string()))
+    })
+    .unwrap_or_else(|| Err(format!("not within {START_BOUND:?}")));
+    if let Err(why) = up {
+        let status = agent.wait_exit(secs(10));
+        return Life {
+            started: Err(format!("{why} ({status})")),
+            settled: false,
+            exit: status.code(),
+            records: rx.records(),
+            stderr: agent.stderr(),
+            took: started_at.elapsed(),
+        };
+    }
+    let admin: SocketAddr = json_events(&agent.stderr())
+        .iter()
+        .find(|e| field(e, "message") == "admin endpoint listening")
+        .map(|e| field(e, "listen").parse().expect("an address"))
+        .expect("the admin endpoint listens before colibri has started");
+    // Moved-aside files first: a salvage appends before its file is renamed, so once no file is
+    // left unsalvaged the queue counts every salvaged job.
+    // Empty, then nothing left to salvage, then still empty: a salvage appends its jobs before it
+    // renames its file, so jobs it added after the first look are seen by the second. A file moved
+    // aside while the agent runs is salvaged only at its next start, so this life is then as done
+    // as it will be.
+    let settled = poll(SETTLE_BOUND, || {
+        let empty = || queued_jobs(admin) == Some(0);
+        let to_salvage = || {
+            let mid_run = moved_while_running(&agent.stderr());
+            colibri::store::aside::list(&data)
+                .iter()
+                .any(|f| !f.salvaged && !mid_run.contains(&file_name(&f.path)))
+        };
+        (empty() && !to_salvage() && empty()).then_some(())
+    })
+    .is_some();
+    agent.signal(libc::SIGTERM);
+    let status = agent.wait_exit(secs(60));
+    Life {
+        started: Ok(()),
+        settled,
+        exit: status.code(),
+        records: rx.records(),
+        stderr: agent.stderr(),
+        took: started_at.elapsed(),
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+/// The names of the files the agent moved aside after "colibri started" (its writer gave up on
+/// the store while running).
+fn moved_while_running(stderr: &str) -> Vec<String> {
+    json_events(stderr)
+        .iter()
+        .skip_while(|e| field(e, "message") != "colibri started")
+        .filter(|e| field(e, "message").starts_with("the store is corrupted; it was moved aside"))
+        .map(|e| file_name(Path::new(field(e, "moved_to"))))
+        .collect()
+}
+
+/// How the agent dealt with the damage, in a few words (for the test's output).
+fn path_taken(stderr: &str) -> String {
+    let events = json_events(stderr);
+    let count = |m: &str| {
+        events
+            .iter()
+            .filter(|e| field(e, "message").starts_with(m))
+            .count()
+    };
+    let mut out = Vec::new();
+    let moved = count("the store is corrupted; it was moved aside");
+    let mid_run = moved_while_running(stderr).len();
+    if moved > mid_run {
+        out.push("moved aside at start-up".to_string());
+    }
+    if mid_run > 0 {
+        out.push("moved aside while running (salvaged at the next start)".to_string());
+    }
+    for e in events
+        .iter()
+        .filter(|e| field(e, "message").starts_with("salvage done"))
+    {
+        out.push(format!(
+            "salvaged {} records, {} jobs lost",
+            e["records"], e["lost_jobs"]
+        ));
+    }
+    let quarantined = count("job cannot be decoded");
+    if quarantined > 0 {
+        out.push(format!("{quarantined} quarantined"));
+    }
+    let failed_reads = count("the store failed reading a damaged page");
+    if failed_reads > 0 {
+        out.push(format!("{failed_reads} failed reads"));
+    }
+    if out.is_empty() {
+        out.push("opened as it was".to_string());
+    }
+    out.join(", ")
+}
+
+/// Runs the agent on the damaged file and compares what the receiver got with what the damage
+/// left: each record of an intact job once; of any other job, all its records once or none;
+/// nothing else, and every record as it was pushed. `Err` says how it differed.
+fn check_damage(fx: &StoreFile, d: &Damage) -> Result<(), String> {
+    let life = life_on(&d.bytes);
+    eprintln!(
+        "{}: {} ({} ms)",
+        d.what,
+        path_taken(&life.stderr),
+        life.took.as_millis()
+    );
+    let intact = fx.intact(d);
+    let mut got: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut wrong = Vec::new();
+    for r in &life.records {
+        match serde_json::from_str::<Value>(r)
+            .ok()
+            .and_then(|v| v["seq"].as_u64())
+        {
+            Some(s) if s < RECORDS && *r == page_record(s) => *got.entry(s).or_default() += 1,
+            _ => wrong.push(r.clone()),
+        }
+    }
+    let mut problems = Vec::new();
+    if let Err(why) = &life.started {
+        problems.push(format!("did not start: {why}"));
+    } else if !life.settled {
+        problems.push(format!(
+            "not settled within {SETTLE_BOUND:?} (jobs still queued or a file not salvaged)"
+        ));
+    }
+    if life.started.is_ok() && life.exit != Some(0) {
+        problems.push(format!("exit status {:?} after SIGTERM", life.exit));
+    }
+    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).collect();
+    if !twice.is_empty() {
+        problems.push(format!(
+            "records delivered more than once (seq, times): {twice:?}"
+        ));
+    }
+    if !wrong.is_empty() {
+        problems.push(format!(
+            "records never pushed: {}",
+            crate::util::head(&wrong, 5)
+        ));
+    }
+    let n = |j: &StoredJob| j.seqs.iter().filter(|s| got.contains_key(s)).count();
+    let lost: Vec<String> = fx
+        .jobs
+        .iter()
+        .zip(&intact)
+        .filter(|(j, ok)| **ok && n(j) < j.seqs.len())
+        .map(|(j, _)| format!("job {} at {:?} seqs {:?}", j.id, j.value, j.seqs))
+        .collect();
+    if !lost.is_empty() {
+        problems.push(format!(
+            "intact jobs not (wholly) delivered: {}",
+            crate::util::head(&lost, 10)
+        ));
+    }
+    let torn: Vec<String> = fx
+        .jobs
+        .iter()
+        .zip(&intact)
+        .filter(|(j, ok)| !**ok && n(j) != 0 && n(j) != j.seqs.len())
+        .map(|(j, _)| format!("job {} seqs {:?}: {} delivered", j.id, j.seqs, n(j)))
+        .collect();
+    if !torn.is_empty() {
+        problems.push(format!("damaged jobs delivered in part: {torn:?}"));
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let damaged: Vec<u64> = fx
+        .jobs
+        .iter()
+        .zip(&intact)
+        .filter(|(_, ok)| !**ok)
+        .map(|(j, _)| j.id)
+        .collect();
+    Err(format!(
+        "{}: {}\n  jobs allowed to be lost: {damaged:?}; {} records received\n  agent: {}\n  log:\n{}",
+        d.what,
+        problems.join("; "),
+        life.records.len(),
+        path_taken(&life.stderr),
+        notable(&life.stderr)
+    ))
+}
+
+/// Checks each damage in turn; fails listing every case that differed.
+fn check_all(fx: &StoreFile, damages: impl IntoIterator<Item = Damage>) {
+    let failed: Vec<String> = damages
+        .into_iter()
+        .filter_map(|d| check_damage(fx, &d).err())
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} case(s) differ:\n\n{}",
+        failed.len(),
+        failed.join("\n\n")
+    );
+}
+
+/// A flipped bit in each page of a small store file in turn, one life of the agent each: in a
+/// page where a job's value starts, in the middle of the first such value (its records); in a
+/// branch page, in its first child's page number (redb then reads a neighbouring page as that
+/// child); anywhere else, in the middle of the page. Each life starts within the bound, and
+/// every job the flip left intact is delivered once, the one it hit at most once, nothing else.
+#[test]
+fn a_flipped_bit_in_each_page_costs_at_most_the_job_it_hit() {
+    let fx = store_file();
+    let pages = fx.bytes.len() / PAGE;
+    eprintln!("{} pages, {} jobs", pages, fx.jobs.len());
+    let damages = (0..pages).map(|p| {
+        let page = p * PAGE..(p + 1) * PAGE;
+        let first_value = fx
+            .jobs
+            .iter()
+            .flat_map(|j| &j.copies)
+            .filter(|c| page.contains(&c.start))
+            .min_by_key(|c| c.start);
+        match first_value {
+            Some(v) => fx.flip(v.start + v.len() / 2, "a job value".into()),
+            None if fx.bytes[page.start] == 2 => {
+                let keys = u16_at(&fx.bytes, page.start + 2);
+                let child = page.start + 8 + 16 * (keys + 1);
+                fx.flip(child, "a branch's first child".into())
+            }
+            None => fx.flip(page.start + PAGE / 2, "the middle of the page".into()),
+        }
+    });
+    check_all(&fx, damages);
+}
+
+/// Zeroed pages, one life each: a leaf of jobs, the ready table's branch (its root), the table
+/// tree, and four consecutive pages a third into the file. Jobs in a zeroed page may be lost;
+/// every other job arrives once.
+#[test]
+fn zeroed_pages_cost_at_most_the_jobs_in_them() {
+    let fx = store_file();
+    assert_eq!(
+        fx.bytes[fx.ready_root], 2,
+        "{RECORDS} records make a ready table with a branch above its leaves"
+    );
+    let page = |at: usize| at / PAGE;
+    let middle_leaf = page(fx.jobs[fx.jobs.len() / 2].leaf);
+    let third = fx.bytes.len() / PAGE / 3;
+    check_all(
+        &fx,
+        [
+            fx.zero(middle_leaf..middle_leaf + 1, "a leaf of jobs"),
+            fx.zero(
+                page(fx.ready_root)..page(fx.ready_root) + 1,
+                "the ready table's branch",
+            ),
+            fx.zero(
+                page(fx.table_tree)..page(fx.table_tree) + 1,
+                "the table tree",
+            ),
+            fx.zero(third..third + 4, "four pages"),
+        ],
+    );
+}
+
+/// The file cut short at five offsets spread through it, on a page boundary and not, one life
+/// each: jobs wholly before the cut arrive once; the rest may be lost.
+#[test]
+fn a_store_file_cut_short_costs_at_most_the_jobs_past_the_cut() {
+    let fx = store_file();
+    let len = fx.bytes.len();
+    let aligned = |at: usize| at / PAGE * PAGE;
+    check_all(
+        &fx,
+        [
+            aligned(len / 8),
+            len / 3 + 123,
+            aligned(len / 2),
+            2 * len / 3 + 777,
+            len - PAGE,
+            len - 1,
+        ]
+        .map(|at| fx.cut(at)),
+    );
 }
