@@ -637,62 +637,66 @@ fn open_store(config: &Config) -> anyhow::Result<Option<writer::StoreHandle>> {
 /// its other work, so the agent is in service (ready, taking appends, delivering) meanwhile. A
 /// file whose salvage ended is renamed `….salvaged` (kept, and counted against the budget, until
 /// an operator removes it); one whose salvage failed or was cut short goes on where it stopped at
-/// the next start (the store keeps its progress). Sources
+/// the next start (the store keeps its progress). A file the writer moves aside while running is
+/// salvaged the same way as soon as the new one is open. Sources
 /// whose checkpoint was in the damaged file read their files from the beginning (see `tail`).
 fn salvage_damaged(handle: &writer::StoreHandle, config: &Config) {
-    let files: Vec<_> = handle
-        .damaged_files()
-        .into_iter()
-        .filter(|f| !f.salvaged)
-        .collect();
-    if files.is_empty() {
-        return;
-    }
     let streams: Vec<String> = config.streams.iter().map(|s| s.name.clone()).collect();
     let handle = handle.clone();
     let spawned = std::thread::Builder::new()
         .name("colibri-salvage".into())
         .spawn(move || {
             let names: Vec<&str> = streams.iter().map(String::as_str).collect();
-            for f in files {
-                tracing::warn!(file = %f.path.display(), bytes = f.bytes, "salvaging the intact jobs of a damaged store file");
-                let started = std::time::Instant::now();
-                match store::salvage::salvage(&f.path, &names, &mut writer::Restoring::new(&handle, &f.path)) {
-                    Ok(report) => {
-                        use std::sync::atomic::Ordering::Relaxed;
-                        let stats = handle.stats();
-                        stats.salvaged_jobs.fetch_add(report.jobs, Relaxed);
-                        stats.salvaged_records.fetch_add(report.records, Relaxed);
-                        let lost = report.damaged
-                            + report.unattributable
-                            + report.unknown_streams.values().sum::<u64>();
-                        stats.lost_jobs.fetch_add(lost, Relaxed);
-                        let marked = store::aside::mark_salvaged(&f.path);
-                        tracing::warn!(
-                            file = %f.path.display(),
-                            jobs = report.jobs,
-                            records = report.records,
-                            lost_jobs = lost,
-                            checkpoints_restored = report.checkpoints_restored,
-                            in_doubt = report.in_doubt,
-                            counters_carried_on = report.counters_carried_on,
-                            put_back_before = report.put_back_before,
-                            ended_before = report.ended_before,
-                            duration_ms = started.elapsed().as_millis() as u64,
-                            renamed_to = %marked.as_ref().map_or_else(|e| format!("(not renamed: {e})"), |p| p.display().to_string()),
-                            "salvage done: intact jobs are back in their streams"
-                        );
-                    }
-                    Err(e) => tracing::error!(
-                        file = %f.path.display(),
-                        error = %e,
-                        "salvage failed; it is tried again at the next start"
-                    ),
+            // The files damaged before this start, then each one the writer moves aside while
+            // running (it replaces a file a request found damaged): this thread waits for those.
+            let mut replaced = handle.replacements();
+            loop {
+                for f in handle.damaged_files().into_iter().filter(|f| !f.salvaged) {
+                    salvage_one(&handle, &f, &names);
                 }
+                replaced = handle.wait_replaced(replaced);
             }
         });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the salvage thread; it is tried again at the next start");
+    }
+}
+
+/// Salvages one damaged file into the running store (see [`salvage_damaged`]).
+fn salvage_one(handle: &writer::StoreHandle, f: &store::aside::AsideFile, names: &[&str]) {
+    tracing::warn!(file = %f.path.display(), bytes = f.bytes, "salvaging the intact jobs of a damaged store file");
+    let started = std::time::Instant::now();
+    match store::salvage::salvage(&f.path, names, &mut writer::Restoring::new(handle, &f.path)) {
+        Ok(report) => {
+            use std::sync::atomic::Ordering::Relaxed;
+            let stats = handle.stats();
+            stats.salvaged_jobs.fetch_add(report.jobs, Relaxed);
+            stats.salvaged_records.fetch_add(report.records, Relaxed);
+            let lost = report.damaged
+                + report.unattributable
+                + report.unknown_streams.values().sum::<u64>();
+            stats.lost_jobs.fetch_add(lost, Relaxed);
+            let marked = store::aside::mark_salvaged(&f.path);
+            tracing::warn!(
+                file = %f.path.display(),
+                jobs = report.jobs,
+                records = report.records,
+                lost_jobs = lost,
+                checkpoints_restored = report.checkpoints_restored,
+                in_doubt = report.in_doubt,
+                counters_carried_on = report.counters_carried_on,
+                put_back_before = report.put_back_before,
+                ended_before = report.ended_before,
+                duration_ms = started.elapsed().as_millis() as u64,
+                renamed_to = %marked.as_ref().map_or_else(|e| format!("(not renamed: {e})"), |p| p.display().to_string()),
+                "salvage done: intact jobs are back in their streams"
+            );
+        }
+        Err(e) => tracing::error!(
+            file = %f.path.display(),
+            error = %e,
+            "salvage failed; it is tried again at the next start"
+        ),
     }
 }
 

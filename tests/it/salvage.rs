@@ -3,10 +3,11 @@
 //! `queue stats` shows the jobs back under their streams; a missing file fails naming it, and the
 //! live store itself is refused as a usage error. `colibri run` (issue 17), with a real receiver:
 //! for each kind of damage (the magic, the header, a flipped bit in each page of a small store file
-//! in turn, zeroed pages, the file cut short at several offsets) the agent starts within a bound
-//! and delivers every job whose bytes the damage left intact exactly once, and nothing else; the
-//! intact set is computed from the damage applied, on the salvager's own map of the undamaged file
-//! (which job's value lies where). A kill -9 during a salvage loses nothing.
+//! in turn and in each leaf's entry table, zeroed pages, the file cut short at several offsets)
+//! the agent starts within a bound and delivers every job whose bytes the damage left intact
+//! exactly once, and nothing else; the intact set is computed from the damage applied, on the
+//! salvager's own map of the undamaged file (which job's value lies where). A kill -9 during a
+//! salvage loses nothing.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -674,6 +675,8 @@ struct Life {
     /// Exit status after SIGTERM: 0 expected.
     exit: Option<i32>,
     records: Vec<String>,
+    /// Each accepted request's idempotency key and records.
+    requests: Vec<(String, Vec<String>)>,
     stderr: String,
     took: Duration,
 }
@@ -756,6 +759,7 @@ fn life_on(bytes: &[u8]) -> Life {
             settled: false,
             exit: status.code(),
             records: rx.records(),
+            requests: accepted(&rx),
             stderr: agent.stderr(),
             took: started_at.elapsed(),
         };
@@ -765,19 +769,15 @@ fn life_on(bytes: &[u8]) -> Life {
         .find(|e| field(e, "message") == "admin endpoint listening")
         .map(|e| field(e, "listen").parse().expect("an address"))
         .expect("the admin endpoint listens before colibri has started");
-    // Moved-aside files first: a salvage appends before its file is renamed, so once no file is
-    // left unsalvaged the queue counts every salvaged job.
     // Empty, then nothing left to salvage, then still empty: a salvage appends its jobs before it
     // renames its file, so jobs it added after the first look are seen by the second. A file moved
-    // aside while the agent runs is salvaged only at its next start, so this life is then as done
-    // as it will be.
+    // aside while the agent runs is salvaged in the same life.
     let settled = poll(SETTLE_BOUND, || {
         let empty = || queued_jobs(admin) == Some(0);
         let to_salvage = || {
-            let mid_run = moved_while_running(&agent.stderr());
             colibri::store::aside::list(&data)
                 .iter()
-                .any(|f| !f.salvaged && !mid_run.contains(&file_name(&f.path)))
+                .any(|f| !f.salvaged)
         };
         (empty() && !to_salvage() && empty()).then_some(())
     })
@@ -789,9 +789,19 @@ fn life_on(bytes: &[u8]) -> Life {
         settled,
         exit: status.code(),
         records: rx.records(),
+        requests: accepted(&rx),
         stderr: agent.stderr(),
         took: started_at.elapsed(),
     }
+}
+
+/// The requests the receiver accepted: (idempotency key, records).
+fn accepted(rx: &Receiver) -> Vec<(String, Vec<String>)> {
+    rx.requests()
+        .iter()
+        .filter(|r| r.status == Some(200))
+        .map(|r| (r.idempotency_key.clone().unwrap_or_default(), r.records()))
+        .collect()
 }
 
 fn file_name(p: &Path) -> String {
@@ -804,7 +814,11 @@ fn moved_while_running(stderr: &str) -> Vec<String> {
     json_events(stderr)
         .iter()
         .skip_while(|e| field(e, "message") != "colibri started")
-        .filter(|e| field(e, "message").starts_with("the store is corrupted; it was moved aside"))
+        .filter(|e| {
+            let m = field(e, "message");
+            m.starts_with("the store is corrupted; it was moved aside")
+                || m.starts_with("the store is damaged; it was moved aside")
+        })
         .map(|e| file_name(Path::new(field(e, "moved_to"))))
         .collect()
 }
@@ -819,13 +833,14 @@ fn path_taken(stderr: &str) -> String {
             .count()
     };
     let mut out = Vec::new();
-    let moved = count("the store is corrupted; it was moved aside");
+    let moved = count("the store is corrupted; it was moved aside")
+        + count("the store is damaged; it was moved aside");
     let mid_run = moved_while_running(stderr).len();
     if moved > mid_run {
         out.push("moved aside at start-up".to_string());
     }
     if mid_run > 0 {
-        out.push("moved aside while running (salvaged at the next start)".to_string());
+        out.push("moved aside while running".to_string());
     }
     for e in events
         .iter()
@@ -851,8 +866,9 @@ fn path_taken(stderr: &str) -> String {
 }
 
 /// Runs the agent on the damaged file and compares what the receiver got with what the damage
-/// left: each record of an intact job once; of any other job, all its records once or none;
-/// nothing else, and every record as it was pushed. `Err` says how it differed.
+/// left: each record of an intact job, under one idempotency key (once, or again under the same
+/// key: at-least-once with a key a receiver deduplicates by); of any other job, all its records or
+/// none; nothing else, and every record as it was pushed. `Err` says how it differed.
 fn check_damage(fx: &StoreFile, d: &Damage) -> Result<(), String> {
     let life = life_on(&d.bytes);
     eprintln!(
@@ -884,10 +900,34 @@ fn check_damage(fx: &StoreFile, d: &Damage) -> Result<(), String> {
     if life.started.is_ok() && life.exit != Some(0) {
         problems.push(format!("exit status {:?} after SIGTERM", life.exit));
     }
-    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).collect();
+    // A record sent again (its job was in flight when the file was given up on, or came back
+    // from an old page of a damaged tree) must come under the key it had: a receiver that
+    // deduplicates by key then keeps it once. A key must never carry two different sets of records.
+    let mut keys_of: BTreeMap<u64, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    let mut records_of: BTreeMap<&str, &Vec<String>> = BTreeMap::new();
+    for (key, recs) in &life.requests {
+        if let Some(before) = records_of.insert(key.as_str(), recs)
+            && before != recs
+        {
+            problems.push(format!(
+                "key {key} carried two sets of records: {:?} and {:?}",
+                crate::util::head(before, 3),
+                crate::util::head(recs, 3)
+            ));
+        }
+        for r in recs {
+            if let Some(s) = serde_json::from_str::<Value>(r)
+                .ok()
+                .and_then(|v| v["seq"].as_u64())
+            {
+                keys_of.entry(s).or_default().insert(key.as_str());
+            }
+        }
+    }
+    let twice: Vec<_> = keys_of.iter().filter(|(_, k)| k.len() > 1).collect();
     if !twice.is_empty() {
         problems.push(format!(
-            "records delivered more than once (seq, times): {twice:?}"
+            "records delivered under more than one key (seq, keys): {twice:?}"
         ));
     }
     if !wrong.is_empty() {
@@ -981,6 +1021,29 @@ fn a_flipped_bit_in_each_page_costs_at_most_the_job_it_hit() {
             }
             None => fx.flip(page.start + PAGE / 2, "the middle of the page".into()),
         }
+    });
+    check_all(&fx, damages);
+}
+
+/// A flipped bit in the head of each live leaf of jobs, one life each: its entry count (part of
+/// every entry of the leaf), its first value's end offset (the first two values then end and
+/// start a byte off), its last key (the job's id: then that of a neighbour). Jobs whose entry was
+/// hit may be lost (their bytes cannot be told from damaged ones, or they have another id), or
+/// arrive once; every other job arrives once.
+#[test]
+fn a_flipped_bit_in_a_leaf_head_costs_at_most_the_jobs_it_names() {
+    let fx = store_file();
+    let mut leaves: Vec<usize> = fx.jobs.iter().map(|j| j.leaf).collect();
+    leaves.sort_unstable();
+    leaves.dedup();
+    eprintln!("{} live leaves", leaves.len());
+    let damages = leaves.iter().flat_map(|&leaf| {
+        let n = u16_at(&fx.bytes, leaf + 2);
+        [
+            fx.flip(leaf + 2, "a leaf's entry count".into()),
+            fx.flip(leaf + 4, "a leaf's first value end".into()),
+            fx.flip(leaf + 4 + 4 * n + 8 * (n - 1), "a leaf's last key".into()),
+        ]
     });
     check_all(&fx, damages);
 }

@@ -166,8 +166,9 @@ pub struct Restored {
 /// ended is not done again. Kept by [`progress_key`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Progress {
-    /// The last job put back, as (stream, old id): they are put back in that order.
-    pub last: Option<(String, u64)>,
+    /// The last job put back, as (stream, old id, place in the file): they are put back in that
+    /// order.
+    pub last: Option<(String, u64, u64)>,
     /// The salvage ended (the file may still await its rename to `….salvaged`).
     pub done: bool,
 }
@@ -179,10 +180,10 @@ pub enum Step {
     Begin {
         counters: BTreeMap<String, crate::store::Counters>,
     },
-    /// Jobs put back, in this order; the last one's (stream, old id).
+    /// Jobs put back, in this order; the last one's (stream, old id, place in the file).
     Jobs {
         jobs: Vec<Restored>,
-        last: (String, u64),
+        last: (String, u64, u64),
     },
     /// The last: checkpoints saved where the store has none; what was not put back is lost.
     End { checkpoints: Vec<(String, Vec<u8>)> },
@@ -260,16 +261,21 @@ pub fn salvage(
         .filter(|j| {
             let done = after
                 .as_ref()
-                .is_some_and(|(s, id)| (&j.stream, j.id) <= (s, *id));
+                .is_some_and(|(s, id, at)| (&j.stream, j.id, j.at) <= (s, *id, *at));
             report.put_back_before += u64::from(done);
             !done
         })
         .peekable();
+    // The first job of an old id keeps its key; a second (a damaged key gave it that id, see
+    // `scan`) is a different job and must not share it, or a receiver would drop it as a replay.
+    let mut previous: Option<(&str, u64)> = None;
     while jobs.peek().is_some() {
         let (mut chunk, mut bytes, mut last) = (Vec::new(), 0, None);
         while chunk.len() < CHUNK_JOBS && bytes < CHUNK_BYTES {
             let Some(job) = jobs.next() else { break };
-            last = Some((job.stream.clone(), job.id));
+            last = Some((job.stream.clone(), job.id, job.at));
+            let twin = previous == Some((job.stream.as_str(), job.id));
+            previous = Some((job.stream.as_str(), job.id));
             let value = rd.read(job.at, job.len).map_err(cannot)?;
             // Read again: checked again, in case the file changed since the scan.
             let Ok(d) = format::decode(&value) else {
@@ -290,6 +296,7 @@ pub fn salvage(
                 value,
                 origin: found
                     .store_id
+                    .filter(|_| !twin)
                     .map(|store| format::Origin { store, job: job.id }),
             });
         }

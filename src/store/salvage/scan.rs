@@ -67,7 +67,8 @@ pub struct FoundJob {
 /// What the walk found.
 #[derive(Debug, Default)]
 pub struct Found {
-    /// Intact record jobs of streams the target store has, one per (stream, id), by stream and id.
+    /// Intact record jobs of streams the target store has, one per (stream, id) (two where a
+    /// damaged key gave a live job another's id), by stream, id and place in the file.
     pub jobs: Vec<FoundJob>,
     /// Source checkpoints from the live tree (name, value).
     pub checkpoints: Vec<(String, Vec<u8>)>,
@@ -591,6 +592,9 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
     type Best = (bool, (u32, u32, u64), FoundJob, u8);
     let mut best: HashMap<(String, u64), Best> = HashMap::new();
     let mut damaged: HashSet<(String, u64)> = HashSet::new();
+    // Two live values under one id: a sound tree has one per key, so a damaged key made one job
+    // look like another. Both are kept (each is a job that was queued), the second after the first.
+    let mut live_twins: Vec<(FoundJob, u8)> = Vec::new();
     for (stream, kind, live, leaf, c) in attributed {
         if !live && complete_tables.contains(&(stream.clone(), kind)) {
             continue;
@@ -611,6 +615,13 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
             leaf,
         };
         let key = (stream, c.id);
+        if let Some((true, _, twin, _)) = best.get(&key)
+            && live
+            && twin.at != job.at
+        {
+            live_twins.push((job, version));
+            continue;
+        }
         let better = match best.get(&key) {
             None => true,
             Some((l, p, _, _)) => (live, progress) > (*l, *p),
@@ -622,7 +633,11 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
     found.damaged = damaged.iter().filter(|k| !best.contains_key(*k)).count() as u64;
     let known: HashSet<&str> = streams.iter().copied().collect();
     let mut jobs = Vec::new();
-    for (_, (_, _, job, version)) in best {
+    let found_jobs = best
+        .into_values()
+        .map(|(_, _, job, version)| (job, version))
+        .chain(live_twins);
+    for (job, version) in found_jobs {
         if !known.contains(job.stream.as_str()) {
             *found.unknown_streams.entry(job.stream).or_default() += 1;
         } else if version == format::VERSION_FILE {
@@ -631,7 +646,7 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
             jobs.push(job);
         }
     }
-    jobs.sort_by(|a, b| (&a.stream, a.id).cmp(&(&b.stream, b.id)));
+    jobs.sort_by(|a, b| (&a.stream, a.id, a.at).cmp(&(&b.stream, b.id, b.at)));
     found.jobs = jobs;
     let tables_whole = live_defs
         .iter()

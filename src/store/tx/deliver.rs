@@ -39,14 +39,34 @@ impl Tx<'_> {
         let mut bytes = 0u64;
         let full = |out: &Vec<Job>, bytes: u64| out.len() >= max_jobs || bytes >= max_bytes;
         let mut bad: Vec<Undecodable> = Vec::new();
+        // A sound table yields strictly increasing keys. A damaged leaf can yield a key twice or
+        // out of order (redb does not check a page on an ordinary read): handing both out would
+        // settle one entry for the other (acks remove by key), so the file is given up as damaged
+        // instead, and salvaged.
+        let disorder = |table: &str, key: String, after: String| {
+            StoreError::Corrupted(format!(
+                "{table}/{stream}: key {key} read after {after}: a damaged page"
+            ))
+        };
         {
             let retry = txn.open_table(st.retry_def())?;
+            let mut last: Option<(u64, u64)> = None;
             for e in retry.range(..=(now_ms, u64::MAX))? {
+                let (k, v) = e?;
+                let (due, id) = k.value();
+                if last.is_some_and(|l| l >= (due, id)) {
+                    return Err(disorder(
+                        "retry",
+                        format!("{due}/{id}"),
+                        format!("{last:?}"),
+                    ));
+                }
+                last = Some((due, id));
+                // The entry after the last one taken is read too, for its order: a damaged key
+                // repeats the one before it or the one after it.
                 if full(&out, bytes) || bad.len() >= QUARANTINE_PER_TAKE {
                     break;
                 }
-                let (k, v) = e?;
-                let (due, id) = k.value();
                 if st.in_flight.contains(&id) {
                     continue;
                 }
@@ -61,12 +81,17 @@ impl Tx<'_> {
         }
         if !full(&out, bytes) {
             let ready = txn.open_table(st.ready_def())?;
+            let mut last: Option<u64> = None;
             for e in ready.iter()? {
+                let (k, v) = e?;
+                let id = k.value();
+                if let Some(l) = last.filter(|l| *l >= id) {
+                    return Err(disorder("ready", id.to_string(), l.to_string()));
+                }
+                last = Some(id);
                 if full(&out, bytes) || bad.len() >= QUARANTINE_PER_TAKE {
                     break;
                 }
-                let (k, v) = e?;
-                let id = k.value();
                 if st.in_flight.contains(&id) {
                     continue;
                 }

@@ -247,6 +247,29 @@ impl StoreHandle {
     pub fn store_id(&self) -> u64 {
         self.store_id.load(Ordering::Acquire)
     }
+
+    /// How many times the writer has replaced its store file so far (see [`Self::wait_replaced`]).
+    pub fn replacements(&self) -> u64 {
+        *self
+            .stats
+            .replaced
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Blocks until the writer has replaced its store file more than `seen` times (a file found
+    /// damaged while running is moved aside for salvage and a new one created); returns the count.
+    /// For a thread outside the event loop.
+    pub fn wait_replaced(&self, seen: u64) -> u64 {
+        let (count, signal) = &self.stats.replaced;
+        let guard = count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *signal
+            .wait_while(guard, |n| *n <= seen)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The running agent's writer as where a salvage puts what it found: a transaction per chunk,

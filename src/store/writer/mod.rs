@@ -165,6 +165,9 @@ pub struct WriterStats {
     pub salvaged_jobs: AtomicU64,
     pub salvaged_records: AtomicU64,
     pub lost_jobs: AtomicU64,
+    /// How many times the writer replaced its store file with a new one (a damaged file moved
+    /// aside while running), and the signal of each: what the agent's salvage waits on.
+    pub(super) replaced: (std::sync::Mutex<u64>, std::sync::Condvar),
 }
 
 impl Default for WriterStats {
@@ -178,6 +181,7 @@ impl Default for WriterStats {
             salvaged_jobs: AtomicU64::new(0),
             salvaged_records: AtomicU64::new(0),
             lost_jobs: AtomicU64::new(0),
+            replaced: Default::default(),
         }
     }
 }

@@ -57,6 +57,14 @@ enum Pending {
 }
 
 impl Pending {
+    /// Its own result found the file damaged (see [`TxResult::StoreDamaged`]): why.
+    fn damage(&self) -> Option<String> {
+        match self {
+            Pending::Take(_, Err(StoreError::Corrupted(m))) => Some(m.clone()),
+            _ => None,
+        }
+    }
+
     /// Whether its own result failed for want of disk space.
     fn no_space(&self) -> bool {
         let store = |e: &StoreError| e.is_no_space();
@@ -454,8 +462,31 @@ impl Writer {
                 self.no_space = no_space;
                 self.lose_store();
             }
+            TxResult::StoreDamaged { reason } => self.give_up_damaged(&reason),
         }
         shutdown
+    }
+
+    /// Closes a store found damaged, moves its file aside (the agent salvages it) and leaves the
+    /// next reopen to create a new one. Leases handed out from it name nothing in the new one.
+    fn give_up_damaged(&mut self, reason: &str) {
+        self.stats.store_open.store(false, Ordering::Relaxed);
+        self.carried_in_flight.clear();
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        let dir = store.data_dir().to_path_buf();
+        drop(store);
+        match super::super::aside::move_aside(&dir, crate::clock::now_ms()) {
+            Ok(aside) => tracing::error!(
+                reason,
+                moved_to = %aside.display(),
+                "the store is damaged; it was moved aside (its intact jobs are salvaged) and a new one created"
+            ),
+            Err(e) => {
+                tracing::error!(reason, error = %e, "the store is damaged; reopening it with verification")
+            }
+        }
     }
 
     /// Answers a request that cannot be applied while the store is being reopened.
@@ -494,6 +525,12 @@ impl Writer {
                 // nothing there, and the store refuses them by their store id.
                 if previous == s.id() {
                     s.restore_in_flight(carried);
+                } else {
+                    let (count, signal) = &self.stats.replaced;
+                    *count
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+                    signal.notify_all();
                 }
                 self.store = Some(s);
                 self.no_space = false;
@@ -602,6 +639,9 @@ enum TxResult {
     /// The transaction could not begin or commit: the store must be reopened. `no_space`: it
     /// failed for want of disk space.
     StoreLost { no_space: bool },
+    /// A request found the file damaged where redb did not (keys out of order): nothing was
+    /// committed; the file is moved aside and salvaged, and a new one opened.
+    StoreDamaged { reason: String },
 }
 
 /// Applies parked appends and a batch of requests in one transaction, commits, and replies.
@@ -782,6 +822,17 @@ fn run_tx(
         // Only parked appends that still do not fit: nothing to commit.
         let _ = tx.close();
         return (still_parked, TxResult::Nothing);
+    }
+    if let Some(reason) = pending.iter().find_map(Pending::damage) {
+        // Nothing of a transaction that read a damaged page is kept: the leases it handed out
+        // are undone, the rest is answered "not stored" (at-least-once) and done again in the
+        // salvaged store.
+        drop(tx);
+        let commit = Err(StoreError::Corrupted(reason.clone()));
+        for p in pending {
+            p.send(&commit, false);
+        }
+        return (still_parked, TxResult::StoreDamaged { reason });
     }
     let (dirty, fed) = (tx.is_dirty(), tx.fed_streams());
     // Only a transaction that changed something commits (and fsyncs); a take that found nothing,
