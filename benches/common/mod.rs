@@ -3,7 +3,8 @@
 
 #![allow(dead_code, reason = "each bench uses its own subset")]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -177,4 +178,48 @@ pub fn resident(pid: u32) -> Resident {
         }
     }
     r
+}
+
+/// Waits for the admin endpoint's "listening" line and returns its address.
+pub fn admin_addr(logs: &mpsc::Receiver<String>) -> SocketAddr {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let Ok(l) = logs.recv_timeout(left) else {
+            break;
+        };
+        if l.contains("admin endpoint listening") {
+            let v: serde_json::Value = serde_json::from_str(&l).expect("a JSON log line");
+            let listen = v["fields"]["listen"]
+                .as_str()
+                .or(v["listen"].as_str())
+                .expect("the listening line names its address");
+            return listen.parse().expect("an address");
+        }
+    }
+    panic!("colibri did not log its admin address within 60 s");
+}
+
+/// The sum of the series of `/metrics` whose lines start with `prefix` (a name, or a name and the
+/// start of its labels) and contain `having`.
+pub fn metric_sum(admin: SocketAddr, prefix: &str, having: &str) -> Option<f64> {
+    let mut s = TcpStream::connect_timeout(&admin, Duration::from_secs(5)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: colibri\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with(prefix) && l.contains(having))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
+/// The value of the series whose line starts with `prefix`.
+pub fn metric(admin: SocketAddr, prefix: &str) -> Option<f64> {
+    metric_sum(admin, prefix, "")
 }

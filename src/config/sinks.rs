@@ -34,9 +34,58 @@ pub enum SinkSpec {
     /// an `Idempotency-Key` (store, stream, job and, for a part, its record range) and a
     /// `User-Agent: colibri/<version>`.
     Http(Box<HttpSinkSpec>),
+    /// Prometheus remote write 1.0 (a snappy protobuf `WriteRequest` per job) to Prometheus
+    /// (`--web.enable-remote-write-receiver`), VictoriaMetrics (`/api/v1/write`), Mimir, Thanos
+    /// and the like. The stream's records are line-protocol samples timestamped in ms: an
+    /// `http_scrape` task's. Each numeric field is a sample of the series it names, labelled by
+    /// the record's tags, `job` (the measurement) and `external_labels`. Built only with the
+    /// `remote-write` feature (release builds have it).
+    #[cfg(any(feature = "remote-write", feature = "schema"))]
+    PrometheusRemoteWrite(Box<RemoteWriteSinkSpec>),
 }
 
-const SINK_TYPES: &[&str] = &["file", "stdout", "http"];
+const SINK_TYPES: &[&str] = &["file", "stdout", "http", "prometheus_remote_write"];
+
+/// What a build without the sink says of `type: prometheus_remote_write`.
+#[cfg(not(feature = "remote-write"))]
+const NO_REMOTE_WRITE: &str =
+    "this colibri was built without the prometheus_remote_write sink (cargo feature remote-write)";
+
+/// `type: prometheus_remote_write` settings (left out of a build without the sink, which refuses
+/// the type by name).
+#[cfg(any(feature = "remote-write", feature = "schema"))]
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RemoteWriteSinkSpec {
+    /// The receiver's write URL (`http://` or `https://`), e.g.
+    /// `http://prometheus:9090/api/v1/write` or `http://victoria:8428/api/v1/write`.
+    pub url: String,
+    /// Labels added to every series that has no label of that name (e.g. `gateway: gw-17`).
+    /// Names are Prometheus label names (`[a-zA-Z_][a-zA-Z0-9_]*`).
+    #[serde(default)]
+    pub external_labels: BTreeMap<String, String>,
+    /// Extra request headers, e.g. `Authorization: "Bearer ${TOKEN}"`. Values are never logged.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Longest wait for a whole request and its answer. Default 10s.
+    #[serde(default)]
+    pub timeout: Option<Dur>,
+    /// Requests in flight at once, 1-64. Default 1, which keeps samples in order (a receiver
+    /// without an out-of-order window needs that).
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub concurrency: Option<u32>,
+    #[serde(default)]
+    pub tls: TlsSpec,
+    #[serde(default)]
+    pub retry: RetrySpec,
+    #[serde(default)]
+    pub link: LinkSpec,
+    /// Bytes per second (compressed) while a backlog is replayed. Unset: unlimited.
+    #[serde(default)]
+    pub replay_rate: Option<Size>,
+}
 
 /// `type: file` settings.
 #[derive(Debug, Deserialize)]
@@ -242,6 +291,15 @@ pub(super) fn compile_sink(
     let spec = match kind.as_str() {
         "file" => de_at(rest).map(SinkSpec::File),
         "stdout" => de_at(rest).map(SinkSpec::Stdout),
+        #[cfg(any(feature = "remote-write", feature = "schema"))]
+        "prometheus_remote_write" => {
+            de_at(rest).map(|r| SinkSpec::PrometheusRemoteWrite(Box::new(r)))
+        }
+        #[cfg(not(any(feature = "remote-write", feature = "schema")))]
+        "prometheus_remote_write" => {
+            err.add("type", NO_REMOTE_WRITE.into());
+            return None;
+        }
         _ => de_at(rest).map(|h| SinkSpec::Http(Box::new(h))),
     }
     .map_err(|(p, m)| err.add(&p, m))
@@ -265,7 +323,7 @@ pub(super) fn compile_sink(
             let spec = *spec;
             let retry = spec.retry;
             link = compile_link(&spec.link, &spec.url, &mut err);
-            let kind = compile_http(
+            let http = compile_http(
                 HttpSinkSpec {
                     retry: RetrySpec::default(),
                     ..spec
@@ -274,7 +332,22 @@ pub(super) fn compile_sink(
                 base,
                 &mut err,
             )?;
-            (kind, retry)
+            (SinkKind::Http(Box::new(http)), retry)
+        }
+        #[cfg(any(feature = "remote-write", feature = "schema"))]
+        SinkSpec::PrometheusRemoteWrite(spec) => {
+            let spec = *spec;
+            link = compile_link(&spec.link, &spec.url, &mut err);
+            let kind = compile_remote_write(
+                RemoteWriteSinkSpec {
+                    retry: RetrySpec::default(),
+                    ..spec
+                },
+                &link.probe,
+                base,
+                &mut err,
+            )?;
+            (kind, spec.retry)
         }
     };
     let retry = SinkRetry {
@@ -310,12 +383,12 @@ const RESERVED_HEADERS: &[&str] = &[
     "user-agent",
 ];
 
-pub(super) fn compile_http(
+fn compile_http(
     spec: HttpSinkSpec,
     probe: &Probe,
     base: &Path,
     err: &mut Problems<'_>,
-) -> Option<SinkKind> {
+) -> Option<crate::sink::http::HttpConfig> {
     let mut url = match parse_http_url(&spec.url) {
         Ok(u) => u,
         Err(m) => {
@@ -420,7 +493,65 @@ pub(super) fn compile_http(
     if headers_ok && let Err(e) = crate::sink::http::HttpSink::new(&http, probe) {
         err.add(&e.field, e.message);
     }
-    Some(SinkKind::Http(Box::new(http)))
+    Some(http)
+}
+
+/// A `prometheus_remote_write` entry: its HTTP transport compiled as an `http` sink's, and its
+/// external labels checked.
+#[cfg(feature = "remote-write")]
+fn compile_remote_write(
+    spec: RemoteWriteSinkSpec,
+    probe: &Probe,
+    base: &Path,
+    err: &mut Problems<'_>,
+) -> Option<SinkKind> {
+    use crate::sink::remote_write::{RemoteWriteConfig, valid_label_name};
+    for (name, value) in &spec.external_labels {
+        let problem = if !valid_label_name(name) {
+            Some("is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+        } else if name.starts_with("__") {
+            Some("names starting with __ are Prometheus' own")
+        } else if value.is_empty() {
+            Some("an empty value is no label at all in Prometheus")
+        } else {
+            None
+        };
+        if let Some(m) = problem {
+            err.add(&format!("external_labels.{name}"), m.into());
+        }
+    }
+    let http = HttpSinkSpec {
+        url: spec.url,
+        method: None,
+        encoding: None,
+        precision: None,
+        compression: None,
+        headers: spec.headers,
+        timeout: spec.timeout,
+        concurrency: spec.concurrency,
+        tls: spec.tls,
+        retry: spec.retry,
+        link: LinkSpec::default(),
+        replay_rate: spec.replay_rate,
+    };
+    let http = compile_http(http, probe, base, err)?;
+    Some(SinkKind::RemoteWrite(Box::new(RemoteWriteConfig {
+        http,
+        external_labels: spec.external_labels.into_iter().collect(),
+    })))
+}
+
+/// Without the `remote-write` feature (a build with the schema generator only): refused, naming
+/// the feature.
+#[cfg(all(not(feature = "remote-write"), feature = "schema"))]
+fn compile_remote_write(
+    _spec: RemoteWriteSinkSpec,
+    _probe: &Probe,
+    _base: &Path,
+    err: &mut Problems<'_>,
+) -> Option<SinkKind> {
+    err.add("type", NO_REMOTE_WRITE.into());
+    None
 }
 
 pub(super) fn parse_http_url(s: &str) -> Result<reqwest::Url, String> {

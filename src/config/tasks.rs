@@ -20,7 +20,7 @@ use super::units::u32_schema;
 use super::units::{self, Dur, Size};
 use super::{Problems, de_at, io_reason, stream_format, valid_name};
 use crate::schedule::{self, Offset, Schedule, Zone};
-use crate::sink::{RecordFormat, SinkConfig, SinkKind};
+use crate::sink::{RecordFormat, SinkConfig};
 use crate::store::{StorageConfig, StreamConfig};
 use crate::task::file_move::{FileMove, OnConflict};
 use crate::task::{Action, RetryPolicy, TaskDef, exec::Exec};
@@ -777,15 +777,12 @@ pub(super) fn compile_scrape(
             ok = false;
             Precision::Ns
         }
-        Ok(st) => st
-            .sink
-            .as_deref()
-            .and_then(|name| ctx.sinks.iter().find(|s| s.name == name))
-            .and_then(|s| match &s.kind {
-                SinkKind::Http(h) => h.precision,
-                _ => None,
-            })
-            .unwrap_or(Precision::Ns),
+        // What the sink says its records are (an influx_line http sink's precision; ms for
+        // prometheus_remote_write).
+        Ok(_) => match stream_format(ctx.streams, ctx.sinks, &spec.stream) {
+            RecordFormat::LineProtocol(p) => p,
+            _ => Precision::Ns,
+        },
     };
     let measurement = spec.measurement.unwrap_or_else(|| task.to_string());
     let line_protocol = !matches!(spec.format, ScrapeFormatSpec::Raw);

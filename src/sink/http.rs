@@ -292,6 +292,30 @@ impl HttpSink {
         })
     }
 
+    /// Sends `body` for `batch` with these content headers and `extra` ones (a sink built on this
+    /// one, with a body of its own: `prometheus_remote_write`), and classifies the outcome.
+    pub(super) async fn send_as(
+        &self,
+        batch: &Batch<'_>,
+        body: Vec<u8>,
+        content_type: HeaderValue,
+        content_encoding: Option<HeaderValue>,
+        extra: &[(&'static str, HeaderValue)],
+    ) -> Result<(), DeliveryError> {
+        let mut req = self
+            .client
+            .request(self.method.clone(), self.url.clone())
+            .header(CONTENT_TYPE, content_type)
+            .header("idempotency-key", batch.idempotency_key());
+        if let Some(enc) = content_encoding {
+            req = req.header(CONTENT_ENCODING, enc);
+        }
+        for (name, value) in extra {
+            req = req.header(*name, value.clone());
+        }
+        self.exchange(req.body(body)).await
+    }
+
     /// Sends a request and classifies the outcome.
     async fn exchange(&self, req: reqwest::RequestBuilder) -> Result<(), DeliveryError> {
         let resp = match req.send().await {
@@ -391,16 +415,8 @@ impl Deliver for HttpSink {
 
     /// Sends one body and classifies the outcome.
     async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
-        let key = batch.idempotency_key();
-        let mut req = self
-            .client
-            .request(self.method.clone(), self.url.clone())
-            .header(CONTENT_TYPE, self.content_type.clone())
-            .header("idempotency-key", key);
-        if let Some(enc) = &self.content_encoding {
-            req = req.header(CONTENT_ENCODING, enc.clone());
-        }
-        self.exchange(req.body(body)).await
+        let (content_type, encoding) = (self.content_type.clone(), self.content_encoding.clone());
+        self.send_as(batch, body, content_type, encoding, &[]).await
     }
 
     /// Uploads a spooled file as the request body, streamed from disk, with its length and its

@@ -1,5 +1,6 @@
 //! Sinks: where a stream's jobs are delivered. A closed set chosen by `type:` in the file, one file
-//! each: [`http`], [`file`] (a job becomes one file, written atomically) and [`stdout`], each
+//! each: [`http`], [`file`] (a job becomes one file, written atomically), [`stdout`] and, with the
+//! `remote-write` feature, `remote_write` (Prometheus remote write over the http transport), each
 //! implementing the contract in `deliver` ([`Batch`] in, [`DeliveryError`] out: may not reach, may
 //! pass, too large, never). This file holds the compiled settings ([`SinkConfig`], with the kind's
 //! own in [`SinkKind`]) and [`Sink`], which builds the kind's sink and dispatches to it, so nothing
@@ -23,6 +24,8 @@ pub mod file;
 pub mod file_body;
 pub mod http;
 mod local;
+#[cfg(feature = "remote-write")]
+pub mod remote_write;
 pub mod stdout;
 
 /// The compiled `sinks.<name>` entry: what every kind has, and the kind's own settings.
@@ -37,9 +40,13 @@ pub struct SinkConfig {
 /// Each kind's own compiled settings (its file in `sink/` says what they mean).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SinkKind {
-    File { dir: PathBuf },
+    File {
+        dir: PathBuf,
+    },
     Stdout,
     Http(Box<http::HttpConfig>),
+    #[cfg(feature = "remote-write")]
+    RemoteWrite(Box<remote_write::RemoteWriteConfig>),
 }
 
 impl SinkConfig {
@@ -47,6 +54,8 @@ impl SinkConfig {
     pub fn record_format(&self) -> RecordFormat {
         match &self.kind {
             SinkKind::Http(h) => h.record_format(),
+            #[cfg(feature = "remote-write")]
+            SinkKind::RemoteWrite(r) => r.record_format(),
             SinkKind::File { .. } | SinkKind::Stdout => RecordFormat::Lines,
         }
     }
@@ -56,6 +65,8 @@ impl SinkConfig {
     pub fn sends_zstd_lines(&self) -> bool {
         match &self.kind {
             SinkKind::Http(h) => h.sends_zstd_lines(),
+            #[cfg(feature = "remote-write")]
+            SinkKind::RemoteWrite(_) => false,
             SinkKind::File { .. } | SinkKind::Stdout => false,
         }
     }
@@ -64,6 +75,8 @@ impl SinkConfig {
     pub fn describe(&self) -> String {
         match &self.kind {
             SinkKind::Http(h) => h.describe(&self.name),
+            #[cfg(feature = "remote-write")]
+            SinkKind::RemoteWrite(r) => r.describe(&self.name),
             SinkKind::File { dir } => file::describe(&self.name, dir),
             SinkKind::Stdout => stdout::describe(&self.name),
         }
@@ -131,6 +144,8 @@ impl Default for LinkConfig {
 /// The built sink of each kind.
 enum Built {
     Http(Box<http::HttpSink>),
+    #[cfg(feature = "remote-write")]
+    RemoteWrite(Box<remote_write::RemoteWriteSink>),
     File(file::FileSink),
     Stdout(stdout::StdoutSink),
 }
@@ -140,6 +155,8 @@ macro_rules! on_built {
     ($built:expr, $s:ident => $call:expr) => {
         match $built {
             Built::Http($s) => $call,
+            #[cfg(feature = "remote-write")]
+            Built::RemoteWrite($s) => $call,
             Built::File($s) => $call,
             Built::Stdout($s) => $call,
         }
@@ -159,6 +176,10 @@ impl Sink {
             SinkKind::Http(spec) => {
                 Built::Http(Box::new(http::HttpSink::new(spec, &config.link.probe)?))
             }
+            #[cfg(feature = "remote-write")]
+            SinkKind::RemoteWrite(spec) => Built::RemoteWrite(Box::new(
+                remote_write::RemoteWriteSink::new(spec, &config.link.probe)?,
+            )),
             SinkKind::File { dir } => Built::File(file::FileSink::new(&config.name, dir)),
             SinkKind::Stdout => Built::Stdout(stdout::StdoutSink::new(&config.name)),
         };

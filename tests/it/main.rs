@@ -20,6 +20,7 @@ mod log_summary;
 mod man;
 mod operate;
 mod receiver;
+mod remote_write;
 mod salvage;
 mod scrape;
 mod ship;

@@ -24,7 +24,7 @@ use crate::util::secs;
 use crate::util::serve::Endpoint;
 use crate::util::{Proc, Sandbox, assert_code, colibri, field, poll, quote};
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap()
@@ -32,14 +32,14 @@ fn now_ms() -> u64 {
 }
 
 /// A VictoriaMetrics process on a loopback port with its own data directory.
-struct Vm {
+pub(crate) struct Vm {
     child: Option<Child>,
     port: u16,
     data: PathBuf,
 }
 
 impl Vm {
-    fn start(data: &Path, port: u16) -> Vm {
+    pub(crate) fn start(data: &Path, port: u16) -> Vm {
         let child = Command::new("victoria-metrics")
             .arg(format!("-storageDataPath={}", data.display()))
             .arg(format!("-httpListenAddr=127.0.0.1:{port}"))
@@ -62,7 +62,11 @@ impl Vm {
         vm
     }
 
-    fn get(&self, path: &str) -> Option<String> {
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub(crate) fn get(&self, path: &str) -> Option<String> {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
         s.set_read_timeout(Some(secs(10))).ok()?;
@@ -75,7 +79,7 @@ impl Vm {
     }
 
     /// Stops it the way its unit does (SIGTERM: it flushes what it acknowledged).
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             crate::util::send_signal(c.id() as i32, libc::SIGTERM);
             let exited = poll(secs(30), || c.try_wait().ok().flatten());
@@ -86,7 +90,7 @@ impl Vm {
         }
     }
 
-    fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.stop();
         let again = Vm::start(&self.data, self.port);
         *self = again;
@@ -94,7 +98,7 @@ impl Vm {
 
     /// Every sample of the series matching `selector`, merged per series (the export API may
     /// split one series over several lines): labels -> (timestamp ms, value), sorted by time.
-    fn export(&self, selector: &str) -> BTreeMap<String, Vec<(u64, f64)>> {
+    pub(crate) fn export(&self, selector: &str) -> BTreeMap<String, Vec<(u64, f64)>> {
         let q: String = selector
             .bytes()
             .map(|b| match b {
@@ -146,7 +150,7 @@ impl Drop for Vm {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -156,7 +160,7 @@ fn free_port() -> u16 {
 
 /// The samples of one series must be exactly the scrapes served: value n at the time of GET n.
 #[track_caller]
-fn check_series(what: &str, samples: &[(u64, f64)], served: &[(u64, u64)], scale: f64) {
+pub(crate) fn check_series(what: &str, samples: &[(u64, f64)], served: &[(u64, u64)], scale: f64) {
     let values: Vec<f64> = samples.iter().map(|(_, v)| *v).collect();
     let want: Vec<f64> = served.iter().map(|(n, _)| *n as f64 * scale).collect();
     assert_eq!(values, want, "{what}: every scrape stored once, in order");

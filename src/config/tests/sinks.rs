@@ -226,3 +226,59 @@ sinks:
         );
     }
 }
+
+/// A `prometheus_remote_write` sink compiles over the http transport, its streams carry samples in
+/// ms (so a scrape into them stamps ms), and bad external labels are reported at their field.
+#[cfg(feature = "remote-write")]
+#[test]
+fn a_remote_write_sink_compiles_and_checks_its_labels() {
+    let c = load(
+        r#"
+sinks:
+  tsdb:
+    type: prometheus_remote_write
+    url: http://127.0.0.1:9090/api/v1/write
+    external_labels: { gateway: gw-1, region: eu }
+    headers: { Authorization: Bearer x }
+    concurrency: 2
+streams:
+  m: { sink: tsdb }
+tasks:
+  - { name: plc, type: http_scrape, every: 1s, url: "http://127.0.0.1:9100/metrics", format: prometheus, stream: m }
+"#,
+    )
+    .unwrap();
+    let SinkKind::RemoteWrite(r) = &c.sinks[0].kind else {
+        panic!("{:?}", c.sinks[0].kind)
+    };
+    assert_eq!(
+        r.external_labels,
+        [
+            ("gateway".to_string(), "gw-1".to_string()),
+            ("region".to_string(), "eu".to_string())
+        ]
+    );
+    assert_eq!((r.http.concurrency, r.http.headers.len()), (2, 1));
+    assert_eq!(
+        c.record_format("m"),
+        crate::sink::RecordFormat::LineProtocol(crate::scrape::lineproto::Precision::Ms)
+    );
+    let p = problems(
+        r#"
+sinks:
+  tsdb:
+    type: prometheus_remote_write
+    url: http://127.0.0.1:9090/api/v1/write
+    external_labels: { "bad-name": x, __reserved: y, empty: "" }
+    headers: { Content-Type: x }
+"#,
+    );
+    for want in [
+        "sinks.tsdb.external_labels.bad-name: is not a Prometheus label name",
+        "sinks.tsdb.external_labels.__reserved: names starting with __",
+        "sinks.tsdb.external_labels.empty: an empty value",
+        "sinks.tsdb.headers.Content-Type: is set by colibri itself",
+    ] {
+        assert!(p.iter().any(|x| x.contains(want)), "{want} in {p:?}");
+    }
+}

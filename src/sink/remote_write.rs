@@ -1,0 +1,353 @@
+//! The `prometheus_remote_write` sink (feature `remote-write`): each job (or part of one, after a
+//! 413) becomes one Prometheus remote write 1.0 request, a protobuf `WriteRequest` compressed with
+//! snappy, sent over the `http` sink's transport (client, TLS, headers, timeout, the classification
+//! of answers; see [`super::http`]). It owns the records-to-samples mapping and the request's
+//! framing; it does not scrape (the `http_scrape` task does) or retry (the delivery worker does).
+//! Built by `sink::Sink::new` from the compiled config.
+//!
+//! The mapping, from the line-protocol records an `http_scrape` task writes
+//! (`<measurement>,<labels> <metric>=<value> <time in ms>`): every numeric field is one sample of the
+//! series named by the field (`__name__`), labelled by the record's tags, `job` = the measurement
+//! when no tag names a job, and the sink's `external_labels` where the record has no label of that
+//! name (as Prometheus applies its own). Names are made valid Prometheus names (any character
+//! outside `[a-zA-Z0-9_]`, and `:` in label names, becomes `_`; a leading digit gets a `_` before
+//! it). Integers and booleans become floats; a string field cannot be a sample: such a record
+//! makes the job a dead letter naming it, never dropped unsaid. Samples keep their record's
+//! timestamp (the scrape time) and are sent in the order stored, each series' in time order; a
+//! receiver that refuses samples older than its newest (Prometheus without
+//! `out_of_order_time_window`) answers 400, and the dead-letter reason says so.
+
+use std::collections::HashMap;
+
+use reqwest::header::HeaderValue;
+
+use super::deliver::{Batch, Deliver, DeliveryError, Payload, Probe, RecordFormat, SettingError};
+use super::http::{HttpConfig, HttpSink};
+use crate::net::client::shown_url;
+use crate::scrape::lineparse::{self, Value};
+use crate::scrape::lineproto::Precision;
+use crate::store::FileJob;
+
+/// The compiled `type: prometheus_remote_write` settings: the HTTP transport's, and the labels
+/// added to every series.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteWriteConfig {
+    pub http: HttpConfig,
+    /// Sorted by name; valid Prometheus label names, never `__name__`.
+    pub external_labels: Vec<(String, String)>,
+}
+
+impl RemoteWriteConfig {
+    /// Line-protocol samples timestamped in milliseconds, as remote write carries them.
+    pub fn record_format(&self) -> RecordFormat {
+        RecordFormat::LineProtocol(Precision::Ms)
+    }
+
+    /// For logs: the sink's type, name and URL (no credentials).
+    pub fn describe(&self, name: &str) -> String {
+        format!(
+            "prometheus_remote_write sink {name} ({})",
+            shown_url(&self.http.url)
+        )
+    }
+}
+
+/// Whether `name` is a valid Prometheus label name (`[a-zA-Z_][a-zA-Z0-9_]*`).
+pub fn valid_label_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// `name` made a valid metric name (`colon`: `:` is kept) or label name.
+fn sanitized(name: &str, colon: bool) -> String {
+    let mut out = String::with_capacity(name.len() + 1);
+    if name.bytes().next().is_none_or(|b| b.is_ascii_digit()) {
+        out.push('_');
+    }
+    out.extend(name.chars().map(|c| {
+        if c.is_ascii_alphanumeric() || c == '_' || (colon && c == ':') {
+            c
+        } else {
+            '_'
+        }
+    }));
+    out
+}
+
+/// The protobuf messages of remote write 1.0 (`prometheus/prompb/{remote,types}.proto`), the
+/// fields colibri sends.
+mod prompb {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct WriteRequest {
+        #[prost(message, repeated, tag = "1")]
+        pub timeseries: Vec<TimeSeries>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TimeSeries {
+        #[prost(message, repeated, tag = "1")]
+        pub labels: Vec<Label>,
+        #[prost(message, repeated, tag = "2")]
+        pub samples: Vec<Sample>,
+    }
+
+    #[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
+    pub struct Label {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(string, tag = "2")]
+        pub value: String,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        #[prost(double, tag = "1")]
+        pub value: f64,
+        #[prost(int64, tag = "2")]
+        pub timestamp: i64,
+    }
+}
+
+/// The `WriteRequest` for these records (line protocol, timestamps in ms): series in the order of
+/// their first sample, each series' samples in record order. An error names the record (its index
+/// in the batch) and why it cannot be sent as samples.
+fn write_request<'a>(
+    records: impl Iterator<Item = &'a [u8]>,
+    external: &[(String, String)],
+) -> Result<prompb::WriteRequest, String> {
+    let mut series: Vec<prompb::TimeSeries> = Vec::new();
+    let mut index: HashMap<Vec<prompb::Label>, usize> = HashMap::new();
+    for (i, rec) in records.enumerate() {
+        let point = lineparse::parse(rec).map_err(|e| format!("record {i}: {e}"))?;
+        let timestamp = point
+            .timestamp
+            .ok_or_else(|| format!("record {i} has no timestamp"))?;
+        let mut labels: Vec<prompb::Label> = point
+            .tags
+            .iter()
+            .map(|(k, v)| prompb::Label {
+                name: sanitized(k, false),
+                value: v.clone(),
+            })
+            .collect();
+        let has = |labels: &[prompb::Label], name: &str| labels.iter().any(|l| l.name == name);
+        if !has(&labels, "job") && !point.measurement.is_empty() {
+            labels.push(prompb::Label {
+                name: "job".into(),
+                value: point.measurement.clone(),
+            });
+        }
+        for (k, v) in external {
+            if !has(&labels, k) {
+                labels.push(prompb::Label {
+                    name: k.clone(),
+                    value: v.clone(),
+                });
+            }
+        }
+        for (field, value) in &point.fields {
+            let value = match value {
+                Value::Float(x) => *x,
+                Value::Int(x) => *x as f64,
+                Value::UInt(x) => *x as f64,
+                Value::Bool(b) => f64::from(u8::from(*b)),
+                Value::Str(_) => {
+                    return Err(format!(
+                        "record {i}: field {field:?} is a string, and remote write carries numbers only"
+                    ));
+                }
+            };
+            let mut key = labels.clone();
+            key.push(prompb::Label {
+                name: "__name__".into(),
+                value: sanitized(field, true),
+            });
+            key.sort_by(|a, b| a.name.cmp(&b.name));
+            let at = match index.get(&key) {
+                Some(&at) => at,
+                None => {
+                    series.push(prompb::TimeSeries {
+                        labels: key.clone(),
+                        samples: Vec::new(),
+                    });
+                    index.insert(key, series.len() - 1);
+                    series.len() - 1
+                }
+            };
+            series[at].samples.push(prompb::Sample { value, timestamp });
+        }
+    }
+    Ok(prompb::WriteRequest { timeseries: series })
+}
+
+/// A ready-to-use remote write sink: the HTTP transport and the labels to add.
+pub struct RemoteWriteSink {
+    http: HttpSink,
+    external: Vec<(String, String)>,
+}
+
+impl RemoteWriteSink {
+    /// Builds the HTTP client (reads TLS files). Errors name the setting.
+    pub fn new(spec: &RemoteWriteConfig, probe: &Probe) -> Result<RemoteWriteSink, SettingError> {
+        Ok(RemoteWriteSink {
+            http: HttpSink::new(&spec.http, probe)?,
+            external: spec.external_labels.clone(),
+        })
+    }
+}
+
+/// What a refusal for order says, so that the operator knows which receivers take a backlog.
+const OUT_OF_ORDER_HINT: &str = "; samples older than the receiver's newest are refused by Prometheus \
+     without storage.tsdb.out_of_order_time_window: a backlog needs that window (or VictoriaMetrics)";
+
+impl Deliver for RemoteWriteSink {
+    fn concurrency(&self) -> usize {
+        self.http.concurrency()
+    }
+
+    fn timeout(&self) -> std::time::Duration {
+        self.http.timeout()
+    }
+
+    fn replay_rate(&self) -> Option<u64> {
+        self.http.replay_rate()
+    }
+
+    /// The `WriteRequest`, snappy-compressed (the block format, as remote write requires).
+    async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
+        let req = match batch.payload {
+            Payload::Records(records) => write_request(records.iter().copied(), &self.external),
+            Payload::Lines(lines) => write_request(
+                lines
+                    .strip_suffix(b"\n")
+                    .unwrap_or(lines)
+                    .split(|b| *b == b'\n'),
+                &self.external,
+            ),
+            // Never handed here: this sink does not send stored frames as they are.
+            Payload::ZstdLines(_) => {
+                return Err(DeliveryError::transient(
+                    "a compressed job reached a sink that cannot send it as it is".into(),
+                ));
+            }
+        }
+        .map_err(|e| DeliveryError::Permanent(format!("cannot be sent as samples: {e}")))?;
+        let proto = prost::Message::encode_to_vec(&req);
+        snap::raw::Encoder::new()
+            .compress_vec(&proto)
+            .map_err(|e| DeliveryError::transient(format!("cannot compress the body: {e}")))
+    }
+
+    async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
+        let sent = self
+            .http
+            .send_as(
+                batch,
+                body,
+                HeaderValue::from_static("application/x-protobuf"),
+                Some(HeaderValue::from_static("snappy")),
+                &[(
+                    "x-prometheus-remote-write-version",
+                    HeaderValue::from_static("0.1.0"),
+                )],
+            )
+            .await;
+        match sent {
+            Err(DeliveryError::Permanent(reason))
+                if reason.contains("out of order") || reason.contains("out of bounds") =>
+            {
+                Err(DeliveryError::Permanent(format!(
+                    "{reason}{OUT_OF_ORDER_HINT}"
+                )))
+            }
+            other => other,
+        }
+    }
+
+    async fn send_file(&self, _batch: &Batch<'_>, file: &FileJob) -> Result<(), DeliveryError> {
+        Err(DeliveryError::Permanent(format!(
+            "{} is a file, and a prometheus_remote_write sink sends samples only",
+            file.name.to_string_lossy()
+        )))
+    }
+
+    async fn probe(&self, how: &Probe) -> Result<(), String> {
+        self.http.probe(how).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(s: &prompb::TimeSeries) -> Vec<(&str, &str)> {
+        s.labels
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn records_become_series_in_order_with_sorted_labels() {
+        let recs: [&[u8]; 3] = [
+            b"node,instance=a,mode=idle cpu_seconds_total=1.5,up=1i 1000",
+            b"node,instance=b cpu_seconds_total=2 1000",
+            b"node,instance=a,mode=idle cpu_seconds_total=2.5,up=1i 2000",
+        ];
+        let ext = vec![
+            ("gateway".to_string(), "gw-1".to_string()),
+            ("instance".to_string(), "ignored".to_string()),
+        ];
+        let req = write_request(recs.iter().copied(), &ext).unwrap();
+        assert_eq!(req.timeseries.len(), 3);
+        let s = &req.timeseries[0];
+        assert_eq!(
+            labels(s),
+            [
+                ("__name__", "cpu_seconds_total"),
+                ("gateway", "gw-1"),
+                ("instance", "a"),
+                ("job", "node"),
+                ("mode", "idle"),
+            ]
+        );
+        let samples: Vec<(f64, i64)> = s.samples.iter().map(|x| (x.value, x.timestamp)).collect();
+        assert_eq!(samples, [(1.5, 1000), (2.5, 2000)]);
+        assert_eq!(labels(&req.timeseries[1])[0], ("__name__", "up"));
+        assert_eq!(req.timeseries[1].samples.len(), 2);
+        assert_eq!(labels(&req.timeseries[2])[2], ("instance", "b"));
+    }
+
+    #[test]
+    fn names_are_made_valid_and_a_job_tag_wins_over_the_measurement() {
+        let recs: [&[u8]; 1] = [b"m,job=j,a.b=1 9temp.c=true 5"];
+        let req = write_request(recs.iter().copied(), &[]).unwrap();
+        assert_eq!(
+            labels(&req.timeseries[0]),
+            [("__name__", "_9temp_c"), ("a_b", "1"), ("job", "j")]
+        );
+        assert_eq!(req.timeseries[0].samples[0].value, 1.0);
+    }
+
+    #[test]
+    fn a_string_field_or_a_missing_timestamp_names_the_record() {
+        let recs: [&[u8]; 2] = [b"m v=1 5", b"m s=\"x\" 6"];
+        let e = write_request(recs.iter().copied(), &[]).unwrap_err();
+        assert!(e.contains("record 1") && e.contains("string"), "{e}");
+        let recs: [&[u8]; 1] = [b"m v=1"];
+        let e = write_request(recs.iter().copied(), &[]).unwrap_err();
+        assert!(e.contains("no timestamp"), "{e}");
+    }
+
+    #[test]
+    fn label_names_are_checked() {
+        assert!(valid_label_name("gateway_1"));
+        assert!(valid_label_name("_x"));
+        assert!(!valid_label_name("1x"));
+        assert!(!valid_label_name("a-b"));
+        assert!(!valid_label_name(""));
+    }
+}
