@@ -645,9 +645,10 @@ fn open_backend_works_on_a_backend_without_locks() {
 /// A power cut during a salvage (issue 17): whatever reached the disk, torn last write included,
 /// the store opens balanced and holds a whole number of the salvage's transactions (256 jobs
 /// each, the last 88), every job intact and in its old order; never half a chunk, never a damaged
-/// job. What was cut short is salvaged again at the next start (the file is not marked done).
+/// job. The next salvage of the file goes on from the last chunk that reached the disk (its
+/// progress is in the same transaction): every job once, in order, the counters carried on once.
 #[test]
-fn a_power_cut_during_a_salvage_keeps_whole_chunks_only() {
+fn a_power_cut_during_a_salvage_keeps_whole_chunks_and_the_next_salvage_goes_on_from_there() {
     const JOBS: usize = 600;
     let dir = tempfile::tempdir().unwrap();
     let cfg = power_stream();
@@ -713,16 +714,40 @@ fn a_power_cut_during_a_salvage_keeps_whole_chunks_only() {
                 Err(e) => panic!("cut {cut}, {kind:?}: the image does not open: {e}"),
             };
             check(&s);
-            let jobs = take_all(&mut s, P, T0);
+            let back = counters(&s, P).ready_jobs as usize;
             assert!(
-                whole.contains(&jobs.len()),
-                "cut {cut}, {kind:?}: {} jobs, not a whole number of chunks",
-                jobs.len()
+                whole.contains(&back),
+                "cut {cut}, {kind:?}: {back} jobs, not a whole number of chunks"
             );
+            seen.insert(back);
+            // The next start goes on where the cut salvage stopped: every job once, in order,
+            // and the old file's counters carried on once.
+            let again = s.salvage_from(&damaged).unwrap();
+            assert_eq!(
+                (again.put_back_before, again.jobs),
+                if again.ended_before {
+                    (0, 0)
+                } else {
+                    (back as u64, (JOBS - back) as u64)
+                },
+                "cut {cut}, {kind:?}: {again}"
+            );
+            check(&s);
+            let jobs = take_all(&mut s, P, T0);
+            assert_eq!(jobs.len(), JOBS, "cut {cut}, {kind:?}");
             for (i, j) in jobs.iter().enumerate() {
                 assert_eq!(owned(j), recs(&format!("j{i}"), 2), "cut {cut}, {kind:?}");
             }
-            seen.insert(jobs.len());
+            let c = counters(&s, P);
+            assert_eq!(
+                (
+                    c.appended_records,
+                    c.salvaging_records,
+                    c.lost_to_damage_records
+                ),
+                (2 * JOBS as u64, 0, 0),
+                "cut {cut}, {kind:?}"
+            );
         }
     }
     eprintln!("salvaged jobs found after the cuts: {seen:?}");
