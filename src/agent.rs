@@ -636,8 +636,8 @@ fn open_store(config: &Config) -> anyhow::Result<Option<writer::StoreHandle>> {
 /// a thread of its own: the file is read there and each chunk appended through the writer among
 /// its other work, so the agent is in service (ready, taking appends, delivering) meanwhile. A
 /// file whose salvage ended is renamed `….salvaged` (kept, and counted against the budget, until
-/// an operator removes it); one whose salvage failed or was cut short goes on where it stopped at
-/// the next start (the store keeps its progress). A file the writer moves aside while running is
+/// an operator removes it); one whose salvage failed is tried again after a pause, and one cut
+/// short goes on where it stopped at the next start (the store keeps its progress). A file the writer moves aside while running is
 /// salvaged the same way as soon as the new one is open. Sources
 /// whose checkpoint was in the damaged file read their files from the beginning (see `tail`).
 fn salvage_damaged(handle: &writer::StoreHandle, config: &Config) {
@@ -649,12 +649,22 @@ fn salvage_damaged(handle: &writer::StoreHandle, config: &Config) {
             let names: Vec<&str> = streams.iter().map(String::as_str).collect();
             // The files damaged before this start, then each one the writer moves aside while
             // running (it replaces a file a request found damaged): this thread waits for those.
+            // A salvage that failed (the writer reopening its file, a full disk) is tried again
+            // after a pause that doubles up to 5 minutes; it goes on where it stopped.
             let mut replaced = handle.replacements();
+            let mut pause = Duration::from_secs(1);
             loop {
+                let mut failed = false;
                 for f in handle.damaged_files().into_iter().filter(|f| !f.salvaged) {
-                    salvage_one(&handle, &f, &names);
+                    failed |= !salvage_one(&handle, &f, &names);
                 }
-                replaced = handle.wait_replaced(replaced);
+                let limit = failed.then_some(pause);
+                pause = if failed {
+                    (pause * 2).min(Duration::from_secs(300))
+                } else {
+                    Duration::from_secs(1)
+                };
+                replaced = handle.wait_replaced(replaced, limit);
             }
         });
     if let Err(e) = spawned {
@@ -662,8 +672,8 @@ fn salvage_damaged(handle: &writer::StoreHandle, config: &Config) {
     }
 }
 
-/// Salvages one damaged file into the running store (see [`salvage_damaged`]).
-fn salvage_one(handle: &writer::StoreHandle, f: &store::aside::AsideFile, names: &[&str]) {
+/// Salvages one damaged file into the running store (see [`salvage_damaged`]); whether it ended.
+fn salvage_one(handle: &writer::StoreHandle, f: &store::aside::AsideFile, names: &[&str]) -> bool {
     tracing::warn!(file = %f.path.display(), bytes = f.bytes, "salvaging the intact jobs of a damaged store file");
     let started = std::time::Instant::now();
     match store::salvage::salvage(&f.path, names, &mut writer::Restoring::new(handle, &f.path)) {
@@ -691,12 +701,16 @@ fn salvage_one(handle: &writer::StoreHandle, f: &store::aside::AsideFile, names:
                 renamed_to = %marked.as_ref().map_or_else(|e| format!("(not renamed: {e})"), |p| p.display().to_string()),
                 "salvage done: intact jobs are back in their streams"
             );
+            true
         }
-        Err(e) => tracing::error!(
-            file = %f.path.display(),
-            error = %e,
-            "salvage failed; it is tried again at the next start"
-        ),
+        Err(e) => {
+            tracing::error!(
+                file = %f.path.display(),
+                error = %e,
+                "salvage failed; it is tried again, from where it stopped"
+            );
+            false
+        }
     }
 }
 

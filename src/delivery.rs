@@ -388,10 +388,11 @@ async fn deliver_job(
                 }
             }
         };
-        // A salvaged job keeps the key it had before the damage: its old store's id and its own.
+        // The store that handed the job out (the writer may have replaced its file since: the
+        // new one reuses ids); a salvaged job keeps the key it had before the damage.
         let (store_id, key_job) = job
             .origin
-            .map_or((store.store_id(), id), |o| (o.store, o.job));
+            .map_or((job.lease.store, id), |o| (o.store, o.job));
         let batch = Batch {
             stream,
             job: key_job,

@@ -125,29 +125,27 @@ fn write_request<'a>(
         let timestamp = point
             .timestamp
             .ok_or_else(|| format!("record {i} has no timestamp"))?;
-        let mut labels: Vec<prompb::Label> = point
+        // The record's tags, then `job`, then the external labels; a name already there (two tags
+        // that sanitize alike, a tag named like an external label) keeps its first value, as a
+        // series holds a label once (a receiver refuses a name twice). Sorted by name, once.
+        let mut labels: Vec<prompb::Label> =
+            Vec::with_capacity(point.tags.len() + external.len() + 2);
+        let job =
+            (!point.measurement.is_empty()).then(|| ("job".to_string(), point.measurement.clone()));
+        let named = point
             .tags
             .iter()
-            .map(|(k, v)| prompb::Label {
-                name: sanitized(k, false),
-                value: v.clone(),
-            })
-            .collect();
-        let has = |labels: &[prompb::Label], name: &str| labels.iter().any(|l| l.name == name);
-        if !has(&labels, "job") && !point.measurement.is_empty() {
-            labels.push(prompb::Label {
-                name: "job".into(),
-                value: point.measurement.clone(),
-            });
-        }
-        for (k, v) in external {
-            if !has(&labels, k) {
-                labels.push(prompb::Label {
-                    name: k.clone(),
-                    value: v.clone(),
-                });
+            .map(|(k, v)| (sanitized(k, false), v.clone()))
+            .chain(job)
+            .chain(external.iter().cloned());
+        for (name, value) in named {
+            if !labels.iter().any(|l| l.name == name) {
+                labels.push(prompb::Label { name, value });
             }
         }
+        labels.sort_by(|a, b| a.name.cmp(&b.name));
+        // `__name__` goes where it sorts, the same place for every field of the record.
+        let name_at = labels.partition_point(|l| l.name.as_str() < "__name__");
         for (field, value) in &point.fields {
             let value = match value {
                 Value::Float(x) => *x,
@@ -161,11 +159,13 @@ fn write_request<'a>(
                 }
             };
             let mut key = labels.clone();
-            key.push(prompb::Label {
-                name: "__name__".into(),
-                value: sanitized(field, true),
-            });
-            key.sort_by(|a, b| a.name.cmp(&b.name));
+            key.insert(
+                name_at,
+                prompb::Label {
+                    name: "__name__".into(),
+                    value: sanitized(field, true),
+                },
+            );
             let at = match index.get(&key) {
                 Some(&at) => at,
                 None => {
@@ -257,7 +257,9 @@ impl Deliver for RemoteWriteSink {
             .await;
         match sent {
             Err(DeliveryError::Permanent(reason))
-                if reason.contains("out of order") || reason.contains("out of bounds") =>
+                if ["out of order", "out of bounds", "too old"]
+                    .iter()
+                    .any(|m| reason.contains(m)) =>
             {
                 Err(DeliveryError::Permanent(format!(
                     "{reason}{OUT_OF_ORDER_HINT}"
@@ -330,6 +332,22 @@ mod tests {
             [("__name__", "_9temp_c"), ("a_b", "1"), ("job", "j")]
         );
         assert_eq!(req.timeseries[0].samples[0].value, 1.0);
+    }
+
+    #[test]
+    fn a_label_name_twice_keeps_its_first_value() {
+        let recs: [&[u8]; 1] = [b"m,a.b=1,a_b=2,gateway=own v=1 5"];
+        let ext = vec![("gateway".to_string(), "ext".to_string())];
+        let req = write_request(recs.iter().copied(), &ext).unwrap();
+        assert_eq!(
+            labels(&req.timeseries[0]),
+            [
+                ("__name__", "v"),
+                ("a_b", "1"),
+                ("gateway", "own"),
+                ("job", "m")
+            ]
+        );
     }
 
     #[test]

@@ -117,10 +117,12 @@ impl Counters {
         self.salvaging_records += appended - settled;
     }
 
-    /// A salvaged job of `records` is back (its table counts it): out of what is being salvaged,
-    /// or, beyond that (no counters were carried on, or they were older than the jobs), appended.
-    pub(super) fn salvaged(&mut self, records: u64) {
-        let from = records.min(self.salvaging_records);
+    /// A salvaged job of `records` is back (its table counts it): out of what its file's salvage
+    /// still holds (`file`, that file's share of `salvaging_records`), or, beyond that (no
+    /// counters were carried on, or they were older than the jobs), appended.
+    pub(super) fn salvaged(&mut self, records: u64, file: &mut u64) {
+        let from = records.min(*file).min(self.salvaging_records);
+        *file -= from;
         self.salvaging_records -= from;
         if from < records {
             self.appended_jobs += 1;
@@ -128,9 +130,11 @@ impl Counters {
         }
     }
 
-    /// A salvage ended: what it did not put back is lost.
-    pub(super) fn salvage_ended(&mut self) {
-        self.lost_to_damage_records += std::mem::take(&mut self.salvaging_records);
+    /// A file's salvage ended: what it did not put back (`file`, its share) is lost.
+    pub(super) fn salvage_ended(&mut self, file: u64) {
+        let n = file.min(self.salvaging_records);
+        self.salvaging_records -= n;
+        self.lost_to_damage_records += n;
     }
 
     /// A table's (jobs, records, bytes, raw bytes).

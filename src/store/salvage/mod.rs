@@ -171,6 +171,10 @@ pub struct Progress {
     pub last: Option<(String, u64, u64)>,
     /// The salvage ended (the file may still await its rename to `….salvaged`).
     pub done: bool,
+    /// By stream, the records this file's carried-on counters said it held and that are not back
+    /// yet: its share of `salvaging_records` (several files may be salvaged in turn, and each
+    /// books only its own as lost when it ends).
+    pub salvaging: BTreeMap<String, u64>,
 }
 
 /// One transaction of a salvage.
@@ -266,16 +270,11 @@ pub fn salvage(
             !done
         })
         .peekable();
-    // The first job of an old id keeps its key; a second (a damaged key gave it that id, see
-    // `scan`) is a different job and must not share it, or a receiver would drop it as a replay.
-    let mut previous: Option<(&str, u64)> = None;
     while jobs.peek().is_some() {
         let (mut chunk, mut bytes, mut last) = (Vec::new(), 0, None);
         while chunk.len() < CHUNK_JOBS && bytes < CHUNK_BYTES {
             let Some(job) = jobs.next() else { break };
             last = Some((job.stream.clone(), job.id, job.at));
-            let twin = previous == Some((job.stream.as_str(), job.id));
-            previous = Some((job.stream.as_str(), job.id));
             let value = rd.read(job.at, job.len).map_err(cannot)?;
             // Read again: checked again, in case the file changed since the scan.
             let Ok(d) = format::decode(&value) else {
@@ -294,9 +293,11 @@ pub fn salvage(
                 kind: job.kind,
                 due: job.due,
                 value,
+                // Twins (see `scan`) must not share a key, or a receiver drops one as a replay;
+                // which one had it cannot be told: both get new keys (a re-send, never a loss).
                 origin: found
                     .store_id
-                    .filter(|_| !twin)
+                    .filter(|_| !job.twin)
                     .map(|store| format::Origin { store, job: job.id }),
             });
         }
@@ -374,24 +375,29 @@ impl Tx<'_> {
         match step {
             Step::Begin { counters } => {
                 for (stream, old) in &counters {
-                    self.stream_mut(stream)?.counters.carry_on(old);
+                    let c = &mut self.stream_mut(stream)?.counters;
+                    let before = c.salvaging_records;
+                    c.carry_on(old);
+                    let share = c.salvaging_records - before;
+                    progress.salvaging.insert(stream.clone(), share);
                     self.dirty.insert(stream.clone());
                 }
             }
             Step::Jobs { jobs, last } => {
                 for j in &jobs {
-                    self.restore(j)?;
+                    let share = progress.salvaging.entry(j.stream.clone()).or_default();
+                    self.restore(j, share)?;
                 }
                 progress.last = Some(last);
             }
             Step::End { checkpoints } => {
                 counts = self.restore_checkpoints(&checkpoints)?;
-                let names: Vec<String> = self.rollback.store.streams.keys().cloned().collect();
-                for stream in names {
-                    let c = &mut self.stream_mut(&stream)?.counters;
-                    if c.salvaging_records > 0 {
-                        c.salvage_ended();
-                        self.dirty.insert(stream);
+                for (stream, share) in &mut progress.salvaging {
+                    if *share > 0 {
+                        self.stream_mut(stream)?
+                            .counters
+                            .salvage_ended(std::mem::take(share));
+                        self.dirty.insert(stream.clone());
                     }
                 }
                 progress.done = true;
@@ -418,8 +424,8 @@ impl Tx<'_> {
     }
 
     /// Appends a salvaged job to its stream's table under a new id (retry: at its old due time),
-    /// with its origin written into it; counted out of what is being salvaged.
-    fn restore(&mut self, j: &Restored) -> Result<(), StoreError> {
+    /// with its origin written into it; counted out of its file's share of what is being salvaged.
+    fn restore(&mut self, j: &Restored, share: &mut u64) -> Result<(), StoreError> {
         let with_origin;
         let value = match j.origin {
             Some(origin) => {
@@ -458,7 +464,7 @@ impl Tx<'_> {
         let size = format::size(value);
         st.counters.next_id += 1;
         st.counters.add_job(table, size);
-        st.counters.salvaged(size.records);
+        st.counters.salvaged(size.records, share);
         // Not counted as dead-lettered (a flow of this store's failures, which alerts watch): a
         // salvaged dead letter failed in the old file.
         self.dirty.insert(j.stream.clone());

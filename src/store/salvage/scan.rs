@@ -62,6 +62,9 @@ pub struct FoundJob {
     pub live: bool,
     /// The offset of its leaf page.
     pub leaf: u64,
+    /// Another live value was found under the same id (a damaged key): which of them really had
+    /// it cannot be told, so neither keeps the old key.
+    pub twin: bool,
 }
 
 /// What the walk found.
@@ -593,7 +596,7 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
     let mut best: HashMap<(String, u64), Best> = HashMap::new();
     let mut damaged: HashSet<(String, u64)> = HashSet::new();
     // Two live values under one id: a sound tree has one per key, so a damaged key made one job
-    // look like another. Both are kept (each is a job that was queued), the second after the first.
+    // look like another. Both are kept (each is a job that was queued), marked as twins below.
     let mut live_twins: Vec<(FoundJob, u8)> = Vec::new();
     for (stream, kind, live, leaf, c) in attributed {
         if !live && complete_tables.contains(&(stream.clone(), kind)) {
@@ -613,6 +616,7 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
             records,
             live,
             leaf,
+            twin: false,
         };
         let key = (stream, c.id);
         if let Some((true, _, twin, _)) = best.get(&key)
@@ -647,6 +651,12 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
         }
     }
     jobs.sort_by(|a, b| (&a.stream, a.id, a.at).cmp(&(&b.stream, b.id, b.at)));
+    for i in 1..jobs.len() {
+        if (&jobs[i - 1].stream, jobs[i - 1].id) == (&jobs[i].stream, jobs[i].id) {
+            jobs[i - 1].twin = true;
+            jobs[i].twin = true;
+        }
+    }
     found.jobs = jobs;
     let tables_whole = live_defs
         .iter()

@@ -512,30 +512,41 @@ fn salvaged_jobs_keep_their_old_store_and_id_through_failures_and_splits() {
     check(&store);
 }
 
+/// A store that fails a salvage's step after `chunks_left` chunks, as a kill -9 would.
+struct Cut<'a> {
+    store: &'a mut Store,
+    chunks_left: usize,
+}
+
+impl crate::store::salvage::Restore for Cut<'_> {
+    fn progress(
+        &mut self,
+        key: &str,
+    ) -> Result<Option<crate::store::salvage::Progress>, StoreError> {
+        self.store.progress(key)
+    }
+
+    fn step(
+        &mut self,
+        key: &str,
+        step: crate::store::salvage::Step,
+    ) -> Result<(u64, u64), StoreError> {
+        if matches!(step, crate::store::salvage::Step::Jobs { .. }) {
+            if self.chunks_left == 0 {
+                return Err(StoreError::io("cut short"));
+            }
+            self.chunks_left -= 1;
+        }
+        self.store.step(key, step)
+    }
+}
+
 /// A salvage that fails part way (here after its first chunk: in the agent, kill -9 or a power
 /// cut) goes on where it stopped when run again, so no job is put back twice; one that ended is
 /// not done again.
 #[test]
 fn a_salvage_cut_short_goes_on_where_it_stopped_and_one_that_ended_is_not_done_again() {
-    use crate::store::salvage::{Progress, Restore, Step, salvage};
-    struct Cut<'a> {
-        store: &'a mut Store,
-        chunks_left: usize,
-    }
-    impl Restore for Cut<'_> {
-        fn progress(&mut self, key: &str) -> Result<Option<Progress>, StoreError> {
-            self.store.progress(key)
-        }
-        fn step(&mut self, key: &str, step: Step) -> Result<(u64, u64), StoreError> {
-            if matches!(step, Step::Jobs { .. }) {
-                if self.chunks_left == 0 {
-                    return Err(StoreError::io("cut short"));
-                }
-                self.chunks_left -= 1;
-            }
-            self.store.step(key, step)
-        }
-    }
+    use crate::store::salvage::salvage;
     let fx = fixture(&["a"], 700);
     let d = Dir::new(vec![stream("a")]);
     let old = d.dir.path().join("colibri.redb.corrupt-1");
@@ -585,4 +596,47 @@ fn a_salvage_cut_short_goes_on_where_it_stopped_and_one_that_ended_is_not_done_a
     let again = store.salvage_from(&old).unwrap();
     assert!(again.ended_before && again.jobs == 0, "{again}");
     assert!(again.to_string().contains("nothing done"), "{again}");
+}
+
+/// Two damaged files salvaged in turn, the first cut short before the second: the second's end
+/// books only its own remainder as lost, and the first, resumed, finds its share still held: in
+/// the end nothing is lost and both files' counters are carried on once each.
+#[test]
+fn a_files_salvage_ending_books_only_its_own_remainder_as_lost() {
+    use crate::store::salvage::salvage;
+    let fx = fixture(&["a"], 700);
+    let d = Dir::new(vec![stream("a")]);
+    let a = d.dir.path().join("colibri.redb.corrupt-1");
+    let b = d.dir.path().join("colibri.redb.corrupt-2");
+    std::fs::write(&a, &fx.file).unwrap();
+    std::fs::write(&b, &fx.file).unwrap();
+    let mut store = d.open();
+    let mut cut = Cut {
+        store: &mut store,
+        chunks_left: 1,
+    };
+    salvage(&a, &["a"], &mut cut).expect_err("cut short");
+    let held = counters(&store, "a").salvaging_records;
+    store.salvage_from(&b).unwrap();
+    check(&store);
+    let mid = counters(&store, "a");
+    assert_eq!(
+        (mid.lost_to_damage_records, mid.salvaging_records),
+        (0, held),
+        "b ended: a's share still held"
+    );
+    store.salvage_from(&a).unwrap();
+    check(&store);
+    let c = counters(&store, "a");
+    let old = &fx.counters["a"];
+    assert_eq!(
+        (c.lost_to_damage_records, c.salvaging_records),
+        (0, 0),
+        "{c:?}"
+    );
+    assert_eq!(c.appended_records, 2 * old.appended_records, "{c:?}");
+    assert_eq!(
+        c.pending_records() + c.dead_records,
+        2 * (old.pending_records() + old.dead_records)
+    );
 }

@@ -259,16 +259,25 @@ impl StoreHandle {
     }
 
     /// Blocks until the writer has replaced its store file more than `seen` times (a file found
-    /// damaged while running is moved aside for salvage and a new one created); returns the count.
-    /// For a thread outside the event loop.
-    pub fn wait_replaced(&self, seen: u64) -> u64 {
+    /// damaged while running is moved aside for salvage and a new one created), or `limit`
+    /// passes; returns the count. For a thread outside the event loop.
+    pub fn wait_replaced(&self, seen: u64, limit: Option<Duration>) -> u64 {
         let (count, signal) = &self.stats.replaced;
         let guard = count
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *signal
-            .wait_while(guard, |n| *n <= seen)
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        let replaced = |n: &mut u64| *n <= seen;
+        match limit {
+            None => *signal
+                .wait_while(guard, replaced)
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            Some(limit) => {
+                *signal
+                    .wait_timeout_while(guard, limit, replaced)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .0
+            }
+        }
     }
 }
 

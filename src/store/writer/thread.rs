@@ -471,20 +471,29 @@ impl Writer {
     /// next reopen to create a new one. Leases handed out from it name nothing in the new one.
     fn give_up_damaged(&mut self, reason: &str) {
         self.stats.store_open.store(false, Ordering::Relaxed);
-        self.carried_in_flight.clear();
         let Some(store) = self.store.take() else {
             return;
         };
         let dir = store.data_dir().to_path_buf();
+        let leases = store.in_flight_leases();
         drop(store);
         match super::super::aside::move_aside(&dir, crate::clock::now_ms()) {
-            Ok(aside) => tracing::error!(
-                reason,
-                moved_to = %aside.display(),
-                "the store is damaged; it was moved aside (its intact jobs are salvaged) and a new one created"
-            ),
+            Ok(aside) => {
+                // The new file's ids name other jobs: the old leases are refused by store id.
+                self.carried_in_flight.clear();
+                tracing::error!(
+                    reason,
+                    moved_to = %aside.display(),
+                    "the store is damaged; it was moved aside (its intact jobs are salvaged) and a new one created"
+                );
+            }
             Err(e) => {
-                tracing::error!(reason, error = %e, "the store is damaged; reopening it with verification")
+                // The same file is reopened (verified): its leases still stand, and the next try
+                // waits, so a take that finds the same damage does not spin.
+                self.carried_in_flight = leases;
+                tracing::error!(reason, error = %e, retry_in_ms = self.reopen_backoff.as_millis() as u64, "the store is damaged and could not be moved aside; reopening it with verification");
+                std::thread::sleep(self.reopen_backoff.min(Duration::from_secs(1)));
+                self.reopen_backoff = (self.reopen_backoff * 2).min(Duration::from_secs(30));
             }
         }
     }
@@ -821,6 +830,22 @@ fn run_tx(
     if pending.is_empty() {
         // Only parked appends that still do not fit: nothing to commit.
         let _ = tx.close();
+        return (still_parked, TxResult::Nothing);
+    }
+    if pending
+        .iter()
+        .any(|p| matches!(p, Pending::Counts(_, Err(_))))
+    {
+        // A salvage step that failed part way must not commit half of it (jobs put back without
+        // the progress that says so, counters carried on twice at the next try): nothing of the
+        // transaction is kept, and every request in it is told so (at-least-once).
+        drop(tx);
+        let commit = Err(StoreError::io(
+            "a salvage step failed; nothing of its transaction was kept",
+        ));
+        for p in pending {
+            p.send(&commit, false);
+        }
         return (still_parked, TxResult::Nothing);
     }
     if let Some(reason) = pending.iter().find_map(Pending::damage) {
