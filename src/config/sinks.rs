@@ -53,6 +53,8 @@ const NO_REMOTE_WRITE: &str =
 
 /// `type: prometheus_remote_write` settings (left out of a build without the sink, which refuses
 /// the type by name).
+// The transport's fields repeat `HttpSinkSpec`'s: serde's `flatten` would share them but turns
+// `deny_unknown_fields` off, and a misspelt key must stay an error naming it.
 #[cfg(any(feature = "remote-write", feature = "schema"))]
 #[derive(Debug, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
