@@ -17,6 +17,7 @@
 //! receiver that refuses samples older than its newest (Prometheus without
 //! `out_of_order_time_window`) answers 400, and the dead-letter reason says so.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use reqwest::header::HeaderValue;
@@ -62,19 +63,18 @@ pub fn valid_label_name(name: &str) -> bool {
 }
 
 /// `name` made a valid metric name (`colon`: `:` is kept) or label name.
-fn sanitized(name: &str, colon: bool) -> String {
+fn sanitized(name: &str, colon: bool) -> Cow<'_, str> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || c == '_' || (colon && c == ':');
+    let digit_first = name.bytes().next().is_none_or(|b| b.is_ascii_digit());
+    if !digit_first && name.chars().all(ok) {
+        return Cow::Borrowed(name);
+    }
     let mut out = String::with_capacity(name.len() + 1);
-    if name.bytes().next().is_none_or(|b| b.is_ascii_digit()) {
+    if digit_first {
         out.push('_');
     }
-    out.extend(name.chars().map(|c| {
-        if c.is_ascii_alphanumeric() || c == '_' || (colon && c == ':') {
-            c
-        } else {
-            '_'
-        }
-    }));
-    out
+    out.extend(name.chars().map(|c| if ok(c) { c } else { '_' }));
+    Cow::Owned(out)
 }
 
 /// The protobuf messages of remote write 1.0 (`prometheus/prompb/{remote,types}.proto`), the
@@ -119,7 +119,12 @@ fn write_request<'a>(
     external: &[(String, String)],
 ) -> Result<prompb::WriteRequest, String> {
     let mut series: Vec<prompb::TimeSeries> = Vec::new();
-    let mut index: HashMap<Vec<prompb::Label>, usize> = HashMap::new();
+    // Records share label sets (a scrape's series differ by name more than by labels): each set
+    // is hashed once per record, and a field finds its series by name within its set, so a label
+    // set is copied only for a series not seen before.
+    let mut sets: HashMap<Vec<prompb::Label>, usize> = HashMap::new();
+    // Per set: its labels, and its series by metric name.
+    let mut by_set: Vec<(Vec<prompb::Label>, HashMap<String, usize>)> = Vec::new();
     for (i, rec) in records.enumerate() {
         let point = lineparse::parse(rec).map_err(|e| format!("record {i}: {e}"))?;
         let timestamp = point
@@ -131,21 +136,35 @@ fn write_request<'a>(
         let mut labels: Vec<prompb::Label> =
             Vec::with_capacity(point.tags.len() + external.len() + 2);
         let job =
-            (!point.measurement.is_empty()).then(|| ("job".to_string(), point.measurement.clone()));
+            (!point.measurement.is_empty()).then(|| ("job".into(), point.measurement.as_str()));
         let named = point
             .tags
             .iter()
-            .map(|(k, v)| (sanitized(k, false), v.clone()))
+            .map(|(k, v)| (sanitized(k, false), v.as_str()))
             .chain(job)
-            .chain(external.iter().cloned());
+            .chain(
+                external
+                    .iter()
+                    .map(|(k, v)| (Cow::Borrowed(k.as_str()), v.as_str())),
+            );
         for (name, value) in named {
             if !labels.iter().any(|l| l.name == name) {
-                labels.push(prompb::Label { name, value });
+                labels.push(prompb::Label {
+                    name: name.into_owned(),
+                    value: value.to_string(),
+                });
             }
         }
         labels.sort_by(|a, b| a.name.cmp(&b.name));
-        // `__name__` goes where it sorts, the same place for every field of the record.
-        let name_at = labels.partition_point(|l| l.name.as_str() < "__name__");
+        let set = match sets.get(&labels) {
+            Some(&set) => set,
+            None => {
+                by_set.push((labels.clone(), HashMap::new()));
+                sets.insert(labels, by_set.len() - 1);
+                by_set.len() - 1
+            }
+        };
+        let (labels, names) = &mut by_set[set];
         for (field, value) in &point.fields {
             let value = match value {
                 Value::Float(x) => *x,
@@ -158,22 +177,25 @@ fn write_request<'a>(
                     ));
                 }
             };
-            let mut key = labels.clone();
-            key.insert(
-                name_at,
-                prompb::Label {
-                    name: "__name__".into(),
-                    value: sanitized(field, true),
-                },
-            );
-            let at = match index.get(&key) {
+            let name = sanitized(field, true);
+            let at = match names.get(name.as_ref()) {
                 Some(&at) => at,
                 None => {
+                    // `__name__` goes where it sorts among the set's labels.
+                    let mut all = labels.clone();
+                    let name_at = all.partition_point(|l| l.name.as_str() < "__name__");
+                    all.insert(
+                        name_at,
+                        prompb::Label {
+                            name: "__name__".into(),
+                            value: name.to_string(),
+                        },
+                    );
                     series.push(prompb::TimeSeries {
-                        labels: key.clone(),
+                        labels: all,
                         samples: Vec::new(),
                     });
-                    index.insert(key, series.len() - 1);
+                    names.insert(name.into_owned(), series.len() - 1);
                     series.len() - 1
                 }
             };
