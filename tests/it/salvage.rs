@@ -4,10 +4,12 @@
 //! live store itself is refused as a usage error. `colibri run` (issue 17), with a real receiver:
 //! for each kind of damage (the magic, the header, a flipped bit in each page of a small store file
 //! in turn and in each leaf's entry table, zeroed pages, the file cut short at several offsets)
-//! the agent starts within a bound and delivers every job whose bytes the damage left intact
-//! exactly once, and nothing else; the intact set is computed from the damage applied, on the
-//! salvager's own map of the undamaged file (which job's value lies where). A kill -9 during a
-//! salvage loses nothing.
+//! the agent starts within a bound and delivers every job whose bytes the damage left intact, under
+//! one idempotency key (a re-send of a job in flight when the file was given up comes under the key
+//! it had), and nothing else; the intact set is computed from the damage applied, on the salvager's
+//! own map of the undamaged file (which job's value lies where). A kill -9 during a salvage loses
+//! nothing and the next start goes on where it stopped; a job tried before the damage is sent again
+//! under the key it had; a second `queue salvage` of the same file does nothing.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
