@@ -38,13 +38,18 @@ fn config(sb: &Sandbox, data: &Path) -> std::path::PathBuf {
 
 /// A config for the agent: stream `logs` (7 records a job) delivered to `url`, short link timings.
 fn agent_config(sb: &Sandbox, data: &Path, url: &str) -> std::path::PathBuf {
+    logs_config(sb, data, url, "batch: { max_records: 7 }")
+}
+
+/// Stream `logs`, with these settings, delivered to `url` with short link timings.
+fn logs_config(sb: &Sandbox, data: &Path, url: &str, stream: &str) -> std::path::PathBuf {
     sb.write_config(&format!(
         "data_dir: {data}\n\
          log: {{ format: json }}\n\
          sinks:\n  \
            up: {{ type: http, url: \"{url}\", link: {{ down_after: 1, backoff_base: 50ms, backoff_cap: 200ms }} }}\n\
          streams:\n  \
-           logs: {{ sink: up, batch: {{ max_records: 7 }} }}\n",
+           logs: {{ sink: up, {stream} }}\n",
         data = quote_path(data),
     ))
 }
@@ -411,15 +416,12 @@ const SETTLE_BOUND: Duration = Duration::from_secs(30);
 /// Stream `logs` in jobs of 5 records stored as they are (`compression: none`: a job compressed
 /// would hide its records from the page layout the tests reason about), delivered to `url`.
 fn pages_config(sb: &Sandbox, data: &Path, url: &str) -> PathBuf {
-    sb.write_config(&format!(
-        "data_dir: {data}\n\
-         log: {{ format: json }}\n\
-         sinks:\n  \
-           up: {{ type: http, url: \"{url}\", link: {{ down_after: 1, backoff_base: 50ms, backoff_cap: 200ms }} }}\n\
-         streams:\n  \
-           logs: {{ sink: up, compression: none, batch: {{ max_records: 5 }} }}\n",
-        data = quote_path(data),
-    ))
+    logs_config(
+        sb,
+        data,
+        url,
+        "compression: none, batch: { max_records: 5 }",
+    )
 }
 
 /// Record `seq`: JSON with a pad of 0 to 199 letters, so jobs and leaves differ in length.
