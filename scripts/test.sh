@@ -13,6 +13,8 @@ APT_NEEDS=(
   "date:coreutils"
   "victoria-metrics:victoria-metrics"   # tests/it/tsdb.rs, remote_write.rs: scrapes delivered to a real time-series database
   "prometheus:prometheus"               # tests/it/remote_write.rs: a real remote write receiver
+  "/usr/sbin/mosquitto:mosquitto"       # tests/it/mqtt.rs, benches/mqtt.rs: a real MQTT broker (and mosquitto_passwd)
+  "mosquitto_sub:mosquitto-clients"     # tests/it/mqtt.rs: the subscriber that counts what arrives
   "mount:mount"                         # tests/it/file_move.rs: a tmpfs for the cross-filesystem test (as root)
   "file:file"                           # the release binary is checked to be statically linked
   "dpkg-deb:dpkg"                       # scripts/package.sh: builds and inspects the .deb

@@ -452,6 +452,9 @@ impl Parts {
         store: &writer::StoreHandle,
         stopping: &CancellationToken,
     ) {
+        // A sink with a connection of its own (MQTT) opens it now, whether or not anything waits:
+        // its status messages say the gateway is up.
+        sink.start();
         let name = sink.name().to_string();
         let name = name.as_str();
         let streams: Vec<String> = config

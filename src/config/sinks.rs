@@ -16,6 +16,11 @@ use super::units::{self, Dur, Size};
 use super::{Problems, de_at, named, split_type};
 use crate::sink::{LinkConfig, Probe, SinkConfig, SinkKind, SinkRetry};
 
+#[cfg(any(feature = "mqtt", feature = "schema"))]
+mod mqtt;
+#[cfg(any(feature = "mqtt", feature = "schema"))]
+pub use mqtt::{MqttSinkSpec, MqttStatusSpec};
+
 /// A destination for a stream's jobs.
 // Read by `compile_sink` through the variant's own struct (`split_type`), so a problem inside an
 // entry keeps its field path; the enum is the file's shape for the schema.
@@ -42,9 +47,18 @@ pub enum SinkSpec {
     /// `remote-write` feature (release builds have it).
     #[cfg(any(feature = "remote-write", feature = "schema"))]
     PrometheusRemoteWrite(Box<RemoteWriteSinkSpec>),
+    /// Each record (or, with `batch`, each job) published to an MQTT 5 broker at QoS 1 or 2;
+    /// delivered once every message is acknowledged. Every message carries the user property
+    /// `idempotency-key`. Built only with the `mqtt` feature (release builds have it).
+    #[cfg(any(feature = "mqtt", feature = "schema"))]
+    Mqtt(Box<MqttSinkSpec>),
 }
 
-const SINK_TYPES: &[&str] = &["file", "stdout", "http", "prometheus_remote_write"];
+const SINK_TYPES: &[&str] = &["file", "stdout", "http", "prometheus_remote_write", "mqtt"];
+
+/// What a build without the sink says of `type: mqtt`.
+#[cfg(not(feature = "mqtt"))]
+const NO_MQTT: &str = "this colibri was built without the mqtt sink (cargo feature mqtt)";
 
 /// What a build without the sink says of `type: prometheus_remote_write`.
 #[cfg(not(feature = "remote-write"))]
@@ -302,6 +316,13 @@ pub(super) fn compile_sink(
             err.add("type", NO_REMOTE_WRITE.into());
             return None;
         }
+        #[cfg(feature = "mqtt")]
+        "mqtt" => de_at(rest).map(|m| SinkSpec::Mqtt(Box::new(m))),
+        #[cfg(not(feature = "mqtt"))]
+        "mqtt" => {
+            err.add("type", NO_MQTT.into());
+            return None;
+        }
         _ => de_at(rest).map(|h| SinkSpec::Http(Box::new(h))),
     }
     .map_err(|(p, m)| err.add(&p, m))
@@ -350,6 +371,40 @@ pub(super) fn compile_sink(
                 &mut err,
             )?;
             (kind, spec.retry)
+        }
+        #[cfg(feature = "mqtt")]
+        SinkSpec::Mqtt(spec) => {
+            let mut spec = *spec;
+            let link_spec = std::mem::take(&mut spec.link);
+            let retry = std::mem::take(&mut spec.retry);
+            let kind = mqtt::compile_mqtt(
+                &name,
+                MqttSinkSpec {
+                    link: LinkSpec {
+                        probe: link_spec.probe,
+                        probe_url: link_spec.probe_url.clone(),
+                        ..LinkSpec::default()
+                    },
+                    ..spec
+                },
+                base,
+                &mut err,
+            )?;
+            link = compile_link(
+                &LinkSpec {
+                    probe: None,
+                    probe_url: None,
+                    ..link_spec
+                },
+                "",
+                &mut err,
+            );
+            (kind, retry)
+        }
+        #[cfg(all(not(feature = "mqtt"), feature = "schema"))]
+        SinkSpec::Mqtt(_) => {
+            err.add("type", NO_MQTT.into());
+            return None;
         }
     };
     let retry = SinkRetry {

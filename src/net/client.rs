@@ -12,7 +12,7 @@ pub const USER_AGENT: &str = concat!("colibri/", env!("CARGO_PKG_VERSION"));
 
 /// Installs rustls' ring provider as the process default. Idempotent; called before any client is
 /// built (a second install just reports that one exists).
-fn install_crypto_provider() {
+pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 

@@ -135,6 +135,17 @@ impl Batch<'_> {
             )
         }
     }
+
+    /// The key of one record, by its position in the job as first appended (`index`, from
+    /// `first`): the same in every part a split makes and in every re-send, for sinks that send a
+    /// message per record.
+    #[cfg(any(feature = "mqtt", test))]
+    pub fn record_key(&self, index: usize) -> String {
+        format!(
+            "{:016x}:{}:{}#{index}",
+            self.store_id, self.stream, self.job
+        )
+    }
 }
 
 /// A setting that cannot be used, and why.
@@ -158,6 +169,8 @@ impl SettingError {
 /// What every kind of built sink does; `Sink` calls it on the kind it was built as. The defaults
 /// are a local sink's: one write at a time, never paced, a record per line.
 pub(super) trait Deliver {
+    /// Starts what the sink runs on its own (see `Sink::start`); most sinks run nothing.
+    fn start(&self) {}
     /// Requests in flight at once.
     fn concurrency(&self) -> usize {
         1
@@ -224,5 +237,6 @@ pub(super) mod tests {
         b.first = 4;
         b.end = 6;
         assert_eq!(b.idempotency_key(), "0000000000000abc:logs:7:4-6");
+        assert_eq!(b.record_key(5), "0000000000000abc:logs:7#5");
     }
 }

@@ -1,6 +1,7 @@
 //! Sinks: where a stream's jobs are delivered. A closed set chosen by `type:` in the file, one file
 //! each: [`http`], [`file`] (a job becomes one file, written atomically), [`stdout`] and, with the
-//! `remote-write` feature, `remote_write` (Prometheus remote write over the http transport), each
+//! `remote-write` feature, `remote_write` (Prometheus remote write over the http transport), with
+//! the `mqtt` feature, `mqtt` (an MQTT 5 broker; its connection in `mqtt_conn`), each
 //! implementing the contract in `deliver` ([`Batch`] in, [`DeliveryError`] out: may not reach, may
 //! pass, too large, never). This file holds the compiled settings ([`SinkConfig`], with the kind's
 //! own in [`SinkKind`]) and [`Sink`], which builds the kind's sink and dispatches to it, so nothing
@@ -24,6 +25,10 @@ pub mod file;
 pub mod file_body;
 pub mod http;
 mod local;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
+#[cfg(feature = "mqtt")]
+mod mqtt_conn;
 #[cfg(feature = "remote-write")]
 pub mod remote_write;
 pub mod stdout;
@@ -47,6 +52,8 @@ pub enum SinkKind {
     Http(Box<http::HttpConfig>),
     #[cfg(feature = "remote-write")]
     RemoteWrite(Box<remote_write::RemoteWriteConfig>),
+    #[cfg(feature = "mqtt")]
+    Mqtt(Box<mqtt::MqttConfig>),
 }
 
 impl SinkConfig {
@@ -56,6 +63,8 @@ impl SinkConfig {
             SinkKind::Http(h) => h.record_format(),
             #[cfg(feature = "remote-write")]
             SinkKind::RemoteWrite(r) => r.record_format(),
+            #[cfg(feature = "mqtt")]
+            SinkKind::Mqtt(m) => m.record_format(),
             SinkKind::File { .. } | SinkKind::Stdout => RecordFormat::Lines,
         }
     }
@@ -67,6 +76,8 @@ impl SinkConfig {
             SinkKind::Http(h) => h.sends_zstd_lines(),
             #[cfg(feature = "remote-write")]
             SinkKind::RemoteWrite(_) => false,
+            #[cfg(feature = "mqtt")]
+            SinkKind::Mqtt(_) => false,
             SinkKind::File { .. } | SinkKind::Stdout => false,
         }
     }
@@ -77,6 +88,8 @@ impl SinkConfig {
             SinkKind::Http(h) => h.describe(&self.name),
             #[cfg(feature = "remote-write")]
             SinkKind::RemoteWrite(r) => r.describe(&self.name),
+            #[cfg(feature = "mqtt")]
+            SinkKind::Mqtt(m) => m.describe(&self.name),
             SinkKind::File { dir } => file::describe(&self.name, dir),
             SinkKind::Stdout => stdout::describe(&self.name),
         }
@@ -146,6 +159,8 @@ enum Built {
     Http(Box<http::HttpSink>),
     #[cfg(feature = "remote-write")]
     RemoteWrite(Box<remote_write::RemoteWriteSink>),
+    #[cfg(feature = "mqtt")]
+    Mqtt(Box<mqtt::MqttSink>),
     File(file::FileSink),
     Stdout(stdout::StdoutSink),
 }
@@ -157,6 +172,8 @@ macro_rules! on_built {
             Built::Http($s) => $call,
             #[cfg(feature = "remote-write")]
             Built::RemoteWrite($s) => $call,
+            #[cfg(feature = "mqtt")]
+            Built::Mqtt($s) => $call,
             Built::File($s) => $call,
             Built::Stdout($s) => $call,
         }
@@ -180,6 +197,8 @@ impl Sink {
             SinkKind::RemoteWrite(spec) => Built::RemoteWrite(Box::new(
                 remote_write::RemoteWriteSink::new(spec, &config.link.probe)?,
             )),
+            #[cfg(feature = "mqtt")]
+            SinkKind::Mqtt(spec) => Built::Mqtt(Box::new(mqtt::MqttSink::new(spec)?)),
             SinkKind::File { dir } => Built::File(file::FileSink::new(&config.name, dir)),
             SinkKind::Stdout => Built::Stdout(stdout::StdoutSink::new(&config.name)),
         };
@@ -188,6 +207,13 @@ impl Sink {
 
     pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// Starts what the sink runs on its own (an MQTT connection), on the current runtime; until
+    /// then a built sink holds no connection, so one built only to be checked (a reload that is
+    /// refused later) never dials. Idempotent.
+    pub fn start(&self) {
+        on_built!(&self.built, s => s.start())
     }
 
     /// Requests in flight at once.

@@ -18,6 +18,7 @@ mod listeners;
 mod log_file;
 mod log_summary;
 mod man;
+mod mqtt;
 mod operate;
 mod receiver;
 mod remote_write;

@@ -281,7 +281,7 @@ fn scrapes_reach_victoriametrics_through_an_outage_at_their_scrape_time() {
 }
 
 /// `colibri queue <args>` with `input` on stdin: (exit code, stdout, stderr).
-fn queue(config: &Path, args: &[&str], input: &str) -> (i32, String, String) {
+pub(crate) fn queue(config: &Path, args: &[&str], input: &str) -> (i32, String, String) {
     use std::io::Write as _;
     let mut child = colibri()
         .arg("queue")

@@ -282,3 +282,80 @@ sinks:
         assert!(p.iter().any(|x| x.contains(want)), "{want} in {p:?}");
     }
 }
+
+/// An `mqtt` sink compiles with its defaults (port 1883, QoS 1, resumed sessions, a client id per
+/// machine and sink), a topic from fields makes its streams JSON, and each mistake names its field.
+#[cfg(feature = "mqtt")]
+#[test]
+fn an_mqtt_sink_compiles_with_its_defaults_and_every_mistake_is_named() {
+    use crate::sink::mqtt::Qos;
+    let c = load(
+        r#"
+sinks:
+  broker:
+    type: mqtt
+    url: mqtt://127.0.0.1
+    topic: "plant/{stream}/{field.line}"
+    status: { topic: gw/status }
+streams:
+  m: { sink: broker }
+"#,
+    )
+    .unwrap();
+    let SinkKind::Mqtt(m) = &c.sinks[0].kind else {
+        panic!("{:?}", c.sinks[0].kind)
+    };
+    assert_eq!(
+        (m.host.as_str(), m.port, m.tls.is_none()),
+        ("127.0.0.1", 1883, true)
+    );
+    assert_eq!(
+        (m.qos, m.batch, m.persistent),
+        (Qos::AtLeastOnce, false, true)
+    );
+    assert!(m.client_id.starts_with("colibri-") && m.client_id.ends_with("-broker"));
+    let s = m.status.as_ref().unwrap();
+    assert_eq!(
+        (s.online.as_str(), s.offline.as_str()),
+        ("online", "offline")
+    );
+    // A topic made from fields needs JSON records.
+    assert_eq!(c.record_format("m"), crate::sink::RecordFormat::Json);
+    let p = problems(
+        r#"
+sinks:
+  a: { type: mqtt, url: "http://h", topic: "x/+" , qos: 0 }
+  b: { type: mqtt, url: "mqtt://u:p@h", topic: "x/{field.a}", batch: true, qos: 3 }
+  c: { type: mqtt, url: "mqtt://h/path", topic: "x/{host}", tls: { ca_file: ca.pem }, link: { probe: http } }
+  d: { type: mqtt, url: "mqtts://h", topic: x, tls: { ca_file: missing.pem }, status: { topic: "s/#" } }
+"#,
+    );
+    for want in [
+        "sinks.a.url: \"http://h\": the scheme must be mqtt or mqtts",
+        "sinks.b.url: \"mqtt://u:p@h\" holds credentials",
+        "sinks.c.url: \"mqtt://h/path\": an MQTT URL is a host and a port",
+        "sinks.d.tls.ca_file: ",
+        "sinks.d.status.topic: \"s/#\" is not a topic name",
+    ] {
+        assert!(p.iter().any(|x| x.contains(want)), "{want} in {p:?}");
+    }
+    let p = problems(
+        r#"
+sinks:
+  a: { type: mqtt, url: "mqtt://h", topic: "x/+" , qos: 0 }
+  b: { type: mqtt, url: "mqtt://h", topic: "x/{field.a}", batch: true, qos: 3 }
+  c: { type: mqtt, url: "mqtt://h", topic: "x/{host}", tls: { ca_file: ca.pem }, link: { probe: http } }
+"#,
+    );
+    for want in [
+        "sinks.a.topic: \"x/+\": a topic name cannot hold + or #",
+        "sinks.a.qos: 0 is never acknowledged",
+        "sinks.b.topic: names a record's field, and batch: true",
+        "sinks.b.qos: must be 1 or 2, not 3",
+        "sinks.c.topic: \"x/{host}\": {host} is neither",
+        "sinks.c.tls: applies to mqtts:// URLs only",
+        "sinks.c.link.probe: does not apply",
+    ] {
+        assert!(p.iter().any(|x| x.contains(want)), "{want} in {p:?}");
+    }
+}

@@ -1,0 +1,271 @@
+//! The `type: mqtt` sink entry: its file shape ([`MqttSinkSpec`]) and its compilation into
+//! `sink::mqtt::MqttConfig` (the broker URL, the topic template, QoS, the session, credentials,
+//! TLS and the status messages checked, each problem under its field). It connects to nothing:
+//! `sink::mqtt` does. Called by `sinks::compile_sink` for `type: mqtt`.
+
+#[cfg(feature = "mqtt")]
+use std::path::Path;
+#[cfg(feature = "mqtt")]
+use std::time::Duration;
+
+use serde::Deserialize;
+
+#[cfg(feature = "mqtt")]
+use super::super::Problems;
+#[cfg(feature = "schema")]
+use super::super::units::u32_schema;
+use super::super::units::{self, Dur, Size};
+use super::{LinkSpec, RetrySpec, TlsSpec};
+#[cfg(feature = "mqtt")]
+use crate::sink::SinkKind;
+
+/// `type: mqtt` settings.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct MqttSinkSpec {
+    /// The broker: `mqtt://host:1883` or, with TLS, `mqtts://host:8883` (the port defaults to
+    /// those). MQTT 5.
+    pub url: String,
+    /// Where each message goes: fixed text with `{stream}` (the stream's name) and
+    /// `{field.<name>}` (a JSON record's field, dots reaching into objects), e.g.
+    /// `plant/{stream}/{field.line}`. A record without the field goes to the dead letters with
+    /// the reason. No wildcards (`+`, `#`).
+    pub topic: String,
+    /// 1 (default): delivered once every message is PUBACKed; 2: once every message is PUBCOMPed
+    /// (the broker forwards each exactly once). 0 is refused: nothing would confirm delivery.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub qos: Option<u32>,
+    /// `true`: one message per job, its records as ndjson (a record per line), instead of one
+    /// message per record. Default false. A topic with `{field...}` needs a message per record.
+    #[serde(default)]
+    pub batch: bool,
+    /// The client identifier. Default `colibri-<host name>-<sink name>`: stable across restarts,
+    /// different for each sink and machine.
+    #[serde(default)]
+    pub client_id: Option<String>,
+    /// User name for the broker, e.g. `${MQTT_USER}`.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Password for the broker, e.g. `${MQTT_PASSWORD}`; never logged.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// `false` (default): reconnects resume the broker's session, so messages in flight when a
+    /// connection drops are completed rather than published anew (the session lives
+    /// `session_expiry` after a disconnect). At start colibri always begins a clean session: what
+    /// was in flight when it stopped is re-sent from its own store. `true`: every connect starts
+    /// clean.
+    #[serde(default)]
+    pub clean_session: Option<bool>,
+    /// How long the broker keeps the session after a disconnect (with `clean_session: false`).
+    /// Default 1h.
+    #[serde(default)]
+    pub session_expiry: Option<Dur>,
+    /// MQTT keep-alive: the broker drops a connection silent for 1.5 times this, and colibri pings
+    /// when idle. 1s to 18h, default 30s.
+    #[serde(default)]
+    pub keep_alive: Option<Dur>,
+    /// Longest wait for a connection's CONNACK and for a job's acknowledgements. Default 10s.
+    #[serde(default)]
+    pub timeout: Option<Dur>,
+    /// Jobs in flight at once, 1-64. Default 1, which keeps strict order.
+    #[serde(default, deserialize_with = "units::de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub concurrency: Option<u32>,
+    /// TLS for `mqtts://` (rustls; the system's roots unless `ca_file` is set).
+    #[serde(default)]
+    pub tls: TlsSpec,
+    /// Retained status messages, so the back office sees which gateways are cut off: `online`
+    /// at each connect, `offline` as the will the broker publishes when the connection ends
+    /// without a goodbye (colibri killed, stopped, or the network gone).
+    #[serde(default)]
+    pub status: Option<MqttStatusSpec>,
+    #[serde(default)]
+    pub retry: RetrySpec,
+    /// When the broker counts as unreachable. The link is probed by connecting (a CONNACK is the
+    /// only proof): `probe` and `probe_url` do not apply.
+    #[serde(default)]
+    pub link: LinkSpec,
+    /// Bytes per second of payload while a backlog is replayed. Unset: unlimited.
+    #[serde(default)]
+    pub replay_rate: Option<Size>,
+}
+
+/// `status:` of an `mqtt` sink.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct MqttStatusSpec {
+    /// The topic, e.g. `gateways/gw-17/status` (no wildcards, no placeholders).
+    pub topic: String,
+    /// Published (retained, QoS 1) at each connect. Default `online`.
+    #[serde(default)]
+    pub online: Option<String>,
+    /// The will (retained, QoS 1). Default `offline`.
+    #[serde(default)]
+    pub offline: Option<String>,
+}
+
+/// An `mqtt` entry compiled; `None` when a problem stops it (each one reported).
+#[cfg(feature = "mqtt")]
+pub(super) fn compile_mqtt(
+    name: &str,
+    spec: MqttSinkSpec,
+    base: &Path,
+    err: &mut Problems<'_>,
+) -> Option<SinkKind> {
+    use crate::sink::mqtt::{MqttConfig, MqttSink, Qos, Secret, Status, Topic};
+    let (host, port, tls) = match broker(&spec.url) {
+        Ok(b) => b,
+        Err(m) => {
+            err.add("url", m);
+            return None;
+        }
+    };
+    let tls_set = spec.tls.ca_file.is_some()
+        || spec.tls.client_cert.is_some()
+        || spec.tls.client_key.is_some()
+        || spec.tls.server_name.is_some();
+    if tls_set && !tls {
+        err.add("tls", "applies to mqtts:// URLs only".into());
+    }
+    let topic = Topic::parse(&spec.topic)
+        .map_err(|m| err.add("topic", m))
+        .ok();
+    if spec.batch && topic.as_ref().is_some_and(Topic::uses_fields) {
+        err.add(
+            "topic",
+            "names a record's field, and batch: true sends a job's records as one message".into(),
+        );
+    }
+    let qos = match spec.qos.unwrap_or(1) {
+        1 => Qos::AtLeastOnce,
+        2 => Qos::ExactlyOnce,
+        0 => {
+            err.add(
+                "qos",
+                "0 is never acknowledged, so nothing would prove a record delivered: use 1 or 2"
+                    .into(),
+            );
+            Qos::AtLeastOnce
+        }
+        n => {
+            err.add("qos", format!("must be 1 or 2, not {n}"));
+            Qos::AtLeastOnce
+        }
+    };
+    let client_id = spec.client_id.unwrap_or_else(|| {
+        let host = crate::tail::hostname().unwrap_or_else(|| "unknown".into());
+        format!("colibri-{host}-{name}")
+    });
+    if client_id.is_empty() || client_id.len() > 65_535 {
+        err.add("client_id", "must be 1 to 65535 bytes".into());
+    }
+    let keep_alive = spec.keep_alive.map_or(Duration::from_secs(30), |d| d.0);
+    if !(Duration::from_secs(1)..=Duration::from_secs(65_535)).contains(&keep_alive) {
+        err.add("keep_alive", "must be between 1s and 18h12m15s".into());
+    }
+    let timeout = spec.timeout.map_or(Duration::from_secs(10), |d| d.0);
+    if timeout.is_zero() {
+        err.add("timeout", "must be positive".into());
+    }
+    let concurrency = spec.concurrency.unwrap_or(1);
+    if !(1..=64).contains(&concurrency) {
+        err.add(
+            "concurrency",
+            format!("must be between 1 and 64, not {concurrency}"),
+        );
+    }
+    if spec.replay_rate.is_some_and(|r| r.0 == 0) {
+        err.add(
+            "replay_rate",
+            "must be positive (leave it out for unlimited)".into(),
+        );
+    }
+    if spec.link.probe.is_some() || spec.link.probe_url.is_some() {
+        err.add(
+            "link.probe",
+            "does not apply: an mqtt sink is probed by connecting to the broker".into(),
+        );
+    }
+    let status = spec.status.map(|s| {
+        if s.topic.is_empty() || s.topic.contains(['+', '#', '\0', '{', '}']) {
+            err.add(
+                "status.topic",
+                format!(
+                    "{:?} is not a topic name (no wildcards or placeholders)",
+                    s.topic
+                ),
+            );
+        }
+        Status {
+            topic: s.topic,
+            online: s.online.unwrap_or_else(|| "online".into()),
+            offline: s.offline.unwrap_or_else(|| "offline".into()),
+        }
+    });
+    let file = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
+    let config = MqttConfig {
+        host,
+        port,
+        tls: tls.then(|| crate::sink::http::TlsConfig {
+            ca_file: file(&spec.tls.ca_file),
+            client_cert: file(&spec.tls.client_cert),
+            client_key: file(&spec.tls.client_key),
+            server_name: spec.tls.server_name.clone(),
+        }),
+        topic: topic?,
+        qos,
+        batch: spec.batch,
+        client_id,
+        username: spec.username,
+        password: spec.password.map(Secret),
+        persistent: !spec.clean_session.unwrap_or(false),
+        session_expiry: spec
+            .session_expiry
+            .map_or(Duration::from_secs(3600), |d| d.0),
+        keep_alive,
+        timeout,
+        concurrency: concurrency as usize,
+        replay_rate: spec.replay_rate.map(|r| r.0),
+        status,
+    };
+    // Reads the TLS files: a bad CA is reported now, not at the first delivery.
+    if let Err(e) = MqttSink::new(&config) {
+        err.add(&e.field, e.message);
+    }
+    Some(SinkKind::Mqtt(Box::new(config)))
+}
+
+/// The broker's host, port and whether it is reached over TLS, from an `mqtt://` or `mqtts://`
+/// URL.
+#[cfg(feature = "mqtt")]
+fn broker(s: &str) -> Result<(String, u16, bool), String> {
+    let url = reqwest::Url::parse(s).map_err(|e| format!("{s:?} is not a valid URL: {e}"))?;
+    let (tls, default_port) = match url.scheme() {
+        "mqtt" => (false, 1883),
+        "mqtts" => (true, 8883),
+        other => {
+            return Err(format!(
+                "{s:?}: the scheme must be mqtt or mqtts, not {other}"
+            ));
+        }
+    };
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(format!(
+            "{s:?} holds credentials: set username and password instead (they are never logged)"
+        ));
+    }
+    if !matches!(url.path(), "" | "/") || url.query().is_some() {
+        return Err(format!("{s:?}: an MQTT URL is a host and a port, no path"));
+    }
+    let host = url
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| format!("{s:?} has no host"))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    Ok((host, url.port().unwrap_or(default_port), tls))
+}
