@@ -15,6 +15,7 @@ APT_NEEDS=(
   "prometheus:prometheus"               # tests/it/remote_write.rs: a real remote write receiver
   "/usr/sbin/mosquitto:mosquitto"       # tests/it/mqtt.rs, benches/mqtt.rs: a real MQTT broker (and mosquitto_passwd)
   "mosquitto_sub:mosquitto-clients"     # tests/it/mqtt.rs: the subscriber that counts what arrives
+  "/usr/sbin/nats-server:nats-server"   # tests/it/nats.rs, benches/brokers.rs: a real NATS JetStream cluster
   "mount:mount"                         # tests/it/file_move.rs: a tmpfs for the cross-filesystem test (as root)
   "file:file"                           # the release binary is checked to be statically linked
   "dpkg-deb:dpkg"                       # scripts/package.sh: builds and inspects the .deb

@@ -16,10 +16,16 @@ use super::units::{self, Dur, Size};
 use super::{Problems, de_at, named, split_type};
 use crate::sink::{LinkConfig, Probe, SinkConfig, SinkKind, SinkRetry};
 
+#[cfg(any(feature = "mqtt", feature = "nats"))]
+mod broker;
 #[cfg(any(feature = "mqtt", feature = "schema"))]
 mod mqtt;
 #[cfg(any(feature = "mqtt", feature = "schema"))]
 pub use mqtt::{MqttSinkSpec, MqttStatusSpec};
+#[cfg(any(feature = "nats", feature = "schema"))]
+mod nats;
+#[cfg(any(feature = "nats", feature = "schema"))]
+pub use nats::{NatsSinkSpec, NatsUrls};
 
 /// A destination for a stream's jobs.
 // Read by `compile_sink` through the variant's own struct (`split_type`), so a problem inside an
@@ -52,9 +58,25 @@ pub enum SinkSpec {
     /// `idempotency-key`. Built only with the `mqtt` feature (release builds have it).
     #[cfg(any(feature = "mqtt", feature = "schema"))]
     Mqtt(Box<MqttSinkSpec>),
+    /// Each record (or, with `batch`, each job) published to NATS JetStream with a `Nats-Msg-Id`
+    /// JetStream deduplicates by; delivered once every PubAck is in. Built only with the `nats`
+    /// feature (release builds have it).
+    #[cfg(any(feature = "nats", feature = "schema"))]
+    Nats(Box<NatsSinkSpec>),
 }
 
-const SINK_TYPES: &[&str] = &["file", "stdout", "http", "prometheus_remote_write", "mqtt"];
+const SINK_TYPES: &[&str] = &[
+    "file",
+    "stdout",
+    "http",
+    "prometheus_remote_write",
+    "mqtt",
+    "nats",
+];
+
+/// What a build without the sink says of `type: nats`.
+#[cfg(not(feature = "nats"))]
+const NO_NATS: &str = "this colibri was built without the nats sink (cargo feature nats)";
 
 /// What a build without the sink says of `type: mqtt`.
 #[cfg(not(feature = "mqtt"))]
@@ -323,6 +345,13 @@ pub(super) fn compile_sink(
             err.add("type", NO_MQTT.into());
             return None;
         }
+        #[cfg(feature = "nats")]
+        "nats" => de_at(rest).map(|n| SinkSpec::Nats(Box::new(n))),
+        #[cfg(not(feature = "nats"))]
+        "nats" => {
+            err.add("type", NO_NATS.into());
+            return None;
+        }
         _ => de_at(rest).map(|h| SinkSpec::Http(Box::new(h))),
     }
     .map_err(|(p, m)| err.add(&p, m))
@@ -375,31 +404,21 @@ pub(super) fn compile_sink(
         #[cfg(feature = "mqtt")]
         SinkSpec::Mqtt(spec) => {
             let mut spec = *spec;
-            let link_spec = std::mem::take(&mut spec.link);
+            link = broker_link(std::mem::take(&mut spec.link), "an mqtt", &mut err);
             let retry = std::mem::take(&mut spec.retry);
-            let kind = mqtt::compile_mqtt(
-                &name,
-                MqttSinkSpec {
-                    link: LinkSpec {
-                        probe: link_spec.probe,
-                        probe_url: link_spec.probe_url.clone(),
-                        ..LinkSpec::default()
-                    },
-                    ..spec
-                },
-                base,
-                &mut err,
-            )?;
-            link = compile_link(
-                &LinkSpec {
-                    probe: None,
-                    probe_url: None,
-                    ..link_spec
-                },
-                "",
-                &mut err,
-            );
-            (kind, retry)
+            (mqtt::compile_mqtt(&name, spec, base, &mut err)?, retry)
+        }
+        #[cfg(feature = "nats")]
+        SinkSpec::Nats(spec) => {
+            let mut spec = *spec;
+            link = broker_link(std::mem::take(&mut spec.link), "a nats", &mut err);
+            let retry = std::mem::take(&mut spec.retry);
+            (nats::compile_nats(&name, spec, base, &mut err)?, retry)
+        }
+        #[cfg(all(not(feature = "nats"), feature = "schema"))]
+        SinkSpec::Nats(_) => {
+            err.add("type", NO_NATS.into());
+            return None;
         }
         #[cfg(all(not(feature = "mqtt"), feature = "schema"))]
         SinkSpec::Mqtt(_) => {
@@ -623,6 +642,24 @@ pub(super) fn parse_http_url(s: &str) -> Result<reqwest::Url, String> {
         return Err(format!("{s:?} has no host"));
     }
     Ok(url)
+}
+
+/// A broker sink's link: probed by connecting (only the broker's answer proves it takes messages),
+/// so `probe` and `probe_url` are refused; the rest as for any sink.
+#[cfg(any(feature = "mqtt", feature = "nats"))]
+fn broker_link(spec: LinkSpec, what: &str, err: &mut Problems<'_>) -> LinkConfig {
+    if spec.probe.is_some() || spec.probe_url.is_some() {
+        err.add(
+            "link.probe",
+            format!("does not apply: {what} sink is probed by connecting to the broker"),
+        );
+    }
+    let spec = LinkSpec {
+        probe: None,
+        probe_url: None,
+        ..spec
+    };
+    compile_link(&spec, "", err)
 }
 
 pub(super) fn compile_link(spec: &LinkSpec, url: &str, err: &mut Problems<'_>) -> LinkConfig {

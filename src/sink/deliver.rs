@@ -139,12 +139,24 @@ impl Batch<'_> {
     /// The key of one record, by its position in the job as first appended (`index`, from
     /// `first`): the same in every part a split makes and in every re-send, for sinks that send a
     /// message per record.
-    #[cfg(any(feature = "mqtt", test))]
+    #[cfg(any(feature = "mqtt", feature = "nats", test))]
     pub fn record_key(&self, index: usize) -> String {
         format!(
             "{:016x}:{}:{}#{index}",
             self.store_id, self.stream, self.job
         )
+    }
+}
+
+/// A password or token from the config, never shown by `Debug`.
+#[cfg(any(feature = "mqtt", feature = "nats"))]
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+#[cfg(any(feature = "mqtt", feature = "nats"))]
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<secret>")
     }
 }
 

@@ -1,7 +1,8 @@
 //! Sinks: where a stream's jobs are delivered. A closed set chosen by `type:` in the file, one file
 //! each: [`http`], [`file`] (a job becomes one file, written atomically), [`stdout`] and, with the
 //! `remote-write` feature, `remote_write` (Prometheus remote write over the http transport), with
-//! the `mqtt` feature, `mqtt` (an MQTT 5 broker; its connection in `mqtt_conn`), each
+//! the `mqtt` feature, `mqtt` (an MQTT 5 broker; its connection in `mqtt_conn`), with the `nats`
+//! feature, `nats` (NATS JetStream; what both broker sinks share in `template` and `tls`), each
 //! implementing the contract in `deliver` ([`Batch`] in, [`DeliveryError`] out: may not reach, may
 //! pass, too large, never). This file holds the compiled settings ([`SinkConfig`], with the kind's
 //! own in [`SinkKind`]) and [`Sink`], which builds the kind's sink and dispatches to it, so nothing
@@ -18,6 +19,8 @@ use std::time::Duration;
 
 use crate::store::FileJob;
 use deliver::Deliver;
+#[cfg(any(feature = "mqtt", feature = "nats"))]
+pub use deliver::Secret;
 pub use deliver::{Batch, DeliveryError, Payload, Probe, RecordFormat, SettingError};
 
 mod deliver;
@@ -29,9 +32,15 @@ mod local;
 pub mod mqtt;
 #[cfg(feature = "mqtt")]
 mod mqtt_conn;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "remote-write")]
 pub mod remote_write;
 pub mod stdout;
+#[cfg(any(feature = "mqtt", feature = "nats"))]
+pub mod template;
+#[cfg(any(feature = "mqtt", feature = "nats"))]
+mod tls;
 
 /// The compiled `sinks.<name>` entry: what every kind has, and the kind's own settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +63,8 @@ pub enum SinkKind {
     RemoteWrite(Box<remote_write::RemoteWriteConfig>),
     #[cfg(feature = "mqtt")]
     Mqtt(Box<mqtt::MqttConfig>),
+    #[cfg(feature = "nats")]
+    Nats(Box<nats::NatsConfig>),
 }
 
 impl SinkConfig {
@@ -65,6 +76,8 @@ impl SinkConfig {
             SinkKind::RemoteWrite(r) => r.record_format(),
             #[cfg(feature = "mqtt")]
             SinkKind::Mqtt(m) => m.record_format(),
+            #[cfg(feature = "nats")]
+            SinkKind::Nats(n) => n.record_format(),
             SinkKind::File { .. } | SinkKind::Stdout => RecordFormat::Lines,
         }
     }
@@ -78,6 +91,8 @@ impl SinkConfig {
             SinkKind::RemoteWrite(_) => false,
             #[cfg(feature = "mqtt")]
             SinkKind::Mqtt(_) => false,
+            #[cfg(feature = "nats")]
+            SinkKind::Nats(_) => false,
             SinkKind::File { .. } | SinkKind::Stdout => false,
         }
     }
@@ -90,6 +105,8 @@ impl SinkConfig {
             SinkKind::RemoteWrite(r) => r.describe(&self.name),
             #[cfg(feature = "mqtt")]
             SinkKind::Mqtt(m) => m.describe(&self.name),
+            #[cfg(feature = "nats")]
+            SinkKind::Nats(n) => n.describe(&self.name),
             SinkKind::File { dir } => file::describe(&self.name, dir),
             SinkKind::Stdout => stdout::describe(&self.name),
         }
@@ -161,6 +178,8 @@ enum Built {
     RemoteWrite(Box<remote_write::RemoteWriteSink>),
     #[cfg(feature = "mqtt")]
     Mqtt(Box<mqtt::MqttSink>),
+    #[cfg(feature = "nats")]
+    Nats(Box<nats::NatsSink>),
     File(file::FileSink),
     Stdout(stdout::StdoutSink),
 }
@@ -174,6 +193,8 @@ macro_rules! on_built {
             Built::RemoteWrite($s) => $call,
             #[cfg(feature = "mqtt")]
             Built::Mqtt($s) => $call,
+            #[cfg(feature = "nats")]
+            Built::Nats($s) => $call,
             Built::File($s) => $call,
             Built::Stdout($s) => $call,
         }
@@ -199,6 +220,8 @@ impl Sink {
             )),
             #[cfg(feature = "mqtt")]
             SinkKind::Mqtt(spec) => Built::Mqtt(Box::new(mqtt::MqttSink::new(spec)?)),
+            #[cfg(feature = "nats")]
+            SinkKind::Nats(spec) => Built::Nats(Box::new(nats::NatsSink::new(spec)?)),
             SinkKind::File { dir } => Built::File(file::FileSink::new(&config.name, dir)),
             SinkKind::Stdout => Built::Stdout(stdout::StdoutSink::new(&config.name)),
         };

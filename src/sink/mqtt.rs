@@ -14,12 +14,12 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use rumqttc::{PubAckReason, PubRecReason, PublishNoticeError, PublishOptions, PublishProperties};
 
-use super::deliver::{Batch, Deliver, DeliveryError, Probe, RecordFormat, SettingError};
+use super::deliver::{Batch, Deliver, DeliveryError, Probe, RecordFormat, Secret, SettingError};
 use super::http::TlsConfig;
 use super::mqtt_conn::{Connection, Link};
+use super::template::{Message, Template};
 use crate::store::FileJob;
 
 /// The compiled `type: mqtt` settings.
@@ -29,7 +29,7 @@ pub struct MqttConfig {
     pub port: u16,
     /// `mqtts://`: TLS with these settings.
     pub tls: Option<TlsConfig>,
-    pub topic: Topic,
+    pub topic: Template,
     pub qos: Qos,
     /// One message per job (the records as ndjson) instead of one per record.
     pub batch: bool,
@@ -63,16 +63,6 @@ impl MqttConfig {
     }
 }
 
-/// A password, never shown by `Debug`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(pub String);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<secret>")
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Qos {
     AtLeastOnce,
@@ -97,116 +87,6 @@ pub struct Status {
     pub offline: String,
 }
 
-/// A topic template: fixed text, `{stream}` and `{field.<name>}` (a JSON record's field; dots
-/// reach into objects).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Topic(Vec<Part>);
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Part {
-    Text(String),
-    Stream,
-    Field(Vec<String>),
-}
-
-/// Characters a topic name cannot hold (wildcards are for subscriptions; NUL is forbidden).
-fn bad_topic_char(c: char) -> bool {
-    matches!(c, '+' | '#' | '\0')
-}
-
-impl Topic {
-    /// Parses a template; the error says what is wrong with it.
-    pub fn parse(s: &str) -> Result<Topic, String> {
-        if s.is_empty() {
-            return Err("must not be empty".into());
-        }
-        let mut parts = Vec::new();
-        let mut rest = s;
-        while let Some(open) = rest.find('{') {
-            if open > 0 {
-                parts.push(Part::Text(rest[..open].to_string()));
-            }
-            let Some(len) = rest[open..].find('}') else {
-                return Err(format!("{s:?}: a {{ without its }}"));
-            };
-            let name = &rest[open + 1..open + len];
-            parts.push(match name {
-                "stream" => Part::Stream,
-                _ => match name.strip_prefix("field.") {
-                    Some(path) if !path.is_empty() && path.split('.').all(|p| !p.is_empty()) => {
-                        Part::Field(path.split('.').map(str::to_string).collect())
-                    }
-                    _ => {
-                        return Err(format!(
-                            "{s:?}: {{{name}}} is neither {{stream}} nor {{field.<name>}}"
-                        ));
-                    }
-                },
-            });
-            rest = &rest[open + len + 1..];
-        }
-        if !rest.is_empty() {
-            parts.push(Part::Text(rest.to_string()));
-        }
-        if parts
-            .iter()
-            .any(|p| matches!(p, Part::Text(t) if t.contains(bad_topic_char) || t.contains('}')))
-        {
-            return Err(format!(
-                "{s:?}: a topic name cannot hold + or # (wildcards are for subscriptions) or a stray }}"
-            ));
-        }
-        Ok(Topic(parts))
-    }
-
-    pub fn uses_fields(&self) -> bool {
-        self.0.iter().any(|p| matches!(p, Part::Field(_)))
-    }
-
-    /// The topic of one record (`record` is parsed only when a field is named). The error names
-    /// what is missing.
-    fn render(&self, stream: &str, record: &[u8]) -> Result<String, String> {
-        let json = if self.uses_fields() {
-            Some(
-                serde_json::from_slice::<serde_json::Value>(record)
-                    .map_err(|e| format!("is not JSON ({e}), and the topic names its fields"))?,
-            )
-        } else {
-            None
-        };
-        let mut topic = String::new();
-        for part in &self.0 {
-            match part {
-                Part::Text(t) => topic.push_str(t),
-                Part::Stream => topic.push_str(stream),
-                Part::Field(path) => {
-                    let mut v = json.as_ref().expect("parsed above when a field is named");
-                    for key in path {
-                        v = v.get(key).unwrap_or(&serde_json::Value::Null);
-                    }
-                    let name = path.join(".");
-                    let text = match v {
-                        serde_json::Value::String(s) => s.clone(),
-                        serde_json::Value::Number(n) => n.to_string(),
-                        serde_json::Value::Bool(b) => b.to_string(),
-                        serde_json::Value::Null => {
-                            return Err(format!("has no field {name} for the topic"));
-                        }
-                        _ => return Err(format!("field {name} is not a string or a number")),
-                    };
-                    if text.is_empty() || text.contains(bad_topic_char) {
-                        return Err(format!(
-                            "field {name} is {text:?}, which cannot be part of a topic name"
-                        ));
-                    }
-                    topic.push_str(&text);
-                }
-            }
-        }
-        Ok(topic)
-    }
-}
-
 /// The built sink: the settings and the connection (its driver starts at the first use).
 pub struct MqttSink {
     spec: MqttConfig,
@@ -227,11 +107,11 @@ impl MqttSink {
     async fn publish(
         &self,
         max_packet: Option<u32>,
-        messages: Vec<(String, Bytes, String)>,
+        messages: Vec<Message>,
     ) -> Result<(), DeliveryError> {
         if let Some(max) = max_packet {
-            for (i, (topic, payload, key)) in messages.iter().enumerate() {
-                let size = publish_size(topic, payload.len(), key);
+            for (i, m) in messages.iter().enumerate() {
+                let size = publish_size(&m.to, m.payload.len(), &m.key);
                 if size > max as usize {
                     let what = if self.spec.batch {
                         "the job as one message".to_string()
@@ -247,7 +127,12 @@ impl MqttSink {
         let qos = self.spec.qos.rumqttc();
         let deadline = tokio::time::Instant::now() + self.spec.timeout;
         let mut notices = Vec::with_capacity(messages.len());
-        for (topic, payload, key) in messages {
+        for Message {
+            to: topic,
+            payload,
+            key,
+        } in messages
+        {
             let props = PublishProperties {
                 user_properties: vec![("idempotency-key".into(), key)],
                 ..PublishProperties::default()
@@ -354,31 +239,7 @@ impl Deliver for MqttSink {
             Link::Up { max_packet } => max_packet,
             Link::Down(reason) => return Err(DeliveryError::Unavailable(reason)),
         };
-        let body = Bytes::from(body);
-        let messages = if self.spec.batch {
-            let topic = self
-                .spec
-                .topic
-                .render(batch.stream, b"")
-                .map_err(DeliveryError::Permanent)?;
-            vec![(topic, body, batch.idempotency_key())]
-        } else {
-            let mut messages = Vec::with_capacity((batch.end - batch.first) as usize);
-            let mut start = 0;
-            for (i, line) in body.split(|&b| b == b'\n').enumerate() {
-                let end = start + line.len();
-                if end == body.len() {
-                    break; // after the last record's newline
-                }
-                let index = batch.first as usize + i;
-                let topic = self.spec.topic.render(batch.stream, line).map_err(|why| {
-                    DeliveryError::Permanent(format!("record {index} of the job {why}"))
-                })?;
-                messages.push((topic, body.slice(start..end), batch.record_key(index)));
-                start = end + 1;
-            }
-            messages
-        };
+        let messages = self.spec.topic.messages(batch, body, self.spec.batch)?;
         self.publish(max_packet, messages).await
     }
 
@@ -402,42 +263,6 @@ impl Deliver for MqttSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn topics_are_made_from_text_the_stream_and_fields() {
-        let t = Topic::parse("plant/{stream}/{field.site.line}/x").unwrap();
-        assert!(t.uses_fields());
-        assert_eq!(
-            t.render("temps", br#"{"site":{"line":7}}"#).unwrap(),
-            "plant/temps/7/x"
-        );
-        let e = t.render("temps", br#"{"site":{}}"#).unwrap_err();
-        assert!(e.contains("no field site.line"), "{e}");
-        let e = t
-            .render("temps", br#"{"site":{"line":"a+b"}}"#)
-            .unwrap_err();
-        assert!(e.contains("cannot be part of a topic"), "{e}");
-        let e = t.render("temps", b"not json").unwrap_err();
-        assert!(e.contains("not JSON"), "{e}");
-        let fixed = Topic::parse("a/b").unwrap();
-        assert!(!fixed.uses_fields());
-        assert_eq!(fixed.render("s", b"anything").unwrap(), "a/b");
-    }
-
-    #[test]
-    fn bad_templates_say_why() {
-        for (t, m) in [
-            ("", "empty"),
-            ("a/{stream", "without"),
-            ("a/{host}", "neither"),
-            ("a/{field.}", "neither"),
-            ("a/+/b", "wildcards"),
-            ("a/#", "wildcards"),
-        ] {
-            let e = Topic::parse(t).unwrap_err();
-            assert!(e.contains(m), "{t}: {e}");
-        }
-    }
 
     #[test]
     fn the_packet_size_counts_every_byte_of_a_publish() {

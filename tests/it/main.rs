@@ -19,6 +19,7 @@ mod log_file;
 mod log_summary;
 mod man;
 mod mqtt;
+mod nats;
 mod operate;
 mod receiver;
 mod remote_write;

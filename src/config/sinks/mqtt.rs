@@ -15,6 +15,8 @@ use super::super::Problems;
 #[cfg(feature = "schema")]
 use super::super::units::u32_schema;
 use super::super::units::{self, Dur, Size};
+#[cfg(feature = "mqtt")]
+use super::broker;
 use super::{LinkSpec, RetrySpec, TlsSpec};
 #[cfg(feature = "mqtt")]
 use crate::sink::SinkKind;
@@ -115,30 +117,18 @@ pub(super) fn compile_mqtt(
     base: &Path,
     err: &mut Problems<'_>,
 ) -> Option<SinkKind> {
-    use crate::sink::mqtt::{MqttConfig, MqttSink, Qos, Secret, Status, Topic};
-    let (host, port, tls) = match broker(&spec.url) {
+    use crate::sink::Secret;
+    use crate::sink::mqtt::{MqttConfig, MqttSink, Qos, Status};
+    use crate::sink::template::MQTT_TOPIC;
+    let (host, port, tls) = match broker::url(&spec.url, ("mqtt", 1883), ("mqtts", 8883)) {
         Ok(b) => b,
         Err(m) => {
             err.add("url", m);
             return None;
         }
     };
-    let tls_set = spec.tls.ca_file.is_some()
-        || spec.tls.client_cert.is_some()
-        || spec.tls.client_key.is_some()
-        || spec.tls.server_name.is_some();
-    if tls_set && !tls {
-        err.add("tls", "applies to mqtts:// URLs only".into());
-    }
-    let topic = Topic::parse(&spec.topic)
-        .map_err(|m| err.add("topic", m))
-        .ok();
-    if spec.batch && topic.as_ref().is_some_and(Topic::uses_fields) {
-        err.add(
-            "topic",
-            "names a record's field, and batch: true sends a job's records as one message".into(),
-        );
-    }
+    let tls = broker::tls(spec.tls, tls, "mqtts", base, err);
+    let topic = broker::template("topic", &spec.topic, MQTT_TOPIC, spec.batch, err);
     let qos = match spec.qos.unwrap_or(1) {
         1 => Qos::AtLeastOnce,
         2 => Qos::ExactlyOnce,
@@ -155,10 +145,9 @@ pub(super) fn compile_mqtt(
             Qos::AtLeastOnce
         }
     };
-    let client_id = spec.client_id.unwrap_or_else(|| {
-        let host = crate::tail::hostname().unwrap_or_else(|| "unknown".into());
-        format!("colibri-{host}-{name}")
-    });
+    let client_id = spec
+        .client_id
+        .unwrap_or_else(|| broker::default_client_name(name));
     if client_id.is_empty() || client_id.len() > 65_535 {
         err.add("client_id", "must be 1 to 65535 bytes".into());
     }
@@ -166,29 +155,8 @@ pub(super) fn compile_mqtt(
     if !(Duration::from_secs(1)..=Duration::from_secs(65_535)).contains(&keep_alive) {
         err.add("keep_alive", "must be between 1s and 18h12m15s".into());
     }
-    let timeout = spec.timeout.map_or(Duration::from_secs(10), |d| d.0);
-    if timeout.is_zero() {
-        err.add("timeout", "must be positive".into());
-    }
-    let concurrency = spec.concurrency.unwrap_or(1);
-    if !(1..=64).contains(&concurrency) {
-        err.add(
-            "concurrency",
-            format!("must be between 1 and 64, not {concurrency}"),
-        );
-    }
-    if spec.replay_rate.is_some_and(|r| r.0 == 0) {
-        err.add(
-            "replay_rate",
-            "must be positive (leave it out for unlimited)".into(),
-        );
-    }
-    if spec.link.probe.is_some() || spec.link.probe_url.is_some() {
-        err.add(
-            "link.probe",
-            "does not apply: an mqtt sink is probed by connecting to the broker".into(),
-        );
-    }
+    let (timeout, concurrency, replay_rate) =
+        broker::limits(spec.timeout, spec.concurrency, spec.replay_rate, err);
     let status = spec.status.map(|s| {
         if s.topic.is_empty() || s.topic.contains(['+', '#', '\0', '{', '}']) {
             err.add(
@@ -205,16 +173,10 @@ pub(super) fn compile_mqtt(
             offline: s.offline.unwrap_or_else(|| "offline".into()),
         }
     });
-    let file = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
     let config = MqttConfig {
         host,
         port,
-        tls: tls.then(|| crate::sink::http::TlsConfig {
-            ca_file: file(&spec.tls.ca_file),
-            client_cert: file(&spec.tls.client_cert),
-            client_key: file(&spec.tls.client_key),
-            server_name: spec.tls.server_name.clone(),
-        }),
+        tls,
         topic: topic?,
         qos,
         batch: spec.batch,
@@ -227,8 +189,8 @@ pub(super) fn compile_mqtt(
             .map_or(Duration::from_secs(3600), |d| d.0),
         keep_alive,
         timeout,
-        concurrency: concurrency as usize,
-        replay_rate: spec.replay_rate.map(|r| r.0),
+        concurrency,
+        replay_rate,
         status,
     };
     // Reads the TLS files: a bad CA is reported now, not at the first delivery.
@@ -236,36 +198,4 @@ pub(super) fn compile_mqtt(
         err.add(&e.field, e.message);
     }
     Some(SinkKind::Mqtt(Box::new(config)))
-}
-
-/// The broker's host, port and whether it is reached over TLS, from an `mqtt://` or `mqtts://`
-/// URL.
-#[cfg(feature = "mqtt")]
-fn broker(s: &str) -> Result<(String, u16, bool), String> {
-    let url = reqwest::Url::parse(s).map_err(|e| format!("{s:?} is not a valid URL: {e}"))?;
-    let (tls, default_port) = match url.scheme() {
-        "mqtt" => (false, 1883),
-        "mqtts" => (true, 8883),
-        other => {
-            return Err(format!(
-                "{s:?}: the scheme must be mqtt or mqtts, not {other}"
-            ));
-        }
-    };
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(format!(
-            "{s:?} holds credentials: set username and password instead (they are never logged)"
-        ));
-    }
-    if !matches!(url.path(), "" | "/") || url.query().is_some() {
-        return Err(format!("{s:?}: an MQTT URL is a host and a port, no path"));
-    }
-    let host = url
-        .host_str()
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| format!("{s:?} has no host"))?
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_string();
-    Ok((host, url.port().unwrap_or(default_port), tls))
 }

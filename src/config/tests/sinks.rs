@@ -333,7 +333,7 @@ sinks:
     for want in [
         "sinks.a.url: \"http://h\": the scheme must be mqtt or mqtts",
         "sinks.b.url: \"mqtt://u:p@h\" holds credentials",
-        "sinks.c.url: \"mqtt://h/path\": an MQTT URL is a host and a port",
+        "sinks.c.url: \"mqtt://h/path\": a broker URL is a host and a port",
         "sinks.d.tls.ca_file: ",
         "sinks.d.status.topic: \"s/#\" is not a topic name",
     ] {
@@ -348,7 +348,7 @@ sinks:
 "#,
     );
     for want in [
-        "sinks.a.topic: \"x/+\": a topic name cannot hold + or #",
+        "sinks.a.topic: \"x/+\": a topic cannot hold + or #",
         "sinks.a.qos: 0 is never acknowledged",
         "sinks.b.topic: names a record's field, and batch: true",
         "sinks.b.qos: must be 1 or 2, not 3",
@@ -358,4 +358,70 @@ sinks:
     ] {
         assert!(p.iter().any(|x| x.contains(want)), "{want} in {p:?}");
     }
+}
+
+/// A `nats` sink compiles with its defaults (port 4222, a list of servers, a name per machine and
+/// sink), a subject from fields makes its streams JSON, and each mistake names its field.
+#[cfg(feature = "nats")]
+#[test]
+fn a_nats_sink_compiles_with_its_defaults_and_every_mistake_is_named() {
+    use crate::sink::nats::Auth;
+    let c = load(
+        r#"
+sinks:
+  js:
+    type: nats
+    url: [nats://10.0.0.1, "nats://10.0.0.2:4223"]
+    subject: "plant.{stream}.{field.line}"
+    stream: PLANT
+    token: t0k
+streams:
+  m: { sink: js }
+"#,
+    )
+    .unwrap();
+    let SinkKind::Nats(n) = &c.sinks[0].kind else {
+        panic!("{:?}", c.sinks[0].kind)
+    };
+    assert_eq!(n.servers, ["nats://10.0.0.1:4222", "nats://10.0.0.2:4223"]);
+    assert!(n.tls.is_none() && !n.batch && n.stream.as_deref() == Some("PLANT"));
+    assert!(matches!(&n.auth, Auth::Token(_)));
+    assert!(n.name.starts_with("colibri-") && n.name.ends_with("-js"));
+    assert_eq!(c.record_format("m"), crate::sink::RecordFormat::Json);
+    let p = problems(
+        r#"
+sinks:
+  a: { type: nats, url: "http://h", subject: "a.*" }
+  b: { type: nats, url: [nats://h, tls://g], subject: "a.{field.x}", batch: true, token: t, username: u, password: p }
+  c: { type: nats, url: nats://h, subject: "a b", stream: "A.B", tls: { ca_file: ca.pem }, link: { probe: tcp } }
+  d: { type: nats, url: [], subject: a, credentials_file: missing.creds }
+  e: { type: nats, url: nats://h, subject: a, username: u }
+"#,
+    );
+    for want in [
+        "sinks.a.url: \"http://h\": the scheme must be nats or tls",
+        "sinks.a.subject: \"a.*\": a subject cannot hold * or >",
+        "sinks.b.url: mixes nats:// and tls://",
+        "sinks.b.subject: names a record's field, and batch: true",
+        "sinks.b.token: set with username/password: give one way",
+        "sinks.c.subject: \"a b\": a subject cannot hold",
+        "sinks.c.stream: \"A.B\" is not a JetStream stream name",
+        "sinks.c.tls: applies to tls:// URLs only",
+        "sinks.c.link.probe: does not apply: a nats sink is probed by connecting",
+        "sinks.d.url: names no server",
+        "sinks.e.password: missing: username needs it",
+    ] {
+        assert!(p.iter().any(|x| x.contains(want)), "{want} in {p:?}");
+    }
+    let p = problems(
+        r#"
+sinks:
+  d: { type: nats, url: nats://h, subject: a, credentials_file: missing.creds }
+"#,
+    );
+    assert!(
+        p.iter()
+            .any(|x| x.starts_with("sinks.d.credentials_file: ") && x.contains("missing.creds")),
+        "{p:?}"
+    );
 }

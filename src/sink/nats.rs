@@ -1,0 +1,399 @@
+//! The `nats` sink (feature `nats`): a job's records published to NATS JetStream, one message per
+//! record (or the job as one ndjson message with `batch`), on a subject made from a template. Every
+//! message carries `Nats-Msg-Id` (a record's key: the job's key and the record's position, the same
+//! after a split or a crash), so JetStream drops a re-send within its duplicate window and the
+//! stream holds each record once. It owns the settings, the connection (async-nats: the cluster's
+//! servers, reconnects, credentials, TLS) and a job's outcome: delivered when every message's
+//! PubAck is in (a `duplicate` one too); unreachable (no attempt spent) while no server is
+//! connected, when no stream takes the subject (no responders) or when the configured `stream`
+//! is missing or lacks the subject; too large over the server's `max_payload` (the delivery worker
+//! splits the job, down to the one record, which goes to the dead letters alone). Built by
+//! `sink::Sink::new`; the connection is opened by `Sink::start` or the first delivery or probe.
+
+use std::collections::HashSet;
+use std::future::IntoFuture as _;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::context::{Context, PublishErrorKind};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::{Client, ConnectOptions, Event};
+use tokio::sync::OnceCell;
+
+use super::deliver::{Batch, Deliver, DeliveryError, Probe, RecordFormat, Secret, SettingError};
+use super::http::TlsConfig;
+use super::template::{Message, Template};
+use crate::store::FileJob;
+
+/// The compiled `type: nats` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsConfig {
+    /// `nats://host:port` or `tls://host:port`: the servers of one cluster.
+    pub servers: Vec<String>,
+    /// TLS with these settings (required for every server).
+    pub tls: Option<TlsConfig>,
+    pub subject: Template,
+    /// The JetStream stream expected to take the subjects: checked before the first publish to
+    /// each subject.
+    pub stream: Option<String>,
+    /// One message per job (the records as ndjson) instead of one per record.
+    pub batch: bool,
+    pub auth: Auth,
+    /// The connection's name, as the server's monitoring shows it.
+    pub name: String,
+    pub timeout: Duration,
+    pub concurrency: usize,
+    pub replay_rate: Option<u64>,
+}
+
+impl NatsConfig {
+    /// A subject made from records' fields needs JSON records; otherwise any line is a payload.
+    pub fn record_format(&self) -> RecordFormat {
+        if self.subject.uses_fields() {
+            RecordFormat::Json
+        } else {
+            RecordFormat::Lines
+        }
+    }
+
+    /// For logs: the sink's type, name and servers (no credentials).
+    pub fn describe(&self, name: &str) -> String {
+        format!("nats sink {name} ({})", self.servers.join(", "))
+    }
+}
+
+/// How colibri authenticates to the servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Auth {
+    None,
+    UserPassword {
+        user: String,
+        password: Secret,
+    },
+    Token(Secret),
+    /// A `.creds` file (a user JWT and its NKey seed), read when the sink is built.
+    CredsFile(PathBuf),
+    /// A file holding an NKey seed (`SU...`).
+    NkeyFile(PathBuf),
+}
+
+/// The built sink.
+pub struct NatsSink {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    spec: NatsConfig,
+    /// Taken by the first connect.
+    options: Mutex<Option<ConnectOptions>>,
+    conn: OnceCell<Result<(Client, Context), String>>,
+    /// Why the connection is not up, from the client's events.
+    last_error: Arc<Mutex<Option<String>>>,
+    /// Subjects the configured stream is known to take.
+    covered: Mutex<HashSet<String>>,
+    shown: String,
+}
+
+impl NatsSink {
+    /// Reads the credentials and TLS files; nothing is dialled yet. Errors name the setting.
+    pub fn new(spec: &NatsConfig) -> Result<NatsSink, SettingError> {
+        let last_error: Arc<Mutex<Option<String>>> = Arc::default();
+        let mut options = ConnectOptions::new()
+            .name(&spec.name)
+            .retry_on_initial_connect()
+            .connection_timeout(spec.timeout)
+            .request_timeout(Some(spec.timeout))
+            // Publishes wait in the client while it reconnects; a small buffer bounds what a
+            // dropped connection holds (deliveries check the state before they publish).
+            .client_capacity(1024)
+            .event_callback({
+                let last = Arc::clone(&last_error);
+                move |event| {
+                    let last = Arc::clone(&last);
+                    async move {
+                        let mut last = last.lock().expect("never poisoned: no panics while held");
+                        match event {
+                            Event::Connected => *last = None,
+                            Event::Disconnected => {
+                                last.get_or_insert_with(|| "disconnected".into());
+                            }
+                            Event::ServerError(e) => *last = Some(format!("server error: {e}")),
+                            Event::ClientError(e) => *last = Some(format!("client error: {e}")),
+                            _ => {}
+                        }
+                    }
+                }
+            });
+        options = match &spec.auth {
+            Auth::None => options,
+            Auth::UserPassword { user, password } => {
+                options.user_and_password(user.clone(), password.0.clone())
+            }
+            Auth::Token(t) => options.token(t.0.clone()),
+            Auth::CredsFile(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    SettingError::new("credentials_file", format!("{}: {e}", path.display()))
+                })?;
+                options.credentials(&text).map_err(|e| {
+                    SettingError::new(
+                        "credentials_file",
+                        format!("{}: not a NATS credentials file: {e}", path.display()),
+                    )
+                })?
+            }
+            Auth::NkeyFile(path) => {
+                let seed = std::fs::read_to_string(path).map_err(|e| {
+                    SettingError::new("nkey_file", format!("{}: {e}", path.display()))
+                })?;
+                let seed = seed.trim();
+                if !seed.starts_with("SU") {
+                    return Err(SettingError::new(
+                        "nkey_file",
+                        format!("{}: holds no user NKey seed (SU...)", path.display()),
+                    ));
+                }
+                options.nkey(seed.to_string())
+            }
+        };
+        if let Some(tls) = &spec.tls {
+            options = options
+                .require_tls(true)
+                .tls_client_config(super::tls::client_config(tls)?);
+        }
+        Ok(NatsSink {
+            inner: Arc::new(Inner {
+                spec: spec.clone(),
+                options: Mutex::new(Some(options)),
+                conn: OnceCell::new(),
+                last_error,
+                covered: Mutex::default(),
+                shown: spec.servers.join(", "),
+            }),
+        })
+    }
+}
+
+impl Inner {
+    /// The client and its JetStream context, connecting (in the background, retried) the first
+    /// time.
+    async fn conn(&self) -> Result<&(Client, Context), DeliveryError> {
+        let conn = self
+            .conn
+            .get_or_init(|| async {
+                let options = self
+                    .options
+                    .lock()
+                    .expect("never poisoned: no panics while held")
+                    .take()
+                    .ok_or("the connection was already tried")?;
+                let client = options
+                    .connect(self.spec.servers.as_slice())
+                    .await
+                    .map_err(|e| format!("{}: {e}", self.shown))?;
+                let js = async_nats::jetstream::ContextBuilder::new()
+                    .timeout(self.spec.timeout)
+                    .build(client.clone());
+                Ok((client, js))
+            })
+            .await;
+        conn.as_ref()
+            .map_err(|e| DeliveryError::Unavailable(e.clone()))
+    }
+
+    /// The connection when it is up; else why not.
+    async fn up(&self) -> Result<&(Client, Context), DeliveryError> {
+        let conn = self.conn().await?;
+        if conn.0.connection_state() == async_nats::connection::State::Connected {
+            return Ok(conn);
+        }
+        let why = self
+            .last_error
+            .lock()
+            .expect("never poisoned: no panics while held")
+            .clone()
+            .unwrap_or_else(|| "not connected".into());
+        Err(DeliveryError::Unavailable(format!("{}: {why}", self.shown)))
+    }
+
+    /// Checks that the configured stream exists and takes `subject` (once per subject).
+    async fn check_stream(&self, js: &Context, subject: &str) -> Result<(), DeliveryError> {
+        let Some(stream) = &self.spec.stream else {
+            return Ok(());
+        };
+        let known = |s: &str| {
+            self.covered
+                .lock()
+                .expect("never poisoned: no panics while held")
+                .contains(s)
+        };
+        if known(subject) {
+            return Ok(());
+        }
+        let info = match js.get_stream(stream).await {
+            Ok(s) => s.cached_info().clone(),
+            Err(e) => {
+                return Err(DeliveryError::Unavailable(format!(
+                    "{}: JetStream stream {stream}: {e} (create it; deliveries wait)",
+                    self.shown
+                )));
+            }
+        };
+        let subjects = info.config.subjects;
+        if !subjects.iter().any(|f| subject_matches(f, subject)) {
+            return Err(DeliveryError::Unavailable(format!(
+                "{}: JetStream stream {stream} does not take subject {subject} (its subjects: {}); add it to the stream, deliveries wait",
+                self.shown,
+                subjects.join(", ")
+            )));
+        }
+        self.covered
+            .lock()
+            .expect("never poisoned: no panics while held")
+            .insert(subject.to_string());
+        Ok(())
+    }
+
+    async fn publish(&self, js: &Context, messages: Vec<Message>) -> Result<(), DeliveryError> {
+        let deadline = tokio::time::Instant::now() + self.spec.timeout;
+        let no_answer = || {
+            DeliveryError::Unavailable(format!(
+                "{}: no PubAck within {:?}",
+                self.shown, self.spec.timeout
+            ))
+        };
+        let mut acks = Vec::with_capacity(messages.len());
+        for (i, m) in messages.into_iter().enumerate() {
+            self.check_stream(js, &m.to).await?;
+            let msg = PublishMessage::build()
+                .payload(m.payload)
+                .message_id(&m.key);
+            let sent = tokio::time::timeout_at(deadline, js.send_publish(m.to.clone(), msg))
+                .await
+                .map_err(|_| no_answer())?;
+            let ack = sent.map_err(|e| self.classify(i, &m.to, e))?;
+            acks.push((i, m.to, ack));
+        }
+        for (i, subject, ack) in acks {
+            let ack = tokio::time::timeout_at(deadline, ack.into_future())
+                .await
+                .map_err(|_| no_answer())?;
+            ack.map_err(|e| self.classify(i, &subject, e))?;
+        }
+        Ok(())
+    }
+
+    /// What a failed publish of message `i` means for the job.
+    fn classify(
+        &self,
+        i: usize,
+        subject: &str,
+        e: async_nats::jetstream::context::PublishError,
+    ) -> DeliveryError {
+        let shown = &self.shown;
+        match e.kind() {
+            PublishErrorKind::MaxPayloadExceeded => {
+                let what = if self.spec.batch {
+                    "the job as one message".to_string()
+                } else {
+                    format!("record {i}")
+                };
+                DeliveryError::TooLarge(format!("{shown}: {what}: {e}"))
+            }
+            // No stream takes the subject: the configuration's problem, not the job's.
+            PublishErrorKind::StreamNotFound => DeliveryError::Unavailable(format!(
+                "{shown}: no JetStream stream takes subject {subject} (no responders); create one or fix the subject, deliveries wait"
+            )),
+            PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
+                DeliveryError::Unavailable(format!("{shown}: {subject}: {e}"))
+            }
+            _ => DeliveryError::transient(format!("{shown}: {subject}: {e}")),
+        }
+    }
+}
+
+/// Whether the subject filter `filter` (with `*` for one token and a final `>` for the rest)
+/// takes `subject`.
+fn subject_matches(filter: &str, subject: &str) -> bool {
+    let mut s = subject.split('.');
+    for f in filter.split('.') {
+        match (f, s.next()) {
+            (">", Some(_)) => return true,
+            ("*", Some(_)) => {}
+            (f, Some(t)) if f == t => {}
+            _ => return false,
+        }
+    }
+    s.next().is_none()
+}
+
+impl Deliver for NatsSink {
+    fn start(&self) {
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move {
+            let _ = inner.conn().await;
+        });
+    }
+
+    fn concurrency(&self) -> usize {
+        self.inner.spec.concurrency
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.spec.timeout
+    }
+
+    fn replay_rate(&self) -> Option<u64> {
+        self.inner.spec.replay_rate
+    }
+
+    async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
+        let inner = &self.inner;
+        let (_, js) = inner.up().await?;
+        let messages = inner.spec.subject.messages(batch, body, inner.spec.batch)?;
+        inner.publish(js, messages).await
+    }
+
+    async fn send_file(&self, _batch: &Batch<'_>, file: &FileJob) -> Result<(), DeliveryError> {
+        Err(DeliveryError::Permanent(format!(
+            "{} is a file, and a nats sink publishes records",
+            file.name.to_string_lossy()
+        )))
+    }
+
+    /// Connected to a server (whatever `link.probe` says), and the configured stream is there.
+    async fn probe(&self, _how: &Probe) -> Result<(), String> {
+        let inner = &self.inner;
+        // The client reconnects on its own: the probe gives it up to the timeout.
+        let deadline = tokio::time::Instant::now() + inner.spec.timeout;
+        let (_, js) = loop {
+            match inner.up().await {
+                Ok(conn) => break conn,
+                Err(e) if tokio::time::Instant::now() >= deadline => return Err(e.to_string()),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        };
+        if let Some(stream) = &inner.spec.stream {
+            js.get_stream(stream)
+                .await
+                .map_err(|e| format!("{}: JetStream stream {stream}: {e}", inner.shown))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subject_filters_match_as_nats_does() {
+        assert!(subject_matches("plant.>", "plant.a.b"));
+        assert!(!subject_matches("plant.>", "plant"));
+        assert!(subject_matches("plant.*.t", "plant.a.t"));
+        assert!(!subject_matches("plant.*.t", "plant.a.b.t"));
+        assert!(subject_matches("plant.a", "plant.a"));
+        assert!(!subject_matches("plant.a", "plant.a.b"));
+        assert!(!subject_matches("plant.a.b", "plant.a"));
+    }
+}
