@@ -93,19 +93,27 @@ fn dispatch<W>(level: LevelFilter, format: LogFormat, ansi: bool, writer: W) -> 
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    // The NATS client logs each failed reconnect as an ERROR, every few seconds through an outage;
+    // the sink reports the outage once, through its link (a WARN when it goes down, an INFO when it
+    // is back), so the client's own events are left out.
+    let quiet = tracing_subscriber::filter::Targets::new()
+        .with_default(LevelFilter::TRACE)
+        .with_target("async_nats", LevelFilter::OFF);
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(writer)
         .with_target(false);
     match format {
-        LogFormat::Text => Dispatch::new(builder.with_ansi(ansi).finish()),
+        LogFormat::Text => Dispatch::new(builder.with_ansi(ansi).finish().with(quiet)),
         LogFormat::Json => Dispatch::new(
             builder
                 .json()
                 .flatten_event(true)
                 .with_current_span(false)
                 .with_span_list(false)
-                .finish(),
+                .finish()
+                .with(quiet),
         ),
     }
 }

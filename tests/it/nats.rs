@@ -341,6 +341,10 @@ fn a_stream_without_the_subject_is_an_outage_that_names_it_and_loses_nothing() {
         field(e, "message").starts_with("link down")
     });
     assert!(field(&down, "reason").contains("uthorization"), "{down}");
+    // The client retries every few seconds; the log says it once.
+    std::thread::sleep(secs(4));
+    let loud = agent.events_where(|e| matches!(field(e, "level"), "WARN" | "ERROR"));
+    assert_eq!(loud.len(), 1, "{loud:#?}");
     agent.signal(libc::SIGTERM);
     assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
     // The right password, and a stream that does not take plant.temps.
