@@ -93,29 +93,42 @@ fn dispatch<W>(level: LevelFilter, format: LogFormat, ansi: bool, writer: W) -> 
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
-    use tracing_subscriber::layer::SubscriberExt as _;
-    // The NATS client logs each failed reconnect as an ERROR, every few seconds through an outage;
-    // the sink reports the outage once, through its link (a WARN when it goes down, an INFO when it
-    // is back), so the client's own events are left out.
-    let quiet = tracing_subscriber::filter::Targets::new()
-        .with_default(LevelFilter::TRACE)
-        .with_target("async_nats", LevelFilter::OFF);
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(writer)
         .with_target(false);
     match format {
-        LogFormat::Text => Dispatch::new(builder.with_ansi(ansi).finish().with(quiet)),
-        LogFormat::Json => Dispatch::new(
+        LogFormat::Text => quiet(builder.with_ansi(ansi).finish()),
+        LogFormat::Json => quiet(
             builder
                 .json()
                 .flatten_event(true)
                 .with_current_span(false)
                 .with_span_list(false)
-                .finish()
-                .with(quiet),
+                .finish(),
         ),
     }
+}
+
+/// The dispatch of `subscriber`, with the NATS client's own events left out: it logs each failed
+/// reconnect as an ERROR, every few seconds through an outage, while the sink reports the outage
+/// once, through its link (a WARN when it goes down, an INFO when it is back).
+#[cfg(feature = "nats")]
+fn quiet<S>(subscriber: S) -> Dispatch
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
+{
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let nats = tracing_subscriber::filter::Targets::new()
+        .with_default(LevelFilter::TRACE)
+        .with_target("async_nats", LevelFilter::OFF);
+    Dispatch::new(subscriber.with(nats))
+}
+
+/// Without the NATS client there is nothing to leave out.
+#[cfg(not(feature = "nats"))]
+fn quiet<S: tracing::Subscriber + Send + Sync>(subscriber: S) -> Dispatch {
+    Dispatch::new(subscriber)
 }
 
 /// A panic (redb on a damaged page, or a bug) is logged like any other event, so JSON logs stay

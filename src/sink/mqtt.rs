@@ -87,7 +87,7 @@ pub struct Status {
     pub offline: String,
 }
 
-/// The built sink: the settings and the connection (its driver starts at the first use).
+/// The built sink: the settings and the connection (its driver starts when the sink is started).
 pub struct MqttSink {
     spec: MqttConfig,
     conn: Connection,
@@ -110,13 +110,13 @@ impl MqttSink {
         messages: Vec<Message>,
     ) -> Result<(), DeliveryError> {
         if let Some(max) = max_packet {
-            for (i, m) in messages.iter().enumerate() {
+            for m in &messages {
                 let size = publish_size(&m.to, m.payload.len(), &m.key);
                 if size > max as usize {
                     let what = if self.spec.batch {
                         "the job as one message".to_string()
                     } else {
-                        format!("record {i}")
+                        format!("record {} of the job", m.index)
                     };
                     return Err(DeliveryError::TooLarge(format!(
                         "{what} makes a {size}-byte PUBLISH; the broker takes at most {max} bytes"
@@ -131,6 +131,7 @@ impl MqttSink {
             to: topic,
             payload,
             key,
+            ..
         } in messages
         {
             let props = PublishProperties {

@@ -263,7 +263,8 @@ impl Inner {
             ))
         };
         let mut acks = Vec::with_capacity(messages.len());
-        for (i, m) in messages.into_iter().enumerate() {
+        for m in messages {
+            let i = m.index;
             self.check_stream(js, &m.to).await?;
             let msg = PublishMessage::build()
                 .payload(m.payload)
@@ -283,7 +284,8 @@ impl Inner {
         Ok(())
     }
 
-    /// What a failed publish of message `i` means for the job.
+    /// What a failed publish of the message of record `i` (its position in the job) means for the
+    /// job.
     fn classify(
         &self,
         i: usize,
@@ -296,7 +298,7 @@ impl Inner {
                 let what = if self.spec.batch {
                     "the job as one message".to_string()
                 } else {
-                    format!("record {i}")
+                    format!("record {i} of the job")
                 };
                 DeliveryError::TooLarge(format!("{shown}: {what}: {e}"))
             }

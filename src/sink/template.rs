@@ -158,6 +158,8 @@ pub struct Message {
     pub to: String,
     pub payload: Bytes,
     pub key: String,
+    /// The (first) record's position in the job as first appended, for messages.
+    pub index: usize,
 }
 
 impl Template {
@@ -179,6 +181,7 @@ impl Template {
                 to,
                 payload: body,
                 key: batch.idempotency_key(),
+                index: batch.first as usize,
             }]);
         }
         let mut messages = Vec::with_capacity((batch.end - batch.first) as usize);
@@ -196,6 +199,7 @@ impl Template {
                 to,
                 payload: body.slice(start..end),
                 key: batch.record_key(index),
+                index,
             });
             start = end + 1;
         }

@@ -508,6 +508,9 @@ streams:
     let dead = dead_letters(&config, "m");
     assert_eq!(dead.len(), 1, "{dead:?}");
     let reason = dead[0]["last_error"].as_str().unwrap_or_default();
-    assert!(reason.contains("at most 400 bytes"), "{reason}");
+    assert!(
+        reason.contains("record 2 of the job") && reason.contains("at most 400 bytes"),
+        "{reason}"
+    );
     let _ = std::io::stdout().flush();
 }

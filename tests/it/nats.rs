@@ -378,3 +378,50 @@ fn a_stream_without_the_subject_is_an_outage_that_names_it_and_loses_nothing() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), "", "no dead letters");
 }
+
+/// A record over the server's `max_payload` goes to the dead letters alone, with the reason; the
+/// job's other records are delivered, each once, in order.
+#[test]
+fn a_record_over_max_payload_is_dead_lettered_alone() {
+    let sb = Sandbox::new();
+    let conf = sb.file("limits.conf");
+    std::fs::write(&conf, "max_payload: 512\n").unwrap();
+    let nodes = cluster(&sb.file(""), 1, &["-c", &conf.display().to_string()]);
+    ensure_stream(
+        &nodes[0],
+        jetstream::stream::Config {
+            name: "PLANT".into(),
+            subjects: vec!["plant.>".into()],
+            ..Default::default()
+        },
+        async_nats::ConnectOptions::new(),
+    );
+    let config = config_for(&sb, &urls(&nodes), "");
+    let big = "x".repeat(1000);
+    let body =
+        format!("{{\"seq\":0}}\n{{\"seq\":1}}\n{{\"seq\":9,\"pad\":\"{big}\"}}\n{{\"seq\":2}}\n");
+    let (code, _, err) = queue(&config, &["push", "temps"], &body);
+    assert_eq!(code, 0, "{err}");
+    let mut agent = Proc::run(&config);
+    agent.wait_until(secs(30), "the three small records", || {
+        stream_messages(&nodes[0], "PLANT") == 3
+    });
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
+    check_exactly_once(
+        &read_stream(&nodes[0], "PLANT", async_nats::ConnectOptions::new()),
+        3,
+    );
+    let (code, out, err) = queue(&config, &["dead", "list", "temps", "--json"], "");
+    assert_eq!(code, 0, "{err}");
+    let dead: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(dead.len(), 1, "{out}");
+    let reason = dead[0]["last_error"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("record 2 of the job") && reason.contains("payload"),
+        "{reason}"
+    );
+}
