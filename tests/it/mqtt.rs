@@ -253,17 +253,23 @@ fn post_records(port: u16, stream: &str, body: &str) {
     assert_eq!(a.status, 200, "{}", a.text());
 }
 
-#[test]
-fn records_reach_the_broker_through_an_outage_in_order_without_spending_attempts() {
-    let sb = Sandbox::new();
+/// A mosquitto password file with one user.
+fn password_file(sb: &Sandbox, user: &str, password: &str) -> PathBuf {
     let pw = sb.file("passwords");
     let out = Command::new("mosquitto_passwd")
         .args(["-b", "-c"])
         .arg(&pw)
-        .args(["gateway", "s3cret"])
+        .args([user, password])
         .output()
-        .unwrap();
+        .expect("mosquitto_passwd (Debian's mosquitto)");
     assert!(out.status.success(), "{out:?}");
+    pw
+}
+
+#[test]
+fn records_reach_the_broker_through_an_outage_in_order_without_spending_attempts() {
+    let sb = Sandbox::new();
+    let pw = password_file(&sb, "gateway", "s3cret");
     let mut b = Broker::start(
         &sb.file("broker"),
         &format!("allow_anonymous false\npassword_file {}", pw.display()),
@@ -404,14 +410,7 @@ streams:
 #[test]
 fn refused_credentials_turn_the_link_down_once_and_keep_the_data_until_a_reload_fixes_them() {
     let sb = Sandbox::new();
-    let pw = sb.file("passwords");
-    let out = Command::new("mosquitto_passwd")
-        .args(["-b", "-c"])
-        .arg(&pw)
-        .args(["gateway", "right"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    let pw = password_file(&sb, "gateway", "right");
     let b = Broker::start(
         &sb.file("broker"),
         &format!("allow_anonymous false\npassword_file {}", pw.display()),
