@@ -263,9 +263,14 @@ impl Inner {
             ))
         };
         let mut acks = Vec::with_capacity(messages.len());
+        let mut checked: Option<String> = None;
         for m in messages {
             let i = m.index;
-            self.check_stream(js, &m.to).await?;
+            // A job's messages mostly share one subject: checked when it changes.
+            if checked.as_deref() != Some(m.to.as_str()) {
+                self.check_stream(js, &m.to).await?;
+                checked = Some(m.to.clone());
+            }
             let msg = PublishMessage::build()
                 .payload(m.payload)
                 .message_id(&m.key);

@@ -185,6 +185,15 @@ impl Template {
             }]);
         }
         let mut messages = Vec::with_capacity((batch.end - batch.first) as usize);
+        // A template without fields names every record alike: rendered once for the job.
+        let fixed = if self.uses_fields() {
+            None
+        } else {
+            Some(
+                self.render(batch.stream, b"")
+                    .map_err(DeliveryError::Permanent)?,
+            )
+        };
         let mut start = 0;
         for (i, line) in body.split(|&b| b == b'\n').enumerate() {
             let end = start + line.len();
@@ -192,9 +201,12 @@ impl Template {
                 break; // after the last record's newline
             }
             let index = batch.first as usize + i;
-            let to = self.render(batch.stream, line).map_err(|why| {
-                DeliveryError::Permanent(format!("record {index} of the job {why}"))
-            })?;
+            let to = match &fixed {
+                Some(to) => to.clone(),
+                None => self.render(batch.stream, line).map_err(|why| {
+                    DeliveryError::Permanent(format!("record {index} of the job {why}"))
+                })?,
+            };
             messages.push(Message {
                 to,
                 payload: body.slice(start..end),
