@@ -394,15 +394,19 @@ streams:
         })
         .unwrap_or_else(|| panic!("round {round}: no offline will: {:?}", statuses(&sub)));
     }
-    let mut agent = Proc::run(&config);
-    agent.wait_until(secs(120), "every record at the subscriber", || {
-        seqs(&sub.messages(), "gw/data/a").1.len() as u64 == total
-    });
+    let mut agent = Proc::start(&config);
+    agent.wait_until(
+        secs(120),
+        "every record at the subscriber and online",
+        || {
+            seqs(&sub.messages(), "gw/data/a").1.len() as u64 == total
+                && statuses(&sub).last().map(String::as_str) == Some("online")
+        },
+    );
     let twice = check_all_once_in_order(&sub.messages(), "gw/data/a", total);
     // Only what was in flight at each kill: the jobs of one take, whose acknowledgements are
     // committed together (up to 16 jobs of 50 records; delivery.rs's TAKE_SEQUENTIAL).
     assert!(twice <= 4 * 16 * 50, "{twice} records arrived twice");
-    assert_eq!(statuses(&sub).last().map(String::as_str), Some("online"));
     agent.signal(libc::SIGTERM);
     assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
 }

@@ -307,7 +307,7 @@ fn a_cluster_keeps_each_record_exactly_once_through_kill_9_and_a_lost_node() {
         kills >= 3,
         "the backlog drained before colibri was killed 3 times"
     );
-    let mut agent = Proc::run(&config);
+    let mut agent = Proc::start(&config);
     agent.wait_until(secs(120), "every record in the stream", || {
         stream_messages(&nodes[0], "PLANT") >= total
     });

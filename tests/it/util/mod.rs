@@ -215,6 +215,17 @@ impl Proc {
         Proc::spawn(cmd)
     }
 
+    /// [`Proc::run`], returning once the agent logged "colibri started" (its signal handlers are
+    /// installed before): a test whose next condition may already hold cannot stop it too early.
+    /// The config must log JSON.
+    pub fn start(config: &Path) -> Self {
+        let agent = Proc::run(config);
+        agent.wait_for_event(secs(30), "colibri started", |e| {
+            field(e, "message") == "colibri started"
+        });
+        agent
+    }
+
     pub fn pid(&self) -> i32 {
         i32::try_from(self.child.id()).expect("pids fit i32")
     }
