@@ -1,5 +1,6 @@
 //! The broker sinks against real brokers on loopback ports: `mqtt` to Debian's `mosquitto`
-//! (persistence off, no subscriber) at QoS 1, and `nats` to Debian's `nats-server` with JetStream
+//! (persistence off, no subscriber) at QoS 1, in MQTT 5 and in 3.1.1 (`protocol: 3.1.1`), and
+//! `nats` to Debian's `nats-server` with JetStream
 //! (a file-backed stream, one replica). For each: a backlog of `BENCH_RECORDS` (default 1,000,000)
 //! JSON records queued with `colibri queue push` while no agent runs (the state after an outage),
 //! then drained by `colibri run`, once publishing a message per record and once a message per job
@@ -10,7 +11,7 @@
 //! figures for a backlog are the `backlog` and `delivery` benchmarks'.
 //!
 //! Run: `cargo bench --bench brokers` (`COLIBRI_BIN=<static build>` to measure the release binary,
-//! `BENCH_RECORDS=...`, `BENCH_ONLINE=...`, `BENCH_ONLY=mqtt|nats`, `BENCH_DIR=...`).
+//! `BENCH_RECORDS=...`, `BENCH_ONLINE=...`, `BENCH_ONLY=mqtt|mqtt-3.1.1|nats`, `BENCH_DIR=...`).
 
 use std::io::{Read as _, Write as _};
 use std::net::SocketAddr;
@@ -38,7 +39,7 @@ fn main() {
     println!("binary: {}", bin());
     let body = lines(records);
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    for kind in [Kind::Mqtt, Kind::Nats] {
+    for kind in [Kind::Mqtt, Kind::Mqtt311, Kind::Nats] {
         if !only.is_empty() && only != kind.name() {
             continue;
         }
@@ -71,6 +72,7 @@ fn main() {
 #[derive(Debug, Clone, Copy)]
 enum Kind {
     Mqtt,
+    Mqtt311,
     Nats,
 }
 
@@ -78,6 +80,7 @@ impl Kind {
     fn name(self) -> &'static str {
         match self {
             Kind::Mqtt => "mqtt",
+            Kind::Mqtt311 => "mqtt-3.1.1",
             Kind::Nats => "nats",
         }
     }
@@ -185,10 +188,15 @@ impl Run {
         std::fs::create_dir_all(dir).expect("bench dir");
         let port = free_port();
         let (broker, sink) = match kind {
-            Kind::Mqtt => (
+            Kind::Mqtt | Kind::Mqtt311 => (
                 mosquitto(dir, port),
                 format!(
-                    "{{ type: mqtt, url: \"mqtt://127.0.0.1:{port}\", topic: \"bench/{{stream}}\", batch: {batch} }}"
+                    "{{ type: mqtt, url: \"mqtt://127.0.0.1:{port}\", topic: \"bench/{{stream}}\", batch: {batch}, protocol: {} }}",
+                    if matches!(kind, Kind::Mqtt) {
+                        "5"
+                    } else {
+                        "3.1.1"
+                    }
                 ),
             ),
             Kind::Nats => (

@@ -1,7 +1,8 @@
 //! Sinks: where a stream's jobs are delivered. A closed set chosen by `type:` in the file, one file
 //! each: [`http`], [`file`] (a job becomes one file, written atomically), [`stdout`] and, with the
 //! `remote-write` feature, `remote_write` (Prometheus remote write over the http transport), with
-//! the `mqtt` feature, `mqtt` (an MQTT 5 broker; its connection in `mqtt_conn`), with the `nats`
+//! the `mqtt` feature, `mqtt` (an MQTT 5 or 3.1.1 broker; its connection in `mqtt_conn`, the two versions behind
+//! `mqtt_client`, its socket in `mqtt_socket`), with the `nats`
 //! feature, `nats` (NATS JetStream; what both broker sinks share in `template` and `tls`), each
 //! implementing the contract in `deliver` ([`Batch`] in, [`DeliveryError`] out: may not reach, may
 //! pass, too large, never). This file holds the compiled settings ([`SinkConfig`], with the kind's
@@ -31,7 +32,15 @@ mod local;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 #[cfg(feature = "mqtt")]
+mod mqtt_client;
+#[cfg(feature = "mqtt")]
 mod mqtt_conn;
+#[cfg(feature = "mqtt")]
+mod mqtt_socket;
+#[cfg(feature = "mqtt")]
+mod mqtt_v311;
+#[cfg(feature = "mqtt")]
+mod mqtt_v5;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "remote-write")]

@@ -1,4 +1,5 @@
-//! The `mqtt` sink (feature `mqtt`): a job's records published to an MQTT 5 broker, one message per
+//! The `mqtt` sink (feature `mqtt`): a job's records published to an MQTT broker (5, or 3.1.1 with
+//! `protocol`), one message per
 //! record (or the job as one ndjson message with `batch`), at QoS 1 or 2, on a topic made from a
 //! template. It owns the settings, the topic template and the outcome of a job: delivered only when
 //! every message of it is PUBACKed (QoS 1) or PUBCOMPed (QoS 2), unreachable (no attempt spent)
@@ -8,16 +9,16 @@
 //! itself (connect, reconnect, the status messages) is [`super::mqtt_conn`]'s. Built by
 //! `sink::Sink::new` from the compiled config.
 //!
-//! Every message carries the user property `idempotency-key`: for a message per record the job's
-//! key and the record's position in the job (`<store>:<stream>:<job>#<index>`, the same after a
-//! split or a crash), for a batch the job's (or part's) key as the `http` sink sends it.
+//! Under MQTT 5 every message carries the user property `idempotency-key`: for a message per record
+//! the job's key and the record's position in the job (`<store>:<stream>:<job>#<index>`, the same
+//! after a split or a crash), for a batch the job's (or part's) key as the `http` sink sends it.
+//! MQTT 3.1.1 has no place for it (`mqtt_v311` lists what else it cannot say).
 
 use std::time::Duration;
 
-use rumqttc::{PubAckReason, PubRecReason, PublishNoticeError, PublishOptions, PublishProperties};
-
 use super::deliver::{Batch, Deliver, DeliveryError, Probe, RecordFormat, Secret, SettingError};
 use super::http::TlsConfig;
+use super::mqtt_client::Refusal;
 use super::mqtt_conn::{Connection, Link};
 use super::template::{Message, Template};
 use crate::store::FileJob;
@@ -25,6 +26,7 @@ use crate::store::FileJob;
 /// The compiled `type: mqtt` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MqttConfig {
+    pub protocol: Protocol,
     pub host: String,
     pub port: u16,
     /// `mqtts://`: TLS with these settings.
@@ -44,9 +46,24 @@ pub struct MqttConfig {
     pub concurrency: usize,
     pub replay_rate: Option<u64>,
     pub status: Option<Status>,
+    /// The broker's largest packet as the settings give it (3.1.1 brokers do not say theirs).
+    pub max_packet: Option<u32>,
 }
 
 impl MqttConfig {
+    /// The name the broker's certificate is checked for (and SNI sent to).
+    pub fn server_name(&self) -> String {
+        self.tls
+            .as_ref()
+            .and_then(|t| t.server_name.clone())
+            .unwrap_or_else(|| self.host.clone())
+    }
+
+    /// The keep-alive in the protocol's unit (the config keeps it within 1..=65,535 s).
+    pub fn keep_alive_secs(&self) -> u16 {
+        u16::try_from(self.keep_alive.as_secs()).unwrap_or(u16::MAX)
+    }
+
     /// A topic made from records' fields needs JSON records; otherwise any line is a payload.
     pub fn record_format(&self) -> RecordFormat {
         if self.topic.uses_fields() {
@@ -69,13 +86,11 @@ pub enum Qos {
     ExactlyOnce,
 }
 
-impl Qos {
-    pub(super) fn rumqttc(self) -> rumqttc::QoS {
-        match self {
-            Qos::AtLeastOnce => rumqttc::QoS::AtLeastOnce,
-            Qos::ExactlyOnce => rumqttc::QoS::ExactlyOnce,
-        }
-    }
+/// The MQTT version spoken to the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    V5,
+    V311,
 }
 
 /// The retained status messages: `online` published at each connect, `offline` as the will the
@@ -111,7 +126,7 @@ impl MqttSink {
     ) -> Result<(), DeliveryError> {
         if let Some(max) = max_packet {
             for m in &messages {
-                let size = publish_size(&m.to, m.payload.len(), &m.key);
+                let size = self.conn.client().publish_size(m);
                 if size > max as usize {
                     let what = if self.spec.batch {
                         "the job as one message".to_string()
@@ -124,36 +139,21 @@ impl MqttSink {
                 }
             }
         }
-        let qos = self.spec.qos.rumqttc();
         let deadline = tokio::time::Instant::now() + self.spec.timeout;
         let mut notices = Vec::with_capacity(messages.len());
-        for Message {
-            to: topic,
-            payload,
-            key,
-            ..
-        } in messages
-        {
-            let props = PublishProperties {
-                user_properties: vec![("idempotency-key".into(), key)],
-                ..PublishProperties::default()
-            };
-            let opts = PublishOptions::new(qos).properties(props);
-            let queued = tokio::time::timeout_at(
-                deadline,
-                self.conn
-                    .client()
-                    .publish_tracked(topic.clone(), payload, opts),
-            )
-            .await
-            .map_err(|_| self.no_answer())?;
+        for m in messages {
+            let topic = m.to.clone();
+            let queued =
+                tokio::time::timeout_at(deadline, self.conn.client().publish(m, self.spec.qos))
+                    .await
+                    .map_err(|_| self.no_answer())?;
             let notice = queued.map_err(|e| {
                 DeliveryError::Permanent(format!("cannot publish to {topic:?}: {e}"))
             })?;
             notices.push((topic, notice));
         }
         for (topic, notice) in notices {
-            let done = tokio::time::timeout_at(deadline, notice.wait_completion_async())
+            let done = tokio::time::timeout_at(deadline, notice.completed())
                 .await
                 .map_err(|_| self.no_answer())?;
             done.map_err(|e| classify(&topic, e, &self.conn))?;
@@ -170,26 +170,8 @@ impl MqttSink {
     }
 }
 
-/// The bytes of a PUBLISH with this topic, payload and idempotency key (the one user property),
-/// packet id included: what the broker's maximum packet size is compared with.
-fn publish_size(topic: &str, payload: usize, key: &str) -> usize {
-    let props = 1 + 2 + "idempotency-key".len() + 2 + key.len();
-    let rest = 2 + topic.len() + 2 + varint_len(props) + props + payload;
-    1 + varint_len(rest) + rest
-}
-
-fn varint_len(n: usize) -> usize {
-    match n {
-        0..=127 => 1,
-        128..=16_383 => 2,
-        16_384..=2_097_151 => 3,
-        _ => 4,
-    }
-}
-
 /// What a refused or lost message means for the job.
-fn classify(topic: &str, e: PublishNoticeError, conn: &Connection) -> DeliveryError {
-    use PublishNoticeError as E;
+fn classify(topic: &str, e: Refusal, conn: &Connection) -> DeliveryError {
     let refused = |why: &str| {
         format!(
             "{}: the broker refused a message to {topic:?}: {why}",
@@ -199,22 +181,13 @@ fn classify(topic: &str, e: PublishNoticeError, conn: &Connection) -> DeliveryEr
     match e {
         // The broker's access list does not let colibri publish there: the sink's setting, not the
         // job's fault; like a 403, deliveries wait (no attempt spent) until it is allowed.
-        E::V5PubAck(PubAckReason::NotAuthorized) | E::V5PubRec(PubRecReason::NotAuthorized) => {
-            DeliveryError::Unavailable(refused(
-                "not authorized (deliveries wait until the broker allows this topic)",
-            ))
-        }
-        E::V5PubAck(PubAckReason::TopicNameInvalid)
-        | E::V5PubRec(PubRecReason::TopicNameInvalid)
-        | E::V5PubAck(PubAckReason::PayloadFormatInvalid)
-        | E::V5PubRec(PubRecReason::PayloadFormatInvalid) => {
-            DeliveryError::Permanent(refused(&format!("{e}")))
-        }
-        E::V5PubAck(_) | E::V5PubRec(_) | E::V5PubComp(_) => {
-            DeliveryError::transient(refused(&format!("{e}")))
-        }
+        Refusal::NotAuthorized(why) => DeliveryError::Unavailable(refused(&format!(
+            "{why} (deliveries wait until the broker allows this topic)"
+        ))),
+        Refusal::Invalid(why) => DeliveryError::Permanent(refused(&why)),
+        Refusal::Other(why) => DeliveryError::transient(refused(&why)),
         // The connection or its session ended before the answer: an outage.
-        other => DeliveryError::Unavailable(format!("{}: {other}", conn.shown())),
+        Refusal::Lost(why) => DeliveryError::Unavailable(format!("{}: {why}", conn.shown())),
     }
 }
 
@@ -237,7 +210,8 @@ impl Deliver for MqttSink {
 
     async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
         let max_packet = match self.conn.up(self.spec.timeout).await {
-            Link::Up { max_packet } => max_packet,
+            // The smaller of the broker's limit and the one the settings give.
+            Link::Up { max_packet } => max_packet.into_iter().chain(self.spec.max_packet).min(),
             Link::Down(reason) => return Err(DeliveryError::Unavailable(reason)),
         };
         let messages = self.spec.topic.messages(batch, body, self.spec.batch)?;
@@ -258,18 +232,5 @@ impl Deliver for MqttSink {
             Link::Up { .. } => Ok(()),
             Link::Down(reason) => Err(reason),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_packet_size_counts_every_byte_of_a_publish() {
-        // 2+5 topic, 2 packet id, 1 props length, 1+2+15+2+3 property, 10 payload = 43; header 2.
-        assert_eq!(publish_size("a/b/c", 10, "k:1"), 45);
-        assert_eq!(varint_len(127), 1);
-        assert_eq!(varint_len(128), 2);
     }
 }

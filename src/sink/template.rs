@@ -29,6 +29,7 @@ impl PartialEq for Rules {
 impl Eq for Rules {}
 
 /// MQTT topic names: no wildcards, no NUL.
+#[cfg(feature = "mqtt")]
 pub const MQTT_TOPIC: Rules = Rules {
     what: "topic",
     forbidden: |c| matches!(c, '+' | '#' | '\0'),
@@ -36,6 +37,7 @@ pub const MQTT_TOPIC: Rules = Rules {
 };
 
 /// NATS subjects: no wildcards, no whitespace.
+#[cfg(feature = "nats")]
 pub const NATS_SUBJECT: Rules = Rules {
     what: "subject",
     forbidden: |c| matches!(c, '*' | '>') || c.is_whitespace(),

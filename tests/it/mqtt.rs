@@ -22,7 +22,7 @@ use crate::remote_write::queue;
 use crate::tsdb::free_port;
 use crate::util::client::Client;
 use crate::util::http::TestPki;
-use crate::util::{Proc, Sandbox, assert_code, field, poll, quote, secs};
+use crate::util::{Proc, Sandbox, assert_code, field, head, poll, quote, secs};
 
 /// A mosquitto on a loopback port, with persistence in its own directory.
 struct Broker {
@@ -208,6 +208,12 @@ fn seqs(messages: &[Message], topic: &str) -> (Vec<u64>, BTreeMap<u64, Vec<Strin
 /// first arrivals are in order; returns how many arrived twice or more.
 #[track_caller]
 fn check_all_once_in_order(messages: &[Message], topic: &str, n: u64) -> usize {
+    check_all_in_order(messages, topic, n, true)
+}
+
+/// [`check_all_once_in_order`]; `keyed: false` for MQTT 3.1.1, whose messages carry no key.
+#[track_caller]
+fn check_all_in_order(messages: &[Message], topic: &str, n: u64, keyed: bool) -> usize {
     let (order, keys) = seqs(messages, topic);
     let missing: Vec<u64> = (0..n).filter(|i| !keys.contains_key(i)).collect();
     assert!(
@@ -217,9 +223,11 @@ fn check_all_once_in_order(messages: &[Message], topic: &str, n: u64) -> usize {
     );
     for (n, k) in &keys {
         assert_eq!(k.len(), 1, "record {n} came under several keys: {k:?}");
-        assert!(
+        assert_eq!(
             !k[0].is_empty(),
-            "record {n} came without an idempotency-key"
+            keyed,
+            "record {n}'s idempotency-key: {:?}",
+            k[0]
         );
     }
     let mut seen = std::collections::BTreeSet::new();
@@ -516,4 +524,147 @@ streams:
         "{reason}"
     );
     let _ = std::io::stdout().flush();
+}
+
+/// `protocol: 3.1.1`: a wrong password is one WARN and delivers nothing; with the right one,
+/// 20,000 records through kill -9s and a broker restart all arrive, first arrivals in order, with
+/// no key (3.1.1 has no user properties); the broker publishes the `offline` will after each kill;
+/// a record over `max_packet_size` (which a 3.1.1 broker cannot state) is dead-lettered alone
+/// instead of making the broker drop the connection over and over.
+#[test]
+fn mqtt_3_1_1_through_refused_credentials_kill_9_and_a_broker_restart() {
+    let sb = Sandbox::new();
+    let pw = password_file(&sb, "gateway", "right");
+    let mut b = Broker::start(
+        &sb.file("broker"),
+        &format!(
+            "allow_anonymous false\npassword_file {}\nmax_packet_size 2048",
+            pw.display()
+        ),
+    );
+    let sub = Sub::start(&b, &sb.file(""), "v3/#", &["-u", "gateway", "-P", "right"]);
+    let write = |password: &str| {
+        sb.write_config(&format!(
+            r#"data_dir: data
+log: {{format: json}}
+sinks:
+  broker:
+    type: mqtt
+    protocol: 3.1.1
+    url: mqtt://127.0.0.1:{port}
+    topic: v3/data
+    username: gateway
+    password: {password}
+    max_packet_size: 2048
+    status: {{ topic: v3/status }}
+    keep_alive: 2s
+    timeout: 3s
+    retry: {{ max_attempts: 1 }}
+    link: {{ backoff_cap: 1s }}
+streams:
+  m: {{ sink: broker, batch: {{ max_records: 50 }} }}
+"#,
+            port = b.port
+        ))
+    };
+    let of = |sub: &Sub, topic: &str| -> Vec<String> {
+        sub.messages()
+            .into_iter()
+            .filter(|m| m.topic == topic)
+            .map(|m| m.payload)
+            .collect()
+    };
+    let total = 20_000u64;
+    let mut body: String = (0..total).map(|i| format!("{{\"seq\":{i}}}\n")).collect();
+    body.push_str(&format!(
+        "{{\"seq\":{total},\"pad\":\"{}\"}}\n",
+        "x".repeat(3000)
+    ));
+    let config = write("wrong");
+    let (code, _, err) = queue(&config, &["push", "m"], &body);
+    assert_eq!(code, 0, "{err}");
+    let mut agent = Proc::run(&config);
+    let down = agent.wait_for_event(secs(15), "the link down", |e| {
+        field(e, "message").starts_with("link down")
+    });
+    assert!(
+        field(&down, "reason").contains("refused colibri's credentials"),
+        "{down}"
+    );
+    std::thread::sleep(secs(3));
+    let warns = agent.events_where(|e| matches!(field(e, "level"), "WARN" | "ERROR"));
+    assert_eq!(warns.len(), 1, "{warns:#?}");
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
+    assert!(sub.messages().is_empty(), "{}", head(&sub.messages(), 5));
+
+    write("right");
+    for round in 0..3 {
+        let agent = Proc::start(&config);
+        let before = of(&sub, "v3/data").len();
+        let all = || seqs(&sub.messages(), "v3/data").1.len() as u64 == total;
+        agent.wait_until(secs(30), "deliveries under way", || {
+            of(&sub, "v3/data").len() > before + 500 || all()
+        });
+        if round == 1 {
+            // The broker restarts under the agent: the link goes down and comes back.
+            b.stop();
+            agent.wait_for_event(secs(20), "the link down", |e| {
+                field(e, "message").starts_with("link down")
+            });
+            b.restart();
+            agent.wait_until(secs(30), "the link up again", || {
+                of(&sub, "v3/status").last().map(String::as_str) == Some("online")
+                    && (of(&sub, "v3/data").len() > before + 1000 || all())
+            });
+        }
+        agent.signal(libc::SIGKILL);
+        drop(agent);
+        poll(secs(10), || {
+            (of(&sub, "v3/status").last().map(String::as_str) == Some("offline")).then_some(())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "round {round}: no offline will: {:?}",
+                of(&sub, "v3/status")
+            )
+        });
+    }
+    let mut agent = Proc::start(&config);
+    agent.wait_until(secs(120), "every record at the subscriber, online", || {
+        seqs(&sub.messages(), "v3/data").1.len() as u64 == total
+            && of(&sub, "v3/status").last().map(String::as_str) == Some("online")
+    });
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
+    // mosquitto logs each connect's protocol (p2: its number for 3.1.1) and clean-session flag:
+    // clean at each start, resumed on the reconnects after the restart.
+    let connects: Vec<String> = b
+        .log()
+        .lines()
+        .filter(|l| l.contains("New client connected") && l.contains("as colibri-"))
+        .map(String::from)
+        .collect();
+    assert!(
+        !connects.is_empty() && connects.iter().all(|l| l.contains("(p2, ")),
+        "{connects:#?}"
+    );
+    assert!(
+        connects.iter().any(|l| l.contains("p2, c0")),
+        "{connects:#?}"
+    );
+    let twice = check_all_in_order(&sub.messages(), "v3/data", total, false);
+    // What was in flight at each kill and at the restart: a take's jobs of 50 records.
+    assert!(twice <= 4 * 16 * 50, "{twice} records arrived twice");
+    let dead = dead_letters(&config, "m");
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let reason = dead[0]["last_error"].as_str().unwrap_or_default();
+    assert!(reason.contains("at most 2048 bytes"), "{reason}");
+    let records = dead[0]["records"].as_array().expect("records");
+    assert_eq!(records.len(), 1, "{dead:?}");
+    let big = records[0].as_str().unwrap_or_default();
+    assert!(
+        big.starts_with(&format!("{{\"seq\":{total},")),
+        "{records:?}"
+    );
 }

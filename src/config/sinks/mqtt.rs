@@ -27,8 +27,14 @@ use crate::sink::SinkKind;
 #[serde(deny_unknown_fields)]
 pub struct MqttSinkSpec {
     /// The broker: `mqtt://host:1883` or, with TLS, `mqtts://host:8883` (the port defaults to
-    /// those). MQTT 5.
+    /// those).
     pub url: String,
+    /// `5` (default) or `3.1.1`, for brokers without MQTT 5 (Azure IoT Hub, older mosquitto).
+    /// 3.1.1 cannot carry the idempotency key (a consumer recognises a re-send by its content),
+    /// its broker does not say its maximum packet size (set `max_packet_size`) and it acknowledges
+    /// a message it refuses (an ACL denial is a silent drop, not a WARN).
+    #[serde(default)]
+    pub protocol: Option<MqttVersion>,
     /// Where each message goes: fixed text with `{stream}` (the stream's name) and
     /// `{field.<name>}` (a JSON record's field, dots reaching into objects), e.g.
     /// `plant/{stream}/{field.line}`. A record without the field goes to the dead letters with
@@ -92,6 +98,21 @@ pub struct MqttSinkSpec {
     /// Bytes per second of payload while a backlog is replayed. Unset: unlimited.
     #[serde(default)]
     pub replay_rate: Option<Size>,
+    /// The largest PUBLISH the broker takes, e.g. `256KiB`: a record over it goes to the dead
+    /// letters alone, before it is sent. An MQTT 5 broker states its own limit (the smaller one
+    /// applies); a 3.1.1 broker cannot, and drops the connection at a packet over its limit, so
+    /// set it for 3.1.1. Default: MQTT's own limit (256 MiB).
+    #[serde(default)]
+    pub max_packet_size: Option<Size>,
+}
+
+/// `protocol:` of an `mqtt` sink, a number (`5`) or text (`3.1.1`) as YAML reads it.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(untagged)]
+pub enum MqttVersion {
+    Number(u32),
+    Text(String),
 }
 
 /// `status:` of an `mqtt` sink.
@@ -118,7 +139,7 @@ pub(super) fn compile_mqtt(
     err: &mut Problems<'_>,
 ) -> Option<SinkKind> {
     use crate::sink::Secret;
-    use crate::sink::mqtt::{MqttConfig, MqttSink, Qos, Status};
+    use crate::sink::mqtt::{MqttConfig, MqttSink, Protocol, Qos, Status};
     use crate::sink::template::MQTT_TOPIC;
     let (host, port, tls) = match broker::url(&spec.url, ("mqtt", 1883), ("mqtts", 8883)) {
         Ok(b) => b,
@@ -145,6 +166,37 @@ pub(super) fn compile_mqtt(
             Qos::AtLeastOnce
         }
     };
+    let protocol = match &spec.protocol {
+        None | Some(MqttVersion::Number(5)) => Protocol::V5,
+        Some(MqttVersion::Text(t)) if t == "5" || t == "5.0" => Protocol::V5,
+        Some(MqttVersion::Text(t)) if t == "3.1.1" => Protocol::V311,
+        Some(MqttVersion::Number(n)) => {
+            err.add("protocol", format!("must be 5 or 3.1.1, not {n}"));
+            Protocol::V5
+        }
+        Some(MqttVersion::Text(t)) => {
+            err.add("protocol", format!("must be 5 or 3.1.1, not {t:?}"));
+            Protocol::V5
+        }
+    };
+    if protocol == Protocol::V311 && spec.password.is_some() && spec.username.is_none() {
+        err.add(
+            "password",
+            "MQTT 3.1.1 sends a password only with a user name: set username".into(),
+        );
+    }
+    const MAX_PACKET: u64 = 268_435_455;
+    let max_packet = spec.max_packet_size.and_then(|s| {
+        if (128..=MAX_PACKET).contains(&s.0) {
+            u32::try_from(s.0).ok()
+        } else {
+            err.add(
+                "max_packet_size",
+                format!("must be between 128 and {MAX_PACKET} bytes (MQTT's limit)"),
+            );
+            None
+        }
+    });
     let client_id = spec
         .client_id
         .unwrap_or_else(|| broker::default_client_name(name));
@@ -174,6 +226,7 @@ pub(super) fn compile_mqtt(
         }
     });
     let config = MqttConfig {
+        protocol,
         host,
         port,
         tls,
@@ -192,6 +245,7 @@ pub(super) fn compile_mqtt(
         concurrency,
         replay_rate,
         status,
+        max_packet,
     };
     // Reads the TLS files: a bad CA is reported now, not at the first delivery.
     if let Err(e) = MqttSink::new(&config) {

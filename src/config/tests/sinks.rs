@@ -283,12 +283,13 @@ sinks:
     }
 }
 
-/// An `mqtt` sink compiles with its defaults (port 1883, QoS 1, resumed sessions, a client id per
-/// machine and sink), a topic from fields makes its streams JSON, and each mistake names its field.
+/// An `mqtt` sink compiles with its defaults (MQTT 5, port 1883, QoS 1, resumed sessions, a client
+/// id per machine and sink), a topic from fields makes its streams JSON, `protocol: 3.1.1` is read
+/// as YAML writes it, and each mistake names its field.
 #[cfg(feature = "mqtt")]
 #[test]
 fn an_mqtt_sink_compiles_with_its_defaults_and_every_mistake_is_named() {
-    use crate::sink::mqtt::Qos;
+    use crate::sink::mqtt::{Protocol, Qos};
     let c = load(
         r#"
 sinks:
@@ -355,6 +356,48 @@ sinks:
         "sinks.c.topic: \"x/{host}\": {host} is neither",
         "sinks.c.tls: applies to mqtts:// URLs only",
         "sinks.c.link.probe: does not apply",
+    ] {
+        assert!(p.iter().any(|x| x.contains(want)), "{want} in {p:?}");
+    }
+    assert_eq!((m.protocol, m.max_packet), (Protocol::V5, None));
+    // MQTT 3.1.1, YAML's number or text; its limits.
+    let c = load(
+        r#"
+sinks:
+  old: { type: mqtt, protocol: 3.1.1, url: mqtt://h, topic: t, username: u, password: p, max_packet_size: 64KiB }
+  new: { type: mqtt, protocol: 5, url: mqtt://h, topic: t }
+streams:
+  m: { sink: old }
+  n: { sink: new }
+"#,
+    )
+    .unwrap();
+    let versions: Vec<_> = c
+        .sinks
+        .iter()
+        .map(|s| match &s.kind {
+            SinkKind::Mqtt(m) => (m.protocol, m.max_packet),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        versions,
+        // Sinks in name order: `new`, `old`.
+        [(Protocol::V5, None), (Protocol::V311, Some(65_536))]
+    );
+    let p = problems(
+        r#"
+sinks:
+  a: { type: mqtt, protocol: 4, url: "mqtt://h", topic: t, max_packet_size: 10 }
+  b: { type: mqtt, protocol: "3.1", url: "mqtt://h", topic: t }
+  c: { type: mqtt, protocol: 3.1.1, url: "mqtt://h", topic: t, password: p }
+"#,
+    );
+    for want in [
+        "sinks.a.protocol: must be 5 or 3.1.1, not 4",
+        "sinks.a.max_packet_size: must be between 128 and 268435455 bytes",
+        "sinks.b.protocol: must be 5 or 3.1.1, not \"3.1\"",
+        "sinks.c.password: MQTT 3.1.1 sends a password only with a user name",
     ] {
         assert!(p.iter().any(|x| x.contains(want)), "{want} in {p:?}");
     }

@@ -1,0 +1,148 @@
+//! The two MQTT protocol versions behind one face, so the connection's driver and the deliveries
+//! are written once: the client a delivery publishes through ([`Client`]), the event loop the
+//! driver polls ([`Events`], reporting [`Polled`]), a message's wait for its acknowledgement
+//! ([`Notice`], failing with a [`Refusal`]). What each version sends and how its packets map to
+//! these words is in `mqtt_v5` and `mqtt_v311`. Built by `mqtt_conn::Connection::new` from the
+//! sink's `protocol`; used by `mqtt_conn` and `mqtt`.
+
+use super::deliver::SettingError;
+use super::mqtt::{MqttConfig, Protocol, Qos, Status};
+use super::template::Message;
+use super::{mqtt_v5 as v5, mqtt_v311 as v311};
+
+/// Requests the client queues before a publish waits: bounds what a dropped connection holds.
+pub const REQUEST_CAPACITY: usize = 256;
+/// Messages awaiting their acknowledgement at once (fewer if the broker's Receive Maximum says so).
+pub const MAX_IN_FLIGHT: u16 = 128;
+/// The client: clones share one request queue to the event loop.
+#[derive(Clone)]
+pub enum Client {
+    V5(rumqttc::AsyncClient),
+    V311(rumqttc_v4::AsyncClient),
+}
+
+/// The event loop: owns the network connection and the session's in-flight messages.
+pub enum Events {
+    V5(Box<rumqttc::EventLoop>),
+    V311(Box<rumqttc_v4::EventLoop>),
+}
+
+/// A published message's acknowledgement to come.
+pub enum Notice {
+    V5(rumqttc::PublishNotice),
+    V311(rumqttc_v4::PublishNotice),
+}
+
+/// What one poll of the event loop saw.
+pub enum Polled {
+    /// A CONNACK that accepted the connection; the broker's maximum packet size if it set one.
+    Connected {
+        max_packet: Option<u32>,
+        session_present: bool,
+    },
+    /// Any other packet in or out.
+    Other,
+    /// The connection failed or was refused: why, in words for the link's log line.
+    Failed(String),
+}
+
+/// Why a message was not acknowledged.
+#[derive(Debug)]
+pub enum Refusal {
+    /// The broker does not let colibri publish to the topic (an ACL: the sink's setting).
+    NotAuthorized(String),
+    /// The message can never be taken (its topic, or its payload's format).
+    Invalid(String),
+    /// Another refusal, which may pass.
+    Other(String),
+    /// The connection or the session ended before the answer.
+    Lost(String),
+}
+
+/// The client and its event loop for the sink's protocol; nothing is dialled. `dial`: the
+/// `host:port` to connect to when the TLS server name differs from the URL's host.
+pub fn build(spec: &MqttConfig, dial: Option<String>) -> Result<(Client, Events), SettingError> {
+    Ok(match spec.protocol {
+        Protocol::V5 => {
+            let (c, e) = v5::build(spec, dial)?;
+            (Client::V5(c), Events::V5(Box::new(e)))
+        }
+        Protocol::V311 => {
+            let (c, e) = v311::build(spec, dial)?;
+            (Client::V311(c), Events::V311(Box::new(e)))
+        }
+    })
+}
+
+impl Client {
+    /// Queues `m` (waiting while the request queue is full); the notice resolves with its
+    /// acknowledgement. An error says why the client would not take it.
+    pub async fn publish(&self, m: Message, qos: Qos) -> Result<Notice, String> {
+        match self {
+            Client::V5(c) => v5::publish(c, m, qos).await.map(Notice::V5),
+            Client::V311(c) => v311::publish(c, m, qos).await.map(Notice::V311),
+        }
+    }
+
+    /// Queues the retained `online` status without waiting (the driver, which calls this, is
+    /// what empties the queue).
+    pub fn announce(&self, status: &Status) -> Result<(), String> {
+        match self {
+            Client::V5(c) => v5::announce(c, status),
+            Client::V311(c) => v311::announce(c, status),
+        }
+    }
+
+    /// The bytes of the PUBLISH `m` makes, packet id included: what a broker's maximum packet
+    /// size is compared with.
+    pub fn publish_size(&self, m: &Message) -> usize {
+        match self {
+            Client::V5(_) => v5::publish_size(&m.to, m.payload.len(), &m.key),
+            Client::V311(_) => v311::publish_size(&m.to, m.payload.len()),
+        }
+    }
+}
+
+impl Events {
+    pub async fn poll(&mut self, shown: &str) -> Polled {
+        match self {
+            Events::V5(e) => v5::poll(e, shown).await,
+            Events::V311(e) => v311::poll(e, shown).await,
+        }
+    }
+
+    /// Every connect from now on resumes the session instead of starting a clean one.
+    pub fn resume_sessions(&mut self) {
+        match self {
+            Events::V5(e) => v5::resume_sessions(e),
+            Events::V311(e) => v311::resume_sessions(e),
+        }
+    }
+}
+
+impl Notice {
+    /// Waits for the PUBACK (QoS 1) or PUBCOMP (QoS 2).
+    pub async fn completed(self) -> Result<(), Refusal> {
+        match self {
+            Notice::V5(n) => v5::completed(n).await,
+            Notice::V311(n) => v311::completed(n).await,
+        }
+    }
+}
+
+/// The MQTT remaining-length bytes for `n`.
+pub fn varint_len(n: usize) -> usize {
+    match n {
+        0..=127 => 1,
+        128..=16_383 => 2,
+        16_384..=2_097_151 => 3,
+        _ => 4,
+    }
+}
+
+/// The reason a CONNACK refused colibri's credentials gives, in both versions' words.
+pub fn refused_credentials(shown: &str, code: impl std::fmt::Debug) -> String {
+    format!(
+        "{shown}: the broker refused colibri's credentials ({code:?}); deliveries wait until they are accepted"
+    )
+}

@@ -1,0 +1,173 @@
+//! MQTT 5 for the `mqtt` sink (rumqttc-v5-next): the client options from the settings, the event
+//! loop's packets and errors in [`mqtt_client`](super::mqtt_client)'s words (a CONNACK's maximum
+//! packet size; a refused CONNACK's reason), a record's PUBLISH with the `idempotency-key` user
+//! property, and the reason codes of a PUBACK, PUBREC or PUBCOMP that refuses it. Called only
+//! through `mqtt_client`.
+
+use std::sync::Arc;
+
+use rumqttc::{
+    AsyncClient, ConnectReturnCode, ConnectionError, Event, EventLoop, Incoming, LastWill,
+    MqttOptions, PubAckReason, PubRecReason, PublishNotice, PublishNoticeError, PublishOptions,
+    PublishProperties, QoS, TlsConfiguration, Transport,
+};
+
+use super::deliver::SettingError;
+use super::mqtt::{MqttConfig, Qos, Status};
+use super::mqtt_client::{MAX_IN_FLIGHT, Polled, REQUEST_CAPACITY, Refusal, varint_len};
+use super::mqtt_socket;
+use super::template::Message;
+use crate::net::client::chain;
+
+/// The user property that carries a message's idempotency key.
+const KEY: &str = "idempotency-key";
+
+pub fn build(
+    spec: &MqttConfig,
+    dial: Option<String>,
+) -> Result<(AsyncClient, EventLoop), SettingError> {
+    let mut opts = MqttOptions::new(
+        spec.client_id.clone(),
+        rumqttc::Broker::tcp(spec.server_name(), spec.port),
+    );
+    if let Some(tls) = &spec.tls {
+        let config = super::tls::client_config(tls)?;
+        opts.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(
+            Arc::new(config),
+        )));
+    }
+    opts.set_socket_connector(move |addr, net| mqtt_socket::connect(dial.clone(), addr, net));
+    let mut net = rumqttc::NetworkOptions::new();
+    net.set_tcp_nodelay(true);
+    opts.set_network_options(net)
+        // The client keeps a slot per packet id it may have in flight, sized by this bound
+        // (65,535 slots unless the broker sets a smaller Receive Maximum: 16 MB of memory).
+        .set_outgoing_inflight_upper_limit(MAX_IN_FLIGHT);
+    opts.set_keep_alive(spec.keep_alive_secs())
+        .set_connect_timeout(spec.timeout)
+        .set_clean_start(true);
+    if spec.persistent {
+        let expiry = u32::try_from(spec.session_expiry.as_secs()).unwrap_or(u32::MAX);
+        opts.set_session_expiry_interval(Some(expiry));
+    }
+    match (&spec.username, &spec.password) {
+        (Some(u), Some(p)) => {
+            opts.set_credentials(u.clone(), p.0.clone().into_bytes());
+        }
+        (Some(u), None) => {
+            opts.set_username(u.clone());
+        }
+        (None, Some(p)) => {
+            opts.set_password(p.0.clone().into_bytes());
+        }
+        (None, None) => {}
+    }
+    if let Some(s) = &spec.status {
+        opts.set_last_will(LastWill::new(
+            s.topic.clone(),
+            s.offline.clone().into_bytes(),
+            QoS::AtLeastOnce,
+            true,
+            None,
+        ));
+    }
+    Ok(AsyncClient::builder(opts)
+        .capacity(REQUEST_CAPACITY)
+        .build())
+}
+
+pub async fn poll(events: &mut EventLoop, shown: &str) -> Polled {
+    match events.poll().await {
+        Ok(Event::Incoming(Incoming::ConnAck(ack))) => Polled::Connected {
+            max_packet: ack.properties.as_ref().and_then(|p| p.max_packet_size),
+            session_present: ack.session_present,
+        },
+        Ok(_) => Polled::Other,
+        Err(e) => Polled::Failed(reason(shown, &e)),
+    }
+}
+
+pub fn resume_sessions(events: &mut EventLoop) {
+    events.options.set_clean_start(false);
+}
+
+pub fn announce(client: &AsyncClient, s: &Status) -> Result<(), String> {
+    let opts = PublishOptions::new(QoS::AtLeastOnce).retained();
+    client
+        .try_publish(s.topic.clone(), s.online.clone().into_bytes(), opts)
+        .map_err(|e| e.to_string())
+}
+
+pub async fn publish(client: &AsyncClient, m: Message, qos: Qos) -> Result<PublishNotice, String> {
+    let props = PublishProperties {
+        user_properties: vec![(KEY.into(), m.key)],
+        ..PublishProperties::default()
+    };
+    let opts = PublishOptions::new(qos_of(qos)).properties(props);
+    client
+        .publish_tracked(m.to, m.payload, opts)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+pub async fn completed(notice: PublishNotice) -> Result<(), Refusal> {
+    use PublishNoticeError as E;
+    let Err(e) = notice.wait_completion_async().await else {
+        return Ok(());
+    };
+    Err(match e {
+        E::V5PubAck(PubAckReason::NotAuthorized) | E::V5PubRec(PubRecReason::NotAuthorized) => {
+            Refusal::NotAuthorized("not authorized".into())
+        }
+        E::V5PubAck(PubAckReason::TopicNameInvalid)
+        | E::V5PubRec(PubRecReason::TopicNameInvalid)
+        | E::V5PubAck(PubAckReason::PayloadFormatInvalid)
+        | E::V5PubRec(PubRecReason::PayloadFormatInvalid) => Refusal::Invalid(e.to_string()),
+        E::V5PubAck(_) | E::V5PubRec(_) | E::V5PubComp(_) => Refusal::Other(e.to_string()),
+        other => Refusal::Lost(other.to_string()),
+    })
+}
+
+/// A PUBLISH with this topic, payload and key (the one user property), packet id included.
+pub fn publish_size(topic: &str, payload: usize, key: &str) -> usize {
+    let props = 1 + 2 + KEY.len() + 2 + key.len();
+    let rest = 2 + topic.len() + 2 + varint_len(props) + props + payload;
+    1 + varint_len(rest) + rest
+}
+
+fn qos_of(qos: Qos) -> QoS {
+    match qos {
+        Qos::AtLeastOnce => QoS::AtLeastOnce,
+        Qos::ExactlyOnce => QoS::ExactlyOnce,
+    }
+}
+
+/// Why the connection is down, for the link's log line and the deliveries it refuses.
+fn reason(shown: &str, e: &ConnectionError) -> String {
+    use ConnectReturnCode as C;
+    match e {
+        ConnectionError::ConnectionRefused(
+            code @ (C::BadUserNamePassword
+            | C::NotAuthorized
+            | C::Banned
+            | C::BadAuthenticationMethod),
+        ) => super::mqtt_client::refused_credentials(shown, code),
+        ConnectionError::ConnectionRefused(code) => {
+            format!("{shown}: the broker refused the connection ({code:?})")
+        }
+        other => format!("{shown}: {}", chain(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_packet_size_counts_every_byte_of_a_publish() {
+        // 2+5 topic, 2 packet id, 1 props length, 1+2+15+2+3 property, 10 payload = 43; header 2.
+        assert_eq!(publish_size("a/b/c", 10, "k:1"), 45);
+        assert_eq!(varint_len(127), 1);
+        assert_eq!(varint_len(128), 2);
+    }
+}
