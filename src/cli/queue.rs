@@ -17,7 +17,6 @@ use clap::{Args, Subcommand};
 use crate::clock;
 use crate::config::{self, Config, Unset};
 use crate::ingest::body;
-use crate::scrape::lineparse;
 use crate::sink::RecordFormat;
 use crate::store::{self, OpenOptions, RecordBuf, Store, StoreError};
 use crate::units::{fmt_duration, fmt_size};
@@ -596,34 +595,14 @@ fn push(c: &Config, stream: &str, batch: usize) -> anyhow::Result<()> {
         Ok(())
     };
     for (i, line) in stdin.split(b'\n').enumerate() {
-        let mut line = line?;
-        let record = match carries {
-            RecordFormat::Lines => {
-                if line.last() == Some(&b'\r') {
-                    line.pop();
-                }
-                if line.is_empty() {
-                    continue;
-                }
-                Ok(line)
-            }
-            RecordFormat::Json => match body::json_record(&line) {
-                Ok(None) => continue,
-                Ok(Some(r)) => Ok(r.to_vec()),
-                Err(why) => Err(format!(
-                    "is not JSON: {why} (stream {stream:?}'s sink sends JSON)"
-                )),
-            },
-            // A point without a timestamp gets the time it was read, in the sink's precision.
-            RecordFormat::LineProtocol(p) => {
-                match lineparse::record(&line, p.from_unix_ns(crate::clock::unix_ns())) {
-                    Ok(None) => continue,
-                    Ok(Some(r)) => Ok(r),
-                    Err(e) => Err(format!(
-                        "is not line protocol: {e} (stream {stream:?}'s sink has encoding: influx_line)"
-                    )),
-                }
-            }
+        let line = line?;
+        let record = match body::line_record(carries, &line, clock::unix_ns()) {
+            Ok(None) => continue,
+            Ok(Some(r)) => Ok(r),
+            Err(why) => Err(match carries {
+                RecordFormat::Json => format!("{why} (stream {stream:?}'s sink sends JSON)"),
+                _ => format!("{why} (stream {stream:?}'s sink has encoding: influx_line)"),
+            }),
         };
         match record {
             Ok(r) => pending.push(&r),

@@ -236,7 +236,41 @@ pub struct ExecSpec {
     /// directory.
     #[serde(default)]
     pub cwd: Option<String>,
+    /// Append what the program prints on stdout to this stream after a successful run (in one
+    /// append: a run is stored whole or not at all). A failed or timed-out run appends nothing
+    /// unless `append_failed`.
+    #[serde(default)]
+    pub stream: Option<String>,
+    /// With `stream`: `lines` (default: a record per non-empty line, each what the stream's sink
+    /// sends: JSON for a JSON sink, a point for an `influx_line` sink, stamped with the run's start
+    /// when it has no time, any line for the others), `json` (each line must be JSON),
+    /// `line_protocol` (each line a point, stamped likewise) or `whole` (the output as one JSON
+    /// record `{"task", "time_ms", "output"}`). A line that is not what it must be fails the run
+    /// naming the line.
+    #[serde(default)]
+    pub format: Option<ExecFormatSpec>,
+    /// With `stream`: the most stdout a run may print, e.g. `1MiB` (the default); over it the run
+    /// fails with the reason and nothing is appended.
+    #[serde(default)]
+    pub max_output: Option<Size>,
+    /// With `stream`: a failed or timed-out run appends its output as one JSON record
+    /// `{"task", "time_ms", "output", "failed": <reason>}`. Default false.
+    #[serde(default)]
+    pub append_failed: bool,
 }
+
+/// `format:` of an `exec` task with `stream`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ExecFormatSpec {
+    Lines,
+    Json,
+    LineProtocol,
+    Whole,
+}
+
+const DEFAULT_MAX_OUTPUT: u64 = 1 << 20;
 
 #[derive(Debug, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -361,7 +395,7 @@ pub(super) fn compile_task(
     ctx: &TaskCtx<'_>,
     problems: &mut Problems<'_>,
 ) -> Option<TaskDef> {
-    let (base, grace) = (ctx.base, ctx.grace);
+    let grace = ctx.grace;
     let mut err = problems.under_task(at);
     let Value::Object(map) = value else {
         err.add(
@@ -509,7 +543,7 @@ pub(super) fn compile_task(
     }
 
     let action = match kind? {
-        TaskKind::Exec(spec) => compile_exec(spec, base, &mut err).map(Action::Exec),
+        TaskKind::Exec(spec) => compile_exec(spec, ctx, &mut err).map(Action::Exec),
         TaskKind::FileMove(spec) => {
             compile_file_move(spec, &common.name, ctx, &mut err).map(Action::FileMove)
         }
@@ -526,7 +560,13 @@ pub(super) fn compile_task(
     })
 }
 
-pub(super) fn compile_exec(spec: ExecSpec, base: &Path, err: &mut Problems<'_>) -> Option<Exec> {
+pub(super) fn compile_exec(
+    spec: ExecSpec,
+    ctx: &TaskCtx<'_>,
+    err: &mut Problems<'_>,
+) -> Option<Exec> {
+    let base = ctx.base;
+    let output = exec_output(&spec, ctx, err);
     let mut argv: Vec<String> = spec.command.into_iter().map(|s| s.0).collect();
     let mut ok = true;
     match argv.first_mut() {
@@ -584,7 +624,95 @@ pub(super) fn compile_exec(spec: ExecSpec, base: &Path, err: &mut Problems<'_>) 
         }
         env.push((k, v.0));
     }
-    ok.then_some(Exec { argv, env, cwd })
+    match output {
+        Ok(output) if ok => Some(Exec {
+            argv,
+            env,
+            cwd,
+            output,
+        }),
+        _ => None,
+    }
+}
+
+/// The `stream:` settings of an `exec` entry: `Ok(None)` without a stream; `Err` once a problem
+/// is reported.
+fn exec_output(
+    spec: &ExecSpec,
+    ctx: &TaskCtx<'_>,
+    err: &mut Problems<'_>,
+) -> Result<Option<crate::task::exec_output::Output>, ()> {
+    use crate::scrape::lineproto::Precision;
+    use crate::task::exec_output::{Output, OutputFormat};
+    let Some(stream) = &spec.stream else {
+        let mut ok = true;
+        for (set, field) in [
+            (spec.format.is_some(), "format"),
+            (spec.max_output.is_some(), "max_output"),
+            (spec.append_failed, "append_failed"),
+        ] {
+            if set {
+                err.add(field, "applies only with stream".into());
+                ok = false;
+            }
+        }
+        return if ok { Ok(None) } else { Err(()) };
+    };
+    if let Err(m) = ctx.stream(stream) {
+        if let Some(m) = m {
+            err.add("stream", m);
+        }
+        return Err(());
+    }
+    let carries = stream_format(ctx.streams, ctx.sinks, stream);
+    let spec_format = spec.format.unwrap_or(ExecFormatSpec::Lines);
+    let format = match (spec_format, carries) {
+        (ExecFormatSpec::Lines, c) => Ok(OutputFormat::Lines(c)),
+        (ExecFormatSpec::Json | ExecFormatSpec::Whole, RecordFormat::LineProtocol(_)) => Err(
+            "writes JSON records, but the stream's sink sends influx line protocol (encoding: influx_line): use format: lines or line_protocol",
+        ),
+        (ExecFormatSpec::Json, _) => Ok(OutputFormat::Lines(RecordFormat::Json)),
+        (ExecFormatSpec::Whole, _) => Ok(OutputFormat::Whole),
+        (ExecFormatSpec::LineProtocol, RecordFormat::Json) => Err(
+            "writes influx line protocol, but the stream's sink sends JSON (encoding: ndjson or json_array): use format: json, lines or whole",
+        ),
+        (ExecFormatSpec::LineProtocol, RecordFormat::LineProtocol(p)) => {
+            Ok(OutputFormat::Lines(RecordFormat::LineProtocol(p)))
+        }
+        // A sink that takes any line (file, stdout): points stamped in nanoseconds.
+        (ExecFormatSpec::LineProtocol, RecordFormat::Lines) => Ok(OutputFormat::Lines(
+            RecordFormat::LineProtocol(Precision::Ns),
+        )),
+    };
+    let mut ok = true;
+    let format = format.unwrap_or_else(|why| {
+        err.add("format", format!("{why} (stream {stream:?})"));
+        ok = false;
+        OutputFormat::Whole
+    });
+    if spec.append_failed && matches!(carries, RecordFormat::LineProtocol(_)) {
+        err.add(
+            "append_failed",
+            format!(
+                "writes a JSON record, but stream {stream:?}'s sink sends influx line protocol"
+            ),
+        );
+        ok = false;
+    }
+    let max_output = spec.max_output.map_or(DEFAULT_MAX_OUTPUT, |s| s.0);
+    if max_output == 0 {
+        err.add("max_output", "must be at least 1 byte".into());
+        ok = false;
+    }
+    if !ok {
+        return Err(());
+    }
+    Ok(Some(Output {
+        stream: stream.clone(),
+        format,
+        max_output,
+        append_failed: spec.append_failed,
+    }))
 }
 
 pub(super) fn compile_file_move(

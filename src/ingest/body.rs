@@ -200,6 +200,28 @@ fn line_protocol(body: &[u8], stamp: i64) -> Result<Vec<Vec<u8>>, BadBody> {
     Ok(out)
 }
 
+/// One line as a record of a stream whose sink needs `carries` (for `queue push`'s stdin and an
+/// `exec` task's output, line by line as NDJSON bodies are): `None` for an empty line (or a
+/// line-protocol comment); a point without a timestamp gets `now_ns`, in the sink's precision. The
+/// error says what the line is not.
+pub fn line_record(
+    carries: RecordFormat,
+    line: &[u8],
+    now_ns: i64,
+) -> Result<Option<Vec<u8>>, String> {
+    match carries {
+        RecordFormat::Lines => {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            Ok((!line.is_empty()).then(|| line.to_vec()))
+        }
+        RecordFormat::Json => json_record(line)
+            .map(|r| r.map(<[u8]>::to_vec))
+            .map_err(|why| format!("is not JSON: {why}")),
+        RecordFormat::LineProtocol(p) => lineparse::record(line, p.from_unix_ns(now_ns))
+            .map_err(|e| format!("is not line protocol: {e}")),
+    }
+}
+
 /// Checks one line as a JSON record (for `queue push`, line by line as NDJSON bodies are):
 /// surrounding whitespace trimmed, `None` for an empty line.
 pub fn json_record(line: &[u8]) -> Result<Option<&[u8]>, String> {

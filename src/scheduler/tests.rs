@@ -24,6 +24,7 @@ fn def_cmd(name: &str, schedule: Schedule, argv: &[&str]) -> Arc<TaskDef> {
             argv: argv.iter().map(|s| s.to_string()).collect(),
             env: vec![],
             cwd: None,
+            output: None,
         }),
     })
 }

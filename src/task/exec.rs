@@ -2,8 +2,10 @@
 //! keeps a bounded tail of its stdout and stderr, and enforces the timeout and shutdown by signalling the
 //! whole group (SIGTERM, then SIGKILL after [`KILL_GRACE`]) so no grandchild outlives its run (one that
 //! left the group with `setsid` is out of reach: its hold on the output pipe is not waited for). It also
-//! owns [`ProcessGroups`], the registry of live groups that a second stop signal kills at once. Called
-//! by `task::run`; it does not retry or log the run's outcome (that is `task::run`).
+//! owns [`ProcessGroups`], the registry of live groups that a second stop signal kills at once. With
+//! `stream:` it captures stdout (up to `max_output`) and appends the records `exec_output` makes of
+//! it once the run succeeded, in one append: a run is stored whole or not at all. Called by
+//! `task::run`; it does not retry or log the run's outcome (that is `task::run`).
 
 use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
@@ -16,7 +18,9 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
+use super::exec_output::{Captured, Output};
 use super::{Attempt, Outcome, RunContext};
+use crate::store::RecordBuf;
 
 /// How long a group has between SIGTERM and SIGKILL.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -35,6 +39,8 @@ pub struct Exec {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: Option<PathBuf>,
+    /// `stream:`: stdout appended as records after a successful run.
+    pub output: Option<Output>,
 }
 
 /// The process groups of every running attempt.
@@ -88,6 +94,15 @@ fn signal_group(pgid: i32, signal: i32) -> bool {
 }
 
 impl Exec {
+    /// With `stream:`, its stream and its sink's settings (the records' format).
+    pub fn needs(&self) -> super::Needs<'_> {
+        super::Needs {
+            stream: self.output.as_ref().map(|o| o.stream.as_str()),
+            spool: None,
+            sink_settings: self.output.is_some(),
+        }
+    }
+
     /// Runs one attempt.
     pub async fn run(
         &self,
@@ -96,6 +111,8 @@ impl Exec {
         timeout: Duration,
         ctx: &RunContext,
     ) -> Attempt {
+        let started = tokio::time::Instant::now();
+        let started_ns = crate::clock::unix_ns();
         let mut cmd = Command::new(&self.argv[0]);
         cmd.args(&self.argv[1..])
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -127,10 +144,11 @@ impl Exec {
         let pgid = pid.and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
         let _guard = ctx.groups.register(pgid);
         let stop_reading = CancellationToken::new();
-        let stdout =
-            (child.stdout.take()).map(|s| tokio::spawn(read_tail(s, stop_reading.clone())));
+        let capture = self.output.as_ref().map(|o| o.max_output);
+        let stdout = (child.stdout.take())
+            .map(|s| tokio::spawn(read_tail(s, stop_reading.clone(), capture)));
         let stderr =
-            (child.stderr.take()).map(|s| tokio::spawn(read_tail(s, stop_reading.clone())));
+            (child.stderr.take()).map(|s| tokio::spawn(read_tail(s, stop_reading.clone(), None)));
 
         enum End {
             Exited(std::io::Result<ExitStatus>),
@@ -150,8 +168,9 @@ impl Exec {
         // The main process is gone; anything left in its group (a backgrounded grandchild) ends with
         // the run, so it cannot hold our pipes open or linger unsupervised.
         end_group(pgid, task).await;
-        let (stdout, stderr) = collect_tails(stdout, stderr, &stop_reading, task).await;
-        let (outcome, exit) = match (kind, status) {
+        let ((stdout, captured), (stderr, _)) =
+            collect_tails(stdout, stderr, &stop_reading, task).await;
+        let (mut outcome, exit) = match (kind, status) {
             (Some(outcome), s) => (outcome, s.ok().map(describe_status)),
             (None, Ok(s)) if s.success() => (Outcome::Ok, Some(describe_status(s))),
             (None, Ok(s)) => {
@@ -163,6 +182,42 @@ impl Exec {
                 None,
             ),
         };
+        let mut records = None;
+        if let Some(out) = &self.output {
+            let captured = captured.unwrap_or_default();
+            let made = match &outcome {
+                Outcome::Ok => out.records(task, started_ns, &captured),
+                Outcome::Failed(why) if out.append_failed => {
+                    Ok(vec![out.failed(task, started_ns, &captured, why)])
+                }
+                Outcome::TimedOut if out.append_failed => {
+                    let why = format!("timed out after {}", crate::units::fmt_duration(timeout));
+                    Ok(vec![out.failed(task, started_ns, &captured, &why)])
+                }
+                // Cancelled by the stop, or failed without `append_failed`: nothing.
+                _ => Ok(Vec::new()),
+            };
+            // What the append may wait for room (under `when_full: block`): what is left of
+            // the attempt's time, and at least a moment for a run that used it all.
+            let wait = (started + timeout)
+                .saturating_duration_since(tokio::time::Instant::now())
+                .max(Duration::from_secs(1));
+            match made {
+                Ok(r) if r.is_empty() => {}
+                Ok(r) => match append(out, r, wait, ctx).await {
+                    Ok(n) if matches!(outcome, Outcome::Ok) => records = Some(n),
+                    Ok(_) => {}
+                    Err(e) => {
+                        outcome = match outcome {
+                            Outcome::Ok => Outcome::Failed(e),
+                            Outcome::Failed(why) => Outcome::Failed(format!("{why}; {e}")),
+                            other => other,
+                        }
+                    }
+                },
+                Err(why) => outcome = Outcome::Failed(why),
+            }
+        }
         Attempt {
             outcome,
             exit,
@@ -170,9 +225,25 @@ impl Exec {
             stdout,
             stderr,
             files: None,
-            records: None,
+            records,
         }
     }
+}
+
+/// Appends a run's records to the task's stream in one append; how many, or why not.
+async fn append(
+    out: &Output,
+    records: Vec<Vec<u8>>,
+    wait: Duration,
+    ctx: &RunContext,
+) -> Result<u64, String> {
+    let n = records.len() as u64;
+    let store = ctx.store.as_ref().ok_or("the store is not open")?;
+    store
+        .append(&out.stream, RecordBuf::from(records), None, Some(wait))
+        .await
+        .map_err(|e| format!("{n} records not stored: {e}"))?;
+    Ok(n)
 }
 
 /// SIGTERM to the group, SIGKILL after [`KILL_GRACE`], then reap the main process.
@@ -214,15 +285,15 @@ async fn end_group(pgid: i32, task: &str) {
 /// as long as it lives, so after [`HELD_PIPE_WAIT`] the readers stop and keep what they have read,
 /// plus what is already in the pipe.
 async fn collect_tails(
-    stdout: Option<tokio::task::JoinHandle<String>>,
-    stderr: Option<tokio::task::JoinHandle<String>>,
+    stdout: Option<tokio::task::JoinHandle<Read>>,
+    stderr: Option<tokio::task::JoinHandle<Read>>,
     stop: &CancellationToken,
     task: &str,
-) -> (String, String) {
-    async fn join(h: Option<tokio::task::JoinHandle<String>>) -> String {
+) -> (Read, Read) {
+    async fn join(h: Option<tokio::task::JoinHandle<Read>>) -> Read {
         match h {
             Some(h) => h.await.unwrap_or_default(),
-            None => String::new(),
+            None => Read::default(),
         }
     }
     let both = async { (join(stdout).await, join(stderr).await) };
@@ -295,16 +366,31 @@ impl Tail {
     }
 }
 
-/// Reads one stream into its [`Tail`] until end of file, or until `stop`: then only what the pipe
-/// already holds is read (a bounded number of reads, each given [`DRAIN_READ`]).
-async fn read_tail(mut r: impl AsyncRead + Unpin, stop: CancellationToken) -> String {
+/// What was read of one stream: its tail for the log, and with a capture limit, the bytes.
+type Read = (String, Option<Captured>);
+
+/// Reads one stream into its [`Tail`] (and, with `capture`, up to that many bytes of it) until end
+/// of file, or until `stop`: then only what the pipe already holds is read (a bounded number of
+/// reads, each given [`DRAIN_READ`]).
+async fn read_tail(
+    mut r: impl AsyncRead + Unpin,
+    stop: CancellationToken,
+    capture: Option<u64>,
+) -> Read {
     let mut tail = Tail::default();
+    let mut captured = capture.map(|_| Captured::default());
+    let mut keep = |bytes: &[u8], tail: &mut Tail| {
+        tail.push(bytes);
+        if let (Some(c), Some(max)) = (captured.as_mut(), capture) {
+            c.push(bytes, max);
+        }
+    };
     let mut buf = [0u8; 4096];
     loop {
         tokio::select! {
             read = r.read(&mut buf) => match read {
-                Ok(0) | Err(_) => return tail.finish(),
-                Ok(n) => tail.push(&buf[..n]),
+                Ok(0) | Err(_) => return (tail.finish(), captured),
+                Ok(n) => keep(&buf[..n], &mut tail),
             },
             _ = stop.cancelled() => break,
         }
@@ -312,11 +398,11 @@ async fn read_tail(mut r: impl AsyncRead + Unpin, stop: CancellationToken) -> St
     // A pipe holds 64 KiB by default: 16 reads of 4 KiB empty it.
     for _ in 0..16 {
         match tokio::time::timeout(DRAIN_READ, r.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => tail.push(&buf[..n]),
+            Ok(Ok(n)) if n > 0 => keep(&buf[..n], &mut tail),
             _ => break,
         }
     }
-    tail.finish()
+    (tail.finish(), captured)
 }
 
 #[cfg(test)]
@@ -379,6 +465,7 @@ mod tests {
             argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
             env: vec![("GREETING".into(), "hi".into())],
             cwd: None,
+            output: None,
         }
     }
 
@@ -402,6 +489,7 @@ mod tests {
             argv: vec!["/nonexistent/prog".into()],
             env: vec![],
             cwd: None,
+            output: None,
         };
         let a = e.run("t", Utc::now(), Duration::from_secs(5), &ctx()).await;
         match a.outcome {

@@ -4,6 +4,7 @@
 //! not parse the file. Called by `scheduler`.
 
 pub mod exec;
+pub mod exec_output;
 pub mod file_move;
 pub mod scrape;
 
@@ -56,7 +57,7 @@ impl Action {
     /// What the task relies on beyond its own entry (for `reload` to hold or re-make it).
     pub fn needs(&self) -> Needs<'_> {
         match self {
-            Action::Exec(_) => Needs::default(),
+            Action::Exec(e) => e.needs(),
             Action::FileMove(m) => m.needs(),
             Action::HttpScrape(s) => s.needs(),
         }

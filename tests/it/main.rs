@@ -10,6 +10,7 @@ mod util;
 mod cli;
 mod compression;
 mod delivery;
+mod exec_stream;
 mod file_move;
 mod ingest;
 mod layers;

@@ -284,7 +284,7 @@ fn repair(config: &Path) {
 }
 
 /// Every record of a stream, oldest first, through `colibri queue peek --all --json`.
-fn peek_all(config: &Path, stream: &str) -> Vec<String> {
+pub(crate) fn peek_all(config: &Path, stream: &str) -> Vec<String> {
     let f = finish(
         queue(config, &["peek", stream, "--all", "--json"]),
         secs(60),

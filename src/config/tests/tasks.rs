@@ -293,3 +293,79 @@ tasks:
         "a stream without a sink"
     );
 }
+
+/// An `exec` task's `stream:` settings: the records' format follows the stream's sink, a `format`
+/// the sink cannot carry is refused naming the stream, and the settings that need a stream say so.
+#[test]
+fn exec_output_follows_its_stream_sink_and_every_mistake_is_named() {
+    use crate::scrape::lineproto::Precision;
+    use crate::task::exec_output::OutputFormat;
+    let c = load(
+        r#"
+sinks:
+  tsdb: { type: http, url: "http://127.0.0.1:8428/write", encoding: influx_line, precision: ms }
+  central: { type: http, url: "http://127.0.0.1:9/x" }
+streams: { metrics: { sink: tsdb }, logs: { sink: central }, q: {} }
+tasks:
+  - { name: a, type: exec, every: 1s, command: [/bin/true], stream: metrics }
+  - { name: b, type: exec, every: 1s, command: [/bin/true], stream: logs, format: whole, append_failed: true }
+  - { name: c, type: exec, every: 1s, command: [/bin/true], stream: q, format: line_protocol, max_output: 4KiB }
+  - { name: d, type: exec, every: 1s, command: [/bin/true] }
+"#,
+    )
+    .expect("a valid config");
+    let outputs: Vec<_> = c
+        .tasks
+        .iter()
+        .map(|t| match &t.action {
+            Action::Exec(e) => e
+                .output
+                .as_ref()
+                .map(|o| (o.stream.as_str(), o.format, o.max_output, o.append_failed)),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        outputs,
+        [
+            Some((
+                "metrics",
+                OutputFormat::Lines(RecordFormat::LineProtocol(Precision::Ms)),
+                1 << 20,
+                false
+            )),
+            Some(("logs", OutputFormat::Whole, 1 << 20, true)),
+            Some((
+                "q",
+                OutputFormat::Lines(RecordFormat::LineProtocol(Precision::Ns)),
+                4096,
+                false
+            )),
+            None,
+        ]
+    );
+    let p = problems(
+        r#"
+sinks:
+  tsdb: { type: http, url: "http://127.0.0.1:8428/write", encoding: influx_line }
+  central: { type: http, url: "http://127.0.0.1:9/x" }
+streams: { metrics: { sink: tsdb }, logs: { sink: central } }
+tasks:
+  - { name: a, type: exec, every: 1s, command: [/bin/true], stream: metrics, format: json, append_failed: true }
+  - { name: b, type: exec, every: 1s, command: [/bin/true], stream: logs, format: line_protocol, max_output: 0 }
+  - { name: c, type: exec, every: 1s, command: [/bin/true], format: whole, max_output: 1KiB }
+  - { name: d, type: exec, every: 1s, command: [/bin/true], stream: nowhere }
+"#,
+    );
+    for want in [
+        "tasks[0] \"a\": format: writes JSON records, but the stream's sink sends influx line protocol",
+        "tasks[0] \"a\": append_failed: writes a JSON record, but stream \"metrics\"'s sink sends influx line protocol",
+        "tasks[1] \"b\": format: writes influx line protocol, but the stream's sink sends JSON",
+        "tasks[1] \"b\": max_output: must be at least 1 byte",
+        "tasks[2] \"c\": format: applies only with stream",
+        "tasks[2] \"c\": max_output: applies only with stream",
+        "tasks[3] \"d\": stream: ",
+    ] {
+        assert!(p.iter().any(|x| x.starts_with(want)), "{want} in {p:#?}");
+    }
+}
