@@ -1,14 +1,14 @@
 //! The broker sinks against real brokers on loopback ports: `mqtt` to Debian's `mosquitto`
 //! (persistence off, no subscriber) at QoS 1, in MQTT 5 and in 3.1.1 (`protocol: 3.1.1`), and
-//! `nats` to Debian's `nats-server` with JetStream
-//! (a file-backed stream, one replica). For each: a backlog of `BENCH_RECORDS` (default 1,000,000)
-//! JSON records queued with `colibri queue push` while no agent runs (the state after an outage),
-//! then drained by `colibri run`, once publishing a message per record and once a message per job
-//! (`batch: true`); then the online path: the agent running while `BENCH_ONLINE` (default 200,000)
-//! records arrive through the ingest API in bodies of 1,000. A job counts as delivered only when
-//! every message of it is acknowledged (PUBACK, PubAck). Printed per run: records per second,
-//! colibri's CPU seconds per million records and its peak resident memory (VmHWM). The http sink's
-//! figures for a backlog are the `backlog` and `delivery` benchmarks'.
+//! `nats` to Debian's `nats-server` with JetStream (a file-backed stream, one replica). For each:
+//! a backlog of `BENCH_RECORDS` (default 1,000,000) JSON records queued with `colibri queue push`
+//! while no agent runs (the state after an outage), then drained by `colibri run`, once
+//! publishing a message per record and once a message per job (`batch: true`); then the online
+//! path, both ways: the agent running while `BENCH_ONLINE` (default 200,000) records arrive
+//! through the ingest API in bodies of 1,000. A job counts as delivered only when every message of
+//! it is acknowledged (PUBACK, PubAck). Printed per run: records per second, colibri's CPU seconds
+//! per million records and its peak resident memory (VmHWM). The http sink's figures for a
+//! backlog are the `backlog` and `delivery` benchmarks'.
 //!
 //! Run: `cargo bench --bench brokers` (`COLIBRI_BIN=<static build>` to measure the release binary,
 //! `BENCH_RECORDS=...`, `BENCH_ONLINE=...`, `BENCH_ONLY=mqtt|mqtt-3.1.1|nats`, `BENCH_DIR=...`).
@@ -53,19 +53,25 @@ fn main() {
             run.push(&body);
             run.measure(&format!("{} drain, {name}", kind.name()), records, |_| {});
         }
-        let dir = base.join(format!("{}-online", kind.name()));
-        let run = Run::new(&dir, kind, false);
-        run.measure(
-            &format!("{} online via ingest, a message per record", kind.name()),
-            online,
-            |addr| {
-                let bodies = lines(online);
-                let all: Vec<&str> = bodies.lines().collect();
-                for chunk in all.chunks(1000) {
-                    post(addr, &(chunk.join("\n") + "\n"));
-                }
-            },
-        );
+        for (name, batch) in [("a message per record", false), ("batch: true", true)] {
+            let dir = base.join(format!(
+                "{}-online-{}",
+                kind.name(),
+                if batch { "batch" } else { "record" }
+            ));
+            let run = Run::new(&dir, kind, batch);
+            run.measure(
+                &format!("{} online via ingest, {name}", kind.name()),
+                online,
+                |addr| {
+                    let bodies = lines(online);
+                    let all: Vec<&str> = bodies.lines().collect();
+                    for chunk in all.chunks(1000) {
+                        post(addr, &(chunk.join("\n") + "\n"));
+                    }
+                },
+            );
+        }
     }
 }
 

@@ -1,5 +1,5 @@
 //! The `tasks:` section: the fields every task has (`TaskCommon`), the shape of each task type
-//! (file_move, http_scrape here; exec in `tasks/exec.rs`) and `compile_task`, which checks an entry against the rest of the
+//! (file_move, http_scrape here; exec and modbus in `tasks/`) and `compile_task`, which checks an entry against the rest of the
 //! file (streams, sinks, shutdown grace) and builds the `task::TaskDef` the scheduler runs. It does
 //! not run tasks (`task` and `scheduler` do). Called by `config::compile`.
 
@@ -20,12 +20,14 @@ use super::units::{self, Dur, Size};
 use super::{Problems, de_at, io_reason, stream_format, valid_name};
 
 mod exec;
-pub use exec::{ExecFormatSpec, ExecSpec};
+mod modbus;
 use crate::schedule::{self, Offset, Schedule, Zone};
 use crate::sink::{RecordFormat, SinkConfig};
 use crate::store::{StorageConfig, StreamConfig};
 use crate::task::file_move::{FileMove, OnConflict};
 use crate::task::{Action, RetryPolicy, TaskDef};
+pub use exec::{ExecFormatSpec, ExecSpec};
+pub use modbus::{ModbusSpec, OrderSpec, PointSpec, PointType, RegisterSpec};
 
 /// One scheduled task: the fields every task has, plus those of its `type`.
 // `compile_task` reads the two halves separately so each can reject unknown keys, which `flatten`
@@ -141,9 +143,17 @@ pub enum TaskKind {
     /// scrape's time: Prometheus text (a line-protocol record per sample, labels as tags), JSON
     /// (line-protocol records through a mapping), or the raw body.
     HttpScrape(Box<HttpScrapeSpec>),
+    /// Poll a Modbus TCP device: its registers, coils and inputs as one sample per run, stamped
+    /// with the poll's time (built with the `modbus` cargo feature; release builds have it).
+    #[cfg(any(feature = "modbus", feature = "schema"))]
+    Modbus(Box<ModbusSpec>),
 }
 
-const TASK_TYPES: &str = "exec, file_move, http_scrape";
+const TASK_TYPES: &str = "exec, file_move, http_scrape, modbus";
+
+/// What a build without the task says of `type: modbus`.
+#[cfg(not(feature = "modbus"))]
+const NO_MODBUS: &str = "this colibri was built without the modbus task (cargo feature modbus)";
 
 #[derive(Debug, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -387,6 +397,10 @@ pub(super) fn compile_task(
         match kind.as_ref().and_then(Value::as_str) {
             Some("exec") => de_at(rest).map(TaskKind::Exec),
             Some("file_move") => de_at(rest).map(TaskKind::FileMove),
+            #[cfg(feature = "modbus")]
+            Some("modbus") => de_at(rest).map(|s| TaskKind::Modbus(Box::new(s))),
+            #[cfg(not(feature = "modbus"))]
+            Some("modbus") => Err((String::from("type"), NO_MODBUS.to_string())),
             // Checked above: the only type left.
             _ => de_at(rest).map(|s| TaskKind::HttpScrape(Box::new(s))),
         }
@@ -499,6 +513,14 @@ pub(super) fn compile_task(
         }
         TaskKind::HttpScrape(spec) => {
             compile_scrape(*spec, &common.name, ctx, &mut err).map(Action::HttpScrape)
+        }
+        #[cfg(feature = "modbus")]
+        TaskKind::Modbus(spec) => modbus::compile_modbus(*spec, &common.name, ctx, &mut err)
+            .map(|m| Action::Modbus(Box::new(m))),
+        #[cfg(all(not(feature = "modbus"), feature = "schema"))]
+        TaskKind::Modbus(_) => {
+            err.add("type", NO_MODBUS.into());
+            None
         }
     };
     Some(TaskDef {

@@ -6,6 +6,8 @@
 pub mod exec;
 pub mod exec_output;
 pub mod file_move;
+#[cfg(feature = "modbus")]
+pub mod modbus;
 pub mod scrape;
 
 use std::sync::Arc;
@@ -43,6 +45,8 @@ pub enum Action {
     Exec(exec::Exec),
     FileMove(file_move::FileMove),
     HttpScrape(scrape::Scrape),
+    #[cfg(feature = "modbus")]
+    Modbus(Box<modbus::Modbus>),
 }
 
 impl Action {
@@ -51,6 +55,8 @@ impl Action {
             Action::Exec(_) => "exec",
             Action::FileMove(_) => "file_move",
             Action::HttpScrape(_) => "http_scrape",
+            #[cfg(feature = "modbus")]
+            Action::Modbus(_) => "modbus",
         }
     }
 
@@ -60,6 +66,8 @@ impl Action {
             Action::Exec(e) => e.needs(),
             Action::FileMove(m) => m.needs(),
             Action::HttpScrape(s) => s.needs(),
+            #[cfg(feature = "modbus")]
+            Action::Modbus(m) => m.needs(),
         }
     }
 }
@@ -174,6 +182,8 @@ pub async fn run(
             Action::Exec(e) => e.run(&def.name, due, def.timeout, ctx).await,
             Action::FileMove(m) => m.run(def.timeout, ctx).await,
             Action::HttpScrape(s) => s.run(&def.name, def.timeout, ctx).await,
+            #[cfg(feature = "modbus")]
+            Action::Modbus(m) => m.run(&def.name, def.timeout, ctx).await,
         };
         let retryable = matches!(attempt.outcome, Outcome::Failed(_) | Outcome::TimedOut);
         if !retryable || attempt_no >= def.retry.max_retry || ctx.stopping.is_cancelled() {

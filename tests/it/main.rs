@@ -19,6 +19,7 @@ mod listeners;
 mod log_file;
 mod log_summary;
 mod man;
+mod modbus;
 mod mqtt;
 mod nats;
 mod operate;

@@ -369,3 +369,96 @@ tasks:
         assert!(p.iter().any(|x| x.starts_with(want)), "{want} in {p:#?}");
     }
 }
+
+/// A `modbus` task compiles into the reads its points need (port 502 by default, line protocol in
+/// the sink's precision), and each mistake names its field.
+#[cfg(feature = "modbus")]
+#[test]
+fn a_modbus_task_compiles_and_every_mistake_is_named() {
+    use crate::scrape::lineproto::Precision;
+    use crate::task::modbus::Output;
+    use crate::task::modbus::points::{Kind, Order, Table};
+    let c = load(
+        r#"
+sinks:
+  tsdb: { type: http, url: "http://127.0.0.1:8428/write", encoding: influx_line, precision: s }
+streams: { metrics: { sink: tsdb } }
+tasks:
+  - name: drive
+    type: modbus
+    every: 5s
+    address: plc.local
+    unit: 3
+    stream: metrics
+    max_registers: 10
+    points:
+      - { name: speed, register: holding, address: 0 }
+      - { name: temp, register: holding, address: 1, type: f32, word_order: little }
+      - { name: far, register: holding, address: 9, type: u32 }
+      - { name: run, register: coil, address: 7 }
+"#,
+    )
+    .expect("a valid config");
+    let Action::Modbus(m) = &c.tasks[0].action else {
+        panic!("{:?}", c.tasks[0].action)
+    };
+    assert_eq!(
+        (m.address.as_str(), m.unit, m.output, m.measurement.as_str()),
+        (
+            "plc.local:502",
+            3,
+            Output::LineProtocol(Precision::S),
+            "drive"
+        )
+    );
+    assert_eq!(
+        (m.points[1].kind, m.points[1].word_order),
+        (Kind::F32, Order::Little)
+    );
+    let reads: Vec<(Table, u16, u16)> = m
+        .reads
+        .iter()
+        .map(|r| (r.table, r.start, r.count))
+        .collect();
+    // 0-2 in one read; 9-10 would make it 11 registers, over max_registers 10.
+    assert_eq!(
+        reads,
+        [
+            (Table::Coil, 7, 1),
+            (Table::Holding, 0, 3),
+            (Table::Holding, 9, 2)
+        ]
+    );
+    let p = problems(
+        r#"
+streams: { q: {} }
+tasks:
+  - name: a
+    type: modbus
+    every: 5s
+    address: "h:x"
+    unit: 300
+    stream: q
+    max_registers: 200
+    points:
+      - { name: s, register: holding, address: 0, type: string }
+      - { name: s, register: coil, address: 0, type: f32 }
+      - { name: w, register: holding, address: 65535, type: u32, length: 2 }
+  - { name: b, type: modbus, every: 5s, address: "[::1]:502", stream: nowhere, points: [] }
+"#,
+    );
+    for want in [
+        "tasks[0] \"a\": address: \"h:x\" is not host:port",
+        "tasks[0] \"a\": unit: must be 0 to 255, not 300",
+        "tasks[0] \"a\": max_registers: must be 1 to 125, not 200",
+        "tasks[0] \"a\": points[0].length: a string needs its length in registers",
+        "tasks[0] \"a\": points[1].name: \"s\" is named twice",
+        "tasks[0] \"a\": points[1].type: coils and discrete inputs are bool",
+        "tasks[0] \"a\": points[2].length: applies to type: string only",
+        "tasks[0] \"a\": points[2].address: 65535 and the 1 after it pass 65535",
+        "tasks[1] \"b\": stream: ",
+        "tasks[1] \"b\": points: must name at least one point",
+    ] {
+        assert!(p.iter().any(|x| x.starts_with(want)), "{want} in {p:#?}");
+    }
+}

@@ -1,0 +1,347 @@
+//! The `type: modbus` task entry (feature `modbus`; the schema knows it in every build): its file
+//! shape ([`ModbusSpec`], [`PointSpec`]) and its compilation into `task::modbus::Modbus`: the
+//! device's address, the points' types, orders and addresses checked, the reads planned, and the
+//! samples' format taken from the stream's sink. It talks to no device. Called by
+//! `tasks::compile_task` for `type: modbus`.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::super::units::de_opt_u32;
+#[cfg(feature = "schema")]
+use super::super::units::u32_schema;
+
+/// `type: modbus` settings.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ModbusSpec {
+    /// The device (or Modbus TCP gateway): `host:port`, the port 502 when left out.
+    pub address: String,
+    /// The unit (slave) id, 0-255. Default 1.
+    #[serde(default, deserialize_with = "de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub unit: Option<u32>,
+    /// The stream the samples go to: a line-protocol point per poll (in the `precision` of the
+    /// stream's sink) or, for a sink that sends JSON, `{"time_ms", "task", "device", "unit",
+    /// "tags", "values"}`.
+    pub stream: String,
+    /// The line-protocol measurement. Default: the task's name.
+    #[serde(default)]
+    pub measurement: Option<String>,
+    /// Tags of every sample.
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    /// What to read: each point becomes a field of the poll's sample.
+    pub points: Vec<PointSpec>,
+    /// Registers one request may read: 1-125 (the protocol's limit, the default); some devices
+    /// take fewer.
+    #[serde(default, deserialize_with = "de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub max_registers: Option<u32>,
+    /// Coils or discrete inputs one request may read: 1-2000 (the default).
+    #[serde(default, deserialize_with = "de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub max_bits: Option<u32>,
+    /// Unused addresses one request may read over to cover two points. Default 0: a device may
+    /// answer "illegal data address" for an address it does not have.
+    #[serde(default, deserialize_with = "de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub max_gap: Option<u32>,
+}
+
+/// One value of a `modbus` task.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PointSpec {
+    /// The field's name in the sample.
+    pub name: String,
+    /// `holding` or `input` (16-bit registers), `coil` or `discrete` (bits).
+    pub register: RegisterSpec,
+    /// The first register's (or bit's) address as on the wire, from 0.
+    #[serde(deserialize_with = "super::super::units::de_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub address: u32,
+    /// `u16` (the default for registers), `i16`, `u32`, `i32`, `u64`, `f32`, `f64`, `bool` (the
+    /// only type of coils and discrete inputs; a register is true when not 0) or `string`
+    /// (`length` registers, two bytes each).
+    #[serde(default, rename = "type")]
+    pub kind: Option<PointType>,
+    /// Registers of a `string`.
+    #[serde(default, deserialize_with = "de_opt_u32")]
+    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
+    pub length: Option<u32>,
+    /// Of a value over several registers: `big` (the default: the most significant register
+    /// first) or `little`.
+    #[serde(default)]
+    pub word_order: Option<OrderSpec>,
+    /// Within each register: `big` (the default, Modbus' own) or `little`.
+    #[serde(default)]
+    pub byte_order: Option<OrderSpec>,
+    /// A number is written `raw * scale + offset` (always as a float). Default 1.
+    #[serde(default)]
+    pub scale: Option<f64>,
+    /// Default 0.
+    #[serde(default)]
+    pub offset: Option<f64>,
+    /// Tags of this point (beside the task's, winning over them): points with other tags make
+    /// a sample of their own.
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum RegisterSpec {
+    Holding,
+    Input,
+    Coil,
+    Discrete,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum PointType {
+    Bool,
+    U16,
+    I16,
+    U32,
+    I32,
+    U64,
+    F32,
+    F64,
+    String,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OrderSpec {
+    Big,
+    Little,
+}
+
+#[cfg(feature = "modbus")]
+pub(super) use compile::compile_modbus;
+
+#[cfg(feature = "modbus")]
+mod compile {
+    use super::super::super::{Problems, stream_format};
+    use super::super::TaskCtx;
+    use super::{ModbusSpec, OrderSpec, PointType, RegisterSpec, device_address};
+    use crate::scrape::lineproto::{Precision, check_measurement};
+    use crate::sink::RecordFormat;
+    use crate::task::modbus::points::{self, Kind, Limits, Order, Point, Table};
+    use crate::task::modbus::{Modbus, Output};
+
+    pub(in super::super) fn compile_modbus(
+        spec: ModbusSpec,
+        task: &str,
+        ctx: &TaskCtx<'_>,
+        err: &mut Problems<'_>,
+    ) -> Option<Modbus> {
+        // Every check reports and goes on; any problem leaves the task out.
+        let before = err.list.len();
+        let address = match device_address(&spec.address) {
+            Ok(a) => a,
+            Err(m) => {
+                err.add("address", m);
+                String::new()
+            }
+        };
+        let unit = spec.unit.unwrap_or(1);
+        let unit = u8::try_from(unit).unwrap_or_else(|_| {
+            err.add("unit", format!("must be 0 to 255, not {unit}"));
+            0
+        });
+        let output = match ctx.stream(&spec.stream) {
+            Err(m) => {
+                // `None`: the stream has problems of its own, reported; the task waits for them.
+                err.add(
+                    "stream",
+                    m.unwrap_or_else(|| format!("{:?} is not usable", spec.stream)),
+                );
+                Output::Json
+            }
+            Ok(_) => match stream_format(ctx.streams, ctx.sinks, &spec.stream) {
+                RecordFormat::LineProtocol(p) => Output::LineProtocol(p),
+                RecordFormat::Json => Output::Json,
+                // A sink that takes any line (file, stdout, none): line protocol in ns.
+                RecordFormat::Lines => Output::LineProtocol(Precision::Ns),
+            },
+        };
+        let measurement = spec.measurement.unwrap_or_else(|| task.to_string());
+        if let Err(m) = check_measurement(&measurement) {
+            err.add("measurement", m);
+        }
+        for (k, v) in &spec.tags {
+            if k.is_empty() || v.is_empty() {
+                err.add(
+                    &format!("tags.{k}"),
+                    "keys and values must not be empty".into(),
+                );
+            }
+        }
+        let limit = |field: &str, v: Option<u32>, max: u32, err: &mut Problems<'_>| -> u16 {
+            let v = v.unwrap_or(max);
+            if (1..=max).contains(&v) {
+                u16::try_from(v).expect("at most 2000")
+            } else {
+                err.add(field, format!("must be 1 to {max}, not {v}"));
+                1
+            }
+        };
+        let limits = Limits {
+            registers: limit("max_registers", spec.max_registers, 125, err),
+            bits: limit("max_bits", spec.max_bits, 2000, err),
+            max_gap: u16::try_from(spec.max_gap.unwrap_or(0).min(65_535)).expect("clamped"),
+        };
+        if spec.points.is_empty() {
+            err.add("points", "must name at least one point".into());
+        }
+        let mut points = Vec::with_capacity(spec.points.len());
+        for (i, p) in spec.points.into_iter().enumerate() {
+            let at = |f: &str| format!("points[{i}].{f}");
+            if p.name.is_empty() {
+                err.add(&at("name"), "must not be empty".into());
+            } else if points.iter().any(|q: &Point| q.name == p.name) {
+                err.add(&at("name"), format!("{:?} is named twice", p.name));
+            }
+            let table = match p.register {
+                RegisterSpec::Holding => Table::Holding,
+                RegisterSpec::Input => Table::Input,
+                RegisterSpec::Coil => Table::Coil,
+                RegisterSpec::Discrete => Table::Discrete,
+            };
+            let kind = match (p.kind, table.bits()) {
+                (None, true) | (Some(PointType::Bool), _) => Kind::Bool,
+                (Some(_), true) => {
+                    err.add(&at("type"), "coils and discrete inputs are bool".into());
+                    Kind::Bool
+                }
+                (None | Some(PointType::U16), false) => Kind::U16,
+                (Some(PointType::I16), _) => Kind::I16,
+                (Some(PointType::U32), _) => Kind::U32,
+                (Some(PointType::I32), _) => Kind::I32,
+                (Some(PointType::U64), _) => Kind::U64,
+                (Some(PointType::F32), _) => Kind::F32,
+                (Some(PointType::F64), _) => Kind::F64,
+                (Some(PointType::String), _) => match p.length {
+                    Some(n @ 1..=125) => Kind::Str(u16::try_from(n).expect("at most 125")),
+                    Some(n) => {
+                        err.add(
+                            &at("length"),
+                            format!("must be 1 to 125 registers, not {n}"),
+                        );
+                        Kind::Str(1)
+                    }
+                    None => {
+                        err.add(
+                            &at("length"),
+                            "a string needs its length in registers".into(),
+                        );
+                        Kind::Str(1)
+                    }
+                },
+            };
+            if p.length.is_some() && !matches!(kind, Kind::Str(_)) {
+                err.add(&at("length"), "applies to type: string only".into());
+            }
+            let end = u64::from(p.address) + u64::from(kind.width()) - 1;
+            if end > 65_535 {
+                err.add(
+                    &at("address"),
+                    format!(
+                        "{} and the {} after it pass 65535",
+                        p.address,
+                        kind.width() - 1
+                    ),
+                );
+            }
+            let width_limit = if table.bits() {
+                limits.bits
+            } else {
+                limits.registers
+            };
+            if kind.width() > width_limit {
+                err.add(
+                    &at("length"),
+                    format!(
+                        "{} registers do not fit one request (max_registers {width_limit})",
+                        kind.width()
+                    ),
+                );
+            }
+            for (k, v) in &p.tags {
+                if k.is_empty() || v.is_empty() {
+                    err.add(
+                        &at(&format!("tags.{k}")),
+                        "keys and values must not be empty".into(),
+                    );
+                }
+            }
+            let order = |o: Option<OrderSpec>| match o {
+                Some(OrderSpec::Little) => Order::Little,
+                None | Some(OrderSpec::Big) => Order::Big,
+            };
+            points.push(Point {
+                name: p.name,
+                table,
+                address: u16::try_from(p.address).unwrap_or(0),
+                kind,
+                word_order: order(p.word_order),
+                byte_order: order(p.byte_order),
+                scale: p.scale.unwrap_or(1.0),
+                offset: p.offset.unwrap_or(0.0),
+                tags: p.tags.into_iter().collect(),
+            });
+        }
+        if err.list.len() > before {
+            return None;
+        }
+        let reads = points::plan(&points, limits);
+        Some(Modbus {
+            address,
+            unit,
+            stream: spec.stream,
+            measurement,
+            tags: spec.tags.into_iter().collect(),
+            points,
+            reads,
+            output,
+        })
+    }
+}
+
+/// `host:port`, `host` (port 502), `[v6]:port` or `[v6]`, as the task dials it.
+#[cfg(feature = "modbus")]
+fn device_address(text: &str) -> Result<String, String> {
+    let bad = || format!("{text:?} is not host:port (write [address]:port for IPv6)");
+    if text.is_empty() || text.contains(['/', ' ']) {
+        return Err(bad());
+    }
+    if let Some(rest) = text.strip_prefix('[') {
+        return match rest.split_once(']') {
+            Some((_, "")) => Ok(format!("{text}:502")),
+            Some((_, port))
+                if port
+                    .strip_prefix(':')
+                    .is_some_and(|p| p.parse::<u16>().is_ok()) =>
+            {
+                Ok(text.to_string())
+            }
+            _ => Err(bad()),
+        };
+    }
+    match text.split_once(':') {
+        None => Ok(format!("{text}:502")),
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            Ok(text.to_string())
+        }
+        Some(_) => Err(bad()),
+    }
+}

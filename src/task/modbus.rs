@@ -1,0 +1,259 @@
+//! The `modbus` handler (feature `modbus`): one poll of a Modbus TCP device per run: a connection,
+//! the reads `points::plan` made (as few as the device's limits allow), each point decoded, and
+//! one sample per tag set appended to the task's stream in one append, stamped with the time taken
+//! before the first request (a line-protocol point in the sink's precision, or a JSON record,
+//! as the stream's sink sends). A device that cannot be reached or does not answer within the
+//! task's timeout, or answers a read with a Modbus exception (the points and the exception named),
+//! is a failed attempt with the reason; `task::run` logs, counts and retries it; nothing of that
+//! poll is stored. Built by `config::tasks::modbus`, called by `task::run`.
+
+pub mod points;
+
+use std::time::Duration;
+
+use tokio_modbus::client::Reader as _;
+use tokio_modbus::slave::Slave;
+
+use self::points::{Answer, Point, Read, Table, Value};
+use super::{Attempt, Needs, Outcome, RunContext};
+use crate::scrape::lineproto::{self, FieldValue, Precision};
+use crate::store::RecordBuf;
+
+/// The compiled `modbus` settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Modbus {
+    /// `host:port` of the device or gateway.
+    pub address: String,
+    /// The unit (slave) id the requests carry.
+    pub unit: u8,
+    pub stream: String,
+    pub measurement: String,
+    /// The task's tags, sorted by key.
+    pub tags: Vec<(String, String)>,
+    pub points: Vec<Point>,
+    pub reads: Vec<Read>,
+    pub output: Output,
+}
+
+/// What a sample is, as the stream's sink sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// A line-protocol point, its time in this precision.
+    LineProtocol(Precision),
+    /// `{"time_ms", "task", "device", "unit", "tags", "values"}`.
+    Json,
+}
+
+impl Modbus {
+    /// Its stream, and its sink's settings (the samples' format and precision).
+    pub fn needs(&self) -> Needs<'_> {
+        Needs {
+            stream: Some(&self.stream),
+            spool: None,
+            sink_settings: true,
+        }
+    }
+
+    /// One poll within `timeout`, until colibri aborts runs.
+    pub async fn run(&self, task: &str, timeout: Duration, ctx: &RunContext) -> Attempt {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let outcome = tokio::select! {
+            r = tokio::time::timeout(timeout, self.poll(task, deadline, ctx)) => match r {
+                Ok(Ok(n)) => (Outcome::Ok, Some(n)),
+                Ok(Err(reason)) => (Outcome::Failed(reason), None),
+                Err(_) => (Outcome::TimedOut, None),
+            },
+            _ = ctx.abort.cancelled() => (Outcome::Cancelled, None),
+        };
+        Attempt {
+            outcome: outcome.0,
+            exit: None,
+            pid: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            files: None,
+            records: outcome.1,
+        }
+    }
+
+    async fn poll(
+        &self,
+        task: &str,
+        deadline: tokio::time::Instant,
+        ctx: &RunContext,
+    ) -> Result<u64, String> {
+        let store = ctx.store.as_ref().ok_or("the store is not open")?;
+        // The time of the measurement, whenever it is delivered.
+        let ts_ns = crate::clock::unix_ns();
+        let socket = tokio::net::TcpStream::connect(&self.address)
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", self.address))?;
+        // Small requests and answers: each goes out at once.
+        let _ = socket.set_nodelay(true);
+        let mut device = tokio_modbus::client::tcp::attach_slave(socket, Slave(self.unit));
+        let mut values: Vec<Option<Value>> = vec![None; self.points.len()];
+        for read in &self.reads {
+            let what = || self.describe(read);
+            let answer = match read.table {
+                Table::Holding => device
+                    .read_holding_registers(read.start, read.count)
+                    .await
+                    .map(|r| r.map(Words::Registers)),
+                Table::Input => device
+                    .read_input_registers(read.start, read.count)
+                    .await
+                    .map(|r| r.map(Words::Registers)),
+                Table::Coil => device
+                    .read_coils(read.start, read.count)
+                    .await
+                    .map(|r| r.map(Words::Bits)),
+                Table::Discrete => device
+                    .read_discrete_inputs(read.start, read.count)
+                    .await
+                    .map(|r| r.map(Words::Bits)),
+            };
+            let words = match answer {
+                Err(e) => return Err(format!("{}: {e}", what())),
+                Ok(Err(code)) => {
+                    return Err(format!(
+                        "{}: the device answered the Modbus exception {:#04x} ({code})",
+                        what(),
+                        u8::from(code)
+                    ));
+                }
+                Ok(Ok(w)) => w,
+            };
+            let answer = match &words {
+                Words::Registers(r) => Answer::Registers(r),
+                Words::Bits(b) => Answer::Bits(b),
+            };
+            for &i in &read.points {
+                let v = points::decode(&self.points[i], read.start, &answer).ok_or_else(|| {
+                    format!("{}: the device answered fewer values than asked", what())
+                })?;
+                values[i] = Some(v);
+            }
+        }
+        let records = self.samples(task, ts_ns, &values);
+        let n = records.len() as u64;
+        if n == 0 {
+            return Ok(0);
+        }
+        // Under `when_full: block` wait for room, but not past this attempt's timeout.
+        let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+        store
+            .append(&self.stream, RecordBuf::from(records), None, Some(wait))
+            .await
+            .map_err(|e| format!("{n} records not stored: {e}"))?;
+        Ok(n)
+    }
+
+    /// `points speed, temp (holding registers 0-3 of 127.0.0.1:502 unit 1)`.
+    fn describe(&self, read: &Read) -> String {
+        let names: Vec<&str> = read
+            .points
+            .iter()
+            .map(|&i| self.points[i].name.as_str())
+            .collect();
+        let last = u32::from(read.start) + u32::from(read.count) - 1;
+        format!(
+            "point{} {} ({} {}-{last} of {} unit {})",
+            if names.len() == 1 { "" } else { "s" },
+            names.join(", "),
+            read.table.plural(),
+            read.start,
+            self.address,
+            self.unit
+        )
+    }
+
+    /// One record per distinct set of point tags, in the order the points are written.
+    fn samples(&self, task: &str, ts_ns: i64, values: &[Option<Value>]) -> Vec<Vec<u8>> {
+        let mut groups: Vec<(&[(String, String)], Fields<'_>)> = Vec::new();
+        for (p, v) in self.points.iter().zip(values) {
+            let Some(v) = v else { continue };
+            match groups
+                .iter_mut()
+                .find(|(tags, _)| *tags == p.tags.as_slice())
+            {
+                Some((_, fields)) => fields.push((&p.name, v)),
+                None => groups.push((&p.tags, vec![(&p.name, v)])),
+            }
+        }
+        groups
+            .into_iter()
+            .filter_map(|(point_tags, fields)| {
+                // The point's tags over the task's.
+                let mut tags: Vec<(&str, &str)> = point_tags
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                for (k, v) in &self.tags {
+                    if !point_tags.iter().any(|(pk, _)| pk == k) {
+                        tags.push((k, v));
+                    }
+                }
+                tags.sort_by(|a, b| a.0.cmp(b.0));
+                match self.output {
+                    Output::LineProtocol(precision) => {
+                        let fields: Vec<(&str, FieldValue)> =
+                            fields.into_iter().map(|(k, v)| (k, field(v))).collect();
+                        lineproto::line(
+                            &self.measurement,
+                            &tags,
+                            &fields,
+                            Some(precision.from_unix_ns(ts_ns)),
+                        )
+                    }
+                    Output::Json => {
+                        let tags: serde_json::Map<String, serde_json::Value> = tags
+                            .into_iter()
+                            .map(|(k, v)| (k.to_string(), v.into()))
+                            .collect();
+                        let values: serde_json::Map<String, serde_json::Value> = fields
+                            .into_iter()
+                            .map(|(k, v)| (k.to_string(), json(v)))
+                            .collect();
+                        let record = serde_json::json!({
+                            "time_ms": ts_ns.div_euclid(1_000_000),
+                            "task": task,
+                            "device": self.address,
+                            "unit": self.unit,
+                            "tags": tags,
+                            "values": values,
+                        });
+                        Some(record.to_string().into_bytes())
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+/// A sample's fields: each point's name and value.
+type Fields<'a> = Vec<(&'a str, &'a Value)>;
+
+/// A read's answer as the client returns it.
+enum Words {
+    Registers(Vec<u16>),
+    Bits(Vec<bool>),
+}
+
+fn field(v: &Value) -> FieldValue {
+    match v {
+        Value::Number(n) => FieldValue::Float(*n),
+        Value::Bool(b) => FieldValue::Bool(*b),
+        Value::Text(s) => FieldValue::Str(s.clone()),
+    }
+}
+
+fn json(v: &Value) -> serde_json::Value {
+    match v {
+        // NaN and infinities have no JSON: null.
+        Value::Number(n) => {
+            serde_json::Number::from_f64(*n).map_or(serde_json::Value::Null, Into::into)
+        }
+        Value::Bool(b) => (*b).into(),
+        Value::Text(s) => s.as_str().into(),
+    }
+}
