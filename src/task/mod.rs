@@ -153,6 +153,38 @@ pub struct Attempt {
     pub records: Option<u64>,
 }
 
+impl Attempt {
+    /// The attempt of a handler that stores records and runs no process (a scrape, a poll):
+    /// `work` within `timeout`, given its deadline, until colibri aborts runs.
+    pub async fn of_records<F>(
+        timeout: Duration,
+        ctx: &RunContext,
+        work: impl FnOnce(tokio::time::Instant) -> F,
+    ) -> Attempt
+    where
+        F: std::future::Future<Output = Result<u64, String>>,
+    {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let (outcome, records) = tokio::select! {
+            r = tokio::time::timeout_at(deadline, work(deadline)) => match r {
+                Ok(Ok(n)) => (Outcome::Ok, Some(n)),
+                Ok(Err(reason)) => (Outcome::Failed(reason), None),
+                Err(_) => (Outcome::TimedOut, None),
+            },
+            _ = ctx.abort.cancelled() => (Outcome::Cancelled, None),
+        };
+        Attempt {
+            outcome,
+            exit: None,
+            pid: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            files: None,
+            records,
+        }
+    }
+}
+
 /// What a run needs from its surroundings.
 #[derive(Clone)]
 pub struct RunContext {

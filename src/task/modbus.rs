@@ -15,7 +15,7 @@ use tokio_modbus::client::Reader as _;
 use tokio_modbus::slave::Slave;
 
 use self::points::{Answer, Point, Read, Table, Value};
-use super::{Attempt, Needs, Outcome, RunContext};
+use super::{Attempt, Needs, RunContext};
 use crate::scrape::lineproto::{self, FieldValue, Precision};
 use crate::store::RecordBuf;
 
@@ -56,24 +56,7 @@ impl Modbus {
 
     /// One poll within `timeout`, until colibri aborts runs.
     pub async fn run(&self, task: &str, timeout: Duration, ctx: &RunContext) -> Attempt {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let outcome = tokio::select! {
-            r = tokio::time::timeout(timeout, self.poll(task, deadline, ctx)) => match r {
-                Ok(Ok(n)) => (Outcome::Ok, Some(n)),
-                Ok(Err(reason)) => (Outcome::Failed(reason), None),
-                Err(_) => (Outcome::TimedOut, None),
-            },
-            _ = ctx.abort.cancelled() => (Outcome::Cancelled, None),
-        };
-        Attempt {
-            outcome: outcome.0,
-            exit: None,
-            pid: None,
-            stdout: String::new(),
-            stderr: String::new(),
-            files: None,
-            records: outcome.1,
-        }
+        Attempt::of_records(timeout, ctx, |deadline| self.poll(task, deadline, ctx)).await
     }
 
     async fn poll(

@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{Attempt, Needs, Outcome, RunContext};
+use super::{Attempt, Needs, RunContext};
 use crate::net::client::{self, BadHeader, chain, shown_url};
 use crate::scrape::json::JsonMapping;
 use crate::scrape::lineproto::Precision;
@@ -94,24 +94,7 @@ impl Scrape {
 
     /// One scrape: GET, parse, append; within `timeout` and until colibri aborts runs.
     pub async fn run(&self, task: &str, timeout: Duration, ctx: &RunContext) -> Attempt {
-        let started = tokio::time::Instant::now();
-        let outcome = tokio::select! {
-            r = tokio::time::timeout(timeout, self.scrape(task, started + timeout, ctx)) => match r {
-                Ok(Ok(records)) => (Outcome::Ok, Some(records)),
-                Ok(Err(reason)) => (Outcome::Failed(reason), None),
-                Err(_) => (Outcome::TimedOut, None),
-            },
-            _ = ctx.abort.cancelled() => (Outcome::Cancelled, None),
-        };
-        Attempt {
-            outcome: outcome.0,
-            exit: None,
-            pid: None,
-            stdout: String::new(),
-            stderr: String::new(),
-            files: None,
-            records: outcome.1,
-        }
+        Attempt::of_records(timeout, ctx, |deadline| self.scrape(task, deadline, ctx)).await
     }
 
     async fn scrape(
