@@ -3,8 +3,9 @@
 //! [`mqtt_client`](super::mqtt_client)'s words, and a record's PUBLISH. What 3.1.1 cannot say, the
 //! sink does without: there are no user properties (a message carries no idempotency key: a
 //! consumer recognises a re-send by its content), a CONNACK names no maximum packet size (the
-//! sink's `max_packet_size` stands for the broker's), and a PUBACK carries no reason (a broker that
-//! drops a message it refuses still acknowledges it, as mosquitto does for a topic its ACL denies).
+//! sink's `max_packet_size`, 256 KiB by default, stands for the broker's), and a PUBACK carries
+//! no reason (a broker that drops a message it refuses still acknowledges it, as mosquitto does
+//! for a topic its ACL denies).
 //! Called only through `mqtt_client`.
 
 use std::sync::Arc;
@@ -21,8 +22,8 @@ use super::mqtt_socket;
 use super::template::Message;
 use crate::net::client::chain;
 
-/// The largest packet MQTT can frame (a 4-byte remaining length), the client's own bound for
-/// what it sends unless the sink sets a smaller one.
+/// The largest packet MQTT can frame (a 4-byte remaining length): the client's own bound for what
+/// it sends.
 pub const PROTOCOL_MAX_PACKET: u32 = 268_435_455;
 /// What the broker sends colibri is acknowledgements only: a small bound is plenty.
 const MAX_INCOMING: usize = 64 * 1024;
@@ -42,8 +43,9 @@ pub fn build(
         )));
     }
     opts.set_socket_connector(move |addr, net| mqtt_socket::connect(dial.clone(), addr, net));
-    let outgoing = spec.max_packet.unwrap_or(PROTOCOL_MAX_PACKET);
-    opts.set_max_packet_size(MAX_INCOMING, outgoing as usize)
+    // The sink checks each PUBLISH against `max_packet_size` itself; the client's own bound stays
+    // MQTT's, so a long CONNECT (a token as password, a will) is never held to it.
+    opts.set_max_packet_size(MAX_INCOMING, PROTOCOL_MAX_PACKET as usize)
         .set_inflight(MAX_IN_FLIGHT)
         .set_keep_alive(spec.keep_alive_secs())
         // At start a clean session, whatever the setting (`mqtt_conn` says why); in 3.1.1 it

@@ -20,7 +20,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::exec_output::{Captured, Output};
 use super::{Attempt, Outcome, RunContext};
-use crate::store::RecordBuf;
 
 /// How long a group has between SIGTERM and SIGKILL.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -185,37 +184,43 @@ impl Exec {
         let mut records = None;
         if let Some(out) = &self.output {
             let captured = captured.unwrap_or_default();
-            let made = match &outcome {
-                Outcome::Ok => out.records(task, started_ns, &captured),
-                Outcome::Failed(why) if out.append_failed => {
-                    Ok(vec![out.failed(task, started_ns, &captured, why)])
+            // A successful run whose output cannot be stored (over `max_output`, a line that is
+            // not what the stream carries) fails here, like a run that failed by itself.
+            let mut made = None;
+            if outcome == Outcome::Ok {
+                match out.records(task, started_ns, &captured) {
+                    Ok(r) => made = Some(r),
+                    Err(why) => outcome = Outcome::Failed(why),
                 }
-                Outcome::TimedOut if out.append_failed => {
-                    let why = format!("timed out after {}", crate::units::fmt_duration(timeout));
-                    Ok(vec![out.failed(task, started_ns, &captured, &why)])
-                }
+            }
+            let marked = |why: &str| vec![out.failed(task, started_ns, &captured, why)];
+            let to_store = match (&outcome, made) {
+                (Outcome::Ok, r) => r,
+                (Outcome::Failed(why), _) if out.append_failed => Some(marked(why)),
+                (Outcome::TimedOut, _) if out.append_failed => Some(marked(&format!(
+                    "timed out after {}",
+                    crate::units::fmt_duration(timeout)
+                ))),
                 // Cancelled by the stop, or failed without `append_failed`: nothing.
-                _ => Ok(Vec::new()),
+                _ => None,
             };
             // What the append may wait for room (under `when_full: block`): what is left of
             // the attempt's time, and at least a moment for a run that used it all.
             let wait = (started + timeout)
                 .saturating_duration_since(tokio::time::Instant::now())
                 .max(Duration::from_secs(1));
-            match made {
-                Ok(r) if r.is_empty() => {}
-                Ok(r) => match append(out, r, wait, ctx).await {
-                    Ok(n) if matches!(outcome, Outcome::Ok) => records = Some(n),
+            if let Some(r) = to_store.filter(|r| !r.is_empty()) {
+                match super::append_records(ctx, &out.stream, r, wait).await {
+                    Ok(n) if outcome == Outcome::Ok => records = Some(n),
                     Ok(_) => {}
                     Err(e) => {
                         outcome = match outcome {
-                            Outcome::Ok => Outcome::Failed(e),
                             Outcome::Failed(why) => Outcome::Failed(format!("{why}; {e}")),
-                            other => other,
+                            Outcome::TimedOut => Outcome::Failed(format!("timed out; {e}")),
+                            _ => Outcome::Failed(e),
                         }
                     }
-                },
-                Err(why) => outcome = Outcome::Failed(why),
+                }
             }
         }
         Attempt {
@@ -228,22 +233,6 @@ impl Exec {
             records,
         }
     }
-}
-
-/// Appends a run's records to the task's stream in one append; how many, or why not.
-async fn append(
-    out: &Output,
-    records: Vec<Vec<u8>>,
-    wait: Duration,
-    ctx: &RunContext,
-) -> Result<u64, String> {
-    let n = records.len() as u64;
-    let store = ctx.store.as_ref().ok_or("the store is not open")?;
-    store
-        .append(&out.stream, RecordBuf::from(records), None, Some(wait))
-        .await
-        .map_err(|e| format!("{n} records not stored: {e}"))?;
-    Ok(n)
 }
 
 /// SIGTERM to the group, SIGKILL after [`KILL_GRACE`], then reap the main process.

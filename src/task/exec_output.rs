@@ -52,8 +52,8 @@ impl Captured {
 
 impl Output {
     /// The records of a successful run's output; `started_ns` stamps points without a time. An
-    /// error names the line and what it is not, or the limit passed: the run fails and nothing is
-    /// appended.
+    /// error names the line and what it is not, or the limit passed: the run fails, and nothing of
+    /// its output is appended (but the marked record of `append_failed`).
     pub fn records(
         &self,
         task: &str,
@@ -72,10 +72,7 @@ impl Output {
                         Ok(Some(r)) => records.push(r),
                         Ok(None) => {}
                         Err(why) => {
-                            return Err(format!(
-                                "stdout line {} {why}; nothing of this run is stored",
-                                i + 1
-                            ));
+                            return Err(format!("stdout line {} {why}", i + 1));
                         }
                     }
                 }
@@ -87,7 +84,7 @@ impl Output {
     /// With `append_failed`, the one record a failed run leaves: its output (or the limit it
     /// passed) marked with why it failed.
     pub fn failed(&self, task: &str, started_ns: i64, out: &Captured, why: &str) -> Vec<u8> {
-        let why = if out.over {
+        let why = if out.over && !why.contains("max_output") {
             format!("{why}; {}", self.over_limit())
         } else {
             why.to_string()
@@ -97,7 +94,7 @@ impl Output {
 
     fn over_limit(&self) -> String {
         format!(
-            "stdout passed max_output ({}); nothing of this run is stored",
+            "stdout passed max_output ({})",
             crate::units::fmt_size(self.max_output)
         )
     }

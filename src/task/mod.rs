@@ -155,23 +155,38 @@ pub struct Attempt {
 
 impl Attempt {
     /// The attempt of a handler that stores records and runs no process (a scrape, a poll):
-    /// `work` within `timeout`, given its deadline, until colibri aborts runs.
+    /// `work` makes the records within `timeout` (given its deadline), until colibri aborts runs;
+    /// then they are appended to `stream`. The append is not cut by the timeout: handed to the
+    /// store's writer it may commit whoever waits, so cutting it could report as timed out (and
+    /// retry) what was stored. It waits for room under `block` for what is left of the attempt.
     pub async fn of_records<F>(
         timeout: Duration,
         ctx: &RunContext,
+        stream: &str,
         work: impl FnOnce(tokio::time::Instant) -> F,
     ) -> Attempt
     where
-        F: std::future::Future<Output = Result<u64, String>>,
+        F: std::future::Future<Output = Result<Vec<Vec<u8>>, String>>,
     {
         let deadline = tokio::time::Instant::now() + timeout;
-        let (outcome, records) = tokio::select! {
+        let made = tokio::select! {
             r = tokio::time::timeout_at(deadline, work(deadline)) => match r {
-                Ok(Ok(n)) => (Outcome::Ok, Some(n)),
-                Ok(Err(reason)) => (Outcome::Failed(reason), None),
-                Err(_) => (Outcome::TimedOut, None),
+                Ok(Ok(records)) => Ok(records),
+                Ok(Err(reason)) => Err(Outcome::Failed(reason)),
+                Err(_) => Err(Outcome::TimedOut),
             },
-            _ = ctx.abort.cancelled() => (Outcome::Cancelled, None),
+            _ = ctx.abort.cancelled() => Err(Outcome::Cancelled),
+        };
+        let (outcome, records) = match made {
+            Ok(r) if r.is_empty() => (Outcome::Ok, Some(0)),
+            Ok(r) => {
+                let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+                match append_records(ctx, stream, r, wait).await {
+                    Ok(n) => (Outcome::Ok, Some(n)),
+                    Err(e) => (Outcome::Failed(e), None),
+                }
+            }
+            Err(outcome) => (outcome, None),
         };
         Attempt {
             outcome,
@@ -183,6 +198,28 @@ impl Attempt {
             records,
         }
     }
+}
+
+/// Appends a run's records to `stream` in one append (a run is stored whole or not at all),
+/// waiting up to `wait` for room under `when_full: block`; how many, or why not.
+pub async fn append_records(
+    ctx: &RunContext,
+    stream: &str,
+    records: Vec<Vec<u8>>,
+    wait: Duration,
+) -> Result<u64, String> {
+    let n = records.len() as u64;
+    let store = ctx.store.as_ref().ok_or("the store is not open")?;
+    store
+        .append(
+            stream,
+            crate::store::RecordBuf::from(records),
+            None,
+            Some(wait),
+        )
+        .await
+        .map_err(|e| format!("{n} records not stored: {e}"))?;
+    Ok(n)
 }
 
 /// What a run needs from its surroundings.

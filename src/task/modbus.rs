@@ -17,7 +17,6 @@ use tokio_modbus::slave::Slave;
 use self::points::{Answer, Point, Read, Table, Value};
 use super::{Attempt, Needs, RunContext};
 use crate::scrape::lineproto::{self, FieldValue, Precision};
-use crate::store::RecordBuf;
 
 /// The compiled `modbus` settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,16 +55,11 @@ impl Modbus {
 
     /// One poll within `timeout`, until colibri aborts runs.
     pub async fn run(&self, task: &str, timeout: Duration, ctx: &RunContext) -> Attempt {
-        Attempt::of_records(timeout, ctx, |deadline| self.poll(task, deadline, ctx)).await
+        Attempt::of_records(timeout, ctx, &self.stream, |_| self.poll(task)).await
     }
 
-    async fn poll(
-        &self,
-        task: &str,
-        deadline: tokio::time::Instant,
-        ctx: &RunContext,
-    ) -> Result<u64, String> {
-        let store = ctx.store.as_ref().ok_or("the store is not open")?;
+    /// Connect, read, decode: the samples to append.
+    async fn poll(&self, task: &str) -> Result<Vec<Vec<u8>>, String> {
         // The time of the measurement, whenever it is delivered.
         let ts_ns = crate::clock::unix_ns();
         let socket = tokio::net::TcpStream::connect(&self.address)
@@ -117,18 +111,7 @@ impl Modbus {
                 values[i] = Some(v);
             }
         }
-        let records = self.samples(task, ts_ns, &values);
-        let n = records.len() as u64;
-        if n == 0 {
-            return Ok(0);
-        }
-        // Under `when_full: block` wait for room, but not past this attempt's timeout.
-        let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-        store
-            .append(&self.stream, RecordBuf::from(records), None, Some(wait))
-            .await
-            .map_err(|e| format!("{n} records not stored: {e}"))?;
-        Ok(n)
+        Ok(self.samples(task, ts_ns, &values))
     }
 
     /// `points speed, temp (holding registers 0-3 of 127.0.0.1:502 unit 1)`.

@@ -14,7 +14,6 @@ use crate::net::client::{self, BadHeader, chain, shown_url};
 use crate::scrape::json::JsonMapping;
 use crate::scrape::lineproto::Precision;
 use crate::scrape::{json, prometheus};
-use crate::store::RecordBuf;
 
 /// How an answer becomes records.
 #[derive(Debug, Clone)]
@@ -92,18 +91,13 @@ impl Scrape {
             .map_err(Clone::clone)
     }
 
-    /// One scrape: GET, parse, append; within `timeout` and until colibri aborts runs.
+    /// One scrape: GET and parse within `timeout` (until colibri aborts runs), then append.
     pub async fn run(&self, task: &str, timeout: Duration, ctx: &RunContext) -> Attempt {
-        Attempt::of_records(timeout, ctx, |deadline| self.scrape(task, deadline, ctx)).await
+        Attempt::of_records(timeout, ctx, &self.stream, |_| self.scrape(task)).await
     }
 
-    async fn scrape(
-        &self,
-        task: &str,
-        deadline: tokio::time::Instant,
-        ctx: &RunContext,
-    ) -> Result<u64, String> {
-        let store = ctx.store.as_ref().ok_or("the store is not open")?;
+    /// GET and parse: the records to append.
+    async fn scrape(&self, task: &str) -> Result<Vec<Vec<u8>>, String> {
         // The time the measurement was taken: what every record carries, however late it is
         // delivered.
         let now = SystemTime::now()
@@ -171,16 +165,6 @@ impl Scrape {
                 records.push(envelope.to_string().into_bytes());
             }
         }
-        let n = records.len() as u64;
-        if n == 0 {
-            return Ok(0);
-        }
-        // Under `when_full: block` wait for room, but not past this attempt's timeout.
-        let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
-        store
-            .append(&self.stream, RecordBuf::from(records), None, Some(wait))
-            .await
-            .map_err(|e| format!("{n} records not stored: {e}"))?;
-        Ok(n)
+        Ok(records)
     }
 }

@@ -148,6 +148,11 @@ fn failed_timed_out_and_oversized_runs_append_nothing_unless_marked() {
             "echo partial; exit 3",
             ", append_failed: true",
         ),
+        (
+            "bad_marked",
+            r#"printf '{"a":1}\nnot json\n'"#,
+            ", format: json, append_failed: true",
+        ),
         ("failed", "echo partial; exit 3", ""),
         ("whole", r#"printf 'a\nb\n'"#, ", format: whole"),
     ];
@@ -177,6 +182,7 @@ fn failed_timed_out_and_oversized_runs_append_nothing_unless_marked() {
     assert!(reason_of("slow_marked").starts_with("timed out"));
     assert_eq!(reason_of("exit_marked"), "exited with code 3");
     assert_eq!(reason_of("failed"), "exited with code 3");
+    assert!(reason_of("bad_marked").starts_with("stdout line 2 is not JSON"));
     ended("whole");
     agent.signal(libc::SIGTERM);
     assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
@@ -201,6 +207,15 @@ fn failed_timed_out_and_oversized_runs_append_nothing_unless_marked() {
         (m["output"].as_str(), m["failed"].as_str()),
         (Some("partial\n"), Some("exited with code 3"))
     );
+    // A run that exited 0 but printed a line that is not JSON failed too: marked, not lost.
+    let m = marked("bad_marked");
+    assert!(
+        m["failed"]
+            .as_str()
+            .is_some_and(|f| f.starts_with("stdout line 2 is not JSON")),
+        "{m}"
+    );
+    assert_eq!(m["output"], "{\"a\":1}\nnot json\n", "{m}");
     let w = marked("whole");
     assert_eq!(w["output"], "a\nb\n", "{w}");
     assert!(

@@ -31,8 +31,8 @@ pub struct MqttSinkSpec {
     pub url: String,
     /// `5` (default) or `3.1.1`, for brokers without MQTT 5 (Azure IoT Hub, older mosquitto).
     /// 3.1.1 cannot carry the idempotency key (a consumer recognises a re-send by its content),
-    /// its broker does not say its maximum packet size (set `max_packet_size`) and it acknowledges
-    /// a message it refuses (an ACL denial is a silent drop, not a WARN).
+    /// its broker does not say its maximum packet size (`max_packet_size`, 256KiB by default)
+    /// and it acknowledges a message it refuses (an ACL denial is a silent drop, not a WARN).
     #[serde(default)]
     pub protocol: Option<MqttVersion>,
     /// Where each message goes: fixed text with `{stream}` (the stream's name) and
@@ -98,10 +98,10 @@ pub struct MqttSinkSpec {
     /// Bytes per second of payload while a backlog is replayed. Unset: unlimited.
     #[serde(default)]
     pub replay_rate: Option<Size>,
-    /// The largest PUBLISH the broker takes, e.g. `256KiB`: a record over it goes to the dead
+    /// The largest PUBLISH the broker takes, e.g. `1MiB`: a record over it goes to the dead
     /// letters alone, before it is sent. An MQTT 5 broker states its own limit (the smaller one
-    /// applies); a 3.1.1 broker cannot, and drops the connection at a packet over its limit, so
-    /// set it for 3.1.1. Default: MQTT's own limit (256 MiB).
+    /// applies; default: the broker's alone); a 3.1.1 broker cannot, and drops the connection at
+    /// a packet over its limit (default 256KiB, Azure IoT Hub's; set the broker's own).
     #[serde(default)]
     pub max_packet_size: Option<Size>,
 }
@@ -112,6 +112,8 @@ pub struct MqttSinkSpec {
 #[serde(untagged)]
 pub enum MqttVersion {
     Number(u32),
+    /// `5.0` or `3.1` unquoted: YAML reads a float.
+    Float(f64),
     Text(String),
 }
 
@@ -168,6 +170,11 @@ pub(super) fn compile_mqtt(
     };
     let protocol = match &spec.protocol {
         None | Some(MqttVersion::Number(5)) => Protocol::V5,
+        Some(MqttVersion::Float(f)) if *f == 5.0 => Protocol::V5,
+        Some(MqttVersion::Float(f)) => {
+            err.add("protocol", format!("must be 5 or 3.1.1, not {f}"));
+            Protocol::V5
+        }
         Some(MqttVersion::Text(t)) if t == "5" || t == "5.0" => Protocol::V5,
         Some(MqttVersion::Text(t)) if t == "3.1.1" => Protocol::V311,
         Some(MqttVersion::Number(n)) => {
@@ -185,18 +192,32 @@ pub(super) fn compile_mqtt(
             "MQTT 3.1.1 sends a password only with a user name: set username".into(),
         );
     }
+    if protocol == Protocol::V311 && spec.session_expiry.is_some() {
+        err.add(
+            "session_expiry",
+            "applies to MQTT 5 only (a 3.1.1 broker keeps a session as long as it decides)".into(),
+        );
+    }
     const MAX_PACKET: u64 = 268_435_455;
-    let max_packet = spec.max_packet_size.and_then(|s| {
-        if (128..=MAX_PACKET).contains(&s.0) {
-            u32::try_from(s.0).ok()
-        } else {
-            err.add(
-                "max_packet_size",
-                format!("must be between 128 and {MAX_PACKET} bytes (MQTT's limit)"),
-            );
-            None
-        }
-    });
+    // A 3.1.1 broker does not say its limit and drops the connection at a packet over it: without
+    // a stated limit, Azure IoT Hub's and many brokers' 256 KiB, so a larger record is
+    // dead-lettered instead of dropping the connection again and again.
+    let default_packet = (protocol == Protocol::V311).then_some(256 << 10);
+    let max_packet = spec
+        .max_packet_size
+        .map(|s| s.0)
+        .or(default_packet)
+        .and_then(|s| {
+            if (128..=MAX_PACKET).contains(&s) {
+                u32::try_from(s).ok()
+            } else {
+                err.add(
+                    "max_packet_size",
+                    format!("must be between 128 and {MAX_PACKET} bytes (MQTT's limit)"),
+                );
+                None
+            }
+        });
     let client_id = spec
         .client_id
         .unwrap_or_else(|| broker::default_client_name(name));

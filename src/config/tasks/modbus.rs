@@ -146,6 +146,7 @@ mod compile {
     ) -> Option<Modbus> {
         // Every check reports and goes on; any problem leaves the task out.
         let before = err.list.len();
+        let mut stream_broken = false;
         let address = match device_address(&spec.address) {
             Ok(a) => a,
             Err(m) => {
@@ -160,11 +161,11 @@ mod compile {
         });
         let output = match ctx.stream(&spec.stream) {
             Err(m) => {
-                // `None`: the stream has problems of its own, reported; the task waits for them.
-                err.add(
-                    "stream",
-                    m.unwrap_or_else(|| format!("{:?} is not usable", spec.stream)),
-                );
+                // `None`: the stream has problems of its own, already reported.
+                stream_broken = true;
+                if let Some(m) = m {
+                    err.add("stream", m);
+                }
                 Output::Json
             }
             Ok(_) => match stream_format(ctx.streams, ctx.sinks, &spec.stream) {
@@ -268,13 +269,37 @@ mod compile {
                 limits.registers
             };
             if kind.width() > width_limit {
+                let field = if matches!(kind, Kind::Str(_)) {
+                    "length"
+                } else {
+                    "type"
+                };
                 err.add(
-                    &at("length"),
+                    &at(field),
                     format!(
                         "{} registers do not fit one request (max_registers {width_limit})",
                         kind.width()
                     ),
                 );
+            }
+            let number = !matches!(kind, Kind::Bool | Kind::Str(_));
+            for (set, field) in [(p.scale, "scale"), (p.offset, "offset")] {
+                match set {
+                    Some(_) if !number => err.add(&at(field), "applies to numbers only".into()),
+                    Some(v) if !v.is_finite() => {
+                        err.add(&at(field), "must be a finite number".into());
+                    }
+                    _ => {}
+                }
+            }
+            if p.word_order.is_some() && kind.width() < 2 {
+                err.add(
+                    &at("word_order"),
+                    "applies to values of two registers or more".into(),
+                );
+            }
+            if p.byte_order.is_some() && table.bits() {
+                err.add(&at("byte_order"), "applies to registers only".into());
             }
             for (k, v) in &p.tags {
                 if k.is_empty() || v.is_empty() {
@@ -300,7 +325,7 @@ mod compile {
                 tags: p.tags.into_iter().collect(),
             });
         }
-        if err.list.len() > before {
+        if err.list.len() > before || stream_broken {
             return None;
         }
         let reads = points::plan(&points, limits);

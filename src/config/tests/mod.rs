@@ -212,7 +212,7 @@ tasks:
     let expect = [
         r#"tasks[0] "rotate": schedule "61 * * * *": minute 61 out of range 0-59"#,
         r#"tasks[1] "rotate": duplicate name (first used by tasks[0])"#,
-        r#"tasks[2] "beam": type: unknown type "teleport" (one of: exec, file_move, http_scrape)"#,
+        r#"tasks[2] "beam": type: unknown type "teleport" (one of: exec, file_move, http_scrape, modbus)"#,
         r#"tasks[3] "zero": timeout: must be positive"#,
         r#"tasks[4] "long": timeout: 11s must be shorter than shutdown_grace (11s)"#,
         r#"tasks[5] "gone": command[0]: /nonexistent/bin/tool: no such file"#,

@@ -385,12 +385,35 @@ streams:
         // Sinks in name order: `new`, `old`.
         [(Protocol::V5, None), (Protocol::V311, Some(65_536))]
     );
+    // 3.1.1 without a limit takes 256 KiB (its broker cannot say one); 5.0 unquoted is MQTT 5.
+    let c = load(
+        r#"
+sinks:
+  a: { type: mqtt, protocol: 3.1.1, url: mqtt://h, topic: t }
+  b: { type: mqtt, protocol: 5.0, url: mqtt://h, topic: t }
+streams: { m: { sink: a }, n: { sink: b } }
+"#,
+    )
+    .unwrap();
+    let limits: Vec<_> = c
+        .sinks
+        .iter()
+        .map(|s| match &s.kind {
+            SinkKind::Mqtt(m) => (m.protocol, m.max_packet),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        limits,
+        [(Protocol::V311, Some(262_144)), (Protocol::V5, None)]
+    );
     let p = problems(
         r#"
 sinks:
   a: { type: mqtt, protocol: 4, url: "mqtt://h", topic: t, max_packet_size: 10 }
   b: { type: mqtt, protocol: "3.1", url: "mqtt://h", topic: t }
-  c: { type: mqtt, protocol: 3.1.1, url: "mqtt://h", topic: t, password: p }
+  c: { type: mqtt, protocol: 3.1.1, url: "mqtt://h", topic: t, password: p, session_expiry: 1h }
+  d: { type: mqtt, protocol: 3.1, url: "mqtt://h", topic: t }
 "#,
     );
     for want in [
@@ -398,6 +421,8 @@ sinks:
         "sinks.a.max_packet_size: must be between 128 and 268435455 bytes",
         "sinks.b.protocol: must be 5 or 3.1.1, not \"3.1\"",
         "sinks.c.password: MQTT 3.1.1 sends a password only with a user name",
+        "sinks.c.session_expiry: applies to MQTT 5 only",
+        "sinks.d.protocol: must be 5 or 3.1.1, not 3.1",
     ] {
         assert!(p.iter().any(|x| x.contains(want)), "{want} in {p:?}");
     }

@@ -444,6 +444,9 @@ tasks:
       - { name: s, register: holding, address: 0, type: string }
       - { name: s, register: coil, address: 0, type: f32 }
       - { name: w, register: holding, address: 65535, type: u32, length: 2 }
+      - { name: b, register: coil, address: 3, scale: 2, byte_order: little }
+      - { name: n, register: holding, address: 5, word_order: little }
+      - { name: f, register: holding, address: 6, type: f64 }
   - { name: b, type: modbus, every: 5s, address: "[::1]:502", stream: nowhere, points: [] }
 "#,
     );
@@ -456,6 +459,9 @@ tasks:
         "tasks[0] \"a\": points[1].type: coils and discrete inputs are bool",
         "tasks[0] \"a\": points[2].length: applies to type: string only",
         "tasks[0] \"a\": points[2].address: 65535 and the 1 after it pass 65535",
+        "tasks[0] \"a\": points[3].scale: applies to numbers only",
+        "tasks[0] \"a\": points[3].byte_order: applies to registers only",
+        "tasks[0] \"a\": points[4].word_order: applies to values of two registers or more",
         "tasks[1] \"b\": stream: ",
         "tasks[1] \"b\": points: must name at least one point",
     ] {
