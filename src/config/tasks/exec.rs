@@ -44,8 +44,8 @@ pub struct ExecSpec {
     /// naming the line.
     #[serde(default)]
     pub format: Option<ExecFormatSpec>,
-    /// With `stream`: the most stdout a run may print, e.g. `1MiB` (the default); over it the run
-    /// fails with the reason and nothing is appended.
+    /// With `stream`: the most stdout a run may print, e.g. `1MiB` (the default; at most 64MiB);
+    /// over it the run fails with the reason and nothing is appended.
     #[serde(default)]
     pub max_output: Option<Size>,
     /// With `stream`: a failed or timed-out run appends its output as one JSON record
@@ -66,6 +66,9 @@ pub enum ExecFormatSpec {
 }
 
 const DEFAULT_MAX_OUTPUT: u64 = 1 << 20;
+/// The largest `max_output`: a run's output is held whole, and made into records, before the one
+/// append that stores it.
+const MAX_OUTPUT_LIMIT: u64 = 64 << 20;
 
 pub(super) fn compile_exec(
     spec: ExecSpec,
@@ -207,8 +210,12 @@ fn exec_output(
         ok = false;
     }
     let max_output = spec.max_output.map_or(DEFAULT_MAX_OUTPUT, |s| s.0);
-    if max_output == 0 {
-        err.add("max_output", "must be at least 1 byte".into());
+    if !(1..=MAX_OUTPUT_LIMIT).contains(&max_output) {
+        err.add(
+            "max_output",
+            "must be between 1 byte and 64MiB (a run's output is held in memory until it is stored)"
+                .into(),
+        );
         ok = false;
     }
     if !ok {

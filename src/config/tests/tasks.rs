@@ -361,7 +361,7 @@ tasks:
         "tasks[0] \"a\": format: writes JSON records, but the stream's sink sends influx line protocol",
         "tasks[0] \"a\": append_failed: writes a JSON record, but stream \"metrics\"'s sink sends influx line protocol",
         "tasks[1] \"b\": format: writes influx line protocol, but the stream's sink sends JSON",
-        "tasks[1] \"b\": max_output: must be at least 1 byte",
+        "tasks[1] \"b\": max_output: must be between 1 byte and 64MiB",
         "tasks[2] \"c\": format: applies only with stream",
         "tasks[2] \"c\": max_output: applies only with stream",
         "tasks[3] \"d\": stream: ",
