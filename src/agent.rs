@@ -36,8 +36,8 @@ use crate::delivery::{SinkRuntime, SinkStats};
 use crate::metrics::Registry;
 use crate::notify::notify;
 use crate::scheduler::{Change, Scheduler, SchedulerHandle};
+use crate::source::SourceStats;
 use crate::store::{self, Store, writer};
-use crate::tail::TailStats;
 use crate::task::RunContext;
 use crate::units::fmt_duration;
 
@@ -79,7 +79,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // The agent owns the task and source counters: they outlive the tasks and sources a reload
     // replaces, and the metrics page reads them from the state.
     let task_stats = Arc::new(Registry::default());
-    let source_stats = Arc::new(Registry::default());
+    let source_stats = Arc::new(SourceStats::default());
     let parts = Parts::start(
         &config,
         store_handle.clone(),
@@ -399,7 +399,7 @@ struct Parts {
     ingest: Option<crate::ingest::Running>,
     /// Every source's counters, by name (also read by the metrics page): a source restarted by a
     /// reload, or removed and added again, goes on counting into the same ones.
-    source_stats: Arc<Registry<TailStats>>,
+    source_stats: Arc<SourceStats>,
     /// Groups stopped by a reload, still finishing their work: awaited at the stop.
     retired: Vec<JoinHandle<()>>,
 }
@@ -409,7 +409,7 @@ impl Parts {
         config: &Config,
         store: Option<writer::StoreHandle>,
         stopping: &CancellationToken,
-        source_stats: Arc<Registry<TailStats>>,
+        source_stats: Arc<SourceStats>,
     ) -> anyhow::Result<Parts> {
         let mut parts = Parts {
             source_stats,
@@ -433,7 +433,7 @@ impl Parts {
             );
         }
         for source in &config.sources {
-            parts.start_source(config, &source.name, &store, stopping);
+            parts.start_source(config, source.name(), &store, stopping);
         }
         Ok(parts)
     }
@@ -502,8 +502,8 @@ impl Parts {
         }
     }
 
-    /// Starts (or restarts) the tail source `name` of `config`: a restarted one begins after the
-    /// old one has committed its checkpoint, and reads on from it.
+    /// Starts (or restarts) the source `name` of `config`: a restarted one begins after the old
+    /// one has ended (a tail source's checkpoint is committed, a listener's port let go).
     fn start_source(
         &mut self,
         config: &Config,
@@ -515,18 +515,18 @@ impl Parts {
             old.stop.cancel();
             old.task
         });
-        let Some(cfg) = config.sources.iter().find(|s| s.name == name) else {
+        let Some(source) = config.sources.iter().find(|s| s.name() == name) else {
             self.retired.extend(before);
             return;
         };
         let stop = stopping.child_token();
-        let stats = self.source_stats.get(name);
-        let (cfg, store, token) = (Arc::clone(cfg), store.clone(), stop.clone());
+        let stats = Arc::clone(&self.source_stats);
+        let (source, store, token) = (source.clone(), store.clone(), stop.clone());
         let task = tokio::spawn(async move {
             if let Some(old) = before {
                 let _ = old.await;
             }
-            crate::tail::run(cfg, stats, store, token).await;
+            source.run(&stats, store, token).await;
         });
         self.sources
             .insert(name.to_string(), SourceGroup { stop, task });

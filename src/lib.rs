@@ -21,7 +21,10 @@ pub(crate) mod schedule;
 pub(crate) mod scheduler;
 pub mod scrape;
 pub(crate) mod sink;
+pub(crate) mod source;
 pub mod store;
+#[cfg(feature = "syslog")]
+pub(crate) mod syslog;
 pub(crate) mod tail;
 pub(crate) mod task;
 pub(crate) mod units;

@@ -53,7 +53,9 @@ pub async fn render(state: &AgentState) -> String {
     if let Some(store) = &state.store {
         store_metrics(&mut t, store, snap.as_ref(), &live.config);
     }
-    source_metrics(&mut t, &state.source_stats.all());
+    source_metrics(&mut t, &state.source_stats.tail.all());
+    #[cfg(feature = "syslog")]
+    syslog_metrics(&mut t, &state.source_stats.syslog.all());
     t.finish()
 }
 
@@ -545,6 +547,75 @@ fn store_metrics(t: &mut Text, store: &StoreHandle, snap: Option<&Snapshot>, con
         Kind::Counter,
         "Jobs of damaged files that could not be put back: damaged themselves, of a stream no longer configured, or of no stream that could be told.",
         s.lost_jobs.load(Relaxed) as f64,
+    );
+}
+
+#[cfg(feature = "syslog")]
+fn syslog_metrics(t: &mut Text, stats: &[(String, Arc<crate::syslog::SyslogStats>)]) {
+    let sources = Items {
+        label: "source",
+        items: stats.iter().map(|(n, s)| (n.as_str(), &**s)).collect(),
+    };
+    sources.families(
+        t,
+        Kind::Counter,
+        &[
+            (
+                "colibri_syslog_messages_total",
+                "Messages a syslog source read (parsed or not, kept or filtered).",
+                |s| s.messages.load(Relaxed),
+            ),
+            (
+                "colibri_syslog_records_total",
+                "Records a syslog source appended (durable).",
+                |s| s.records_appended.load(Relaxed),
+            ),
+            (
+                "colibri_syslog_unparsed_total",
+                "Messages neither RFC 5424 nor RFC 3164 describes, kept whole.",
+                |s| s.unparsed.load(Relaxed),
+            ),
+            (
+                "colibri_syslog_truncated_total",
+                "Messages cut at max_message_bytes.",
+                |s| s.truncated.load(Relaxed),
+            ),
+            (
+                "colibri_syslog_filtered_total",
+                "Messages dropped by min_severity, include_lines or exclude_lines.",
+                |s| s.filtered.load(Relaxed),
+            ),
+            (
+                "colibri_syslog_dropped_total",
+                "Records refused by a full drop_newest stream.",
+                |s| s.records_dropped.load(Relaxed),
+            ),
+            (
+                "colibri_syslog_udp_dropped_total",
+                "UDP messages dropped because the stream could not take them (a full block stream).",
+                |s| s.udp_dropped.load(Relaxed),
+            ),
+            (
+                "colibri_syslog_lost_total",
+                "Records read and never stored: unstorable, or still unstored when colibri stopped.",
+                |s| s.records_lost.load(Relaxed),
+            ),
+            (
+                "colibri_syslog_connections_total",
+                "TCP connections accepted.",
+                |s| s.connections.load(Relaxed),
+            ),
+            (
+                "colibri_syslog_connections_refused_total",
+                "TCP connections closed at once because max_connections were open.",
+                |s| s.connections_refused.load(Relaxed),
+            ),
+            (
+                "colibri_syslog_framing_errors_total",
+                "TCP connections closed for a broken octet-counting frame, or ended inside one.",
+                |s| s.framing_errors.load(Relaxed),
+            ),
+        ],
     );
 }
 

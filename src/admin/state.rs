@@ -16,8 +16,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::Config;
 use crate::delivery::SinkRuntime;
 use crate::metrics::Registry;
+use crate::source::SourceStats;
 use crate::store::writer::StoreHandle;
-use crate::tail::TailStats;
 use crate::task::TaskStats;
 
 /// What a reload did, for `POST /-/reload` and the log.
@@ -60,7 +60,7 @@ pub struct AgentState {
     /// The counters of tasks and tail sources, by name (the agent's: it hands them out when it
     /// builds a task or a source).
     pub task_stats: Arc<Registry<TaskStats>>,
-    pub source_stats: Arc<Registry<TailStats>>,
+    pub source_stats: Arc<SourceStats>,
 }
 
 impl AgentState {
@@ -70,7 +70,7 @@ impl AgentState {
         store: Option<StoreHandle>,
         reloads: mpsc::Sender<ReloadRequest>,
         task_stats: Arc<Registry<TaskStats>>,
-        source_stats: Arc<Registry<TailStats>>,
+        source_stats: Arc<SourceStats>,
     ) -> AgentState {
         let now = unix_s(SystemTime::now());
         AgentState {

@@ -217,7 +217,7 @@ pub fn summary(c: &Config) -> String {
             let _ = writeln!(out, "  ingest          {}", i.describe());
         }
         for s in &c.sources {
-            let _ = writeln!(out, "  source {:<8} {}", s.name, s.describe());
+            let _ = writeln!(out, "  source {:<8} {}", s.name(), s.describe());
         }
         let _ = writeln!(out, "  streams         {}", c.streams.len());
         for s in &c.streams {

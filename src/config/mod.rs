@@ -157,7 +157,7 @@ pub struct Config {
     pub streams: Vec<StreamConfig>,
     pub tasks: Vec<Arc<TaskDef>>,
     pub ingest: Option<crate::ingest::IngestConfig>,
-    pub sources: Vec<Arc<crate::tail::TailConfig>>,
+    pub sources: Vec<crate::source::Source>,
     /// `None`: switched off.
     pub admin: Option<AdminConfig>,
     /// Per entry, what the file said: a reload compares these.
@@ -705,20 +705,27 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
         .iter()
         .map(|&s| (s, stream_format(&streams, &sinks, s)))
         .collect();
-    let sources: Vec<Arc<crate::tail::TailConfig>> = match sources_value {
+    let sources: Vec<crate::source::Source> = match sources_value {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Object(entries)) => entries
             .into_iter()
             .filter_map(|(name, value)| {
                 let (value, mut err) = named("sources", "source", &name, value, problems);
-                let (_, rest) = split_type(value, &["tail"], &mut err)?;
-                let spec = de_at(rest)
-                    .map(sources::SourceSpec::Tail)
-                    .map_err(|(p, m)| err.add(&p, m))
-                    .ok()?;
+                let (kind, rest) = split_type(value, sources::SOURCE_TYPES, &mut err)?;
+                let spec = match kind.as_str() {
+                    #[cfg(any(feature = "syslog", feature = "schema"))]
+                    "syslog" => de_at(rest).map(sources::SourceSpec::Syslog),
+                    #[cfg(not(any(feature = "syslog", feature = "schema")))]
+                    "syslog" => {
+                        err.add("type", sources::NO_SYSLOG.into());
+                        return None;
+                    }
+                    _ => de_at(rest).map(sources::SourceSpec::Tail),
+                }
+                .map_err(|(p, m)| err.add(&p, m))
+                .ok()?;
                 sources::compile(&name, spec, base, &stream_names, &mut err)
             })
-            .map(Arc::new)
             .collect(),
         Some(other) => {
             problems.add(
@@ -732,12 +739,13 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
         .ingest
         .and_then(|i| ingest::compile(i, &stream_formats, &mut problems.under("ingest")));
     for src in &sources {
-        if let RecordFormat::LineProtocol(_) = stream_format(&streams, &sinks, &src.stream) {
+        if let RecordFormat::LineProtocol(_) = stream_format(&streams, &sinks, src.stream()) {
             problems.add(
-                &format!("sources.{}.stream", src.name),
+                &format!("sources.{}.stream", src.name()),
                 format!(
-                    "stream {:?} is delivered as influx line protocol (its sink has encoding: influx_line), but a tail source's records are JSON objects ({{\"line\": ...}}) its sink would send unreadable: send this source to a stream with a JSON or file sink",
-                    src.stream
+                    "stream {:?} is delivered as influx line protocol (its sink has encoding: influx_line), but a {} source's records are JSON objects its sink would send unreadable: send this source to a stream with a JSON or file sink",
+                    src.stream(),
+                    src.kind()
                 ),
             );
         }

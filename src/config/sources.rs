@@ -1,6 +1,9 @@
-//! The `sources:` section: its file shape (a closed set chosen by `type:`, today `tail`) and its
-//! compilation into [`crate::tail::TailConfig`]. Called by `config::compile`; the sources themselves
-//! live in `crate::tail`.
+//! The `sources:` section: its file shape (a closed set chosen by `type:`: `tail` here, `syslog`
+//! in [`syslog`]) and its compilation into a [`crate::source::Source`]. Called by
+//! `config::compile`; the sources themselves live in `crate::tail` and `crate::syslog`.
+
+#[cfg(any(feature = "syslog", feature = "schema"))]
+pub mod syslog;
 
 use super::Problems;
 use std::collections::BTreeMap;
@@ -12,6 +15,7 @@ use serde::Deserialize;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{Dur, Size, de_opt_u32};
+use crate::source::Source;
 use crate::tail::lines::MultilineConfig;
 use crate::tail::record::{Fields, Filter, Level};
 use crate::tail::{Exclude, Format, StartAt, TailConfig, WatchMode};
@@ -30,7 +34,20 @@ pub enum SourceSpec {
     /// Rotation by rename or by copy-truncate is followed; what was read is checkpointed with the
     /// records, so a crash neither loses nor repeats a line.
     Tail(Box<TailSpec>),
+    /// Listens for syslog over UDP and TCP (RFC 6587 octet counting or newline framing) and
+    /// appends each message, RFC 5424 or RFC 3164 parsed into fields, as one JSON record. Built
+    /// only with the `syslog` feature (release builds have it).
+    #[cfg(any(feature = "syslog", feature = "schema"))]
+    Syslog(Box<syslog::SyslogSpec>),
 }
+
+/// The `type:` names of sources.
+pub const SOURCE_TYPES: &[&str] = &["tail", "syslog"];
+
+/// What a build without the syslog source says of `type: syslog`.
+#[cfg(not(feature = "syslog"))]
+pub(super) const NO_SYSLOG: &str =
+    "this colibri was built without the syslog source (cargo feature syslog)";
 
 #[derive(Debug, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -192,10 +209,24 @@ pub(super) fn compile(
     base: &Path,
     streams: &[&str],
     err: &mut Problems<'_>,
-) -> Option<TailConfig> {
-    let SourceSpec::Tail(spec) = spec;
-    let spec = *spec;
-    if !streams.contains(&spec.stream.as_str()) {
+) -> Option<Source> {
+    match spec {
+        SourceSpec::Tail(spec) => compile_tail(name, *spec, base, streams, err)
+            .map(|t| Source::Tail(std::sync::Arc::new(t))),
+        #[cfg(feature = "syslog")]
+        SourceSpec::Syslog(spec) => syslog::compile(name, *spec, streams, err)
+            .map(|s| Source::Syslog(std::sync::Arc::new(s))),
+        #[cfg(all(not(feature = "syslog"), feature = "schema"))]
+        SourceSpec::Syslog(_) => {
+            err.add("type", NO_SYSLOG.into());
+            None
+        }
+    }
+}
+
+/// `stream` must be one of `streams`.
+pub(super) fn check_stream(stream: &str, streams: &[&str], err: &mut Problems<'_>) {
+    if !streams.contains(&stream) {
         let known = if streams.is_empty() {
             "none".to_string()
         } else {
@@ -203,12 +234,35 @@ pub(super) fn compile(
         };
         err.add(
             "stream",
-            format!(
-                "stream {:?} is not defined under streams: (defined: {known})",
-                spec.stream
-            ),
+            format!("stream {stream:?} is not defined under streams: (defined: {known})"),
         );
     }
+}
+
+/// `list` compiled, each bad one named as `field[i]`.
+pub(super) fn regexes(
+    field: &str,
+    list: &[String],
+    err: &mut Problems<'_>,
+) -> Vec<regex_lite::Regex> {
+    let mut out = Vec::new();
+    for (i, r) in list.iter().enumerate() {
+        match regex_lite::Regex::new(r) {
+            Ok(re) => out.push(re),
+            Err(e) => err.add(&format!("{field}[{i}]"), format!("bad regex {r:?}: {e}")),
+        }
+    }
+    out
+}
+
+fn compile_tail(
+    name: &str,
+    spec: TailSpec,
+    base: &Path,
+    streams: &[&str],
+    err: &mut Problems<'_>,
+) -> Option<TailConfig> {
+    check_stream(&spec.stream, streams, err);
     if spec.paths.is_empty() {
         err.add("paths", "at least one glob pattern is needed".into());
     }
@@ -257,16 +311,6 @@ pub(super) fn compile(
             Err(e) => err.add(&at, format!("bad glob {p:?}: {e}")),
         }
     }
-    let regexes = |field: &str, list: &[String], err: &mut Problems<'_>| {
-        let mut out = Vec::new();
-        for (i, r) in list.iter().enumerate() {
-            match regex_lite::Regex::new(r) {
-                Ok(re) => out.push(re),
-                Err(e) => err.add(&format!("{field}[{i}]"), format!("bad regex {r:?}: {e}")),
-            }
-        }
-        out
-    };
     let filter = Filter {
         include: regexes("include_lines", &spec.include_lines, err),
         exclude: regexes("exclude_lines", &spec.exclude_lines, err),
@@ -442,6 +486,14 @@ mod tests {
         })
     }
 
+    fn tail(c: &crate::config::Config) -> &crate::tail::TailConfig {
+        match &c.sources[0] {
+            crate::source::Source::Tail(t) => t,
+            #[cfg(feature = "syslog")]
+            other => panic!("not a tail source: {other:?}"),
+        }
+    }
+
     /// `problems` are exactly `want`, each named by the start of its text.
     fn assert_problems(problems: &[String], want: &[&str]) {
         for w in want {
@@ -477,7 +529,7 @@ mod tests {
 "#,
         )
         .unwrap();
-        let s = &c.sources[0];
+        let s = tail(&c);
         assert_eq!(s.name, "app");
         assert_eq!(s.stream, "logs");
         assert_eq!(
@@ -509,7 +561,7 @@ mod tests {
     #[test]
     fn defaults() {
         let c = load("  app: { type: tail, stream: logs, paths: [/var/log/*.log] }\n").unwrap();
-        let s = &c.sources[0];
+        let s = tail(&c);
         assert_eq!(s.start_at, crate::tail::StartAt::Beginning);
         assert_eq!(s.max_line_bytes, 64 << 10);
         assert!(s.multiline.is_none() && s.filter.is_empty());
@@ -575,7 +627,7 @@ mod tests {
                 "  app: {{ type: tail, stream: logs, paths: [a.log]{settings} }}\n"
             ))
             .unwrap_or_else(|p| panic!("{settings}: {p:?}"));
-            let s = &c.sources[0];
+            let s = tail(&c);
             (s.fields, s.format)
         };
         let text = crate::tail::Format::Text;

@@ -93,6 +93,15 @@ impl RecordBuf {
         Some(&self.bytes[self.start_of(range.start)..=self.ends[range.end - 1]])
     }
 
+    /// Appends copies of `other`'s records (a producer that gathers records from several
+    /// readers into one append).
+    pub fn extend_from(&mut self, other: &RecordBuf) {
+        let offset = self.bytes.len();
+        self.bytes.extend_from_slice(&other.bytes);
+        self.ends.extend(other.ends.iter().map(|e| e + offset));
+        self.embedded_newlines += other.embedded_newlines;
+    }
+
     /// Drops every record from `n` on.
     pub fn truncate(&mut self, n: usize) {
         if n >= self.len() {
@@ -194,6 +203,19 @@ impl<R: AsRef<[u8]>> From<&[R]> for RecordBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extend_from_keeps_both_records_and_their_framing() {
+        let mut a = RecordBuf::from(vec![&b"one"[..], b"t\nwo"]);
+        let b = RecordBuf::from(vec![&b"three"[..], b"fo\nur"]);
+        a.extend_from(&b);
+        let all: Vec<&[u8]> = a.iter().collect();
+        assert_eq!(all, [&b"one"[..], b"t\nwo", b"three", b"fo\nur"]);
+        assert_eq!(a.lines(2..3), Some(&b"three\n"[..]));
+        assert_eq!(a.lines(0..4), None, "embedded newlines carried over");
+        a.truncate(1);
+        assert_eq!(a.lines(0..1), Some(&b"one\n"[..]));
+    }
 
     #[test]
     fn records_in_place_and_as_lines() {

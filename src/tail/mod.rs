@@ -226,33 +226,9 @@ pub async fn run(
     store: StoreHandle,
     stopping: CancellationToken,
 ) {
-    // The stream's settings, from the writer (an unavailable store has none yet: wait; a writer
-    // that failed and is reopening answers again later).
-    let mut attempt = 0u32;
-    let stream = loop {
-        match store.snapshot().await {
-            Ok(snap) => {
-                if let Some(s) = snap
-                    .streams
-                    .into_iter()
-                    .map(|(c, _)| c)
-                    .find(|c| c.name == config.stream)
-                {
-                    break s;
-                }
-            }
-            Err(_) if stopping.is_cancelled() => return,
-            Err(e) => {
-                if attempt == 0 {
-                    tracing::warn!(source = %config.name, error = %e, "cannot read the stream's settings from the store; retrying");
-                }
-            }
-        }
-        tokio::select! {
-            _ = stopping.cancelled() => return,
-            _ = tokio::time::sleep(crate::backoff::jittered(attempt, RETRY_BASE, RETRY_CAP)) => {}
-        }
-        attempt = attempt.saturating_add(1);
+    let Some(stream) = stream_settings(&store, &config.name, &config.stream, &stopping).await
+    else {
+        return;
     };
     let host = if config.fields.contains(record::Fields::HOST) {
         hostname()
@@ -312,6 +288,42 @@ pub async fn run(
         restarts = s.restarts.load(Relaxed),
         "tail summary"
     );
+}
+
+/// The settings of `stream` (for every kind of source) from the writer (an unavailable store has none yet: wait; a writer
+/// that failed and is reopening answers again later). `None` once colibri stops.
+pub async fn stream_settings(
+    store: &StoreHandle,
+    source: &str,
+    stream: &str,
+    stopping: &CancellationToken,
+) -> Option<crate::store::StreamConfig> {
+    let mut attempt = 0u32;
+    loop {
+        match store.snapshot().await {
+            Ok(snap) => {
+                if let Some(s) = snap
+                    .streams
+                    .into_iter()
+                    .map(|(c, _)| c)
+                    .find(|c| c.name == stream)
+                {
+                    return Some(s);
+                }
+            }
+            Err(_) if stopping.is_cancelled() => return None,
+            Err(e) => {
+                if attempt == 0 {
+                    tracing::warn!(source, error = %e, "cannot read the stream's settings from the store; retrying");
+                }
+            }
+        }
+        tokio::select! {
+            _ = stopping.cancelled() => return None,
+            _ = tokio::time::sleep(crate::backoff::jittered(attempt, RETRY_BASE, RETRY_CAP)) => {}
+        }
+        attempt = attempt.saturating_add(1);
+    }
 }
 
 type AppendFuture = Pin<Box<dyn Future<Output = Result<Appended, AppendError>> + Send>>;

@@ -17,7 +17,7 @@ const LAYERS: &[(u8, &[&str])] = &[
         ],
     ),
     (2, &["store", "schedule"]),
-    (3, &["sink", "tail", "ingest", "task"]),
+    (3, &["sink", "tail", "syslog", "source", "ingest", "task"]),
     (4, &["config"]),
     (5, &["link", "delivery", "scheduler", "reload", "admin"]),
     (6, &["agent"]),

@@ -29,5 +29,6 @@ mod salvage;
 mod scrape;
 mod ship;
 mod store;
+mod syslog;
 mod tail;
 mod tsdb;

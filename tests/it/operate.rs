@@ -150,6 +150,7 @@ streams:
   logs: {{}}
 sources:
   app: {{ type: tail, stream: logs, paths: [{app_log}] }}
+  plant: {{ type: syslog, stream: logs, udp: "127.0.0.1:{syslog_port}" }}
 tasks:
   - {{ name: hello, type: exec, every: 200ms, command: ["/bin/true"] }}
   - {{ name: nope, type: exec, every: 200ms, command: ["/bin/false"] }}
@@ -157,6 +158,7 @@ tasks:
         good = quote(good.url("/in")),
         bad = quote(bad.url("/in")),
         app_log = quote_path(&sb.file("app.log")),
+        syslog_port = crate::tsdb::free_port(),
     ));
     let agent = Proc::run(&config);
     let admin = listening(&agent, "admin endpoint listening");

@@ -458,3 +458,11 @@ pub fn head<T: Debug>(items: &[T], n: usize) -> String {
         format!("{shown:?}")
     }
 }
+
+/// This machine's host name, as senders put it in their messages.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .expect("read /proc/sys/kernel/hostname")
+        .trim()
+        .to_string()
+}

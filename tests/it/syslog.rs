@@ -1,0 +1,582 @@
+//! The `syslog` source against real senders: util-linux `logger` (UDP and TCP, RFC 3164 and RFC
+//! 5424, octet counting and newline framing) and Debian's `rsyslog` forwarding over TCP; a TCP
+//! sender paused (not dropped) by a full `block` stream, where UDP messages are dropped and
+//! counted instead; a kill -9 of colibri during a TCP flood, which loses only what was read and not
+//! committed plus what the kernel held, never a committed record, and repeats nothing. Records are checked where they arrive: the test receiver, each job
+//! counted once by its idempotency key.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::net::TcpStream;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::tsdb::free_port;
+use crate::util::http::{Mode, Receiver};
+use crate::util::{Proc, Sandbox, field, finish, poll, quote, secs, stop};
+
+/// A `logs` stream (`stream` adds settings to it) delivered to a receiver, fed by a syslog
+/// source `plant` on `port` (TCP and UDP) with `source` settings (`, key: value` pairs).
+fn config(
+    sb: &Sandbox,
+    rx: &Receiver,
+    port: u16,
+    stream: &str,
+    source: &str,
+) -> std::path::PathBuf {
+    sb.write_config(&format!(
+        r#"data_dir: data
+shutdown_grace: 2s
+log: {{ format: json }}
+sinks:
+  up:
+    type: http
+    url: {url}
+    retry: {{ base: 100ms, cap: 200ms }}
+    link: {{ down_after: 2, backoff_base: 50ms, backoff_cap: 200ms }}
+streams:
+  logs: {{ sink: up, batch: {{ max_records: 1000, linger: 20ms }}{stream} }}
+sources:
+  plant: {{ type: syslog, stream: logs, udp: "127.0.0.1:{port}", tcp: "127.0.0.1:{port}"{source} }}
+"#,
+        url = quote(rx.url("/logs")),
+    ))
+}
+
+/// Starts colibri and waits until both listeners are bound.
+fn start(config: &std::path::Path) -> Proc {
+    let agent = Proc::start(config);
+    agent.wait_until(secs(30), "both syslog listeners bound", || {
+        agent
+            .events_where(|e| field(e, "message") == "syslog listening")
+            .len()
+            >= 2
+    });
+    agent
+}
+
+/// Every record delivered, each job once (a job sent again after a crash has the same key).
+fn delivered(rx: &Receiver) -> Vec<Value> {
+    let mut keys = HashSet::new();
+    let mut out = Vec::new();
+    for r in rx.requests() {
+        if !r.status.is_some_and(|s| (200..300).contains(&s)) {
+            continue;
+        }
+        if !keys.insert(r.idempotency_key.clone().expect("an Idempotency-Key")) {
+            continue;
+        }
+        for t in r.records() {
+            out.push(serde_json::from_str(&t).unwrap_or_else(|e| panic!("{e}: {t}")));
+        }
+    }
+    out
+}
+
+fn wait_delivered(rx: &Receiver, agent: &Proc, n: usize, limit: Duration) -> Vec<Value> {
+    let mut last = Vec::new();
+    if poll(limit, || {
+        last = delivered(rx);
+        (last.len() >= n).then_some(())
+    })
+    .is_none()
+    {
+        panic!(
+            "{} of {n} records arrived within {limit:?}: {:?}\nstderr:\n{}",
+            last.len(),
+            last.iter().take(3).collect::<Vec<_>>(),
+            agent.stderr()
+        );
+    }
+    last
+}
+
+fn logger(port: u16, args: &[&str], message: &str) {
+    let mut cmd = Command::new("logger");
+    cmd.args(["-n", "127.0.0.1", "-P", &port.to_string()])
+        .args(args)
+        .arg(message);
+    let f = finish(cmd, secs(10));
+    assert!(f.status.success(), "logger {args:?}: {}", f.stderr);
+}
+
+/// The one record whose message is `m`.
+fn by_message<'a>(records: &'a [Value], m: &str) -> &'a Value {
+    let found: Vec<&Value> = records.iter().filter(|r| r["message"] == m).collect();
+    assert_eq!(found.len(), 1, "records with message {m:?}: {found:?}");
+    found[0]
+}
+
+/// The `syslog summary` event of the stop.
+fn summary(agent: &Proc) -> Value {
+    agent
+        .events_where(|e| field(e, "message") == "syslog summary")
+        .pop()
+        .unwrap_or_else(|| panic!("no syslog summary:\n{}", agent.stderr()))
+}
+
+#[test]
+fn logger_over_udp_and_tcp_in_both_formats_is_parsed_into_fields() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    let port = free_port();
+    let cfg = config(
+        &sb,
+        &rx,
+        port,
+        "",
+        r#", min_severity: info, exclude_lines: ["secret"], labels: { site: north }"#,
+    );
+    let agent = start(&cfg);
+    let host = crate::util::hostname();
+    logger(
+        port,
+        &[
+            "--udp",
+            "--rfc5424",
+            "-t",
+            "plc",
+            "--id=4242",
+            "-p",
+            "local3.warning",
+            "--msgid",
+            "M7",
+            "--sd-id",
+            "line@32473",
+            "--sd-param",
+            "speed=\"12\"",
+        ],
+        "udp rfc5424",
+    );
+    logger(
+        port,
+        &["--udp", "--rfc3164", "-t", "valve", "-p", "daemon.notice"],
+        "udp rfc3164",
+    );
+    logger(
+        port,
+        &[
+            "--tcp",
+            "--rfc5424",
+            "--octet-count",
+            "-t",
+            "drive",
+            "-p",
+            "user.err",
+        ],
+        "tcp octet-counted rfc5424",
+    );
+    logger(
+        port,
+        &["--tcp", "--rfc3164", "-t", "pump", "-p", "local7.info"],
+        "tcp newline rfc3164",
+    );
+    // Filtered: below min_severity, and matching exclude_lines.
+    logger(
+        port,
+        &["--tcp", "-t", "chatty", "-p", "user.debug"],
+        "tcp debug",
+    );
+    logger(
+        port,
+        &["--tcp", "-t", "vault", "-p", "user.err"],
+        "a secret line",
+    );
+    // Not syslog at all: kept whole, marked.
+    let mut raw = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    raw.write_all(b"plain text from a script\n").expect("write");
+    drop(raw);
+    let records = wait_delivered(&rx, &agent, 5, secs(30));
+
+    let r = by_message(&records, "udp rfc5424");
+    assert_eq!(r["app"], "plc");
+    assert_eq!(r["procid"], "4242");
+    assert_eq!(r["msgid"], "M7");
+    assert_eq!(r["facility"], "local3");
+    assert_eq!(r["severity"], "warning");
+    assert_eq!(r["protocol"], "rfc5424");
+    assert_eq!(r["host"], host.as_str());
+    assert_eq!(r["structured_data"]["line@32473"]["speed"], "12");
+    assert_eq!(r["labels"]["site"], "north");
+    assert!(r["peer"].as_str().unwrap().starts_with("127.0.0.1:"), "{r}");
+    let t = chrono::DateTime::parse_from_rfc3339(r["time"].as_str().unwrap()).unwrap();
+    assert!(
+        (chrono::Utc::now() - t.to_utc()).num_seconds().abs() < 120,
+        "{r}"
+    );
+
+    let r = by_message(&records, "udp rfc3164");
+    assert_eq!(
+        (
+            r["app"].as_str(),
+            r["facility"].as_str(),
+            r["severity"].as_str()
+        ),
+        (Some("valve"), Some("daemon"), Some("notice"))
+    );
+    assert_eq!(r["protocol"], "rfc3164");
+    let t = chrono::DateTime::parse_from_rfc3339(r["time"].as_str().unwrap()).unwrap();
+    assert!(
+        (chrono::Utc::now() - t.to_utc()).num_seconds().abs() < 120,
+        "local time read as such: {r}"
+    );
+
+    let r = by_message(&records, "tcp octet-counted rfc5424");
+    assert_eq!(
+        (
+            r["app"].as_str(),
+            r["facility"].as_str(),
+            r["severity"].as_str()
+        ),
+        (Some("drive"), Some("user"), Some("err"))
+    );
+    let r = by_message(&records, "tcp newline rfc3164");
+    assert_eq!(
+        (
+            r["app"].as_str(),
+            r["facility"].as_str(),
+            r["severity"].as_str()
+        ),
+        (Some("pump"), Some("local7"), Some("info"))
+    );
+    let r = by_message(&records, "plain text from a script");
+    assert_eq!(r["unparsed"], true);
+
+    let agent = stop(agent);
+    let records = delivered(&rx);
+    assert_eq!(
+        records.len(),
+        5,
+        "the filtered two never arrive: {records:?}"
+    );
+    let s = summary(&agent);
+    assert_eq!(
+        (
+            s["messages"].as_u64(),
+            s["filtered"].as_u64(),
+            s["unparsed"].as_u64()
+        ),
+        (Some(7), Some(2), Some(1)),
+        "{s}"
+    );
+    assert_eq!(
+        (s["records_appended"].as_u64(), s["records_lost"].as_u64()),
+        (Some(5), Some(0)),
+        "{s}"
+    );
+}
+
+#[test]
+fn rsyslog_forwards_over_tcp_with_octet_counting_and_every_line_arrives_parsed() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    let port = free_port();
+    let cfg = config(&sb, &rx, port, "", "");
+    let agent = start(&cfg);
+    // rsyslog: a TCP input the test's logger writes to, forwarded to colibri as RFC 5424 with
+    // octet counting (how a plant's central rsyslog relays), with a disk-assisted queue as
+    // operators configure it.
+    let rs_port = free_port();
+    let work = sb.file("rsyslog");
+    std::fs::create_dir_all(&work).unwrap();
+    let conf = sb.file("rsyslog.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            r#"global(workDirectory="{work}")
+module(load="imtcp")
+input(type="imtcp" address="127.0.0.1" port="{rs_port}")
+action(type="omfwd" target="127.0.0.1" port="{port}" protocol="tcp" TCP_Framing="octet-counted"
+       template="RSYSLOG_SyslogProtocol23Format" action.resumeRetryCount="-1")
+"#,
+            work = work.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new("rsyslogd");
+    cmd.arg("-n")
+        .arg("-f")
+        .arg(&conf)
+        .arg("-i")
+        .arg(sb.file("rsyslog.pid"));
+    let rsyslog = Proc::spawn(cmd);
+    let up = poll(secs(20), || TcpStream::connect(("127.0.0.1", rs_port)).ok());
+    assert!(
+        up.is_some(),
+        "rsyslogd did not listen:\n{}",
+        rsyslog.stderr()
+    );
+    let lines: String = (1..=2000).map(|i| format!("reading {i}\n")).collect();
+    let mut cmd = Command::new("logger");
+    cmd.args([
+        "-n",
+        "127.0.0.1",
+        "-P",
+        &rs_port.to_string(),
+        "--tcp",
+        "-t",
+        "meter",
+        "-p",
+        "local0.notice",
+    ]);
+    let f = crate::util::finish_with_stdin(&sb, cmd, &lines, secs(30));
+    assert!(f.status.success(), "logger: {}", f.stderr);
+    let mut ours = Vec::new();
+    poll(secs(60), || {
+        ours = delivered(&rx)
+            .into_iter()
+            .filter(|r| r["app"] == "meter")
+            .collect();
+        (ours.len() >= 2000).then_some(())
+    });
+    assert_eq!(
+        ours.len(),
+        2000,
+        "stderr:\n{}\nrsyslog:\n{}",
+        agent.stderr(),
+        rsyslog.stderr()
+    );
+    let host = crate::util::hostname();
+    for (i, r) in ours.iter().enumerate() {
+        assert_eq!(r["message"], format!("reading {}", i + 1), "in order: {r}");
+        assert_eq!(
+            (r["facility"].as_str(), r["severity"].as_str()),
+            (Some("local0"), Some("notice")),
+            "{r}"
+        );
+        assert_eq!(r["protocol"], "rfc5424", "{r}");
+        assert_eq!(r["host"], host.as_str(), "{r}");
+    }
+    drop(rsyslog);
+    let agent = stop(agent);
+    assert_eq!(summary(&agent)["framing_errors"], 0);
+}
+
+/// Writes numbered lines (`<14>1 - gw feeder - - - <tag> <n>`) from `from` to `to` on one
+/// connection as fast as the socket takes them; `written` is the last line fully written.
+fn feeder(
+    port: u16,
+    tag: &'static str,
+    from: u64,
+    to: u64,
+    written: Arc<AtomicU64>,
+    done: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Result<(), String>> {
+    std::thread::spawn(move || {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+        let mut block = Vec::new();
+        let mut n = from;
+        while n <= to {
+            block.clear();
+            let last = (n + 99).min(to);
+            for i in n..=last {
+                writeln!(block, "<14>1 - gw feeder - - - {tag} {i}").unwrap();
+            }
+            s.write_all(&block)
+                .map_err(|e| format!("after line {}: {e}", written.load(Ordering::SeqCst)))?;
+            written.store(last, Ordering::SeqCst);
+            n = last + 1;
+        }
+        done.store(true, Ordering::SeqCst);
+        Ok(())
+    })
+}
+
+fn seqs(records: &[Value], tag: &str) -> Vec<u64> {
+    records
+        .iter()
+        .filter_map(|r| {
+            let (t, n) = r["message"].as_str()?.split_once(' ')?;
+            (t == tag).then(|| n.parse().expect("a number"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_full_block_stream_pauses_a_tcp_sender_and_loses_nothing() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    rx.set_mode(Mode::Refuse);
+    let port = free_port();
+    let cfg = config(&sb, &rx, port, ", max_jobs: 20, when_full: block", "");
+    let agent = start(&cfg);
+    // 600,000 lines (~20 MB): more than the stream (20 jobs of 1,000), the kernel's socket
+    // buffers (up to 6 MB and 4 MB here) and colibri's channel hold.
+    const N: u64 = 600_000;
+    let (written, done) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let sender = feeder(port, "p", 1, N, Arc::clone(&written), Arc::clone(&done));
+    agent.wait_for_event(secs(60), "the stream full and reading paused", |e| {
+        field(e, "message").starts_with("stream full: reading paused")
+    });
+    // The sender is held: its count stops short of the end and stays there.
+    let held = poll(secs(30), || {
+        let a = written.load(Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(500));
+        let b = written.load(Ordering::SeqCst);
+        (a == b && !done.load(Ordering::SeqCst)).then_some(b)
+    })
+    .expect("the sender was paused");
+    assert!(held < N, "held at {held}");
+    rx.set_mode(Mode::Accept);
+    let records = wait_delivered(&rx, &agent, N as usize, secs(180));
+    assert!(sender.join().unwrap().is_ok());
+    assert_eq!(
+        seqs(&records, "p"),
+        (1..=N).collect::<Vec<_>>(),
+        "each once, in order"
+    );
+    let agent = stop(agent);
+    let s = summary(&agent);
+    assert_eq!(
+        (
+            s["records_dropped"].as_u64(),
+            s["records_lost"].as_u64(),
+            s["udp_dropped"].as_u64()
+        ),
+        (Some(0), Some(0), Some(0)),
+        "{s}"
+    );
+}
+
+/// The most a TCP connection may hold that the sender wrote and the receiver never committed:
+/// the sender's send buffer, the receiver's receive buffer (their kernel maximums) and what
+/// colibri read and had not yet committed (its channel of 32 reads of 16 KiB, and one append of
+/// up to 1 MiB).
+fn in_flight_bound() -> u64 {
+    let max = |f: &str| -> u64 {
+        std::fs::read_to_string(f)
+            .ok()
+            .and_then(|t| t.split_whitespace().last()?.parse().ok())
+            .unwrap_or(6 << 20)
+    };
+    max("/proc/sys/net/ipv4/tcp_wmem")
+        + max("/proc/sys/net/ipv4/tcp_rmem")
+        + 34 * (16 << 10)
+        + (2 << 20)
+}
+
+#[test]
+fn kill_9_during_a_tcp_flood_loses_only_what_was_in_flight_and_repeats_nothing() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    let port = free_port();
+    let cfg = config(&sb, &rx, port, "", "");
+    let mut agent = start(&cfg);
+    const N: u64 = 2_000_000;
+    let (written, done) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let sender = feeder(port, "a", 1, N, Arc::clone(&written), Arc::clone(&done));
+    poll(secs(60), || {
+        (seqs(&delivered(&rx), "a").len() >= 20_000).then_some(())
+    })
+    .expect("records flowing");
+    agent.signal(libc::SIGKILL);
+    agent.wait_exit(secs(10));
+    let err = sender.join().unwrap().expect_err("the connection broke");
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "the flood outlasted colibri: {err}"
+    );
+    let sent = written.load(Ordering::SeqCst);
+
+    // Restarted: what was committed is delivered (again, under the same keys, where its
+    // delivery was cut), and a new connection's lines all arrive.
+    let agent = start(&cfg);
+    let (w2, d2) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    feeder(port, "b", 1, 10_000, w2, Arc::clone(&d2))
+        .join()
+        .unwrap()
+        .expect("second sender");
+    let mut records = Vec::new();
+    poll(secs(60), || {
+        records = delivered(&rx);
+        (seqs(&records, "b").len() >= 10_000).then_some(())
+    });
+    assert_eq!(
+        seqs(&records, "b"),
+        (1..=10_000).collect::<Vec<_>>(),
+        "each once, in order"
+    );
+    let a = seqs(&records, "a");
+    let kept = a.len() as u64;
+    assert_eq!(
+        a,
+        (1..=kept).collect::<Vec<_>>(),
+        "what survived is a prefix, each once"
+    );
+    // Line bytes: "<14>1 - gw feeder - - - a " plus the number and a newline.
+    let lost_bytes = (sent.saturating_sub(kept)) * 34;
+    assert!(
+        lost_bytes <= in_flight_bound(),
+        "{} lines ({lost_bytes} bytes) written and not kept, more than could be in flight ({} bytes)",
+        sent - kept,
+        in_flight_bound()
+    );
+    eprintln!(
+        "kill -9 in a flood: {sent} lines written, {kept} kept, {} lost in flight",
+        sent.saturating_sub(kept)
+    );
+    let agent = stop(agent);
+    assert_eq!(summary(&agent)["records_lost"], 0);
+}
+
+#[test]
+fn udp_messages_a_full_block_stream_cannot_take_are_dropped_and_counted() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    rx.set_mode(Mode::Refuse);
+    let port = free_port();
+    let cfg = config(&sb, &rx, port, ", max_jobs: 5, when_full: block", "");
+    let agent = start(&cfg);
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    // 5 jobs of 1,000 fill the stream; then the appender waits and the channel fills.
+    let mut sent = 0u64;
+    let paused = poll(secs(60), || {
+        for _ in 0..2000 {
+            sent += 1;
+            let m = format!("<14>1 - gw probe - - - u {sent}");
+            udp.send_to(m.as_bytes(), ("127.0.0.1", port))
+                .expect("send");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        (!agent
+            .events_where(|e| field(e, "message").starts_with("stream full: reading paused"))
+            .is_empty())
+        .then_some(())
+    });
+    assert!(
+        paused.is_some(),
+        "the stream never filled:\n{}",
+        agent.stderr()
+    );
+    for _ in 0..5000 {
+        sent += 1;
+        let m = format!("<14>1 - gw probe - - - u {sent}");
+        udp.send_to(m.as_bytes(), ("127.0.0.1", port))
+            .expect("send");
+    }
+    rx.set_mode(Mode::Accept);
+    let agent = stop(agent);
+    let s = summary(&agent);
+    let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k} in {s}"));
+    assert!(n("udp_dropped") > 0, "{s}");
+    // Every message read was stored, dropped for want of room, or lost at the stop, and counted.
+    assert_eq!(
+        n("messages"),
+        n("records_appended") + n("udp_dropped") + n("records_lost"),
+        "{s}"
+    );
+    assert!(n("messages") <= sent, "{s}");
+}
