@@ -615,6 +615,11 @@ fn syslog_metrics(t: &mut Text, stats: &[(String, Arc<crate::syslog::SyslogStats
                 "TCP connections closed for a broken octet-counting frame, or ended inside one.",
                 |s| s.framing_errors.load(Relaxed),
             ),
+            (
+                "colibri_syslog_tls_failures_total",
+                "TLS connections whose handshake failed or timed out.",
+                |s| s.tls_failures.load(Relaxed),
+            ),
         ],
     );
 }

@@ -214,7 +214,7 @@ pub(super) fn compile(
         SourceSpec::Tail(spec) => compile_tail(name, *spec, base, streams, err)
             .map(|t| Source::Tail(std::sync::Arc::new(t))),
         #[cfg(feature = "syslog")]
-        SourceSpec::Syslog(spec) => syslog::compile(name, *spec, streams, err)
+        SourceSpec::Syslog(spec) => syslog::compile(name, *spec, base, streams, err)
             .map(|s| Source::Syslog(std::sync::Arc::new(s))),
         #[cfg(all(not(feature = "syslog"), feature = "schema"))]
         SourceSpec::Syslog(_) => {

@@ -28,6 +28,9 @@ pub struct Framer {
     skip_octets: usize,
     /// A newline-framed message past the limit: skip to its end.
     skip_line: bool,
+    /// Bytes of the message being read already searched for its newline (so a long message
+    /// that arrives in many reads is searched once, not once per read).
+    scanned: usize,
 }
 
 impl Framer {
@@ -137,6 +140,10 @@ impl Framer {
                 return Ok(Step::More);
             }
             let end = trim_end(&self.buf, start + len).max(start);
+            if end == start {
+                // `0 ` or a frame of line ends only: nothing to keep.
+                return Ok(Step::Skip(start + len));
+            }
             return Ok(Step::Message {
                 start,
                 end,
@@ -158,8 +165,12 @@ impl Framer {
 
     fn newline_framed(&mut self, pos: usize) -> Step {
         let avail = &self.buf[pos..];
-        match memchr::memchr(b'\n', &avail[..avail.len().min(self.max + 2)]) {
+        let window = avail.len().min(self.max + 2);
+        let from = self.scanned.min(window);
+        let found = memchr::memchr(b'\n', &avail[from..window]).map(|i| from + i);
+        match found {
             Some(i) => {
+                self.scanned = 0;
                 let end = trim_end(&self.buf, pos + i).max(pos);
                 if end == pos {
                     // An empty line (or a lone CR): nothing to keep.
@@ -174,6 +185,7 @@ impl Framer {
                 }
             }
             None if avail.len() > self.max + 1 => {
+                self.scanned = 0;
                 self.skip_line = true;
                 Step::Message {
                     start: pos,
@@ -182,7 +194,10 @@ impl Framer {
                     next: pos + self.max,
                 }
             }
-            None => Step::More,
+            None => {
+                self.scanned = window;
+                Step::More
+            }
         }
     }
 }
@@ -287,6 +302,20 @@ mod tests {
             .unwrap();
         assert!(!f.finish(|m, _| got.push(m.to_vec())));
         assert_eq!(got, [b"<13>last".to_vec()]);
+    }
+
+    #[test]
+    fn a_long_line_in_many_reads_is_searched_once() {
+        let mut f = Framer::new(1 << 20);
+        let mut got = Vec::new();
+        for _ in 0..100 {
+            f.feed(&[b'x'; 1000], |_, _| panic!("no newline yet"))
+                .unwrap();
+            assert_eq!(f.scanned, f.buf.len(), "searched up to what is there");
+        }
+        f.feed(b"\n<13>next\n", |m, _| got.push(m.len())).unwrap();
+        assert_eq!(got, [100_000, 8]);
+        assert_eq!(f.scanned, 0);
     }
 
     #[test]

@@ -10,12 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
+use super::append::{Chunk, permits_for};
 use super::frame::Framer;
 use super::parse::{Context, Parsed};
 use crate::store::RecordBuf;
@@ -31,14 +33,24 @@ const UDP_CHUNK: usize = 256;
 const UDP_CHUNK_BYTES: usize = 256 << 10;
 /// Waits between tries to bind a port that is taken.
 const BIND_RETRY: Duration = Duration::from_secs(5);
-/// How long a connection may wait to hand over its last chunk once colibri stops.
+/// How long a TLS client has to complete its handshake.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+/// How long a connection may go on reading what is already there once colibri stops.
 const STOP_WAIT: Duration = Duration::from_secs(2);
+/// At the stop, reading on needs this much room in the budget (what one read's records may take:
+/// a 16 KiB read of short lines makes ~16x its size in records).
+const DRAIN_ROOM: usize = 16 * TCP_READ_BYTES;
+/// At the stop, a read that finds nothing within this long means the sender had nothing more.
+const DRAIN_READ: Duration = Duration::from_millis(50);
+/// Idle TCP connections are probed after this long (SO_KEEPALIVE), so a sender that vanished (a
+/// device rebooted, a NAT forgot the flow) does not hold a connection slot for ever.
+const KEEPALIVE: Duration = Duration::from_secs(300);
 
 /// Receives datagrams until `stopping`.
 pub async fn udp(
     addr: SocketAddr,
     shared: Arc<Shared>,
-    tx: mpsc::Sender<RecordBuf>,
+    tx: mpsc::UnboundedSender<Chunk>,
     stopping: CancellationToken,
 ) {
     let Some(socket) = bind(addr, "udp", &shared, &stopping, UdpSocket::bind).await else {
@@ -50,7 +62,7 @@ pub async fn udp(
             _ = stopping.cancelled() => return,
             r = socket.recv_from(&mut buf) => r,
         };
-        let mut chunk = Chunk::new();
+        let mut chunk = Read::new();
         match first {
             Ok((n, peer)) => chunk.datagram(&shared, &buf[..n], peer),
             Err(e) => {
@@ -68,8 +80,15 @@ pub async fn udp(
         if chunk.records.is_empty() {
             continue;
         }
+        // UDP cannot pause its senders: what finds no room in the budget or the channel is
+        // dropped, and counted.
         let n = chunk.records.len() as u64;
-        if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(chunk.records) {
+        let need = permits_for(chunk.records.record_bytes());
+        let taken = match Arc::clone(&shared.budget).try_acquire_many_owned(need) {
+            Ok(permit) => tx.send(Chunk::new(chunk.records, Some(permit))).is_ok(),
+            Err(_) => false,
+        };
+        if !taken {
             shared.stats.udp_dropped.fetch_add(n, Relaxed);
         }
     }
@@ -79,7 +98,7 @@ pub async fn udp(
 pub async fn tcp(
     addr: SocketAddr,
     shared: Arc<Shared>,
-    tx: mpsc::Sender<RecordBuf>,
+    tx: mpsc::UnboundedSender<Chunk>,
     stopping: CancellationToken,
 ) {
     let Some(listener) = bind(addr, "tcp", &shared, &stopping, TcpListener::bind).await else {
@@ -115,9 +134,27 @@ pub async fn tcp(
             continue;
         };
         shared.stats.connections.fetch_add(1, Relaxed);
+        let keepalive = socket2::TcpKeepalive::new().with_time(KEEPALIVE);
+        if let Err(e) = socket2::SockRef::from(&sock).set_tcp_keepalive(&keepalive) {
+            tracing::debug!(source = %shared.cfg.name, %peer, error = %e, "cannot set TCP keepalive");
+        }
         let (shared, tx, stopping) = (Arc::clone(&shared), tx.clone(), stopping.clone());
         conns.spawn(async move {
-            connection(sock, peer, &shared, &tx, &stopping).await;
+            match &shared.cfg.tls {
+                None => connection(sock, peer, &shared, &tx, &stopping).await,
+                Some(tls) => {
+                    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(tls));
+                    let handshake = tokio::select! {
+                        _ = stopping.cancelled() => return,
+                        h = tokio::time::timeout(HANDSHAKE, acceptor.accept(sock)) => h,
+                    };
+                    match handshake {
+                        Ok(Ok(stream)) => connection(stream, peer, &shared, &tx, &stopping).await,
+                        Ok(Err(e)) => tls_failed(&shared, peer, &e.to_string()),
+                        Err(_) => tls_failed(&shared, peer, "no handshake within 10s"),
+                    }
+                }
+            }
             drop(slot);
         });
     }
@@ -125,13 +162,37 @@ pub async fn tcp(
     while conns.join_next().await.is_some() {}
 }
 
+/// A TLS handshake that failed: counted, and logged once per source at WARN (a scanner or a
+/// misconfigured sender would fill the log), the rest at DEBUG.
+fn tls_failed(shared: &Shared, peer: SocketAddr, error: &str) {
+    let before = shared.stats.tls_failures.fetch_add(1, Relaxed);
+    if before == 0 {
+        tracing::warn!(source = %shared.cfg.name, %peer, error, "syslog TLS handshake failed (further failures are counted, and logged at debug)");
+    } else {
+        tracing::debug!(source = %shared.cfg.name, %peer, error, "syslog TLS handshake failed");
+    }
+}
+
+/// Why a connection's reading ended.
+#[derive(PartialEq, Eq)]
+enum End {
+    /// The sender closed it.
+    Eof,
+    /// Silent past `idle_timeout`, failed, or colibri stops (after what was there was read).
+    Closed,
+    /// The sender broke the framing: what is left is not a message.
+    Framing,
+}
+
 /// Reads one connection until it ends, breaks the framing, idles past `idle_timeout`, or colibri
-/// stops (what was read by then is handed over).
-async fn connection(
-    mut sock: TcpStream,
+/// stops; at the stop it reads on what is already there for [`STOP_WAIT`] at most, while the
+/// budget has room, so a graceful stop loses no more than the kernel still held (nothing, unless
+/// the stream is full). A last message without its newline is kept.
+async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
+    mut sock: S,
     peer: SocketAddr,
     shared: &Shared,
-    tx: &mpsc::Sender<RecordBuf>,
+    tx: &mpsc::UnboundedSender<Chunk>,
     stopping: &CancellationToken,
 ) {
     let name = &shared.cfg.name;
@@ -139,33 +200,48 @@ async fn connection(
     let mut buf = vec![0u8; TCP_READ_BYTES];
     let peer_json = peer_string(peer);
     let idle = shared.cfg.idle_timeout.unwrap_or(Duration::MAX);
-    loop {
-        let read = tokio::select! {
-            _ = stopping.cancelled() => break,
-            r = tokio::time::timeout(idle, sock.read(&mut buf)) => r,
+    let mut draining_until: Option<Instant> = None;
+    let end = loop {
+        let read = match draining_until {
+            None => tokio::select! {
+                _ = stopping.cancelled() => {
+                    draining_until = Some(Instant::now() + STOP_WAIT);
+                    continue;
+                }
+                r = tokio::time::timeout(idle, sock.read(&mut buf)) => match r {
+                    Ok(r) => r,
+                    Err(_) => {
+                        tracing::debug!(source = %name, %peer, "syslog connection idle: closed");
+                        break End::Closed;
+                    }
+                },
+            },
+            Some(until) => {
+                // Only while the budget has room: with the stream full, what the kernel holds is
+                // left unread (memory stays bounded; the sender sees the connection reset).
+                if shared.budget.available_permits() < DRAIN_ROOM {
+                    break End::Closed;
+                }
+                let left = until
+                    .saturating_duration_since(Instant::now())
+                    .min(DRAIN_READ);
+                match tokio::time::timeout(left, sock.read(&mut buf)).await {
+                    Ok(r) => r,
+                    // Nothing more is there (or the stop's time is up).
+                    Err(_) => break End::Closed,
+                }
+            }
         };
         let n = match read {
-            Err(_) => {
-                tracing::debug!(source = %name, %peer, "syslog connection idle: closed");
-                break;
-            }
-            Ok(Err(e)) => {
+            Ok(0) => break End::Eof,
+            Ok(n) => n,
+            Err(e) => {
                 tracing::debug!(source = %name, %peer, error = %e, "syslog connection failed");
-                break;
+                break End::Closed;
             }
-            Ok(Ok(0)) => {
-                let mut chunk = Chunk::new();
-                if framer.finish(|m, cut| chunk.message(shared, m, cut, &peer_json)) {
-                    shared.stats.framing_errors.fetch_add(1, Relaxed);
-                    tracing::warn!(source = %name, %peer, "syslog connection ended inside an octet-counted message: that message is lost");
-                }
-                send(chunk, shared, tx, stopping).await;
-                return;
-            }
-            Ok(Ok(n)) => n,
         };
         shared.stats.bytes.fetch_add(n as u64, Relaxed);
-        let mut chunk = Chunk::new();
+        let mut chunk = Read::new();
         let framed = framer.feed(&buf[..n], |m, cut| {
             chunk.message(shared, m, cut, &peer_json)
         });
@@ -175,60 +251,66 @@ async fn connection(
         if let Err(e) = framed {
             shared.stats.framing_errors.fetch_add(1, Relaxed);
             tracing::warn!(source = %name, %peer, error = %e, "syslog connection closed");
-            return;
+            break End::Framing;
         }
+    };
+    if end != End::Framing {
+        let mut chunk = Read::new();
+        if framer.finish(|m, cut| chunk.message(shared, m, cut, &peer_json)) {
+            shared.stats.framing_errors.fetch_add(1, Relaxed);
+            tracing::warn!(source = %name, %peer, "syslog connection ended inside an octet-counted message: that message is lost");
+        }
+        send(chunk, shared, tx, stopping).await;
+    }
+    if end == End::Eof {
+        // A TLS sender waits for our close_notify; a plain one sees the FIN.
+        let _ = tokio::time::timeout(HANDSHAKE, sock.shutdown()).await;
     }
 }
 
-/// Hands a chunk to the appender, waiting while it is behind (the pause of a `block` stream);
-/// once colibri stops, for [`STOP_WAIT`] at most. False when it was not taken (counted lost:
-/// syslog has no acknowledgement to withhold, so what was read and not stored is gone).
+/// Hands a read's records to the appender, first waiting for their bytes of the budget (the
+/// pause of a `block` stream: the connection reads nothing meanwhile). Once colibri stops it does
+/// not wait: the last reads of each connection go without their share, so a reload or a stop
+/// loses nothing that was read. False when the appender is gone (nothing can be stored).
 async fn send(
-    chunk: Chunk,
+    read: Read,
     shared: &Shared,
-    tx: &mpsc::Sender<RecordBuf>,
+    tx: &mpsc::UnboundedSender<Chunk>,
     stopping: &CancellationToken,
 ) -> bool {
-    if chunk.records.is_empty() {
+    if read.records.is_empty() {
         return true;
     }
-    let records = chunk.records;
-    if !stopping.is_cancelled() {
+    let n = read.records.len() as u64;
+    let need = permits_for(read.records.record_bytes());
+    let budget = Arc::clone(&shared.budget);
+    let permit = if stopping.is_cancelled() {
+        budget.try_acquire_many_owned(need).ok()
+    } else {
         tokio::select! {
-            r = tx.reserve() => {
-                return match r {
-                    Ok(permit) => {
-                        permit.send(records);
-                        true
-                    }
-                    Err(_) => false,
-                };
-            }
-            _ = stopping.cancelled() => {}
+            p = Arc::clone(&budget).acquire_many_owned(need) => p.ok(),
+            _ = stopping.cancelled() => budget.try_acquire_many_owned(need).ok(),
         }
+    };
+    if tx.send(Chunk::new(read.records, permit)).is_err() {
+        shared.stats.records_lost.fetch_add(n, Relaxed);
+        tracing::error!(source = %shared.cfg.name, records = n, "the syslog appender has ended: records read are lost");
+        return false;
     }
-    let n = records.len() as u64;
-    match tokio::time::timeout(STOP_WAIT, tx.send(records)).await {
-        Ok(Ok(())) => true,
-        _ => {
-            shared.stats.records_lost.fetch_add(n, Relaxed);
-            tracing::warn!(source = %shared.cfg.name, records = n, "colibri is stopping: syslog records read and not stored are lost");
-            false
-        }
-    }
+    true
 }
 
-/// Records made from one read.
-struct Chunk {
+/// Records made from one read (or a few datagrams).
+struct Read {
     records: RecordBuf,
     received: String,
     messages: usize,
 }
 
-impl Chunk {
-    fn new() -> Chunk {
+impl Read {
+    fn new() -> Read {
         let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        Chunk {
+        Read {
             records: RecordBuf::new(),
             received: format!("\"{now}\""),
             messages: 0,

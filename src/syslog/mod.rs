@@ -2,14 +2,16 @@
 //! RFC 6587) whose messages, parsed ([`parse`]), are appended to a stream as JSON records.
 //!
 //! The listeners ([`listen`]) parse what they read into chunks of records and hand them over a
-//! bounded channel to one appender (this file), which gathers what is waiting into one append
-//! (one commit) at a time. Syslog has no acknowledgement above TCP's, so a message counts as taken
+//! bounded channel to one appender ([`append`]), which gathers what is waiting into one append
+//! (one commit) at a time; what is read and not yet committed is bounded by a budget of bytes
+//! the readers wait for. Syslog has no acknowledgement above TCP's, so a message counts as taken
 //! once it is read; the channel and the one append in flight are all that is read and not yet
 //! committed. Backpressure: under `when_full: block` the append waits in the store's writer, the
 //! channel fills, TCP connections stop reading (the senders' TCP windows fill and they pause), and
 //! UDP datagrams that find the channel full are dropped and counted (UDP has no way to pause a
 //! sender). Owns the listeners and the appender of one source; the agent starts and stops it.
 
+pub mod append;
 pub mod frame;
 pub mod listen;
 pub mod parse;
@@ -23,7 +25,6 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::writer::StoreHandle;
-use crate::store::{AppendError, RecordBuf};
 use crate::tail::record::Filter;
 
 /// `max_message_bytes` when the config does not say.
@@ -31,21 +32,8 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 10;
 /// `max_connections` when the config does not say.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
-/// Chunks waiting for the appender. A chunk is what one read (16 KiB, or up to 256 datagrams and
-/// 256 KiB) held, so this bounds what is read and not committed to 32 reads.
-const CHANNEL_CHUNKS: usize = 32;
-/// An append gathers waiting chunks up to about this much (the tail source's measure).
-const APPEND_BYTES: usize = crate::tail::batch::APPEND_BYTES;
-const APPEND_RECORDS: usize = crate::tail::batch::APPEND_RECORDS;
-/// How long one append may wait for room in a full `block` stream before it is asked again.
-const APPEND_WAIT: Duration = Duration::from_secs(3600);
-/// An append waiting this long is reported (once) as "stream full, reading paused".
-const SLOW_APPEND: Duration = Duration::from_secs(5);
-/// How long appends may still take once colibri stops.
+/// How long a stopping source waits for its appender before leaving it to finish on its own.
 const STOP_WAIT: Duration = Duration::from_secs(2);
-/// Waits between tries of an append that failed in the store.
-const RETRY_BASE: Duration = Duration::from_millis(100);
-const RETRY_CAP: Duration = Duration::from_secs(5);
 
 /// A compiled `type: syslog` source.
 #[derive(Debug, Clone)]
@@ -64,6 +52,8 @@ pub struct SyslogConfig {
     /// A TCP connection silent this long is closed (`None`: never).
     pub idle_timeout: Option<Duration>,
     pub labels: Vec<(String, String)>,
+    /// TLS on the TCP listener.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl SyslogConfig {
@@ -73,8 +63,9 @@ impl SyslogConfig {
             on.push(format!("udp {a}"));
         }
         if let Some(a) = self.tcp {
+            let tls = if self.tls.is_some() { "TLS, " } else { "" };
             on.push(format!(
-                "tcp {a} (at most {} connections)",
+                "tcp {a} ({tls}at most {} connections)",
                 self.max_connections
             ));
         }
@@ -109,6 +100,9 @@ pub struct SyslogStats {
     pub connections_refused: AtomicU64,
     /// Connections closed for breaking the framing, or ended inside an octet-counted message.
     pub framing_errors: AtomicU64,
+    /// TLS connections whose handshake failed or timed out (no certificate the CA signed, a
+    /// plain-text client).
+    pub tls_failures: AtomicU64,
 }
 
 /// What the listeners share.
@@ -117,6 +111,8 @@ pub struct Shared {
     pub stats: Arc<SyslogStats>,
     /// `,"labels":{...}` or empty, rendered once.
     pub labels: String,
+    /// Bytes of records read and not yet committed ([`append::BUDGET_BYTES`]).
+    pub budget: Arc<tokio::sync::Semaphore>,
 }
 
 /// Runs one source until `stopping`: binds its listeners (a port that cannot be bound is logged
@@ -136,8 +132,19 @@ pub async fn run(
         labels: render_labels(&cfg.labels),
         cfg: Arc::clone(&cfg),
         stats: Arc::clone(&stats),
+        budget: append::budget(),
     });
-    let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
+    // Unbounded in count, bounded in bytes by the budget the readers wait for (at the stop each
+    // connection may hand over one last read without waiting).
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut appender = tokio::spawn(append::run(
+        Arc::clone(&cfg),
+        Arc::clone(&stats),
+        store.clone(),
+        stream,
+        rx,
+        stopping.clone(),
+    ));
     let mut listeners = tokio::task::JoinSet::new();
     if let Some(addr) = cfg.udp {
         listeners.spawn(listen::udp(
@@ -156,9 +163,13 @@ pub async fn run(
         ));
     }
     drop(tx);
-    let max_bytes = APPEND_BYTES.min(usize::try_from(stream.max_bytes / 4).unwrap_or(usize::MAX));
-    append_loop(&cfg, &stats, &store, rx, max_bytes.max(1), &stopping).await;
     while listeners.join_next().await.is_some() {}
+    if tokio::time::timeout(STOP_WAIT, &mut appender)
+        .await
+        .is_err()
+    {
+        tracing::info!(source = %cfg.name, stream = %cfg.stream, "syslog records read and waiting for room in the stream are left with their appender: stored when the stream has room (or counted lost if colibri stops first)");
+    }
     tracing::info!(
         source = %cfg.name,
         stream = %cfg.stream,
@@ -174,6 +185,7 @@ pub async fn run(
         connections = stats.connections.load(Relaxed),
         connections_refused = stats.connections_refused.load(Relaxed),
         framing_errors = stats.framing_errors.load(Relaxed),
+        tls_failures = stats.tls_failures.load(Relaxed),
         "syslog summary"
     );
 }
@@ -193,87 +205,4 @@ fn render_labels(labels: &[(String, String)]) -> String {
     }
     out.push(b'}');
     String::from_utf8(out).expect("JSON written from strings is UTF-8")
-}
-
-/// Appends what the listeners send, one append at a time, until every listener has ended (they
-/// end at `stopping`, after handing over what they read).
-async fn append_loop(
-    cfg: &SyslogConfig,
-    stats: &SyslogStats,
-    store: &StoreHandle,
-    mut rx: mpsc::Receiver<RecordBuf>,
-    max_bytes: usize,
-    stopping: &CancellationToken,
-) {
-    let mut full_logged = false;
-    while let Some(mut records) = rx.recv().await {
-        while records.len() < APPEND_RECORDS && records.record_bytes() < max_bytes {
-            match rx.try_recv() {
-                Ok(more) => records.extend_from(&more),
-                Err(_) => break,
-            }
-        }
-        let records = Arc::new(records);
-        let n = records.len() as u64;
-        let mut attempt = 0u32;
-        loop {
-            let wait = if stopping.is_cancelled() {
-                STOP_WAIT
-            } else {
-                APPEND_WAIT
-            };
-            let append = store.append_shared(&cfg.stream, Arc::clone(&records), None, Some(wait));
-            tokio::pin!(append);
-            // An append that waits this long waits for room: the listeners are paused meanwhile.
-            let outcome = tokio::select! {
-                o = &mut append => o,
-                _ = tokio::time::sleep(SLOW_APPEND), if !full_logged => {
-                    tracing::warn!(source = %cfg.name, stream = %cfg.stream, "stream full: reading paused (TCP senders wait, UDP messages are dropped and counted)");
-                    full_logged = true;
-                    append.await
-                }
-            };
-            match outcome {
-                Ok(_) => {
-                    stats.records_appended.fetch_add(n, Relaxed);
-                    if full_logged {
-                        tracing::info!(source = %cfg.name, stream = %cfg.stream, "stream has room again: reading resumed");
-                        full_logged = false;
-                    }
-                    break;
-                }
-                Err(AppendError::Refused { records, .. }) => {
-                    stats.records_dropped.fetch_add(records, Relaxed);
-                    break;
-                }
-                Err(AppendError::Full { reason, .. }) if !stopping.is_cancelled() => {
-                    if !full_logged {
-                        tracing::warn!(source = %cfg.name, stream = %cfg.stream, %reason, "stream full: reading paused (TCP senders wait, UDP messages are dropped and counted)");
-                        full_logged = true;
-                    }
-                }
-                Err(e @ AppendError::TooLarge { .. }) => {
-                    tracing::error!(source = %cfg.name, stream = %cfg.stream, error = %e, records = n, "records can never be stored in this stream: dropped");
-                    stats.records_lost.fetch_add(n, Relaxed);
-                    break;
-                }
-                Err(e) if stopping.is_cancelled() => {
-                    tracing::error!(source = %cfg.name, stream = %cfg.stream, error = %e, records = n, "colibri is stopping: records read and not stored are lost");
-                    stats.records_lost.fetch_add(n, Relaxed);
-                    break;
-                }
-                Err(e) => {
-                    if attempt == 0 {
-                        tracing::warn!(source = %cfg.name, stream = %cfg.stream, error = %e, "append failed; retrying");
-                    }
-                    let pause = crate::backoff::jittered(attempt, RETRY_BASE, RETRY_CAP);
-                    attempt = attempt.saturating_add(1);
-                    tokio::select! {
-                        _ = stopping.cancelled() => {}
-                        _ = tokio::time::sleep(pause) => {}
-                    }
-                }
-            }
-        }
-    }
 }

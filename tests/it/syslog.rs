@@ -413,7 +413,7 @@ fn a_full_block_stream_pauses_a_tcp_sender_and_loses_nothing() {
     );
     let sender = feeder(port, "p", 1, N, Arc::clone(&written), Arc::clone(&done));
     agent.wait_for_event(secs(60), "the stream full and reading paused", |e| {
-        field(e, "message").starts_with("stream full: reading paused")
+        field(e, "message").starts_with("stream full")
     });
     // The sender is held: its count stops short of the end and stays there.
     let held = poll(secs(30), || {
@@ -447,8 +447,8 @@ fn a_full_block_stream_pauses_a_tcp_sender_and_loses_nothing() {
 
 /// The most a TCP connection may hold that the sender wrote and the receiver never committed:
 /// the sender's send buffer, the receiver's receive buffer (their kernel maximums) and what
-/// colibri read and had not yet committed (its channel of 32 reads of 16 KiB, and one append of
-/// up to 1 MiB).
+/// colibri read and had not yet committed (its 8 MiB budget of records, which are larger than
+/// the lines they come from, and one read beyond it).
 fn in_flight_bound() -> u64 {
     let max = |f: &str| -> u64 {
         std::fs::read_to_string(f)
@@ -456,10 +456,7 @@ fn in_flight_bound() -> u64 {
             .and_then(|t| t.split_whitespace().last()?.parse().ok())
             .unwrap_or(6 << 20)
     };
-    max("/proc/sys/net/ipv4/tcp_wmem")
-        + max("/proc/sys/net/ipv4/tcp_rmem")
-        + 34 * (16 << 10)
-        + (2 << 20)
+    max("/proc/sys/net/ipv4/tcp_wmem") + max("/proc/sys/net/ipv4/tcp_rmem") + (8 << 20) + (1 << 20)
 }
 
 #[test]
@@ -552,7 +549,7 @@ fn udp_messages_a_full_block_stream_cannot_take_are_dropped_and_counted() {
         }
         std::thread::sleep(Duration::from_millis(20));
         (!agent
-            .events_where(|e| field(e, "message").starts_with("stream full: reading paused"))
+            .events_where(|e| field(e, "message").starts_with("stream full"))
             .is_empty())
         .then_some(())
     });
@@ -579,4 +576,213 @@ fn udp_messages_a_full_block_stream_cannot_take_are_dropped_and_counted() {
         "{s}"
     );
     assert!(n("messages") <= sent, "{s}");
+    assert!(
+        agent
+            .events_where(|e| field(e, "message").contains("can never be stored"))
+            .is_empty(),
+        "appends cut to what the stream takes: {}",
+        agent.stderr()
+    );
+}
+
+/// A TLS client of the test PKI: trusts `ca`, presents `client` (certificate and key files) when
+/// given; sends `lines` and closes. The result of the write and close (a server that refuses
+/// the client shows up here or only as silence, depending on the TLS version).
+fn tls_send(
+    port: u16,
+    ca: &std::path::Path,
+    client: Option<(&std::path::Path, &std::path::Path)>,
+    lines: &str,
+) -> std::io::Result<()> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match client {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_file_iter(cert)
+                    .unwrap()
+                    .map(|c| c.unwrap())
+                    .collect(),
+                PrivateKeyDer::from_pem_file(key).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    let name = ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let sock = TcpStream::connect(("127.0.0.1", port))?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    tls.write_all(lines.as_bytes())?;
+    tls.flush()?;
+    tls.conn.send_close_notify();
+    tls.flush()?;
+    // Wait for the server's answer to the close (or its refusal).
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut tls, &mut rest).map(|_| ())
+}
+
+#[test]
+fn tls_on_the_tcp_listener_with_and_without_client_certificates() {
+    let sb = Sandbox::new();
+    std::fs::create_dir_all(sb.file("pki")).unwrap();
+    let pki = crate::util::http::TestPki::generate(&sb.file("pki"));
+    let rx = Receiver::start();
+    let (port, mport) = (free_port(), free_port());
+    let config = sb.write_config(&format!(
+        r#"data_dir: data
+log: {{ format: json }}
+sinks:
+  up: {{ type: http, url: {url} }}
+streams:
+  logs: {{ sink: up, batch: {{ linger: 20ms }} }}
+sources:
+  secure: {{ type: syslog, stream: logs, tcp: "127.0.0.1:{port}", tls: {{ cert_file: {cert}, key_file: {key} }} }}
+  mutual: {{ type: syslog, stream: logs, tcp: "127.0.0.1:{mport}", tls: {{ cert_file: {cert}, key_file: {key}, client_ca_file: {ca} }} }}
+"#,
+        url = quote(rx.url("/logs")),
+        cert = quote(pki.server_cert.display().to_string()),
+        key = quote(pki.server_key.display().to_string()),
+        ca = quote(pki.ca.display().to_string()),
+    ));
+    let agent = start(&config);
+    let check = finish(
+        {
+            let mut c = crate::util::colibri();
+            c.arg("check").arg("--config").arg(&config);
+            c
+        },
+        secs(30),
+    );
+    assert!(
+        check.stdout.contains("TLS, at most 256 connections"),
+        "{}",
+        check.stdout
+    );
+
+    tls_send(port, &pki.ca, None, "<13>1 - h app - - - over tls\n").expect("a TLS client");
+    let client = Some((pki.client_cert.as_path(), pki.client_key.as_path()));
+    tls_send(mport, &pki.ca, client, "26 <13>1 - h app - - - mutual")
+        .expect("a client with a certificate");
+    // Refused: plain text on a TLS port, no client certificate, one from another CA.
+    let mut plain = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    plain
+        .write_all(b"<13>1 - h app - - - plain on tls\n")
+        .unwrap();
+    drop(plain);
+    let _ = tls_send(mport, &pki.ca, None, "<13>1 - h app - - - no certificate\n");
+    let other = Some((
+        pki.other_client_cert.as_path(),
+        pki.other_client_key.as_path(),
+    ));
+    let _ = tls_send(mport, &pki.ca, other, "<13>1 - h app - - - other ca\n");
+    wait_delivered(&rx, &agent, 2, secs(30));
+    let agent = stop(agent);
+    let messages: Vec<String> = delivered(&rx)
+        .iter()
+        .map(|r| r["message"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(messages, ["over tls", "mutual"]);
+    let failures: u64 = agent
+        .events_where(|e| field(e, "message") == "syslog summary")
+        .iter()
+        .map(|s| s["tls_failures"].as_u64().unwrap())
+        .sum();
+    assert_eq!(failures, 3, "{}", agent.stderr());
+}
+
+#[test]
+fn a_reload_while_the_block_stream_is_full_rebinds_at_once_and_loses_nothing_read() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    rx.set_mode(Mode::Refuse);
+    let port = free_port();
+    let stream = ", max_jobs: 20, when_full: block";
+    let cfg = config(&sb, &rx, port, stream, "");
+    let agent = start(&cfg);
+    let (written, done) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let sender = feeder(
+        port,
+        "a",
+        1,
+        600_000,
+        Arc::clone(&written),
+        Arc::clone(&done),
+    );
+    agent.wait_for_event(secs(60), "the stream full and reading paused", |e| {
+        field(e, "message").starts_with("stream full")
+    });
+    // The source changes (a label): it is restarted while its appender waits for room.
+    let cfg = config(&sb, &rx, port, stream, ", labels: { v: \"2\" }");
+    agent.signal(libc::SIGHUP);
+    agent.wait_until(secs(30), "the new listener bound", || {
+        agent
+            .events_where(|e| field(e, "message") == "syslog listening")
+            .len()
+            >= 3
+    });
+    let Err(err) = sender.join().unwrap() else {
+        panic!(
+            "the old connection was not closed ({} written):\n{}",
+            written.load(Ordering::SeqCst),
+            agent.stderr()
+        );
+    };
+    let sent = written.load(Ordering::SeqCst);
+    let (w2, d2) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let second = feeder(port, "b", 1, 1_000, w2, d2);
+    rx.set_mode(Mode::Accept);
+    assert!(second.join().unwrap().is_ok());
+    // What the old source read (its summary, logged as it ended) is all stored in the end, by
+    // its appender, which outlived it.
+    let read = summary(&agent)["messages"].as_u64().expect("messages");
+    let mut records = Vec::new();
+    poll(secs(120), || {
+        records = delivered(&rx);
+        (seqs(&records, "b").len() >= 1_000 && seqs(&records, "a").len() as u64 >= read)
+            .then_some(())
+    });
+    let a = seqs(&records, "a");
+    let kept = a.len() as u64;
+    assert_eq!(kept, read, "every line the old source read");
+    assert_eq!(
+        a,
+        (1..=kept).collect::<Vec<_>>(),
+        "what was read is kept, in order, each once ({err})"
+    );
+    assert_eq!(seqs(&records, "b"), (1..=1_000).collect::<Vec<_>>());
+    assert!(
+        sent.saturating_sub(kept) * 34 <= in_flight_bound(),
+        "{sent} written, {kept} kept"
+    );
+    let agent = stop(agent);
+    let lost: u64 = agent
+        .events_where(|e| field(e, "message") == "syslog summary")
+        .iter()
+        .map(|s| s["records_lost"].as_u64().unwrap())
+        .sum();
+    assert_eq!(lost, 0, "{}", agent.stderr());
+    assert!(
+        records
+            .iter()
+            .filter(|r| seqs(std::slice::from_ref(r), "b").len() == 1)
+            .all(|r| r["labels"]["v"] == "2")
+    );
+    drop(cfg);
 }

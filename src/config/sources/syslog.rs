@@ -4,6 +4,9 @@
 use std::collections::BTreeMap;
 #[cfg(feature = "syslog")]
 use std::net::SocketAddr;
+#[cfg(feature = "syslog")]
+use std::path::Path;
+use std::path::PathBuf;
 
 use serde::Deserialize;
 
@@ -67,6 +70,26 @@ pub struct SyslogSpec {
     /// Fields added to every record under `labels`.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// TLS on the TCP listener (RFC 5425, syslog over TLS: rsyslog's `gtls`/`ossl` stream drivers
+    /// send octet-counted frames). Without it TCP is plain.
+    #[serde(default)]
+    pub tls: Option<ListenerTlsSpec>,
+}
+
+/// A listener's certificate, and the CA its clients' certificates must be signed by.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTlsSpec {
+    /// The server's certificate chain (PEM), leaf first. Relative paths are read from the config
+    /// file's directory. Read when the config is checked or loaded (a reload with a changed file
+    /// name reads it again).
+    pub cert_file: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// When set, a client must present a certificate signed by this CA (PEM bundle): mutual TLS.
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -88,6 +111,7 @@ pub enum SeveritySpec {
 pub(super) fn compile(
     name: &str,
     spec: SyslogSpec,
+    base: &Path,
     streams: &[&str],
     err: &mut Problems<'_>,
 ) -> Option<crate::syslog::SyslogConfig> {
@@ -136,6 +160,20 @@ pub(super) fn compile(
             "must be more than 0 (leave it out to never close an idle connection)".into(),
         );
     }
+    let tls = spec.tls.and_then(|t| {
+        if spec.tcp.is_none() {
+            err.add("tls", "TLS is for the TCP listener: set `tcp` too".into());
+            return None;
+        }
+        let ca = t.client_ca_file.map(|c| base.join(c));
+        crate::net::tls_server::server_config(
+            &base.join(&t.cert_file),
+            &base.join(&t.key_file),
+            ca.as_deref(),
+        )
+        .map_err(|e| err.add(&format!("tls.{}", e.field), e.message))
+        .ok()
+    });
     let filter = crate::tail::record::Filter {
         include: super::regexes("include_lines", &spec.include_lines, err),
         exclude: super::regexes("exclude_lines", &spec.exclude_lines, err),
@@ -152,6 +190,7 @@ pub(super) fn compile(
         filter,
         idle_timeout: spec.idle_timeout.map(|d| d.0),
         labels: spec.labels.into_iter().collect(),
+        tls,
     })
 }
 
@@ -215,6 +254,16 @@ mod tests {
         let p = load("{ type: syslog, stream: logs }").unwrap_err();
         assert!(
             p[0].starts_with("sources.plant: a syslog source needs `udp`, `tcp` or both"),
+            "{p:?}"
+        );
+        let p = load("{ type: syslog, stream: logs, tcp: '127.0.0.1:6514', tls: { cert_file: no.pem, key_file: no.key } }").unwrap_err();
+        assert!(
+            p[0].starts_with("sources.plant.tls.cert_file: /etc/colibri/no.pem: "),
+            "{p:?}"
+        );
+        let p = load("{ type: syslog, stream: logs, udp: '127.0.0.1:514', tls: { cert_file: a, key_file: b } }").unwrap_err();
+        assert!(
+            p[0].starts_with("sources.plant.tls: TLS is for the TCP listener"),
             "{p:?}"
         );
         let p =
