@@ -786,3 +786,63 @@ fn a_reload_while_the_block_stream_is_full_rebinds_at_once_and_loses_nothing_rea
     );
     drop(cfg);
 }
+
+/// Reads until the peer closes (`Ok(0)`), within `limit`: whether it closed.
+fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 64];
+    loop {
+        match std::io::Read::read(s, &mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            // A reset is a close too; a timeout is not.
+            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+}
+
+#[test]
+fn listener_limits_connections_idle_senders_and_broken_frames() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    let port = free_port();
+    let cfg = config(
+        &sb,
+        &rx,
+        port,
+        "",
+        ", max_connections: 1, idle_timeout: 1s, max_message_bytes: 16",
+    );
+    let agent = start(&cfg);
+    // One connection is served; a second is closed at once.
+    let mut first = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    first.write_all(b"<13>1 - h a - - - x\n").unwrap();
+    wait_delivered(&rx, &agent, 1, secs(30));
+    let mut second = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(
+        closed_within(&mut second, secs(10)),
+        "over max_connections: closed"
+    );
+    // The first, silent past idle_timeout, is closed; its slot serves the next sender.
+    assert!(closed_within(&mut first, secs(10)), "idle: closed");
+    // A message past max_message_bytes is cut and marked; a broken length prefix ends the
+    // connection after what came before it.
+    let mut third = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    third
+        .write_all(b"<13>1 - h a - - - a long message\n5 <13>y12345678901 z")
+        .unwrap();
+    assert!(
+        closed_within(&mut third, secs(10)),
+        "a broken frame: closed"
+    );
+    let records = wait_delivered(&rx, &agent, 3, secs(30));
+    assert_eq!(records[1]["truncated"], true, "{records:?}");
+    assert_eq!(records[1]["message"], "<13>1 - h a - - ", "{records:?}");
+    assert_eq!(records[2]["message"], "<13>y", "{records:?}");
+    let agent = stop(agent);
+    let s = summary(&agent);
+    let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k} in {s}"));
+    assert_eq!((n("connections"), n("connections_refused")), (2, 1), "{s}");
+    // The first message (19 bytes) was over the 16 too.
+    assert_eq!((n("framing_errors"), n("truncated")), (1, 2), "{s}");
+}
