@@ -131,6 +131,7 @@ pub async fn run(
     let mut pending: VecDeque<Chunk> = VecDeque::new();
     let mut paused = false;
     let mut give_up = false;
+    let lost_before = stats.records_lost.load(Relaxed);
     loop {
         let Some(first) = (match pending.pop_front() {
             Some(c) => Some(c),
@@ -139,7 +140,7 @@ pub async fn run(
             break;
         };
         if give_up {
-            lose(cfg, stats, first.records.len() as u64);
+            lose(stats, first.records.len() as u64);
             continue;
         }
         let n = limits.fitting(&first.records);
@@ -174,18 +175,21 @@ pub async fn run(
             Outcome::GiveUp => {
                 give_up = true;
                 for c in pending.drain(..) {
-                    lose(cfg, stats, c.records.len() as u64);
+                    lose(stats, c.records.len() as u64);
                 }
             }
         }
     }
+    let lost = stats.records_lost.load(Relaxed) - lost_before;
+    if lost > 0 {
+        tracing::warn!(source = %cfg.name, stream = %cfg.stream, records = lost, "colibri stopped while the stream had no room: syslog records read and not stored are lost");
+    }
 }
 
-fn lose(cfg: &SyslogConfig, stats: &SyslogStats, n: u64) {
-    if n > 0 {
-        stats.records_lost.fetch_add(n, Relaxed);
-        tracing::warn!(source = %cfg.name, stream = %cfg.stream, records = n, "colibri is stopping and the stream has no room: syslog records read and not stored are lost");
-    }
+/// Records read and never to be stored (colibri stops while the stream has no room): counted
+/// here, logged once when the appender ends.
+fn lose(stats: &SyslogStats, n: u64) {
+    stats.records_lost.fetch_add(n, Relaxed);
 }
 
 /// Appends one batch, trying again while the stream is full (under `block`) or the store fails.
@@ -242,12 +246,12 @@ async fn append(
                 }
             }
             Err(AppendError::Full { .. } | AppendError::Stopping) => {
-                lose(cfg, stats, n);
+                lose(stats, n);
                 return Outcome::GiveUp;
             }
             Err(e) if stopping.is_cancelled() => {
-                tracing::error!(source = %cfg.name, stream = %cfg.stream, error = %e, records = n, "colibri is stopping: syslog records read and not stored are lost");
-                stats.records_lost.fetch_add(n, Relaxed);
+                tracing::error!(source = %cfg.name, stream = %cfg.stream, error = %e, "append failed while colibri stops");
+                lose(stats, n);
                 return Outcome::GiveUp;
             }
             Err(e) => {

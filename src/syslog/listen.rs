@@ -1,9 +1,10 @@
 //! The syslog source's listeners: a UDP socket (one message per datagram, RFC 5426) and a TCP
 //! listener whose connections are framed by [`super::frame`]. Each turns what one read returned
-//! into a chunk of records ([`super::parse`], filtered) and sends it to the appender; a TCP
-//! connection reads nothing more until the chunk is taken (this is how a full `block` stream pauses
-//! its sender), a UDP chunk that finds no room is dropped and counted. A port that cannot be bound
-//! is logged and tried again. Called by [`super::run`].
+//! into a chunk of records ([`super::parse`], filtered) and hands it to the appender with its
+//! share of the source's budget; a TCP connection reads nothing more until that share is free
+//! (this is how a full `block` stream pauses its sender), a UDP chunk that finds the budget spent
+//! is dropped and counted. A port that cannot be bound is logged and tried again. Called by
+//! [`super::run`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;

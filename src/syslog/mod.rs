@@ -2,14 +2,14 @@
 //! RFC 6587) whose messages, parsed ([`parse`]), are appended to a stream as JSON records.
 //!
 //! The listeners ([`listen`]) parse what they read into chunks of records and hand them over a
-//! bounded channel to one appender ([`append`]), which gathers what is waiting into one append
-//! (one commit) at a time; what is read and not yet committed is bounded by a budget of bytes
-//! the readers wait for. Syslog has no acknowledgement above TCP's, so a message counts as taken
-//! once it is read; the channel and the one append in flight are all that is read and not yet
-//! committed. Backpressure: under `when_full: block` the append waits in the store's writer, the
-//! channel fills, TCP connections stop reading (the senders' TCP windows fill and they pause), and
-//! UDP datagrams that find the channel full are dropped and counted (UDP has no way to pause a
-//! sender). Owns the listeners and the appender of one source; the agent starts and stops it.
+//! channel to one appender ([`append`]), which gathers what is waiting into one append (one
+//! commit) at a time. Syslog has no acknowledgement above TCP's, so a message counts as taken once
+//! it is read; what is read and not yet committed is bounded by a budget of record bytes the
+//! readers take a share of before handing a chunk over. Backpressure: under `when_full: block` the
+//! append waits in the store's writer, the budget is spent, TCP connections stop reading (the
+//! senders' TCP windows fill and they pause), and UDP datagrams that find it spent are dropped and
+//! counted (UDP has no way to pause a sender). Owns the listeners and the appender of one source;
+//! the agent starts and stops it.
 
 pub mod append;
 pub mod frame;
