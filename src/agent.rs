@@ -397,8 +397,8 @@ struct Parts {
     sinks: BTreeMap<String, SinkGroup>,
     sources: BTreeMap<String, SourceGroup>,
     ingest: Option<crate::ingest::Running>,
-    /// Every source's counters, by name (also read by the metrics page): a source restarted by a
-    /// reload, or removed and added again, goes on counting into the same ones.
+    /// Every source's counters, by kind and name (also read by the metrics page): a source
+    /// restarted by a reload, or removed and added again, goes on counting into the same ones.
     source_stats: Arc<SourceStats>,
     /// Groups stopped by a reload, still finishing their work: awaited at the stop.
     retired: Vec<JoinHandle<()>>,

@@ -57,7 +57,7 @@ pub struct AgentState {
     /// Cleared if the scheduler ends.
     pub scheduler_running: AtomicBool,
     pub reloads: mpsc::Sender<ReloadRequest>,
-    /// The counters of tasks and tail sources, by name (the agent's: it hands them out when it
+    /// The counters of tasks and sources, by name (the agent's: it hands them out when it
     /// builds a task or a source).
     pub task_stats: Arc<Registry<TaskStats>>,
     pub source_stats: Arc<SourceStats>,
