@@ -14,6 +14,8 @@ pub(crate) mod link;
 pub(crate) mod logging;
 pub(crate) mod memory;
 pub(crate) mod metrics;
+#[cfg(feature = "mqtt")]
+pub(crate) mod mqtt_source;
 pub(crate) mod net;
 pub(crate) mod notify;
 pub(crate) mod reload;

@@ -212,9 +212,13 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
     // Sources feeding a held sink's streams wait with it.
     let mut held_sources: Vec<String> = Vec::new();
     for src in &new.sources {
-        let (name, stream) = (src.name().to_string(), src.stream());
+        let name = src.name().to_string();
         let touched = ca.contains(&name) || cc.contains(&name);
-        if touched && sink_of(stream).is_some_and(|k| held_sinks.contains(k)) {
+        let held = src
+            .streams()
+            .into_iter()
+            .find(|s| sink_of(s).is_some_and(|k| held_sinks.contains(k)));
+        if let (true, Some(stream)) = (touched, held) {
             needs_restart.push(format!(
                 "sources.{name} (its stream {stream:?} is delivered by a sink that waits for the restart)"
             ));

@@ -1,5 +1,5 @@
 //! The sources: producers that append records to a stream on their own, a closed set with one
-//! module per kind (`tail`, `syslog`). Owns the compiled [`Source`] (what `config` makes of a
+//! module per kind (`tail`, `syslog`, `mqtt_source`). Owns the compiled [`Source`] (what `config` makes of a
 //! `sources:` entry and the agent starts, restarts on reload and stops) and the counters of every
 //! source by kind. Does not know YAML (`config::sources`) or how a
 //! kind reads (its module).
@@ -19,6 +19,8 @@ pub struct SourceStats {
     pub tail: Registry<TailStats>,
     #[cfg(feature = "syslog")]
     pub syslog: Registry<crate::syslog::SyslogStats>,
+    #[cfg(feature = "mqtt")]
+    pub mqtt: Registry<crate::mqtt_source::MqttSourceStats>,
 }
 
 /// A compiled `sources:` entry.
@@ -27,6 +29,8 @@ pub enum Source {
     Tail(Arc<TailConfig>),
     #[cfg(feature = "syslog")]
     Syslog(Arc<crate::syslog::SyslogConfig>),
+    #[cfg(feature = "mqtt")]
+    Mqtt(Arc<crate::mqtt_source::MqttSourceConfig>),
 }
 
 impl Source {
@@ -35,15 +39,19 @@ impl Source {
             Source::Tail(t) => &t.name,
             #[cfg(feature = "syslog")]
             Source::Syslog(s) => &s.name,
+            #[cfg(feature = "mqtt")]
+            Source::Mqtt(m) => &m.name,
         }
     }
 
-    /// The stream its records go to.
-    pub fn stream(&self) -> &str {
+    /// The streams its records go to (an mqtt source's routes may name more than one).
+    pub fn streams(&self) -> Vec<&str> {
         match self {
-            Source::Tail(t) => &t.stream,
+            Source::Tail(t) => vec![&t.stream],
             #[cfg(feature = "syslog")]
-            Source::Syslog(s) => &s.stream,
+            Source::Syslog(s) => vec![&s.stream],
+            #[cfg(feature = "mqtt")]
+            Source::Mqtt(m) => m.streams(),
         }
     }
 
@@ -53,6 +61,8 @@ impl Source {
             Source::Tail(t) => t.describe(),
             #[cfg(feature = "syslog")]
             Source::Syslog(s) => s.describe(),
+            #[cfg(feature = "mqtt")]
+            Source::Mqtt(m) => m.describe(),
         }
     }
 
@@ -62,6 +72,8 @@ impl Source {
             Source::Tail(_) => "tail",
             #[cfg(feature = "syslog")]
             Source::Syslog(_) => "syslog",
+            #[cfg(feature = "mqtt")]
+            Source::Mqtt(_) => "mqtt",
         }
     }
 }
@@ -78,6 +90,11 @@ impl Source {
             Source::Syslog(cfg) => {
                 let stats = stats.syslog.get(&cfg.name);
                 crate::syslog::run(cfg, stats, store, stopping).await;
+            }
+            #[cfg(feature = "mqtt")]
+            Source::Mqtt(cfg) => {
+                let stats = stats.mqtt.get(&cfg.name);
+                crate::mqtt_source::run(cfg, stats, store, stopping).await;
             }
         }
     }

@@ -56,6 +56,8 @@ pub async fn render(state: &AgentState) -> String {
     source_metrics(&mut t, &state.source_stats.tail.all());
     #[cfg(feature = "syslog")]
     syslog_metrics(&mut t, &state.source_stats.syslog.all());
+    #[cfg(feature = "mqtt")]
+    mqtt_source_metrics(&mut t, &state.source_stats.mqtt.all());
     t.finish()
 }
 
@@ -619,6 +621,80 @@ fn syslog_metrics(t: &mut Text, stats: &[(String, Arc<crate::syslog::SyslogStats
                 "colibri_syslog_tls_failures_total",
                 "TLS connections whose handshake failed or timed out.",
                 |s| s.tls_failures.load(Relaxed),
+            ),
+        ],
+    );
+}
+
+#[cfg(feature = "mqtt")]
+fn mqtt_source_metrics(t: &mut Text, stats: &[(String, Arc<crate::mqtt_source::MqttSourceStats>)]) {
+    let sources = Items {
+        label: "source",
+        items: stats.iter().map(|(n, s)| (n.as_str(), &**s)).collect(),
+    };
+    sources.families(
+        t,
+        Kind::Counter,
+        &[
+            (
+                "colibri_mqtt_source_messages_total",
+                "Messages an mqtt source received (a message the broker sent again counts again).",
+                |s| s.messages.load(Relaxed),
+            ),
+            (
+                "colibri_mqtt_source_bytes_total",
+                "Their payload bytes.",
+                |s| s.bytes.load(Relaxed),
+            ),
+            (
+                "colibri_mqtt_source_records_total",
+                "Records an mqtt source appended (durable, then acknowledged).",
+                |s| s.records_appended.load(Relaxed),
+            ),
+            (
+                "colibri_mqtt_source_dropped_total",
+                "Records refused by a full drop_newest stream (acknowledged).",
+                |s| s.records_dropped.load(Relaxed),
+            ),
+            (
+                "colibri_mqtt_source_qos0_dropped_total",
+                "QoS 0 messages dropped because the stream could not keep up.",
+                |s| s.qos0_dropped.load(Relaxed),
+            ),
+            (
+                "colibri_mqtt_source_lost_total",
+                "Messages no stream can hold (larger than a job may be): acknowledged and dropped.",
+                |s| s.records_lost.load(Relaxed),
+            ),
+            (
+                "colibri_mqtt_source_binary_total",
+                "Payloads that were not UTF-8, kept as base64.",
+                |s| s.binary.load(Relaxed),
+            ),
+            (
+                "colibri_mqtt_source_unsubscribed_total",
+                "Messages of no configured topic filter (a subscription an older config left in the session): acknowledged and dropped.",
+                |s| s.unsubscribed.load(Relaxed),
+            ),
+            (
+                "colibri_mqtt_source_acks_lost_total",
+                "Messages committed whose acknowledgement could not go out (their connection had ended): sent again by the broker, stored twice.",
+                |s| s.acks_lost.load(Relaxed),
+            ),
+            (
+                "colibri_mqtt_source_connects_total",
+                "Connections the broker accepted.",
+                |s| s.connects.load(Relaxed),
+            ),
+            (
+                "colibri_mqtt_source_connection_failures_total",
+                "Connections that failed, were refused or broke.",
+                |s| s.connection_failures.load(Relaxed),
+            ),
+            (
+                "colibri_mqtt_source_subscriptions_refused_total",
+                "Topic filters the broker refused to subscribe to.",
+                |s| s.subscriptions_refused.load(Relaxed),
             ),
         ],
     );

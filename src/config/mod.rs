@@ -720,6 +720,13 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
                         err.add("type", sources::NO_SYSLOG.into());
                         return None;
                     }
+                    #[cfg(any(feature = "mqtt", feature = "schema"))]
+                    "mqtt" => de_at(rest).map(sources::SourceSpec::Mqtt),
+                    #[cfg(not(any(feature = "mqtt", feature = "schema")))]
+                    "mqtt" => {
+                        err.add("type", sources::NO_MQTT.into());
+                        return None;
+                    }
                     _ => de_at(rest).map(sources::SourceSpec::Tail),
                 }
                 .map_err(|(p, m)| err.add(&p, m))
@@ -738,13 +745,16 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
     let ingest = spec
         .ingest
         .and_then(|i| ingest::compile(i, &stream_formats, &mut problems.under("ingest")));
-    for src in &sources {
-        if let RecordFormat::LineProtocol(_) = stream_format(&streams, &sinks, src.stream()) {
+    for (src, stream) in sources
+        .iter()
+        .flat_map(|s| s.streams().into_iter().map(move |st| (s, st)))
+    {
+        if let RecordFormat::LineProtocol(_) = stream_format(&streams, &sinks, stream) {
             problems.add(
                 &format!("sources.{}.stream", src.name()),
                 format!(
                     "stream {:?} is delivered as influx line protocol (its sink has encoding: influx_line), but a {} source's records are JSON objects its sink would send unreadable: send this source to a stream with a JSON or file sink",
-                    src.stream(),
+                    stream,
                     src.kind()
                 ),
             );

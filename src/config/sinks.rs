@@ -17,7 +17,7 @@ use super::{Problems, de_at, named, split_type};
 use crate::sink::{LinkConfig, Probe, SinkConfig, SinkKind, SinkRetry};
 
 #[cfg(any(feature = "mqtt", feature = "nats"))]
-mod broker;
+pub(super) mod broker;
 #[cfg(any(feature = "mqtt", feature = "schema"))]
 mod mqtt;
 #[cfg(any(feature = "mqtt", feature = "schema"))]

@@ -2,6 +2,8 @@
 //! in [`syslog`]) and its compilation into a [`crate::source::Source`]. Called by
 //! `config::compile`; the sources themselves live in `crate::tail` and `crate::syslog`.
 
+#[cfg(any(feature = "mqtt", feature = "schema"))]
+pub mod mqtt;
 #[cfg(any(feature = "syslog", feature = "schema"))]
 pub mod syslog;
 
@@ -39,10 +41,20 @@ pub enum SourceSpec {
     /// only with the `syslog` feature (release builds have it).
     #[cfg(any(feature = "syslog", feature = "schema"))]
     Syslog(Box<syslog::SyslogSpec>),
+    /// Subscribes to topic filters on an MQTT 5 broker with a persistent session and appends each
+    /// message as one JSON record, acknowledging it (PUBACK, or PUBREC at QoS 2) only once the
+    /// stream has committed it. Built only with the `mqtt` feature (release builds have it).
+    #[cfg(any(feature = "mqtt", feature = "schema"))]
+    Mqtt(Box<mqtt::MqttSourceSpec>),
 }
 
 /// The `type:` names of sources.
-pub const SOURCE_TYPES: &[&str] = &["tail", "syslog"];
+pub const SOURCE_TYPES: &[&str] = &["tail", "syslog", "mqtt"];
+
+/// What a build without the mqtt source says of `type: mqtt`.
+#[cfg(not(feature = "mqtt"))]
+pub(super) const NO_MQTT: &str =
+    "this colibri was built without the mqtt source (cargo feature mqtt)";
 
 /// What a build without the syslog source says of `type: syslog`.
 #[cfg(not(feature = "syslog"))]
@@ -219,6 +231,14 @@ pub(super) fn compile(
         #[cfg(all(not(feature = "syslog"), feature = "schema"))]
         SourceSpec::Syslog(_) => {
             err.add("type", NO_SYSLOG.into());
+            None
+        }
+        #[cfg(feature = "mqtt")]
+        SourceSpec::Mqtt(spec) => mqtt::compile(name, *spec, base, streams, err)
+            .map(|s| Source::Mqtt(std::sync::Arc::new(s))),
+        #[cfg(all(not(feature = "mqtt"), feature = "schema"))]
+        SourceSpec::Mqtt(_) => {
+            err.add("type", NO_MQTT.into());
             None
         }
     }

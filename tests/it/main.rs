@@ -21,6 +21,7 @@ mod log_summary;
 mod man;
 mod modbus;
 mod mqtt;
+mod mqtt_source;
 mod nats;
 mod operate;
 mod receiver;

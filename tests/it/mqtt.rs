@@ -25,16 +25,16 @@ use crate::util::http::TestPki;
 use crate::util::{Proc, Sandbox, assert_code, field, head, poll, quote, secs};
 
 /// A mosquitto on a loopback port, with persistence in its own directory.
-struct Broker {
+pub(crate) struct Broker {
     child: Option<Child>,
-    port: u16,
+    pub(crate) port: u16,
     conf: PathBuf,
     log: PathBuf,
 }
 
 impl Broker {
     /// `extra`: more lines of mosquitto.conf (the listener's own settings follow the listener).
-    fn start(dir: &Path, extra: &str) -> Broker {
+    pub(crate) fn start(dir: &Path, extra: &str) -> Broker {
         std::fs::create_dir_all(dir).unwrap();
         let port = free_port();
         let conf = dir.join("mosquitto.conf");
@@ -56,7 +56,7 @@ impl Broker {
         b
     }
 
-    fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -85,14 +85,14 @@ impl Broker {
     }
 
     /// SIGTERM: mosquitto saves its persistence file and exits.
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             crate::util::send_signal(c.id() as i32, libc::SIGTERM);
             c.wait().unwrap();
         }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
@@ -262,7 +262,7 @@ fn post_records(port: u16, stream: &str, body: &str) {
 }
 
 /// A mosquitto password file with one user.
-fn password_file(sb: &Sandbox, user: &str, password: &str) -> PathBuf {
+pub(crate) fn password_file(sb: &Sandbox, user: &str, password: &str) -> PathBuf {
     let pw = sb.file("passwords");
     let out = Command::new("mosquitto_passwd")
         .args(["-b", "-c"])

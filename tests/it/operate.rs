@@ -151,6 +151,7 @@ streams:
 sources:
   app: {{ type: tail, stream: logs, paths: [{app_log}] }}
   plant: {{ type: syslog, stream: logs, udp: "127.0.0.1:{syslog_port}" }}
+  floor: {{ type: mqtt, url: "mqtt://127.0.0.1:{mqtt_port}", topics: ["plant/#"], stream: logs }}
 tasks:
   - {{ name: hello, type: exec, every: 200ms, command: ["/bin/true"] }}
   - {{ name: nope, type: exec, every: 200ms, command: ["/bin/false"] }}
@@ -159,6 +160,8 @@ tasks:
         bad = quote(bad.url("/in")),
         app_log = quote_path(&sb.file("app.log")),
         syslog_port = crate::tsdb::free_port(),
+        // No broker there: the source's counters are exported all the same.
+        mqtt_port = crate::tsdb::free_port(),
     ));
     let agent = Proc::run(&config);
     let admin = listening(&agent, "admin endpoint listening");

@@ -60,7 +60,7 @@ fn start(config: &std::path::Path) -> Proc {
 }
 
 /// Every record delivered, each job once (a job sent again after a crash has the same key).
-fn delivered(rx: &Receiver) -> Vec<Value> {
+pub(crate) fn delivered(rx: &Receiver) -> Vec<Value> {
     let mut keys = HashSet::new();
     let mut out = Vec::new();
     for r in rx.requests() {

@@ -33,7 +33,7 @@ pub(super) fn template(
 
 /// The name a connection has unless the file gives one: stable across restarts, different for
 /// each machine and sink (two sinks with one MQTT client id would throw each other off).
-pub(super) fn default_client_name(sink: &str) -> String {
+pub(in crate::config) fn default_client_name(sink: &str) -> String {
     let host = crate::tail::hostname().unwrap_or_else(|| "unknown".into());
     format!("colibri-{host}-{sink}")
 }
@@ -67,7 +67,7 @@ pub(super) fn limits(
 
 /// The `tls` block for a connection that uses TLS (`tls`), its files read from `base`; set on a
 /// connection without TLS, it is refused (`scheme` names the TLS URL scheme).
-pub(super) fn tls(
+pub(in crate::config) fn tls(
     spec: TlsSpec,
     tls: bool,
     scheme: &str,
@@ -93,7 +93,7 @@ pub(super) fn tls(
 /// The host, port and whether TLS is used, from a broker URL of the `plain` or `tls` scheme (each
 /// with its default port): a host and a port, no path, no credentials (they have settings of their
 /// own, which are never logged).
-pub(super) fn url(
+pub(in crate::config) fn url(
     s: &str,
     plain: (&str, u16),
     tls: (&str, u16),

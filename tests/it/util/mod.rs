@@ -15,6 +15,7 @@ use serde_json::Value;
 
 pub mod client;
 pub mod http;
+pub mod mqtt_publish;
 pub mod serve;
 
 /// `n` seconds: every deadline in the tests is written in these.

@@ -1,0 +1,214 @@
+//! The `type: mqtt` source (feature `mqtt`): subscribes to topic filters on an MQTT 5 broker
+//! with a persistent session and appends each message, as one JSON record ([`record`]), to the
+//! stream its topic routes to; **a QoS 1 message is PUBACKed (a QoS 2 one PUBRECed) only after
+//! the commit that holds it**.
+//!
+//! The session driver ([`session`]) owns the connection: it reads messages, makes their records
+//! and hands them to the appender ([`append`]), which gathers what is waiting into one append per
+//! stream (one commit) and hands the acknowledgements back, in the order the messages came. So a
+//! colibri killed at any moment leaves every message it had not acknowledged with the broker,
+//! which sends it again: nothing is lost, and what repeats is what was committed and not yet
+//! acknowledged. The session outlives colibri (`session_expiry`): what is published while
+//! colibri is down waits in the broker. Backpressure: a stream that blocks holds the appender, no
+//! acknowledgement goes out, and the broker stops at its in-flight window (`max_in_flight`, the
+//! MQTT 5 Receive Maximum) and holds the rest; QoS 0 messages (never acknowledged) that find the
+//! memory budget spent are dropped and counted. Owns one source's session and appender; the
+//! agent starts and stops it.
+
+pub mod append;
+pub mod record;
+pub mod session;
+pub mod topic;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::sink::Secret;
+use crate::sink::http::TlsConfig;
+use crate::store::writer::StoreHandle;
+
+/// `max_in_flight` when the config does not say.
+pub const DEFAULT_MAX_IN_FLIGHT: u16 = 1000;
+/// `max_message_bytes` when the config does not say.
+pub const DEFAULT_MAX_MESSAGE_BYTES: u32 = 1 << 20;
+/// Bytes of records read and not yet committed: QoS 0 messages that find it spent are dropped;
+/// QoS 1 and 2 messages wait for it (the broker's window bounds them first, as a rule).
+pub const BUDGET_BYTES: usize = 8 << 20;
+
+/// A compiled `type: mqtt` source.
+#[derive(Debug, Clone)]
+pub struct MqttSourceConfig {
+    pub name: String,
+    /// Where a message goes when no route takes it.
+    pub stream: String,
+    /// Topic filter → stream, the first that matches a message's topic wins.
+    pub routes: Vec<(String, String)>,
+    /// The filters subscribed to.
+    pub topics: Vec<String>,
+    /// The QoS subscribed with (0, 1 or 2): the broker sends each message at the lower of this
+    /// and the QoS it was published with.
+    pub qos: u8,
+    pub host: String,
+    pub port: u16,
+    /// `mqtts://`: TLS with these settings.
+    pub tls: Option<TlsConfig>,
+    pub client_id: String,
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    pub keep_alive: Duration,
+    /// How long the broker keeps the session (and what is published for it) while colibri is
+    /// away.
+    pub session_expiry: Duration,
+    /// Longest wait for a CONNACK.
+    pub timeout: Duration,
+    /// The Receive Maximum: QoS 1 and 2 messages the broker may have unacknowledged at once.
+    pub max_in_flight: u16,
+    /// The Maximum Packet Size colibri announces: the broker does not send larger messages.
+    pub max_message_bytes: u32,
+    pub labels: Vec<(String, String)>,
+}
+
+impl MqttSourceConfig {
+    /// The name the broker's certificate is checked for (and SNI sent to).
+    pub fn server_name(&self) -> String {
+        self.tls
+            .as_ref()
+            .and_then(|t| t.server_name.clone())
+            .unwrap_or_else(|| self.host.clone())
+    }
+
+    /// The broker's address, for messages (no credentials).
+    pub fn shown(&self) -> String {
+        let scheme = if self.tls.is_some() { "mqtts" } else { "mqtt" };
+        format!("{scheme}://{}:{}", self.host, self.port)
+    }
+
+    /// Every stream its messages may go to: `stream` first, then the routes' in order.
+    pub fn streams(&self) -> Vec<&str> {
+        let mut out = vec![self.stream.as_str()];
+        for (_, s) in &self.routes {
+            if !out.contains(&s.as_str()) {
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    /// The index in [`Self::streams`] of the stream `topic` goes to.
+    pub fn route(&self, topic: &str, streams: &[&str]) -> usize {
+        self.routes
+            .iter()
+            .find(|(f, _)| topic::matches(f, topic))
+            .and_then(|(_, s)| streams.iter().position(|x| x == s))
+            .unwrap_or(0)
+    }
+
+    pub fn describe(&self) -> String {
+        let routes = match self.routes.len() {
+            0 => String::new(),
+            1 => " (and 1 route)".to_string(),
+            n => format!(" (and {n} routes)"),
+        };
+        format!(
+            "mqtt {} subscribed to {} at QoS {} -> stream {}{routes}",
+            self.shown(),
+            self.topics.join(", "),
+            self.qos,
+            self.stream
+        )
+    }
+}
+
+/// What an mqtt source did since the process started (kept by name in the agent's registry, so
+/// they outlive a reload; read by the metrics endpoint; logged at stop).
+#[derive(Debug, Default)]
+pub struct MqttSourceStats {
+    /// Messages received (a message the broker sends again counts again).
+    pub messages: AtomicU64,
+    /// Their payload bytes.
+    pub bytes: AtomicU64,
+    /// Records the streams acknowledged as durable.
+    pub records_appended: AtomicU64,
+    /// Records a full `drop_newest` stream refused (acknowledged: the stream's policy took them).
+    pub records_dropped: AtomicU64,
+    /// QoS 0 messages dropped because the budget of what is read and not committed was spent.
+    pub qos0_dropped: AtomicU64,
+    /// Records no stream can hold (larger than a job may be): acknowledged and dropped.
+    pub records_lost: AtomicU64,
+    /// Payloads that were not UTF-8, kept as base64.
+    pub binary: AtomicU64,
+    /// Messages of no configured filter (a subscription an older config left in the session):
+    /// acknowledged and dropped.
+    pub unsubscribed: AtomicU64,
+    /// Messages committed whose acknowledgement could not go out (their connection had ended):
+    /// the broker sends them again, and they are stored twice.
+    pub acks_lost: AtomicU64,
+    /// CONNACKs that accepted colibri.
+    pub connects: AtomicU64,
+    /// Connections that failed or were refused, and connections that broke.
+    pub connection_failures: AtomicU64,
+    /// Topic filters the broker refused to subscribe colibri to.
+    pub subscriptions_refused: AtomicU64,
+}
+
+/// Runs one source until `stopping`: connects (retrying; a refusal is logged once per outage),
+/// subscribes, and appends what arrives. At a stop, what was received and not committed is left
+/// unacknowledged: the broker sends it again to the next session.
+pub async fn run(
+    cfg: Arc<MqttSourceConfig>,
+    stats: Arc<MqttSourceStats>,
+    store: StoreHandle,
+    stopping: CancellationToken,
+) {
+    let mut streams = Vec::new();
+    for name in cfg.streams() {
+        let Some(s) = crate::tail::stream_settings(&store, &cfg.name, name, &stopping).await else {
+            return;
+        };
+        streams.push(s);
+    }
+    let (client, events) = match session::build(&cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            // The config check builds the same client: only a file changed since can fail here.
+            tracing::error!(source = %cfg.name, field = %e.field, "mqtt source not started: {}", e.message);
+            return;
+        }
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+    let appender = tokio::spawn(append::run(
+        Arc::clone(&cfg),
+        Arc::clone(&stats),
+        store,
+        streams,
+        rx,
+        ack_tx,
+        stopping.clone(),
+    ));
+    session::Driver::new(Arc::clone(&cfg), Arc::clone(&stats), client, events)
+        .run(tx, ack_rx, stopping)
+        .await;
+    // The driver ends after the appender, or after its wait for it: an append still waiting
+    // for room is answered by the store's stop.
+    appender.abort();
+    tracing::info!(
+        source = %cfg.name,
+        messages = stats.messages.load(Relaxed),
+        bytes = stats.bytes.load(Relaxed),
+        records_appended = stats.records_appended.load(Relaxed),
+        records_dropped = stats.records_dropped.load(Relaxed),
+        qos0_dropped = stats.qos0_dropped.load(Relaxed),
+        records_lost = stats.records_lost.load(Relaxed),
+        binary = stats.binary.load(Relaxed),
+        unsubscribed = stats.unsubscribed.load(Relaxed),
+        acks_lost = stats.acks_lost.load(Relaxed),
+        connects = stats.connects.load(Relaxed),
+        connection_failures = stats.connection_failures.load(Relaxed),
+        "mqtt source summary"
+    );
+}
