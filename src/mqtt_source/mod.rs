@@ -35,9 +35,11 @@ use crate::store::writer::StoreHandle;
 pub const DEFAULT_MAX_IN_FLIGHT: u16 = 1000;
 /// `max_message_bytes` when the config does not say.
 pub const DEFAULT_MAX_MESSAGE_BYTES: u32 = 1 << 20;
-/// Bytes of records read and not yet committed: QoS 0 messages that find it spent are dropped;
-/// QoS 1 and 2 messages wait for it (the broker's window bounds them first, as a rule).
+/// Bytes of QoS 1 and 2 records read and not yet committed: a message that finds it spent waits
+/// for it, and reading with it (the broker's window bounds them first, as a rule).
 pub const BUDGET_BYTES: usize = 8 << 20;
+/// The same for QoS 0 records, apart: a message that finds it spent is dropped and counted.
+pub const QOS0_BUDGET_BYTES: usize = 4 << 20;
 
 /// A compiled `type: mqtt` source.
 #[derive(Debug, Clone)]
@@ -193,8 +195,10 @@ pub async fn run(
     session::Driver::new(Arc::clone(&cfg), Arc::clone(&stats), client, events)
         .run(tx, ack_rx, stopping)
         .await;
-    // The driver ends after the appender, or after its wait for it: an append still waiting
-    // for room is answered by the store's stop.
+    // The driver ends after the appender, or after its wait for it. An append still waiting for
+    // room stays queued in the store's writer (until the room comes, or colibri's stop answers
+    // it): its messages were not acknowledged, so the broker sends them again to the next
+    // session, and they may be stored twice, never lost.
     appender.abort();
     tracing::info!(
         source = %cfg.name,

@@ -16,26 +16,31 @@
 //! client when a connection breaks are dropped by rumqttc itself.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use rumqttc::{
     AsyncClient, ConnectReturnCode, ConnectionError, Event, EventLoop, Incoming, ManualAck,
-    MqttOptions, PubAck, PubRec, QoS, RetainForwardRule, SubscribeFilter, SubscribeReasonCode,
+    MqttOptions, PersistedAckMode, PersistedSession, PubAck, PubRec, QoS, RetainForwardRule,
+    SessionStore, SessionStoreError, SessionStoreKey, SubscribeFilter, SubscribeReasonCode,
     TlsConfiguration, Transport,
 };
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::append::{Ack, Msg};
-use super::{BUDGET_BYTES, MqttSourceConfig, MqttSourceStats};
+use super::{BUDGET_BYTES, MqttSourceConfig, MqttSourceStats, QOS0_BUDGET_BYTES};
 use crate::net::client::chain;
 use crate::sink::SettingError;
 
 /// The longest pause between connection attempts.
 const MAX_PAUSE: Duration = Duration::from_secs(30);
+/// Slots for messages colibri publishes: none, but rumqttc needs one.
+const OUTGOING_IN_FLIGHT: u16 = 1;
 /// How long a stopping driver waits for the appender's last acknowledgements.
 const STOP_WAIT: Duration = Duration::from_secs(2);
 
@@ -65,17 +70,14 @@ pub fn build(cfg: &MqttSourceConfig) -> Result<(AsyncClient, EventLoop), Setting
         // what it had not acknowledged when it stopped, is sent to it now.
         .set_clean_start(false)
         .set_session_expiry_interval(Some(expiry))
-        // The session the broker kept holds only what it sends colibri (colibri publishes
-        // nothing): nothing of it needs local state this process lacks. A QoS 2 message
-        // PUBRECed by the process before is completed by the broker's PUBREL, which rumqttc
-        // answers without knowing it.
-        .set_broker_session_resume_policy(rumqttc::BrokerSessionResumePolicy::AllowBrokerOnly)
+        // The client side of the session a new process resumes: see `LocalSession`.
+        .set_session_store(LocalSession::new(cfg, expiry))
         .set_ack_mode(rumqttc::AckMode::Manual)
         .set_receive_maximum(Some(cfg.max_in_flight))
         .set_max_packet_size(Some(cfg.max_message_bytes))
         // colibri publishes nothing: one slot for outgoing messages instead of rumqttc's 65,535
         // (16 MB of resident memory, measured).
-        .set_outgoing_inflight_upper_limit(1);
+        .set_outgoing_inflight_upper_limit(OUTGOING_IN_FLIGHT);
     match (&cfg.username, &cfg.password) {
         (Some(u), Some(p)) => {
             opts.set_credentials(u.clone(), p.0.clone().into_bytes());
@@ -88,10 +90,101 @@ pub fn build(cfg: &MqttSourceConfig) -> Result<(AsyncClient, EventLoop), Setting
         }
         (None, None) => {}
     }
-    // Room for every ack the broker's window can owe at once, and the subscribe: an ack never
-    // waits for room (this task is also the one that empties the queue).
+    // Room for the acks the broker's window owes at once, and the subscribe; acks that find it
+    // full wait in the driver for the next poll (`Driver::send_acks`).
     let capacity = usize::from(cfg.max_in_flight) + 64;
     Ok(AsyncClient::builder(opts).capacity(capacity).build())
+}
+
+/// What rumqttc's session store answers (the type it names but does not export).
+type SessionStoreFuture<'a, T> =
+    Pin<Box<dyn Future<Output = Result<T, SessionStoreError>> + Send + 'a>>;
+
+/// rumqttc's store of the client side of the session, kept in memory. A process starts from an
+/// empty one: colibri publishes nothing, so the broker's session holds no flow colibri started
+/// (a QoS 2 message PUBRECed by the process before is completed by the broker's PUBREL, which
+/// rumqttc answers without knowing it). Without a store rumqttc resumes the broker's session in a
+/// mode that refuses every SUBSCRIBE, so a topic added to the config would never be subscribed.
+#[derive(Debug)]
+struct LocalSession {
+    empty: PersistedSession,
+    saved: std::sync::Mutex<Option<PersistedSession>>,
+}
+
+impl LocalSession {
+    fn new(cfg: &MqttSourceConfig, expiry: u32) -> LocalSession {
+        LocalSession {
+            empty: PersistedSession {
+                format_version: 1,
+                client_id: cfg.client_id.clone(),
+                clean_start: false,
+                session_expiry_interval: Some(expiry),
+                outgoing_inflight_upper_limit: Some(OUTGOING_IN_FLIGHT),
+                ack_mode: PersistedAckMode::Manual,
+                last_pkid: 0,
+                last_puback: 0,
+                replay: Vec::new(),
+                incoming_qos2: Vec::new(),
+            },
+            saved: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<PersistedSession>> {
+        self.saved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl SessionStore for LocalSession {
+    fn load<'a>(
+        &'a self,
+        _key: &'a SessionStoreKey,
+    ) -> SessionStoreFuture<'a, Option<PersistedSession>> {
+        let session = self.slot().clone().unwrap_or_else(|| self.empty.clone());
+        Box::pin(std::future::ready(Ok(Some(session))))
+    }
+
+    fn save<'a>(
+        &'a self,
+        _key: &'a SessionStoreKey,
+        session: &'a PersistedSession,
+    ) -> SessionStoreFuture<'a, ()> {
+        *self.slot() = Some(session.clone());
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn clear<'a>(&'a self, _key: &'a SessionStoreKey) -> SessionStoreFuture<'a, ()> {
+        *self.slot() = None;
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// A QoS 1 or 2 message and the wait for its share of the budget.
+type Blocked = (
+    Msg,
+    Pin<Box<dyn Future<Output = Option<OwnedSemaphorePermit>> + Send>>,
+);
+
+fn budget_bytes(qos: u8) -> usize {
+    if qos == 0 {
+        QOS0_BUDGET_BYTES
+    } else {
+        BUDGET_BYTES
+    }
+}
+
+/// One poll of the event loop as a future that owns it, so a poll cut short by another branch
+/// of the driver's `select!` is not dropped half-way (rumqttc may be between recording an ack as
+/// sent and writing it): it is polled on at the next turn.
+type Polling = Pin<Box<dyn Future<Output = (EventLoop, Result<Event, ConnectionError>)> + Send>>;
+
+fn poll_owned(mut events: EventLoop) -> Polling {
+    Box::pin(async move {
+        let r = events.poll().await;
+        (events, r)
+    })
 }
 
 /// The task that owns the event loop.
@@ -99,9 +192,12 @@ pub struct Driver {
     cfg: Arc<MqttSourceConfig>,
     stats: Arc<MqttSourceStats>,
     client: AsyncClient,
-    events: EventLoop,
-    /// Bytes of records handed to the appender and not yet settled.
+    /// Until `run` takes it into its poll.
+    events: Option<EventLoop>,
+    /// Bytes of QoS 1 and 2 records handed to the appender and not yet settled.
     budget: Arc<Semaphore>,
+    /// The same for QoS 0 records, apart: a flood of them cannot hold up an acknowledged message.
+    qos0_budget: Arc<Semaphore>,
     /// The number of the current connection (0: none yet).
     connection: u64,
     connected: bool,
@@ -114,6 +210,8 @@ pub struct Driver {
     down_reported: bool,
     /// QoS 0 drops were reported since the budget was last free.
     drop_reported: bool,
+    /// The broker acknowledged the subscription: rumqttc's session store has done its part.
+    store_done: bool,
     /// Acks for the current connection waiting for room in the client's request queue (which
     /// the event loop empties as it is polled), in order.
     unsent: VecDeque<(u64, ManualAck)>,
@@ -132,14 +230,16 @@ impl Driver {
             cfg,
             stats,
             client,
-            events,
+            events: Some(events),
             budget: Arc::new(Semaphore::new(BUDGET_BYTES)),
+            qos0_budget: Arc::new(Semaphore::new(QOS0_BUDGET_BYTES)),
             connection: 0,
             connected: false,
             subscribed: false,
             down_reported: false,
             drop_reported: false,
             unsent: VecDeque::new(),
+            store_done: false,
         }
     }
 
@@ -156,12 +256,17 @@ impl Driver {
         let mut retry_at: Option<Instant> = None;
         let mut stop_by: Option<Instant> = None;
         let mut acks_open = true;
+        let mut polling = poll_owned(self.events.take().expect("run is called once"));
+        // A QoS 1 or 2 message waiting for its share of the budget; polling waits with it (the
+        // broker holds the rest), the stop does not.
+        let mut blocked: Option<Blocked> = None;
         loop {
             tokio::select! {
                 biased;
                 () = stopping.cancelled(), if tx.is_some() => {
                     // The appender ends once it has settled what it holds.
                     tx = None;
+                    blocked = None;
                     stop_by = Some(Instant::now() + STOP_WAIT);
                 }
                 owed = acks.recv(), if acks_open && (self.connected || tx.is_none()) => match owed {
@@ -175,9 +280,30 @@ impl Driver {
                 },
                 () = sleep_until(stop_by) => break,
                 () = sleep_until(retry_at) => retry_at = None,
-                polled = self.events.poll(), if retry_at.is_none() => {
+                permit = async { blocked.as_mut().expect("branch taken only when blocked").1.as_mut().await }, if blocked.is_some() => {
+                    let (mut msg, _) = blocked.take().expect("branch taken only when blocked");
+                    msg._permit = permit;
+                    if let Some(tx) = &tx {
+                        let _ = tx.send(msg);
+                    }
+                }
+                (mut events, polled) = &mut polling, if retry_at.is_none() && blocked.is_none() => {
+                    if std::mem::take(&mut self.store_done) {
+                        // Needed to resume the broker's session at the first connect (see
+                        // `LocalSession`); after that its checkpoints, built at every read and
+                        // flush, cost a third of the CPU per message and keep nothing colibri
+                        // needs (measured: BENCHMARKS.md).
+                        events.options.clear_session_store();
+                    }
+                    polling = poll_owned(events);
                     match polled {
-                        Ok(Event::Incoming(packet)) => self.incoming(packet, tx.as_ref()).await,
+                        Ok(Event::Incoming(Incoming::Publish(p))) => {
+                            // Stopping: not handed over, not acknowledged; the broker keeps it.
+                            if let Some(tx) = &tx {
+                                blocked = self.message(p, tx);
+                            }
+                        }
+                        Ok(Event::Incoming(packet)) => self.incoming(packet),
                         Ok(_) => {}
                         Err(e) => {
                             self.failed(&e);
@@ -194,11 +320,11 @@ impl Driver {
             }
         }
         if self.connected {
-            self.goodbye().await;
+            self.goodbye(polling).await;
         }
     }
 
-    async fn incoming(&mut self, packet: Incoming, tx: Option<&mpsc::UnboundedSender<Msg>>) {
+    fn incoming(&mut self, packet: Incoming) {
         match packet {
             Incoming::ConnAck(ack) => {
                 self.connection += 1;
@@ -213,18 +339,13 @@ impl Driver {
                 }
             }
             Incoming::SubAck(ack) => {
+                self.store_done = true;
                 for (filter, code) in self.cfg.topics.iter().zip(&ack.return_codes) {
                     if !matches!(code, SubscribeReasonCode::Success(_)) {
                         self.stats.subscriptions_refused.fetch_add(1, Relaxed);
-                        tracing::warn!(source = %self.cfg.name, broker = %self.cfg.shown(), filter, "the broker refused the subscription ({code:?}): nothing arrives through it until the broker allows it and colibri restarts");
+                        tracing::warn!(source = %self.cfg.name, broker = %self.cfg.shown(), filter, "the broker refused the subscription ({code:?}): nothing arrives through it until the broker allows it and colibri restarts or reloads the source");
                     }
                 }
-            }
-            Incoming::Publish(p) => {
-                if let Some(tx) = tx {
-                    self.message(p, tx).await;
-                }
-                // Stopping: not handed over, not acknowledged; the broker keeps it.
             }
             Incoming::Disconnect(d) => {
                 tracing::warn!(source = %self.cfg.name, broker = %self.cfg.shown(), reason = ?d.reason_code, "the broker closed the connection");
@@ -258,7 +379,9 @@ impl Driver {
     }
 
     /// A message made a record and handed to the appender.
-    async fn message(&mut self, p: rumqttc::Publish, tx: &mpsc::UnboundedSender<Msg>) {
+    /// A message made a record and handed to the appender, or, when a QoS 1 or 2 message finds
+    /// the budget spent, returned with the wait for its share.
+    fn message(&mut self, p: rumqttc::Publish, tx: &mpsc::UnboundedSender<Msg>) -> Option<Blocked> {
         let stats = &*self.stats;
         stats.messages.fetch_add(1, Relaxed);
         stats.bytes.fetch_add(p.payload.len() as u64, Relaxed);
@@ -280,13 +403,17 @@ impl Driver {
             if stats.unsubscribed.load(Relaxed) == 1 {
                 tracing::warn!(source = %self.cfg.name, topic = %topic, "a message of no configured topic filter (a subscription an older config left in the broker's session): acknowledged and dropped, and counted");
             }
-            let _ = tx.send(Msg {
-                stream: None,
-                record: Vec::new(),
-                ack,
-                _permit: None,
-            });
-            return;
+            // Acknowledged in its turn (QoS 0: nothing to do). At most the broker's window of
+            // these wait in the channel, and they hold no record.
+            if ack.is_some() {
+                let _ = tx.send(Msg {
+                    stream: None,
+                    record: Vec::new(),
+                    ack,
+                    _permit: None,
+                });
+            }
+            return None;
         }
         let streams: Vec<&str> = self.streams.iter().map(String::as_str).collect();
         let stream = self.cfg.route(&topic, &streams);
@@ -307,36 +434,42 @@ impl Driver {
         if kept == super::record::Kept::Base64 {
             stats.binary.fetch_add(1, Relaxed);
         }
-        let permits =
-            u32::try_from(record.len().clamp(1, BUDGET_BYTES)).expect("the budget fits u32");
-        let permit = if qos == 0 {
-            match Arc::clone(&self.budget).try_acquire_many_owned(permits) {
-                Ok(p) => {
-                    self.drop_reported = false;
-                    p
-                }
-                Err(_) => {
-                    stats.qos0_dropped.fetch_add(1, Relaxed);
-                    if !self.drop_reported {
-                        self.drop_reported = true;
-                        tracing::warn!(source = %self.cfg.name, "the stream cannot keep up: QoS 0 messages are dropped and counted (QoS 1 and 2 wait in the broker)");
-                    }
-                    return;
-                }
-            }
+        let budget = if qos == 0 {
+            &self.qos0_budget
         } else {
-            // Rarely waited for: the broker's window bounds what is unacknowledged first.
-            match Arc::clone(&self.budget).acquire_many_owned(permits).await {
-                Ok(p) => p,
-                Err(_) => return,
-            }
+            &self.budget
         };
-        let _ = tx.send(Msg {
+        let permits =
+            u32::try_from(record.len().clamp(1, budget_bytes(qos))).expect("the budgets fit u32");
+        let mut msg = Msg {
             stream: Some(stream),
             record,
             ack,
-            _permit: Some(permit),
-        });
+            _permit: None,
+        };
+        match Arc::clone(budget).try_acquire_many_owned(permits) {
+            Ok(permit) => {
+                if qos == 0 {
+                    self.drop_reported = false;
+                }
+                msg._permit = Some(permit);
+                let _ = tx.send(msg);
+                None
+            }
+            Err(_) if qos == 0 => {
+                stats.qos0_dropped.fetch_add(1, Relaxed);
+                if !self.drop_reported {
+                    self.drop_reported = true;
+                    tracing::warn!(source = %self.cfg.name, "the stream cannot keep up: QoS 0 messages are dropped and counted (QoS 1 and 2 wait in the broker)");
+                }
+                None
+            }
+            Err(_) => {
+                // Polling stops until the appender gives some back: the broker holds the rest.
+                let wait = Arc::clone(budget).acquire_many_owned(permits);
+                Some((msg, Box::pin(async move { wait.await.ok() })))
+            }
+        }
     }
 
     /// Queues the acks owed on the current connection, in order; those of an older one are not
@@ -390,13 +523,19 @@ impl Driver {
     }
 
     /// A DISCONNECT, so the broker does not count colibri's going as a failure; the session
-    /// stays (its expiry says how long).
-    async fn goodbye(&mut self) {
+    /// stays (its expiry says how long). The poll in progress goes on until the event loop ends.
+    async fn goodbye(&mut self, mut polling: Polling) {
         if self.client.try_disconnect().is_err() {
             return;
         }
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            while self.events.poll().await.is_ok() {}
+            loop {
+                let (events, polled) = polling.await;
+                if polled.is_err() {
+                    return;
+                }
+                polling = poll_owned(events);
+            }
         })
         .await;
     }
