@@ -1,10 +1,10 @@
 //! The mqtt source's connection (rumqttc-v5-next, MQTT 5): the client options (a persistent
 //! session resumed at every connect, manual acknowledgements, the Receive Maximum and Maximum
 //! Packet Size, TLS, credentials), and the driver task that polls the event loop: it reconnects
-//! after a pause, subscribes at its first connect and whenever the broker kept no session, turns each message into
-//! a record for the appender, and sends the acknowledgements the appender hands back. Owns the
-//! connection and its numbering; the records' shape is [`super::record`]'s, the appends
-//! [`super::append`]'s. Started by [`super::run`].
+//! after a pause, subscribes at its first connect and whenever the broker kept no session, turns
+//! each message into a record for the appender, and sends the acknowledgements the appender hands
+//! back. Owns the connection and its numbering; the records' shape is [`super::record`]'s, the
+//! appends [`super::append`]'s. Started by [`super::run`].
 //!
 //! An acknowledgement names a packet id, which means something only on the connection the
 //! message came on (and, with a kept session, on those after it, where the broker sends it again
