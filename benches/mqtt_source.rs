@@ -51,6 +51,47 @@ fn main() {
     run(&base, "backlog, window 1000 (the default)", n, 1000, true);
     run(&base, "backlog, window 5000", n, 5000, true);
     run(&base, "online, window 1000", n, 1000, false);
+    reference(&base, n);
+}
+
+/// The same online traffic to `mosquitto_sub` (QoS 1, acknowledging at once, writing nowhere):
+/// what this machine carries from the publisher through mosquitto to a subscriber that stores
+/// nothing, beside colibri's online figure.
+fn reference(base: &Path, n: u64) {
+    let dir = base.join("run");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("bench dir");
+    let port = free_port();
+    let mut broker = mosquitto(&dir, port);
+    let mut sub = Command::new("mosquitto_sub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-V",
+            "mqttv5",
+            "-q",
+            "1",
+            "-p",
+            &port.to_string(),
+        ])
+        .args(["-t", "plant/#", "-C", &n.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("mosquitto_sub (Debian's mosquitto-clients)");
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    send(port, n);
+    let status = sub.wait().expect("mosquitto_sub");
+    let secs = t0.elapsed().as_secs_f64();
+    let _ = broker.kill();
+    let _ = broker.wait();
+    assert!(status.success(), "mosquitto_sub: {status}");
+    println!(
+        "reference, online to mosquitto_sub instead of colibri: {n} messages in {secs:.2} s = {:.0} messages/s",
+        n as f64 / secs
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn free_port() -> u16 {

@@ -13,8 +13,8 @@ APT_NEEDS=(
   "date:coreutils"
   "victoria-metrics:victoria-metrics"   # tests/it/tsdb.rs, remote_write.rs: scrapes delivered to a real time-series database
   "prometheus:prometheus"               # tests/it/remote_write.rs: a real remote write receiver
-  "/usr/sbin/mosquitto:mosquitto"       # tests/it/mqtt.rs, benches/mqtt.rs: a real MQTT broker (and mosquitto_passwd)
-  "mosquitto_sub:mosquitto-clients"     # tests/it/mqtt.rs: the subscriber that counts what arrives
+  "/usr/sbin/mosquitto:mosquitto"       # tests/it/mqtt{,_source}.rs, benches/{brokers,mqtt_source}.rs: a real MQTT broker (and mosquitto_passwd)
+  "mosquitto_sub:mosquitto-clients"     # tests/it/mqtt.rs: the subscriber that counts what arrives; mqtt_source.rs: mosquitto_pub
   "/usr/sbin/nats-server:nats-server"   # tests/it/nats.rs, benches/brokers.rs: a real NATS JetStream cluster
   "/usr/sbin/rsyslogd:rsyslog"          # tests/it/syslog.rs: a real rsyslog forwarding over TCP with octet counting
   "logger:bsdutils"                     # tests/it/syslog.rs: util-linux logger, the senders over UDP and TCP

@@ -101,11 +101,11 @@ impl MqttSourceConfig {
     }
 
     /// The index in [`Self::streams`] of the stream `topic` goes to.
-    pub fn route(&self, topic: &str, streams: &[&str]) -> usize {
+    pub fn route<S: AsRef<str>>(&self, topic: &str, streams: &[S]) -> usize {
         self.routes
             .iter()
             .find(|(f, _)| topic::matches(f, topic))
-            .and_then(|(_, s)| streams.iter().position(|x| x == s))
+            .and_then(|(_, s)| streams.iter().position(|x| x.as_ref() == s))
             .unwrap_or(0)
     }
 
@@ -192,8 +192,8 @@ pub async fn run(
         ack_tx,
         stopping.clone(),
     ));
-    session::Driver::new(Arc::clone(&cfg), Arc::clone(&stats), client, events)
-        .run(tx, ack_rx, stopping)
+    session::Driver::new(Arc::clone(&cfg), Arc::clone(&stats), client)
+        .run(events, tx, ack_rx, stopping)
         .await;
     // The driver ends after the appender, or after its wait for it. An append still waiting for
     // room stays queued in the store's writer (until the room comes, or colibri's stop answers

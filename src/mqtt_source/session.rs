@@ -192,8 +192,6 @@ pub struct Driver {
     cfg: Arc<MqttSourceConfig>,
     stats: Arc<MqttSourceStats>,
     client: AsyncClient,
-    /// Until `run` takes it into its poll.
-    events: Option<EventLoop>,
     /// Bytes of QoS 1 and 2 records handed to the appender and not yet settled.
     budget: Arc<Semaphore>,
     /// The same for QoS 0 records, apart: a flood of them cannot hold up an acknowledged message.
@@ -222,7 +220,6 @@ impl Driver {
         cfg: Arc<MqttSourceConfig>,
         stats: Arc<MqttSourceStats>,
         client: AsyncClient,
-        events: EventLoop,
     ) -> Driver {
         Driver {
             streams: cfg.streams().into_iter().map(String::from).collect(),
@@ -230,7 +227,6 @@ impl Driver {
             cfg,
             stats,
             client,
-            events: Some(events),
             budget: Arc::new(Semaphore::new(BUDGET_BYTES)),
             qos0_budget: Arc::new(Semaphore::new(QOS0_BUDGET_BYTES)),
             connection: 0,
@@ -247,6 +243,7 @@ impl Driver {
     /// of what it still commits (for up to [`STOP_WAIT`]) and says goodbye to the broker.
     pub async fn run(
         mut self,
+        events: EventLoop,
         tx: mpsc::UnboundedSender<Msg>,
         mut acks: mpsc::UnboundedReceiver<Vec<Ack>>,
         stopping: CancellationToken,
@@ -256,7 +253,7 @@ impl Driver {
         let mut retry_at: Option<Instant> = None;
         let mut stop_by: Option<Instant> = None;
         let mut acks_open = true;
-        let mut polling = poll_owned(self.events.take().expect("run is called once"));
+        let mut polling = poll_owned(events);
         // A QoS 1 or 2 message waiting for its share of the budget; polling waits with it (the
         // broker holds the rest), the stop does not.
         let mut blocked: Option<Blocked> = None;
@@ -415,8 +412,7 @@ impl Driver {
             }
             return None;
         }
-        let streams: Vec<&str> = self.streams.iter().map(String::as_str).collect();
-        let stream = self.cfg.route(&topic, &streams);
+        let stream = self.cfg.route(&topic, &self.streams);
         let received = format!(
             "\"{}\"",
             chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)

@@ -6,6 +6,7 @@
 //! and `schemas/openapi.yaml` agree on paths, methods and status codes. Every wait is bounded and
 //! waits for a condition (a log event, an answer, a count), never for a fixed time.
 
+use crate::tsdb::free_port;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Write as _;
@@ -33,12 +34,6 @@ const JSON: &str = "application/json";
 
 // ---------------------------------------------------------------------------------------------
 // Configs and the binary.
-
-/// A port nothing listens on right now (bound to :0, read, released).
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("an address").port()
-}
 
 struct Setup {
     _sb: Sandbox,

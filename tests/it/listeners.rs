@@ -4,6 +4,7 @@
 //! bodies beyond the memory budget, floods of refused requests (the log summarises them), and a
 //! listener beyond loopback without a token. Every wait is bounded and waits for a condition.
 
+use crate::tsdb::free_port;
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -17,12 +18,6 @@ use crate::util::{Proc, Sandbox, assert_code, colibri, field, finish, poll, quot
 use crate::util::{queue_stats, secs, stream_stats};
 
 const NDJSON: &str = "application/x-ndjson";
-
-/// A port nothing listens on right now (bound to :0, read, released).
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("an address").port()
-}
 
 fn path(stream: &str) -> String {
     format!("/v1/streams/{stream}/records")

@@ -4,6 +4,7 @@
 //! pending counts) and reads its JSON log: one full line per kind, the summaries' `repeated`
 //! counts adding up to the rest.
 
+use crate::tsdb::free_port;
 use std::fs::File;
 use std::net::SocketAddr;
 use std::time::SystemTime;
@@ -14,11 +15,6 @@ use crate::util::client::Client;
 use crate::util::http::{Mode, Receiver};
 use crate::util::{Proc, Sandbox, field, quote, quote_path};
 use crate::util::{queue_stats, secs, stop};
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("an address").port()
-}
 
 fn is(e: &Value, prefix: &str) -> bool {
     field(e, "message").starts_with(prefix)

@@ -11,8 +11,10 @@
 //! acknowledgements and the broker holds the rest, nothing lost; QoS 0 messages a full stream
 //! cannot take are dropped and counted, the identity `received = stored + dropped` holding; the
 //! records' shape (JSON payloads kept as JSON, text as a string, binary as base64), routes to a
-//! second stream, TLS with a test CA, a wrong password (one WARN, nothing stored) fixed by a
-//! reload, and messages published while colibri was stopped waiting in its session.
+//! second stream, messages published while colibri was stopped waiting in its session, a filter
+//! added by a reload subscribed in the kept session, a reload while more than the memory budget
+//! waits for room (prompt, nothing lost), and QoS 2 over TLS with a test CA after a wrong
+//! password (one WARN, nothing stored) fixed by a reload.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -478,7 +480,7 @@ fn qos_0_messages_a_full_stream_cannot_take_are_dropped_and_counted() {
 }
 
 #[test]
-fn tls_with_a_test_ca_and_a_wrong_password_fixed_by_a_reload() {
+fn qos_2_over_tls_with_a_test_ca_and_a_wrong_password_fixed_by_a_reload() {
     let sb = Sandbox::new();
     let rx = Receiver::start();
     std::fs::create_dir(sb.file("pki")).unwrap();
@@ -498,7 +500,7 @@ fn tls_with_a_test_ca_and_a_wrong_password_fixed_by_a_reload() {
     let url = format!("mqtts://localhost:{tls_port}");
     let source = |password: &str| {
         format!(
-            ", username: gateway, password: {password}, tls: {{ ca_file: {} }}",
+            ", qos: 2, username: gateway, password: {password}, tls: {{ ca_file: {} }}",
             quote(pki.ca.display().to_string())
         )
     };
@@ -523,7 +525,7 @@ fn tls_with_a_test_ca_and_a_wrong_password_fixed_by_a_reload() {
         port: b.port,
         client_id: "test-pub-tls".into(),
         topic: "plant/secure".into(),
-        qos: QoS::AtLeastOnce,
+        qos: QoS::ExactlyOnce,
         first: 0,
         count: 100,
         window: 10,
@@ -538,7 +540,13 @@ fn tls_with_a_test_ca_and_a_wrong_password_fixed_by_a_reload() {
     )
     .expect("published");
     let records = wait_records(&rx, &agent, 100, secs(30));
+    // QoS 2 end to end: PUBRECed after the commit, each once.
     assert_eq!(seqs(&records, "plant/secure"), (0..100).collect::<Vec<_>>());
+    assert!(
+        records.iter().all(|r| r["qos"] == 2),
+        "{:?}",
+        records.first()
+    );
     let s = summary(&stop(agent));
     assert!(n(&s, "connection_failures") >= 1, "{s}");
     assert_eq!(n(&s, "records_appended"), 100, "{s}");

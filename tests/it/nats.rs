@@ -51,11 +51,18 @@ impl Node {
                     panic!("cannot start nats-server ({e}): install Debian's nats-server package (scripts/test.sh does)")
                 }),
         );
+        // A node brought back recovers its JetStream state before it listens: on a loaded
+        // 2-core machine that can take more than 10 s.
         let port = self.port;
-        poll(secs(10), || {
+        poll(secs(45), || {
             std::net::TcpStream::connect(("127.0.0.1", port)).ok()
         })
-        .unwrap_or_else(|| panic!("nats-server did not listen on {port}"));
+        .unwrap_or_else(|| {
+            panic!(
+                "nats-server did not listen on {port}:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            )
+        });
     }
 
     fn kill(&mut self) {

@@ -150,12 +150,27 @@ impl Drop for Vm {
     }
 }
 
+/// A port nothing listens on, for a server a test starts (a broker, colibri's listeners). Taken
+/// below the kernel's ephemeral range (32768-60999 by default), where no outgoing connection is
+/// given a port: a port the kernel handed out from `:0` can be taken as the source port of any
+/// connection before the server binds it (a nats-server restarted in a kill loop once found its
+/// port so taken). Each process walks its own sequence, so parallel tests never share one.
 pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10_000;
+    const SPAN: u32 = 22_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(7_919);
+    for _ in 0..SPAN {
+        let port = LOW + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        let port = u16::try_from(port).expect("below 32,000");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
+        {
+            return port;
+        }
+    }
+    panic!("no free port in 10000-31999")
 }
 
 /// The samples of one series must be exactly the scrapes served: value n at the time of GET n.
