@@ -22,8 +22,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use rumqttc::QoS;
-
 mod common;
 #[path = "../tests/it/util/mqtt_publish.rs"]
 mod mqtt_publish;
@@ -132,15 +130,8 @@ fn mosquitto(dir: &Path, port: u16) -> Child {
 
 fn send(port: u16, n: u64) {
     let p = Publish {
-        port,
-        client_id: "bench-pub".into(),
-        topic: "plant/line-1/meter".into(),
-        qos: QoS::AtLeastOnce,
-        first: 0,
-        count: n,
         window: 1000,
-        rate: None,
-        credentials: None,
+        ..Publish::new(port, "plant/line-1/meter", n)
     };
     let pad = "x".repeat(60);
     publish(

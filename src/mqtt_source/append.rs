@@ -62,23 +62,13 @@ pub async fn run(
     stopping: CancellationToken,
 ) {
     let (cfg, stats) = (&*cfg, &*stats);
-    let limits: Vec<crate::tail::batch::Limits> = streams
+    // One batch is what every stream would take in one append.
+    let (most_records, most_bytes) = streams
         .iter()
-        .map(crate::tail::batch::Limits::for_stream)
-        .collect();
-    // One append takes what every stream would take in one append.
-    let most_records = limits
-        .iter()
-        .map(|l| l.records.min(l.jobs.saturating_mul(l.job_records)))
-        .min()
-        .unwrap_or(1)
-        .max(1);
-    let most_bytes = limits
-        .iter()
-        .map(|l| l.bytes.min(l.jobs.saturating_mul(l.job_bytes)))
-        .min()
-        .unwrap_or(1)
-        .max(1);
+        .map(|s| crate::tail::batch::Limits::for_stream(s).per_append())
+        .fold((usize::MAX, usize::MAX), |(r, b), (sr, sb)| {
+            (r.min(sr), b.min(sb))
+        });
     let mut paused = false;
     let mut held: Option<Msg> = None;
     loop {

@@ -14,8 +14,8 @@ pub enum Kept {
 }
 
 /// Writes the record of one message to `out` (one line: a JSON payload's line breaks, which can
-/// only be whitespace between its tokens, are written as spaces). `received` and `labels` come
-/// rendered: a JSON string, and `,"labels":{...}` or nothing.
+/// only be whitespace between its tokens, are written as spaces). `received` is an RFC 3339 time
+/// (nothing in it to escape); `labels` comes rendered: `,"labels":{...}` or nothing.
 pub fn write(
     out: &mut Vec<u8>,
     topic: &str,
@@ -61,8 +61,9 @@ pub fn write(
     } else {
         b",\"retain\":false"
     });
-    out.extend_from_slice(b",\"received\":");
+    out.extend_from_slice(b",\"received\":\"");
     out.extend_from_slice(received.as_bytes());
+    out.push(b'"');
     out.extend_from_slice(labels.as_bytes());
     out.push(b'}');
     kept
@@ -86,26 +87,6 @@ fn trim(b: &[u8]) -> &[u8] {
     b.trim_ascii()
 }
 
-/// `,"labels":{...}` or empty, rendered once per source.
-pub fn render_labels(labels: &[(String, String)]) -> String {
-    if labels.is_empty() {
-        return String::new();
-    }
-    let mut out = b",\"labels\":{".to_vec();
-    for (i, (k, v)) in labels.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.push(b'"');
-        crate::tail::json::escape_into(&mut out, k);
-        out.extend_from_slice(b"\":\"");
-        crate::tail::json::escape_into(&mut out, v);
-        out.push(b'"');
-    }
-    out.push(b'}');
-    String::from_utf8(out).expect("JSON written from strings is UTF-8")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,14 +94,17 @@ mod tests {
 
     fn record(payload: &[u8], retain: bool) -> (Value, Kept) {
         let mut out = Vec::new();
-        let labels = render_labels(&[("site".into(), "a\"b".into())]);
+        let labels = format!(
+            ",{}",
+            crate::tail::record::labels_field(&[("site".into(), "a\"b".into())]).unwrap()
+        );
         let k = write(
             &mut out,
             "plant/line-1/temp",
             payload,
             1,
             retain,
-            "\"2026-12-03T07:00:00.000Z\"",
+            "2026-12-03T07:00:00.000Z",
             &labels,
         );
         assert!(

@@ -23,10 +23,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use rumqttc::{
-    AsyncClient, ConnectReturnCode, ConnectionError, Event, EventLoop, Incoming, ManualAck,
-    MqttOptions, PersistedAckMode, PersistedSession, PubAck, PubRec, QoS, RetainForwardRule,
-    SessionStore, SessionStoreError, SessionStoreKey, SubscribeFilter, SubscribeReasonCode,
-    TlsConfiguration, Transport,
+    AsyncClient, ConnectionError, Event, EventLoop, Incoming, ManualAck, PersistedAckMode,
+    PersistedSession, PubAck, PubRec, QoS, RetainForwardRule, SessionStore, SessionStoreError,
+    SessionStoreKey, SubscribeFilter, SubscribeReasonCode,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
@@ -34,7 +33,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::append::{Ack, Msg};
 use super::{BUDGET_BYTES, MqttSourceConfig, MqttSourceStats, QOS0_BUDGET_BYTES};
-use crate::net::client::chain;
 use crate::sink::SettingError;
 
 /// The longest pause between connection attempts.
@@ -46,23 +44,18 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// The client and its event loop; nothing is dialled. Reads the TLS files.
 pub fn build(cfg: &MqttSourceConfig) -> Result<(AsyncClient, EventLoop), SettingError> {
-    let mut opts = MqttOptions::new(
-        cfg.client_id.clone(),
-        rumqttc::Broker::tcp(cfg.server_name(), cfg.port),
-    );
-    if let Some(tls) = &cfg.tls {
-        let config = crate::sink::tls_client_config(tls)?;
-        opts.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(
-            Arc::new(config),
-        )));
-    }
     // With `tls.server_name`, the certificate is checked for that name while the URL's host is
     // dialled.
     let dial = (cfg.server_name() != cfg.host).then(|| format!("{}:{}", cfg.host, cfg.port));
-    opts.set_socket_connector(move |addr, net| crate::sink::mqtt_connect(dial.clone(), addr, net));
-    let mut net = rumqttc::NetworkOptions::new();
-    net.set_tcp_nodelay(true);
-    opts.set_network_options(net);
+    let mut opts = crate::sink::mqtt5_options(
+        &cfg.client_id,
+        cfg.server_name(),
+        cfg.port,
+        dial,
+        cfg.tls.as_ref(),
+        cfg.username.as_ref(),
+        cfg.password.as_ref(),
+    )?;
     let expiry = u32::try_from(cfg.session_expiry.as_secs()).unwrap_or(u32::MAX);
     opts.set_keep_alive(u16::try_from(cfg.keep_alive.as_secs()).unwrap_or(u16::MAX))
         .set_connect_timeout(cfg.timeout)
@@ -78,18 +71,6 @@ pub fn build(cfg: &MqttSourceConfig) -> Result<(AsyncClient, EventLoop), Setting
         // colibri publishes nothing: one slot for outgoing messages instead of rumqttc's 65,535
         // (16 MB of resident memory, measured).
         .set_outgoing_inflight_upper_limit(OUTGOING_IN_FLIGHT);
-    match (&cfg.username, &cfg.password) {
-        (Some(u), Some(p)) => {
-            opts.set_credentials(u.clone(), p.0.clone().into_bytes());
-        }
-        (Some(u), None) => {
-            opts.set_username(u.clone());
-        }
-        (None, Some(p)) => {
-            opts.set_password(p.0.clone().into_bytes());
-        }
-        (None, None) => {}
-    }
     // Room for the acks the broker's window owes at once, and the subscribe; acks that find it
     // full wait in the driver for the next poll (`Driver::send_acks`).
     let capacity = usize::from(cfg.max_in_flight) + 64;
@@ -223,7 +204,8 @@ impl Driver {
     ) -> Driver {
         Driver {
             streams: cfg.streams().into_iter().map(String::from).collect(),
-            labels: super::record::render_labels(&cfg.labels),
+            labels: crate::tail::record::labels_field(&cfg.labels)
+                .map_or_else(String::new, |l| format!(",{l}")),
             cfg,
             stats,
             client,
@@ -413,10 +395,7 @@ impl Driver {
             return None;
         }
         let stream = self.cfg.route(&topic, &self.streams);
-        let received = format!(
-            "\"{}\"",
-            chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-        );
+        let received = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         let mut record = Vec::with_capacity(p.topic.len() + p.payload.len() + 96);
         let kept = super::record::write(
             &mut record,
@@ -509,7 +488,7 @@ impl Driver {
         if !self.down_reported {
             self.down_reported = true;
             let shown = self.cfg.shown();
-            let why = reason(&shown, e);
+            let why = crate::sink::mqtt5_failure(&shown, e);
             if was_up {
                 tracing::warn!(source = %self.cfg.name, broker = %shown, "mqtt connection lost ({why}); reconnecting (messages not yet acknowledged are sent again by the broker)");
             } else {
@@ -541,24 +520,5 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// Why the connection is down, for the log.
-fn reason(shown: &str, e: &ConnectionError) -> String {
-    use ConnectReturnCode as C;
-    match e {
-        ConnectionError::ConnectionRefused(
-            code @ (C::BadUserNamePassword
-            | C::NotAuthorized
-            | C::Banned
-            | C::BadAuthenticationMethod),
-        ) => format!(
-            "{shown}: the broker refused colibri's credentials ({code:?}); nothing is received until they are accepted"
-        ),
-        ConnectionError::ConnectionRefused(code) => {
-            format!("{shown}: the broker refused the connection ({code:?})")
-        }
-        other => format!("{shown}: {}", chain(other)),
     }
 }

@@ -25,11 +25,9 @@ pub use deliver::Secret;
 pub use deliver::{Batch, DeliveryError, Payload, Probe, RecordFormat, SettingError};
 
 mod deliver;
-// For the mqtt source, which speaks to brokers as the mqtt sink does.
+// For the mqtt source, which connects to brokers as the mqtt sink does.
 #[cfg(feature = "mqtt")]
-pub use mqtt_socket::connect as mqtt_connect;
-#[cfg(any(feature = "mqtt", feature = "nats"))]
-pub use tls::client_config as tls_client_config;
+pub use mqtt_v5::{connection_options as mqtt5_options, reason as mqtt5_failure};
 pub mod file;
 pub mod file_body;
 pub mod http;

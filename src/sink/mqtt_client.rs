@@ -143,6 +143,6 @@ pub fn varint_len(n: usize) -> usize {
 /// The reason a CONNACK refused colibri's credentials gives, in both versions' words.
 pub fn refused_credentials(shown: &str, code: impl std::fmt::Debug) -> String {
     format!(
-        "{shown}: the broker refused colibri's credentials ({code:?}); deliveries wait until they are accepted"
+        "{shown}: the broker refused colibri's credentials ({code:?}); nothing goes through until they are accepted"
     )
 }

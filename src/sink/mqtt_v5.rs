@@ -12,7 +12,8 @@ use rumqttc::{
     PublishProperties, QoS, TlsConfiguration, Transport,
 };
 
-use super::deliver::SettingError;
+use super::deliver::{Secret, SettingError};
+use super::http::TlsConfig;
 use super::mqtt::{MqttConfig, Qos, Status};
 use super::mqtt_client::{MAX_IN_FLIGHT, Polled, REQUEST_CAPACITY, Refusal, varint_len};
 use super::mqtt_socket;
@@ -22,15 +23,20 @@ use crate::net::client::chain;
 /// The user property that carries a message's idempotency key.
 const KEY: &str = "idempotency-key";
 
-pub fn build(
-    spec: &MqttConfig,
+/// What every MQTT 5 connection of colibri's has (the sink's and the mqtt source's): the broker
+/// named `server_name` (the name its certificate is checked for) at `port`, dialled at `dial`
+/// (`host:port`) when that differs, TLS when set (reads its files), Nagle off, the credentials.
+pub fn connection_options(
+    client_id: &str,
+    server_name: String,
+    port: u16,
     dial: Option<String>,
-) -> Result<(AsyncClient, EventLoop), SettingError> {
-    let mut opts = MqttOptions::new(
-        spec.client_id.clone(),
-        rumqttc::Broker::tcp(spec.server_name(), spec.port),
-    );
-    if let Some(tls) = &spec.tls {
+    tls: Option<&TlsConfig>,
+    username: Option<&String>,
+    password: Option<&Secret>,
+) -> Result<MqttOptions, SettingError> {
+    let mut opts = MqttOptions::new(client_id, rumqttc::Broker::tcp(server_name, port));
+    if let Some(tls) = tls {
         let config = super::tls::client_config(tls)?;
         opts.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(
             Arc::new(config),
@@ -39,18 +45,8 @@ pub fn build(
     opts.set_socket_connector(move |addr, net| mqtt_socket::connect(dial.clone(), addr, net));
     let mut net = rumqttc::NetworkOptions::new();
     net.set_tcp_nodelay(true);
-    opts.set_network_options(net)
-        // The client keeps a slot per packet id it may have in flight, sized by this bound
-        // (65,535 slots unless the broker sets a smaller Receive Maximum: 16 MB of memory).
-        .set_outgoing_inflight_upper_limit(MAX_IN_FLIGHT);
-    opts.set_keep_alive(spec.keep_alive_secs())
-        .set_connect_timeout(spec.timeout)
-        .set_clean_start(true);
-    if spec.persistent {
-        let expiry = u32::try_from(spec.session_expiry.as_secs()).unwrap_or(u32::MAX);
-        opts.set_session_expiry_interval(Some(expiry));
-    }
-    match (&spec.username, &spec.password) {
+    opts.set_network_options(net);
+    match (username, password) {
         (Some(u), Some(p)) => {
             opts.set_credentials(u.clone(), p.0.clone().into_bytes());
         }
@@ -61,6 +57,33 @@ pub fn build(
             opts.set_password(p.0.clone().into_bytes());
         }
         (None, None) => {}
+    }
+    Ok(opts)
+}
+
+pub fn build(
+    spec: &MqttConfig,
+    dial: Option<String>,
+) -> Result<(AsyncClient, EventLoop), SettingError> {
+    let mut opts = connection_options(
+        &spec.client_id,
+        spec.server_name(),
+        spec.port,
+        dial,
+        spec.tls.as_ref(),
+        spec.username.as_ref(),
+        spec.password.as_ref(),
+    )?;
+    opts
+        // The client keeps a slot per packet id it may have in flight, sized by this bound
+        // (65,535 slots unless the broker sets a smaller Receive Maximum: 16 MB of memory).
+        .set_outgoing_inflight_upper_limit(MAX_IN_FLIGHT);
+    opts.set_keep_alive(spec.keep_alive_secs())
+        .set_connect_timeout(spec.timeout)
+        .set_clean_start(true);
+    if spec.persistent {
+        let expiry = u32::try_from(spec.session_expiry.as_secs()).unwrap_or(u32::MAX);
+        opts.set_session_expiry_interval(Some(expiry));
     }
     if let Some(s) = &spec.status {
         opts.set_last_will(LastWill::new(
@@ -142,8 +165,9 @@ fn qos_of(qos: Qos) -> QoS {
     }
 }
 
-/// Why the connection is down, for the link's log line and the deliveries it refuses.
-fn reason(shown: &str, e: &ConnectionError) -> String {
+/// Why the connection is down, for the log (the sink's link, the mqtt source) and the
+/// deliveries it refuses.
+pub fn reason(shown: &str, e: &ConnectionError) -> String {
     use ConnectReturnCode as C;
     match e {
         ConnectionError::ConnectionRefused(

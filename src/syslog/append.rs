@@ -83,11 +83,8 @@ struct Limits {
 
 impl Limits {
     fn of(stream: &StreamConfig) -> Limits {
-        let l = crate::tail::batch::Limits::for_stream(stream);
-        Limits {
-            records: l.records.min(l.jobs.saturating_mul(l.job_records)).max(1),
-            bytes: l.bytes.min(l.jobs.saturating_mul(l.job_bytes)).max(1),
-        }
+        let (records, bytes) = crate::tail::batch::Limits::for_stream(stream).per_append();
+        Limits { records, bytes }
     }
 
     /// How many of `c`'s first records fit (at least one).

@@ -129,7 +129,8 @@ pub async fn run(
         return;
     };
     let shared = Arc::new(Shared {
-        labels: render_labels(&cfg.labels),
+        labels: crate::tail::record::labels_field(&cfg.labels)
+            .map_or_else(String::new, |l| format!(",{l}")),
         cfg: Arc::clone(&cfg),
         stats: Arc::clone(&stats),
         budget: append::budget(),
@@ -188,21 +189,4 @@ pub async fn run(
         tls_failures = stats.tls_failures.load(Relaxed),
         "syslog summary"
     );
-}
-
-fn render_labels(labels: &[(String, String)]) -> String {
-    if labels.is_empty() {
-        return String::new();
-    }
-    let mut out = b",\"labels\":{".to_vec();
-    for (i, (k, v)) in labels.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        parse::string(&mut out, k);
-        out.push(b':');
-        parse::string(&mut out, v);
-    }
-    out.push(b'}');
-    String::from_utf8(out).expect("JSON written from strings is UTF-8")
 }

@@ -54,6 +54,21 @@ impl Limits {
             bytes: APPEND_BYTES.min(usize::try_from(s.max_bytes / 4).unwrap_or(usize::MAX)),
         }
     }
+
+    /// The records and bytes one append may carry whole: the append's own limits, and no more
+    /// jobs than the stream takes at once (for a producer without a checkpoint to cut at, such
+    /// as the syslog and mqtt sources).
+    #[cfg(any(feature = "syslog", feature = "mqtt"))]
+    pub fn per_append(&self) -> (usize, usize) {
+        (
+            self.records
+                .min(self.jobs.saturating_mul(self.job_records))
+                .max(1),
+            self.bytes
+                .min(self.jobs.saturating_mul(self.job_bytes))
+                .max(1),
+        )
+    }
 }
 
 /// Records read and not yet appended, with the checkpoint that covers them.

@@ -43,6 +43,24 @@ pub fn hash(bytes: &[u8]) -> u64 {
     h
 }
 
+/// `"labels":{"k":"v",...}`, encoded once per source; `None` without labels. The sources'
+/// records all carry their labels so.
+pub fn labels_field(labels: &[(String, String)]) -> Option<String> {
+    (!labels.is_empty()).then(|| {
+        let mut out = String::from("\"labels\":{");
+        for (i, (k, v)) in labels.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&json_string(k));
+            out.push(':');
+            out.push_str(&json_string(v));
+        }
+        out.push('}');
+        out
+    })
+}
+
 /// `s` as a JSON string, quotes included.
 pub fn json_string(s: &str) -> String {
     let mut v = Vec::with_capacity(s.len() + 2);
@@ -164,19 +182,7 @@ impl Shape {
         let host = host
             .filter(|_| fields.contains(Fields::HOST))
             .map(|h| format!("\"host\":{}", json_string(h)));
-        let labels = (!labels.is_empty()).then(|| {
-            let mut out = String::from("\"labels\":{");
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&json_string(k));
-                out.push(':');
-                out.push_str(&json_string(v));
-            }
-            out.push('}');
-            out
-        });
+        let labels = labels_field(labels);
         Shape {
             fields: fields.without(Fields::HOST),
             host,

@@ -25,7 +25,7 @@ use rumqttc::QoS;
 use serde_json::Value;
 
 use crate::mqtt::{Broker, password_file};
-use crate::syslog::delivered;
+use crate::syslog::{delivered, wait_delivered};
 use crate::tsdb::free_port;
 use crate::util::http::{Mode, Receiver, TestPki};
 use crate::util::mqtt_publish::{Publish, publish};
@@ -83,25 +83,26 @@ fn subscribed(agent: &Proc, n: usize) {
 /// Publishes `count` messages `{"seq":i}` from `first` to `topic`; returns how many the broker
 /// acknowledged.
 fn send(b: &Broker, topic: &str, first: u64, count: u64) -> u64 {
-    let accepted = Arc::new(AtomicU64::new(0));
     let p = Publish {
-        port: b.port,
         client_id: format!("test-pub-{first}"),
-        topic: topic.into(),
-        qos: QoS::AtLeastOnce,
         first,
-        count,
-        window: 100,
-        rate: None,
-        credentials: None,
+        ..Publish::new(b.port, topic, count)
     };
-    publish(
-        &p,
-        |i| format!("{{\"seq\":{i}}}").into_bytes(),
-        &accepted,
-        secs(120),
-    )
-    .unwrap_or_else(|e| panic!("publishing: {e}\n{}", b.log()));
+    send_padded(&p, "", secs(120))
+}
+
+/// Publishes `p`'s messages `{"seq":i}`, with `"pad":pad` when `pad` is not empty; returns how
+/// many the broker acknowledged.
+fn send_padded(p: &Publish, pad: &str, limit: Duration) -> u64 {
+    let accepted = Arc::new(AtomicU64::new(0));
+    let payload = |i| {
+        if pad.is_empty() {
+            format!("{{\"seq\":{i}}}").into_bytes()
+        } else {
+            format!("{{\"seq\":{i},\"pad\":\"{pad}\"}}").into_bytes()
+        }
+    };
+    publish(p, payload, &accepted, limit).unwrap_or_else(|e| panic!("publishing: {e}"));
     accepted.load(Ordering::SeqCst)
 }
 
@@ -112,23 +113,6 @@ fn seqs(records: &[Value], topic: &str) -> Vec<u64> {
         .filter(|r| r["topic"] == topic)
         .map(|r| r["payload"]["seq"].as_u64().expect("a seq"))
         .collect()
-}
-
-fn wait_records(rx: &Receiver, agent: &Proc, n: usize, limit: Duration) -> Vec<Value> {
-    let mut last = Vec::new();
-    if poll(limit, || {
-        last = delivered(rx);
-        (last.len() >= n).then_some(())
-    })
-    .is_none()
-    {
-        panic!(
-            "{} of {n} records arrived within {limit:?}\nstderr:\n{}",
-            last.len(),
-            agent.stderr()
-        );
-    }
-    last
 }
 
 /// The `mqtt source summary` event of the stop.
@@ -202,7 +186,7 @@ fn records_keep_their_payloads_shape_route_by_topic_and_wait_in_the_session_whil
         let f = crate::util::finish(c, secs(10));
         assert!(f.status.success(), "mosquitto_pub: {}", f.stderr);
     }
-    let records = wait_records(&rx, &agent, 4, secs(30));
+    let records = wait_delivered(&rx, &agent, 4, secs(30));
     let by_topic = |t: &str| -> Value {
         records
             .iter()
@@ -246,7 +230,7 @@ fn records_keep_their_payloads_shape_route_by_topic_and_wait_in_the_session_whil
     assert_eq!(n(&summary(&agent), "records_appended"), 4);
     assert_eq!(send(&b, "plant/away", 0, 2_000), 2_000);
     let agent = start(&cfg);
-    let records = wait_records(&rx, &agent, 2_004, secs(60));
+    let records = wait_delivered(&rx, &agent, 2_004, secs(60));
     assert_eq!(
         seqs(&records, "plant/away"),
         (0..2_000).collect::<Vec<_>>(),
@@ -265,7 +249,7 @@ fn records_keep_their_payloads_shape_route_by_topic_and_wait_in_the_session_whil
     agent.signal(libc::SIGHUP);
     subscribed(&agent, 2);
     assert_eq!(send(&b, "meters/m1", 0, 10), 10);
-    let records = wait_records(&rx, &agent, 2_014, secs(30));
+    let records = wait_delivered(&rx, &agent, 2_014, secs(30));
     assert_eq!(seqs(&records, "meters/m1"), (0..10).collect::<Vec<_>>());
     let s = summary(&stop(agent));
     assert_eq!(n(&s, "acks_lost"), 0, "{s}");
@@ -290,25 +274,11 @@ fn kill_9_in_a_loop_while_publishing_loses_no_acknowledged_message() {
     let publisher = {
         let port = b.port;
         std::thread::spawn(move || {
-            let accepted = Arc::new(AtomicU64::new(0));
             let p = Publish {
-                port,
-                client_id: "test-pub-flood".into(),
-                topic: "plant/flood".into(),
-                qos: QoS::AtLeastOnce,
-                first: 0,
-                count: N,
-                window: 100,
                 rate: Some(4_000),
-                credentials: None,
+                ..Publish::new(port, "plant/flood", N)
             };
-            publish(
-                &p,
-                |i| format!("{{\"seq\":{i}}}").into_bytes(),
-                &accepted,
-                secs(300),
-            )
-            .map(|()| accepted.load(Ordering::SeqCst))
+            send_padded(&p, "", secs(300))
         })
     };
     // Ten kills at moments spread over the flood (pseudo-random, from the clock), each after
@@ -326,9 +296,9 @@ fn kill_9_in_a_loop_while_publishing_loses_no_acknowledged_message() {
         kills += 1;
         agent = start(&cfg);
     }
-    let accepted = publisher.join().unwrap().expect("the publisher finished");
+    let accepted = publisher.join().expect("the publisher finished");
     assert_eq!(accepted, N, "the broker acknowledged every message");
-    let records = wait_records(&rx, &agent, N as usize, secs(180));
+    let records = wait_delivered(&rx, &agent, N as usize, secs(180));
     let got = seqs(&records, "plant/flood");
     let mut seen = std::collections::BTreeSet::new();
     let firsts: Vec<u64> = got.iter().copied().filter(|s| seen.insert(*s)).collect();
@@ -395,7 +365,7 @@ fn a_full_block_stream_stops_the_acknowledgements_and_the_broker_holds_the_rest(
         "{received} of {N} received while the stream was full"
     );
     rx.set_mode(Mode::Accept);
-    let records = wait_records(&rx, &agent, N as usize, secs(120));
+    let records = wait_delivered(&rx, &agent, N as usize, secs(120));
     assert_eq!(
         seqs(&records, "plant/full"),
         (0..N).collect::<Vec<_>>(),
@@ -432,25 +402,11 @@ fn qos_0_messages_a_full_stream_cannot_take_are_dropped_and_counted() {
     // 100,000 messages of ~200 bytes: more than the 8 MiB colibri holds while the stream is full.
     const N: u64 = 100_000;
     let pad = "x".repeat(180);
-    let accepted = Arc::new(AtomicU64::new(0));
     let p = Publish {
-        port: b.port,
-        client_id: "test-pub-qos0".into(),
-        topic: "plant/q0".into(),
         qos: QoS::AtMostOnce,
-        first: 0,
-        count: N,
-        window: 100,
-        rate: None,
-        credentials: None,
+        ..Publish::new(b.port, "plant/q0", N)
     };
-    publish(
-        &p,
-        |i| format!("{{\"seq\":{i},\"pad\":\"{pad}\"}}").into_bytes(),
-        &accepted,
-        secs(120),
-    )
-    .expect("published");
+    send_padded(&p, &pad, secs(120));
     agent.wait_until(secs(60), "QoS 0 drops", || {
         agent
             .stderr()
@@ -520,26 +476,13 @@ fn qos_2_over_tls_with_a_test_ca_and_a_wrong_password_fixed_by_a_reload() {
     agent.signal(libc::SIGHUP);
     subscribed(&agent, 1);
     // The publisher uses the plain listener, with the same password file.
-    let accepted = Arc::new(AtomicU64::new(0));
     let p = Publish {
-        port: b.port,
-        client_id: "test-pub-tls".into(),
-        topic: "plant/secure".into(),
         qos: QoS::ExactlyOnce,
-        first: 0,
-        count: 100,
-        window: 10,
-        rate: None,
         credentials: Some(("gateway", "s3cret")),
+        ..Publish::new(b.port, "plant/secure", 100)
     };
-    publish(
-        &p,
-        |i| format!("{{\"seq\":{i}}}").into_bytes(),
-        &accepted,
-        secs(60),
-    )
-    .expect("published");
-    let records = wait_records(&rx, &agent, 100, secs(30));
+    assert_eq!(send_padded(&p, "", secs(60)), 100);
+    let records = wait_delivered(&rx, &agent, 100, secs(30));
     // QoS 2 end to end: PUBRECed after the commit, each once.
     assert_eq!(seqs(&records, "plant/secure"), (0..100).collect::<Vec<_>>());
     assert!(
@@ -571,25 +514,10 @@ fn a_reload_while_more_than_the_budget_waits_for_room_is_prompt_and_loses_nothin
     let agent = start(&cfg);
     const N: u64 = 2_000;
     let pad = "x".repeat(10 << 10);
-    let accepted = Arc::new(AtomicU64::new(0));
-    let p = Publish {
-        port: b.port,
-        client_id: "test-pub-big".into(),
-        topic: "plant/big".into(),
-        qos: QoS::AtLeastOnce,
-        first: 0,
-        count: N,
-        window: 100,
-        rate: None,
-        credentials: None,
-    };
-    publish(
-        &p,
-        |i| format!("{{\"seq\":{i},\"pad\":\"{pad}\"}}").into_bytes(),
-        &accepted,
-        secs(120),
-    )
-    .expect("published");
+    assert_eq!(
+        send_padded(&Publish::new(b.port, "plant/big", N), &pad, secs(120)),
+        N
+    );
     agent.wait_until(secs(30), "acknowledgements paused", || {
         agent.stderr().contains("acknowledgements paused")
     });
@@ -605,7 +533,7 @@ fn a_reload_while_more_than_the_budget_waits_for_room_is_prompt_and_loses_nothin
     subscribed(&agent, 2);
     // Nothing was lost: what was not acknowledged comes again to the new session.
     rx.set_mode(Mode::Accept);
-    let records = wait_records(&rx, &agent, N as usize, secs(120));
+    let records = wait_delivered(&rx, &agent, N as usize, secs(120));
     let got = seqs(&records, "plant/big");
     let unique: std::collections::BTreeSet<u64> = got.iter().copied().collect();
     assert_eq!(unique, (0..N).collect(), "every message arrives");

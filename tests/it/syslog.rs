@@ -77,7 +77,7 @@ pub(crate) fn delivered(rx: &Receiver) -> Vec<Value> {
     out
 }
 
-fn wait_delivered(rx: &Receiver, agent: &Proc, n: usize, limit: Duration) -> Vec<Value> {
+pub(crate) fn wait_delivered(rx: &Receiver, agent: &Proc, n: usize, limit: Duration) -> Vec<Value> {
     let mut last = Vec::new();
     if poll(limit, || {
         last = delivered(rx);

@@ -26,6 +26,23 @@ pub struct Publish {
     pub credentials: Option<(&'static str, &'static str)>,
 }
 
+impl Publish {
+    /// `count` messages from 0 to `topic` at QoS 1, 100 awaited at once, as fast as acknowledged.
+    pub fn new(port: u16, topic: &str, count: u64) -> Publish {
+        Publish {
+            port,
+            client_id: format!("test-pub-{}", topic.replace('/', "-")),
+            topic: topic.into(),
+            qos: QoS::AtLeastOnce,
+            first: 0,
+            count,
+            window: 100,
+            rate: None,
+            credentials: None,
+        }
+    }
+}
+
 /// Publishes every message; `accepted` counts those the broker acknowledged (QoS 0: those
 /// written). Returns when all are accepted, or an error after `limit`.
 pub fn publish(
