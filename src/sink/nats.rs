@@ -2,7 +2,8 @@
 //! record (or the job as one ndjson message with `batch`), on a subject made from a template. Every
 //! message carries `Nats-Msg-Id` (a record's key: the job's key and the record's position, the same
 //! after a split or a crash), so JetStream drops a re-send within its duplicate window and the
-//! stream holds each record once. It owns the settings, the connection (async-nats: the cluster's
+//! stream holds each record once (a job's messages are published together, so after a partial
+//! failure the re-send can store a job's records out of order; jobs stay in order). It owns the settings, the connection (async-nats: the cluster's
 //! servers, reconnects, credentials, TLS) and a job's outcome: delivered when every message's
 //! PubAck is in (a `duplicate` one too); unreachable (no attempt spent) while no server is
 //! connected, when no stream takes the subject (no responders) or when the configured `stream`
