@@ -282,6 +282,12 @@ impl Agent {
             text: e.to_string(),
             problems: e.lines(),
         })?;
+        // The listeners' TLS files were read again by the load: what the running listeners take
+        // when they are the same files (other files need a restart, as the rest of the section).
+        let fresh_tls = [
+            new.ingest.as_ref().and_then(|i| i.tls.clone()),
+            new.admin.as_ref().and_then(|a| a.tls.clone()),
+        ];
         let plan = crate::reload::plan(&self.config, new);
         let effective = Arc::new(plan.effective);
         // Everything that can still fail comes first (building a sink reads its TLS files), so a
@@ -302,6 +308,25 @@ impl Agent {
             }
         }
         let mut changes = Vec::new();
+        let running_tls = [
+            (
+                "ingest",
+                self.config.ingest.as_ref().and_then(|i| i.tls.as_ref()),
+            ),
+            (
+                "admin",
+                self.config.admin.as_ref().and_then(|a| a.tls.as_ref()),
+            ),
+        ];
+        for ((listener, running), fresh) in running_tls.into_iter().zip(&fresh_tls) {
+            if let (Some(running), Some(fresh)) = (running, fresh)
+                && running == fresh
+            {
+                running.replace_with(fresh);
+                tracing::info!(listener, cert_file = %fresh.files.cert_file.display(), "certificate read again: new connections get it");
+                changes.push(format!("{listener}.tls: certificate read again"));
+            }
+        }
         for key in &plan.needs_restart {
             tracing::warn!(setting = %key, "changed in the file, needs restart: the running value stays until then");
             changes.push(format!("{key}: needs restart (the running value stays)"));

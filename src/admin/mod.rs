@@ -52,7 +52,8 @@ pub async fn start(
     let local = listener
         .local_addr()
         .context("the listener has no address")?;
-    tracing::info!(listen = %local, token = config.token.is_some(), "admin endpoint listening");
+    tracing::info!(listen = %local, token = config.token.is_some(), tls = config.tls.is_some(), "admin endpoint listening");
+    let tls = config.tls.clone();
     let config = Arc::new(config);
     let limits = crate::net::server::Limits {
         name: "admin",
@@ -66,7 +67,7 @@ pub async fn start(
         async move { handle(req, &state, &config, peer).await }
     };
     let task = tokio::spawn(crate::net::server::serve(
-        listener, limits, stopping, handler,
+        listener, limits, tls, stopping, handler,
     ));
     Ok((local, task))
 }

@@ -8,7 +8,9 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
+use super::tls::ListenerTlsSpec;
 use super::yes;
+use crate::net::tls_server::ServerTls;
 use crate::net::token::Token;
 
 /// Where the admin endpoint listens when `admin.listen` is not set.
@@ -19,6 +21,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 pub struct AdminConfig {
     pub listen: SocketAddr,
     pub token: Option<Token>,
+    /// HTTPS instead of HTTP.
+    pub tls: Option<ServerTls>,
 }
 
 /// `admin:` settings.
@@ -40,10 +44,16 @@ pub struct AdminSpec {
     /// (`/healthz` and `/readyz` never do). Never logged.
     #[serde(default)]
     pub token: Option<String>,
+    /// Serve HTTPS: `cert_file`, `key_file`, and `client_ca_file` to require client certificates
+    /// (mutual TLS). The files are read again at each reload (SIGHUP): new connections get a
+    /// replaced certificate, open ones keep theirs. A token is still required off loopback.
+    #[serde(default)]
+    pub tls: Option<ListenerTlsSpec>,
 }
 
 pub(super) fn compile_admin(
     spec: Option<AdminSpec>,
+    base: &std::path::Path,
     err: &mut Problems<'_>,
 ) -> Option<AdminConfig> {
     let spec = spec.unwrap_or(AdminSpec {
@@ -51,6 +61,7 @@ pub(super) fn compile_admin(
         listen: None,
         allow_remote: false,
         token: None,
+        tls: None,
     });
     if !spec.enabled {
         return None;
@@ -80,8 +91,12 @@ pub(super) fn compile_admin(
             "is required with allow_remote: true (Authorization: Bearer <token>)".into(),
         );
     }
+    let tls = spec
+        .tls
+        .and_then(|t| super::tls::compile(t, base, &mut err.under("admin")));
     Some(AdminConfig {
         listen,
         token: spec.token.filter(|t| !t.is_empty()).map(Token::new),
+        tls,
     })
 }

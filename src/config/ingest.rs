@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::tls::ListenerTlsSpec;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{Dur, Size, de_opt_u32};
@@ -93,6 +94,12 @@ pub struct IngestSpec {
     /// of the same records.
     #[serde(default)]
     pub wait: Option<Dur>,
+    /// Serve HTTPS: `cert_file`, `key_file`, and `client_ca_file` to require client certificates
+    /// (mutual TLS). The files are read again at each reload (SIGHUP): new connections get a
+    /// replaced certificate, open ones keep theirs. Off loopback a `token` is still required
+    /// (or `allow_remote: true`).
+    #[serde(default)]
+    pub tls: Option<ListenerTlsSpec>,
 }
 
 /// By hand: the token is a secret, shown as `<redacted>` when set.
@@ -108,6 +115,7 @@ impl std::fmt::Debug for IngestSpec {
             .field("max_requests", &self.max_requests)
             .field("read_timeout", &self.read_timeout)
             .field("wait", &self.wait)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -117,6 +125,7 @@ impl std::fmt::Debug for IngestSpec {
 pub(super) fn compile(
     spec: IngestSpec,
     streams: &[(&str, RecordFormat)],
+    base: &std::path::Path,
     err: &mut Problems<'_>,
 ) -> Option<IngestConfig> {
     let max_body = spec.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0);
@@ -199,6 +208,7 @@ pub(super) fn compile(
                 .into(),
         );
     }
+    let tls = spec.tls.and_then(|t| super::tls::compile(t, base, err));
     let listen = spec.listen.filter(|l| !l.trim().is_empty())?;
     let listen: SocketAddr = match listen.trim().parse() {
         Ok(addr) => addr,
@@ -237,6 +247,7 @@ pub(super) fn compile(
         read_timeout,
         wait,
         streams: streams.iter().map(|&(s, f)| (s.to_string(), f)).collect(),
+        tls,
     })
 }
 
@@ -252,6 +263,7 @@ mod tests {
         let c = compile(
             spec,
             &streams,
+            std::path::Path::new("/etc/colibri"),
             &mut Problems::new(&mut problems).under("ingest"),
         );
         (c, problems.iter().map(|p| p.to_string()).collect())

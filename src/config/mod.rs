@@ -22,6 +22,7 @@ pub mod sources;
 pub mod storage;
 pub mod streams;
 pub mod tasks;
+pub mod tls;
 pub mod units;
 
 use std::collections::{BTreeMap, HashMap};
@@ -744,7 +745,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
     };
     let ingest = spec
         .ingest
-        .and_then(|i| ingest::compile(i, &stream_formats, &mut problems.under("ingest")));
+        .and_then(|i| ingest::compile(i, &stream_formats, base, &mut problems.under("ingest")));
     for (src, stream) in sources
         .iter()
         .flat_map(|s| s.streams().into_iter().map(move |st| (s, st)))
@@ -760,7 +761,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
             );
         }
     }
-    let admin = admin::compile_admin(spec.admin, problems);
+    let admin = admin::compile_admin(spec.admin, base, problems);
 
     let task_values = match tasks_value {
         None | Some(Value::Null) => Vec::new(),

@@ -48,14 +48,23 @@ pub struct IngestConfig {
     pub wait: Duration,
     /// The streams requests may name, and what their records must be (their sinks' formats).
     pub streams: std::collections::BTreeMap<String, crate::sink::RecordFormat>,
+    /// HTTPS instead of HTTP.
+    pub tls: Option<crate::net::tls_server::ServerTls>,
 }
 
 impl IngestConfig {
     /// For `colibri check`.
     pub fn describe(&self) -> String {
         format!(
-            "http://{}/v1/streams/{{stream}}/records, {}, bodies <= {} ({} of memory for all), {} requests / {} connections at once, read timeout {}, waits {} for room",
+            "{}://{}/v1/streams/{{stream}}/records{}, {}, bodies <= {} ({} of memory for all), {} requests / {} connections at once, read timeout {}, waits {} for room",
+            if self.tls.is_some() { "https" } else { "http" },
             self.listen,
+            match &self.tls {
+                Some(t) if t.files.client_ca_file.is_some() =>
+                    " (TLS, client certificates required)",
+                Some(_) => " (TLS)",
+                None => "",
+            },
             if self.token.is_some() {
                 "bearer token required"
             } else {
@@ -146,6 +155,7 @@ pub async fn start(
         max_requests = config.max_requests,
         max_connections = config.max_connections,
         token = config.token.is_some(),
+        tls = config.tls.is_some(),
         "ingest listening"
     );
     if !local.ip().is_loopback() && config.token.is_none() {
@@ -182,6 +192,7 @@ pub async fn start(
     let task = tokio::spawn(crate::net::server::serve(
         listener,
         limits,
+        shared.config.tls.clone(),
         close.clone(),
         handler,
     ));

@@ -1,11 +1,11 @@
 //! HTTP plumbing below every edge: [`server`] (the HTTP/1.1 server under the ingest API and the
 //! admin endpoint: bind, accept, connection slots), [`token`] (the bearer token both listeners
-//! check), `tls_server` (a listener's rustls settings from its `tls` block) and [`client`] (what the `http` sink and the `http_scrape` task share: `User-Agent`,
+//! check), [`tls_server`] (a listener's rustls settings from its `tls` block, replaceable by a
+//! reload) and [`client`] (what the `http` sink and the `http_scrape` task share: `User-Agent`,
 //! rustls' provider, header and URL handling, error chains). None of it knows what a request
 //! means or what a sink is; `ingest`, `admin`, `sink` and `task` build on it.
 
 pub mod client;
 pub mod server;
-#[cfg(feature = "syslog")]
 pub mod tls_server;
 pub mod token;

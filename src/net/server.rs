@@ -9,7 +9,9 @@
 //! requests) is closed to make room for the newcomer; only when every slot is in the middle of a
 //! request does the newcomer wait (with the listen backlog behind it) for one to end. Clients
 //! that shut down their write side after the request (`shutdown(SHUT_WR)`, `nc -N`) still get the
-//! answer (hyper's half-close). Used by `ingest` and `admin`.
+//! answer (hyper's half-close). With TLS, the handshake is part of the first header's deadline,
+//! and each handshake takes the listener's certificate as it is then (a reload may have replaced
+//! it; connections already open keep theirs). Used by `ingest` and `admin`.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -30,6 +32,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::tls_server::ServerTls;
 use crate::logging::summary;
 
 pub type Answer = Response<Full<Bytes>>;
@@ -182,6 +185,7 @@ impl Conns {
 pub async fn serve<H, F>(
     listener: TcpListener,
     limits: Limits,
+    tls: Option<ServerTls>,
     close: CancellationToken,
     handler: H,
 ) where
@@ -249,15 +253,23 @@ pub async fn serve<H, F>(
         let id = next_id;
         next_id += 1;
         conns.lock().insert(id, Arc::clone(&slot));
-        tasks.spawn(connection(
-            stream,
+        let at = Place {
             id,
             slot,
-            Arc::clone(&conns),
-            Arc::clone(&limits),
-            Arc::clone(&handler),
-            closing.clone(),
-        ));
+            conns: Arc::clone(&conns),
+            limits: Arc::clone(&limits),
+            closing: closing.clone(),
+        };
+        let handler = Arc::clone(&handler);
+        match &tls {
+            None => tasks.spawn(connection(stream, at, handler)),
+            Some(tls) => tasks.spawn(handshake(
+                tokio_rustls::TlsAcceptor::from(tls.config()),
+                stream,
+                at,
+                handler,
+            )),
+        };
     }
     drop(listener);
     closing.cancel();
@@ -310,18 +322,74 @@ fn closed_answer() -> Answer {
     r
 }
 
-async fn connection<H, F>(
-    stream: TcpStream,
+/// A connection's place in the server: its slot and what it shares with the others.
+struct Place {
     id: u64,
     slot: Arc<Slot>,
     conns: Arc<Conns>,
     limits: Arc<Limits>,
-    handler: Arc<H>,
     closing: CancellationToken,
+}
+
+/// The TLS handshake, within the first header's deadline (a client that stalls in it holds its
+/// slot no longer than one that stalls in its header), then the connection.
+async fn handshake<H, F>(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: TcpStream,
+    at: Place,
+    handler: Arc<H>,
 ) where
     H: Fn(Request<Incoming>, SocketAddr) -> F + Send + Sync + 'static,
     F: Future<Output = Answer> + Send + 'static,
 {
+    let deadline = at.limits.header_timeout;
+    let failed = tokio::select! {
+        biased;
+        _ = at.slot.evict.cancelled() => None,
+        _ = at.closing.cancelled() => None,
+        r = tokio::time::timeout(deadline, acceptor.accept(stream)) => match r {
+            Ok(Ok(tls)) => return connection(tls, at, handler).await,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some(format!("no handshake within {}s", deadline.as_secs_f64())),
+        },
+    };
+    if let Some(error) = failed {
+        handshake_failed(&at.limits, at.slot.peer, &error);
+    }
+    at.conns.remove(at.id);
+}
+
+/// One WARN, then a count per minute: a scanner or a client without the CA must not flood the log.
+fn handshake_failed(limits: &Limits, peer: SocketAddr, error: &str) {
+    let name = limits.name;
+    let first = summary::first(&format!("{name} tls"), 1, SUMMARY_EVERY, || {
+        move |n, _, window| {
+            tracing::warn!(
+                listener = name,
+                repeated = n,
+                "{name}: {n} more TLS handshakes failed in the last {}s",
+                summary::secs(window)
+            )
+        }
+    });
+    if first {
+        tracing::warn!(listener = name, %peer, error, "{name}: TLS handshake failed");
+    }
+}
+
+async fn connection<S, H, F>(stream: S, at: Place, handler: Arc<H>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    H: Fn(Request<Incoming>, SocketAddr) -> F + Send + Sync + 'static,
+    F: Future<Output = Answer> + Send + 'static,
+{
+    let Place {
+        id,
+        slot,
+        conns,
+        limits,
+        closing,
+    } = at;
     let peer = slot.peer;
     let service = {
         let (slot, conns) = (Arc::clone(&slot), Arc::clone(&conns));

@@ -1,10 +1,14 @@
 //! rustls server settings for a listener from its `tls` block: the certificate chain and key
 //! (PEM files), and when a client CA is given, client certificates required and checked against
-//! it (mutual TLS). Errors name the setting and the file. Used by the syslog source's TCP
-//! listener; it knows nothing of what the listener serves.
+//! it (mutual TLS). Errors name the setting and the file. [`ServerTls`] holds what was read where
+//! a reload can replace it: new handshakes take the new certificate, connections already open
+//! keep theirs. Used by the syslog source's TCP listener and by the ingest and admin listeners
+//! (through `net::server`); it knows nothing of what a listener serves.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -73,4 +77,63 @@ pub fn server_config(
         )
     })?;
     Ok(Arc::new(config))
+}
+
+/// The files of a listener's `tls` block (paths as the config resolved them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// A listener's TLS settings, read from [`TlsFiles`], shared by its clones so that the running
+/// listener sees what [`ServerTls::replace_with`] puts in. Equal when the files are: a reload
+/// with the same files reads them again and replaces the settings, other files need a restart.
+#[derive(Clone)]
+pub struct ServerTls {
+    pub files: TlsFiles,
+    current: Arc<ArcSwap<rustls::ServerConfig>>,
+}
+
+impl ServerTls {
+    /// Reads the files now.
+    pub fn load(files: TlsFiles) -> Result<ServerTls, TlsError> {
+        let config = server_config(
+            &files.cert_file,
+            &files.key_file,
+            files.client_ca_file.as_deref(),
+        )?;
+        Ok(ServerTls {
+            files,
+            current: Arc::new(ArcSwap::new(config)),
+        })
+    }
+
+    /// The settings for the next handshake.
+    pub fn config(&self) -> Arc<rustls::ServerConfig> {
+        self.current.load_full()
+    }
+
+    /// Takes the settings `newer` read (the same files, read again by a reload): the listener's
+    /// next handshakes use them.
+    pub fn replace_with(&self, newer: &ServerTls) {
+        self.current.store(newer.config());
+    }
+}
+
+impl PartialEq for ServerTls {
+    fn eq(&self, other: &ServerTls) -> bool {
+        self.files == other.files
+    }
+}
+
+impl Eq for ServerTls {}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
 }

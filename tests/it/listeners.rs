@@ -8,9 +8,11 @@ use crate::tsdb::free_port;
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use tokio_rustls::rustls;
 
 use crate::util::client::{Answer, Client};
 use crate::util::http::{Mode, Receiver};
@@ -462,4 +464,142 @@ fn request_bodies_share_one_memory_budget() {
         "{}",
         f.stderr
     );
+}
+
+/// One HTTPS connection, kept alive across requests.
+struct Https(std::io::BufReader<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>);
+
+impl Https {
+    /// Connects and completes the handshake (a server certificate the client does not trust
+    /// fails here; a client certificate the server refuses, with TLS 1.3, at the first answer).
+    fn connect(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> std::io::Result<Https> {
+        let name = "localhost".try_into().expect("a DNS name");
+        let conn = rustls::ClientConnection::new(config, name).map_err(std::io::Error::other)?;
+        let sock = TcpStream::connect(addr)?;
+        sock.set_read_timeout(Some(secs(10)))?;
+        let mut s = rustls::StreamOwned::new(conn, sock);
+        while s.conn.is_handshaking() {
+            s.conn.complete_io(&mut s.sock)?;
+        }
+        Ok(Https(std::io::BufReader::new(s)))
+    }
+
+    fn request(&mut self, head: &str, body: &str) -> std::io::Result<Answer> {
+        let s = self.0.get_mut();
+        write!(
+            s,
+            "{head}\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )?;
+        s.flush()?;
+        crate::util::client::read_answer(&mut self.0)
+    }
+
+    /// A new connection and one request on it.
+    fn once(
+        addr: SocketAddr,
+        config: &Arc<rustls::ClientConfig>,
+        head: &str,
+        body: &str,
+    ) -> std::io::Result<Answer> {
+        Https::connect(addr, Arc::clone(config))?.request(head, body)
+    }
+}
+
+/// Both listeners with TLS, ingest with client certificates required: clients that trust the CA
+/// (and present a certificate it signed) are served, others refused, and counted in one WARN
+/// each. The certificate is replaced on disk and SIGHUP sent: new connections get the new one,
+/// a connection opened before goes on with the old; nothing stored is lost.
+#[test]
+fn tls_on_ingest_and_admin_and_a_certificate_replaced_by_sighup() {
+    use crate::util::http::{TestPki, client_config};
+    let sb = Sandbox::new();
+    let (one, two) = (sb.file("one"), sb.file("two"));
+    std::fs::create_dir_all(&one).unwrap();
+    std::fs::create_dir_all(&two).unwrap();
+    let (pki, next) = (TestPki::generate(&one), TestPki::generate(&two));
+    std::fs::copy(&pki.server_cert, sb.file("server.pem")).unwrap();
+    std::fs::copy(&pki.server_key, sb.file("server.key")).unwrap();
+    let port = free_port();
+    let config = sb.write_config(&format!(
+        "data_dir: data\n\
+         log: {{ format: json }}\n\
+         admin: {{ listen: \"127.0.0.1:0\", token: admin-secret, tls: {{ cert_file: server.pem, key_file: server.key }} }}\n\
+         ingest: {{ listen: \"127.0.0.1:{port}\", tls: {{ cert_file: server.pem, key_file: server.key, client_ca_file: {ca} }} }}\n\
+         streams:\n  logs: {{}}\n",
+        ca = quote(pki.ca.display().to_string())
+    ));
+    let mut agent = Proc::start(&config);
+    let listening = agent.wait_for_event(secs(10), "admin endpoint listening", |e| {
+        is(e, "admin endpoint listening")
+    });
+    let admin: SocketAddr = field(&listening, "listen").parse().expect("an address");
+    let ingest = SocketAddr::from(([127, 0, 0, 1], port));
+    let metrics = "GET /metrics HTTP/1.1\r\nAuthorization: Bearer admin-secret";
+    let healthz = "GET /healthz HTTP/1.1";
+    let post = format!("POST {} HTTP/1.1\r\nContent-Type: {NDJSON}", path("logs"));
+
+    let trust_one = client_config(&pki.ca, None);
+    let trust_two = client_config(&next.ca, None);
+    let mut kept = Https::connect(admin, Arc::clone(&trust_one)).expect("admin over TLS");
+    let page = expect(kept.request(metrics, ""), 200).text();
+    assert!(page.contains("colibri_"), "{page}");
+    assert!(
+        Https::connect(admin, Arc::clone(&trust_two)).is_err(),
+        "a client of another CA"
+    );
+    let plain = half_closed(admin, format!("{healthz}\r\nHost: x\r\n\r\n").as_bytes());
+    assert!(
+        !plain.starts_with("HTTP/"),
+        "plain HTTP answered: {plain:?}"
+    );
+
+    let with_cert = client_config(&pki.ca, Some((&pki.client_cert, &pki.client_key)));
+    let a = expect(
+        Https::once(ingest, &with_cert, &post, "{\"n\":1}\n{\"n\":2}\n"),
+        200,
+    );
+    assert!(a.text().contains("\"accepted\":2"), "{}", a.text());
+    for (who, config) in [
+        ("no client certificate", Arc::clone(&trust_one)),
+        (
+            "another CA's client certificate",
+            client_config(
+                &pki.ca,
+                Some((&pki.other_client_cert, &pki.other_client_key)),
+            ),
+        ),
+    ] {
+        let r = Https::once(ingest, &config, &post, "{\"n\":0}\n");
+        assert!(r.is_err(), "{who}: {:?}", r.map(|a| a.status));
+    }
+    for listener in ["admin", "ingest"] {
+        agent.wait_for_event(secs(10), "a handshake failure logged", |e| {
+            field(e, "listener") == listener && is(e, &format!("{listener}: TLS handshake failed"))
+        });
+    }
+
+    // The certificate replaced (another CA's), then SIGHUP.
+    std::fs::copy(&next.server_cert, sb.file("server.pem")).unwrap();
+    std::fs::copy(&next.server_key, sb.file("server.key")).unwrap();
+    agent.signal(libc::SIGHUP);
+    for listener in ["admin", "ingest"] {
+        agent.wait_for_event(secs(10), "the certificate read again", |e| {
+            field(e, "listener") == listener && is(e, "certificate read again")
+        });
+    }
+    assert!(
+        Https::connect(admin, Arc::clone(&trust_one)).is_err(),
+        "the old certificate is still served"
+    );
+    expect(Https::once(admin, &trust_two, healthz, ""), 200);
+    expect(kept.request(healthz, ""), 200);
+    let renewed = client_config(&next.ca, Some((&pki.client_cert, &pki.client_key)));
+    expect(Https::once(ingest, &renewed, &post, "{\"n\":3}\n"), 200);
+
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(30)), 0, &agent.stderr());
+    let appended =
+        stream_stats(&queue_stats(&config, &[]), "logs")["counters"]["appended_records"].as_u64();
+    assert_eq!(appended, Some(3), "what was answered 200 is stored");
 }

@@ -323,26 +323,7 @@ fn tls_client(
     pki: &TestPki,
     identity: Option<(&std::path::Path, &std::path::Path)>,
 ) -> Arc<rustls::ClientConfig> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_file(&pki.ca).unwrap())
-        .unwrap();
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
-    Arc::new(match identity {
-        None => builder.with_no_client_auth(),
-        Some((cert, key)) => builder
-            .with_client_auth_cert(
-                vec![CertificateDer::from_pem_file(cert).unwrap()],
-                PrivateKeyDer::from_pem_file(key).unwrap(),
-            )
-            .unwrap(),
-    })
+    crate::util::http::client_config(&pki.ca, identity)
 }
 
 fn tls_post(rx: &Receiver, config: Arc<rustls::ClientConfig>) -> io::Result<Answer> {

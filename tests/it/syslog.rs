@@ -595,31 +595,10 @@ fn tls_send(
     lines: &str,
 ) -> std::io::Result<()> {
     use tokio_rustls::rustls;
-    use tokio_rustls::rustls::pki_types::pem::PemObject;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(ca).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
-    let config = match client {
-        Some((cert, key)) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_file_iter(cert)
-                    .unwrap()
-                    .map(|c| c.unwrap())
-                    .collect(),
-                PrivateKeyDer::from_pem_file(key).unwrap(),
-            )
-            .unwrap(),
-        None => builder.with_no_client_auth(),
-    };
+    use tokio_rustls::rustls::pki_types::ServerName;
+    let config = crate::util::http::client_config(ca, client);
     let name = ServerName::try_from("localhost").unwrap();
-    let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let conn = rustls::ClientConnection::new(config, name).unwrap();
     let sock = TcpStream::connect(("127.0.0.1", port))?;
     sock.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut tls = rustls::StreamOwned::new(conn, sock);

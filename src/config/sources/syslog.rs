@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 #[cfg(feature = "syslog")]
 use std::path::Path;
-use std::path::PathBuf;
 
 use serde::Deserialize;
 
@@ -73,23 +72,7 @@ pub struct SyslogSpec {
     /// TLS on the TCP listener (RFC 5425, syslog over TLS: rsyslog's `gtls`/`ossl` stream drivers
     /// send octet-counted frames). Without it TCP is plain.
     #[serde(default)]
-    pub tls: Option<ListenerTlsSpec>,
-}
-
-/// A listener's certificate, and the CA its clients' certificates must be signed by.
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct ListenerTlsSpec {
-    /// The server's certificate chain (PEM), leaf first. Relative paths are read from the config
-    /// file's directory. Read when the config is checked or loaded (a reload with a changed file
-    /// name reads it again).
-    pub cert_file: PathBuf,
-    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
-    pub key_file: PathBuf,
-    /// When set, a client must present a certificate signed by this CA (PEM bundle): mutual TLS.
-    #[serde(default)]
-    pub client_ca_file: Option<PathBuf>,
+    pub tls: Option<super::super::tls::ListenerTlsSpec>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -165,14 +148,7 @@ pub(super) fn compile(
             err.add("tls", "TLS is for the TCP listener: set `tcp` too".into());
             return None;
         }
-        let ca = t.client_ca_file.map(|c| base.join(c));
-        crate::net::tls_server::server_config(
-            &base.join(&t.cert_file),
-            &base.join(&t.key_file),
-            ca.as_deref(),
-        )
-        .map_err(|e| err.add(&format!("tls.{}", e.field), e.message))
-        .ok()
+        super::super::tls::compile(t, base, err).map(|t| t.config())
     });
     let filter = crate::tail::record::Filter {
         include: super::regexes("include_lines", &spec.include_lines, err),

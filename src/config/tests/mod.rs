@@ -628,3 +628,21 @@ fn task_problem_paths_map_to_tree_paths() {
     assert!(under("sinks.up.url", "sinks.up") && under("tasks[1].x", "tasks") && under("a", ""));
     assert!(!under("sinks.upper", "sinks.up") && !under("tasks", "tasks[1]"));
 }
+
+#[test]
+fn a_listeners_tls_files_are_read_at_load_and_problems_name_the_field_and_file() {
+    let p = problems(
+        "admin: { tls: { cert_file: no.pem, key_file: no.key } }\n\
+         streams: { logs: {} }\n\
+         ingest: { listen: \"127.0.0.1:9465\", tls: { cert_file: /nowhere/c.pem, key_file: k } }\n",
+    );
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert!(
+        p[1].starts_with("admin.tls.cert_file: /etc/colibri/no.pem: "),
+        "{p:?}"
+    );
+    assert!(
+        p[0].starts_with("ingest.tls.cert_file: /nowhere/c.pem: "),
+        "{p:?}"
+    );
+}

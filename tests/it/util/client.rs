@@ -189,7 +189,8 @@ fn bad(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
 }
 
-fn read_answer(r: &mut BufReader<TcpStream>) -> io::Result<Answer> {
+/// Reads one answer from any connection (a TLS one too).
+pub fn read_answer(r: &mut impl BufRead) -> io::Result<Answer> {
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {
         return Err(io::Error::new(

@@ -19,6 +19,7 @@
 
 #![allow(
     dead_code,
+    unused_imports,
     reason = "shared by several test and bench binaries; each uses its own part"
 )]
 
@@ -27,7 +28,7 @@ mod pki;
 mod server;
 
 use cut::CutIo;
-pub use pki::TestPki;
+pub use pki::{TestPki, client_config};
 use server::*;
 
 use std::net::SocketAddr;
