@@ -71,6 +71,11 @@ impl Framer {
         result
     }
 
+    /// The connection was cut: what is left is not a message.
+    pub fn discard(&mut self) {
+        self.buf.clear();
+    }
+
     /// The connection ended: a last newline-framed message without its newline is still a
     /// message. Returns whether an octet-counted message was cut short by the end (lost).
     pub fn finish(&mut self, mut on_message: impl FnMut(&[u8], bool)) -> bool {

@@ -179,8 +179,9 @@ fn tls_failed(shared: &Shared, peer: SocketAddr, error: &str) {
 enum End {
     /// The sender closed it.
     Eof,
-    /// Silent past `idle_timeout`, failed, or colibri stops (after what was there was read).
-    Closed,
+    /// Silent past `idle_timeout`, failed, or colibri stops (after what was there was read):
+    /// a message without its end is a cut one.
+    Cut,
     /// The sender broke the framing: what is left is not a message.
     Framing,
 }
@@ -188,7 +189,8 @@ enum End {
 /// Reads one connection until it ends, breaks the framing, idles past `idle_timeout`, or colibri
 /// stops; at the stop it reads on what is already there for [`STOP_WAIT`] at most, while the
 /// budget has room, so a graceful stop loses no more than the kernel still held (nothing, unless
-/// the stream is full). A last message without its newline is kept.
+/// the stream is full). A last message without its newline is kept when the sender closed the
+/// connection, and dropped when colibri or the network cut it (it is not the sender's whole message).
 async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     mut sock: S,
     peer: SocketAddr,
@@ -213,7 +215,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                     Ok(r) => r,
                     Err(_) => {
                         tracing::debug!(source = %name, %peer, "syslog connection idle: closed");
-                        break End::Closed;
+                        break End::Cut;
                     }
                 },
             },
@@ -221,7 +223,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                 // Only while the budget has room: with the stream full, what the kernel holds is
                 // left unread (memory stays bounded; the sender sees the connection reset).
                 if shared.budget.available_permits() < DRAIN_ROOM {
-                    break End::Closed;
+                    break End::Cut;
                 }
                 let left = until
                     .saturating_duration_since(Instant::now())
@@ -229,7 +231,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                 match tokio::time::timeout(left, sock.read(&mut buf)).await {
                     Ok(r) => r,
                     // Nothing more is there (or the stop's time is up).
-                    Err(_) => break End::Closed,
+                    Err(_) => break End::Cut,
                 }
             }
         };
@@ -238,7 +240,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(n) => n,
             Err(e) => {
                 tracing::debug!(source = %name, %peer, error = %e, "syslog connection failed");
-                break End::Closed;
+                break End::Cut;
             }
         };
         shared.stats.bytes.fetch_add(n as u64, Relaxed);
@@ -255,7 +257,11 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
             break End::Framing;
         }
     };
-    if end != End::Framing {
+    if end == End::Cut {
+        // colibri stopped reading (a stop or reload) or the connection broke: a message without
+        // its end is a cut one, not the sender's last, and is not stored.
+        framer.discard();
+    } else if end != End::Framing {
         let mut chunk = Read::new();
         if framer.finish(|m, cut| chunk.message(shared, m, cut, &peer_json)) {
             shared.stats.framing_errors.fetch_add(1, Relaxed);
