@@ -42,6 +42,16 @@ pub(super) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(1024)
 }
 
+/// The port held, bound but not listening, while the receiver refuses: connections are refused
+/// (RST) as with nothing there, and the kernel cannot give the port to another socket meanwhile (a
+/// colibri admin endpoint on port 0 once took it, and its sink posted to itself).
+fn hold(addr: SocketAddr) -> io::Result<TcpSocket> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    Ok(socket)
+}
+
 pub(super) async fn rebind(addr: SocketAddr) -> Result<TcpListener, String> {
     let deadline = Instant::now() + REBIND_LIMIT;
     loop {
@@ -77,6 +87,7 @@ pub(super) async fn supervise(
         mode: mode_rx,
     };
     let mut listener = Some(listener);
+    let mut held: Option<TcpSocket> = None;
     let mut conns = JoinSet::new();
     loop {
         tokio::select! {
@@ -89,12 +100,20 @@ pub(super) async fn supervise(
                         *m = mode;
                     });
                     let result = if mode == Mode::Refuse {
-                        listener = None;
+                        if listener.take().is_some() {
+                            held = hold(addr).ok();
+                        }
                         conns.abort_all();
                         while conns.join_next().await.is_some() {}
                         Ok(())
                     } else if listener.is_none() {
-                        rebind(addr).await.map(|l| listener = Some(l))
+                        match held.take().map(|h| h.listen(1024)) {
+                            Some(Ok(l)) => {
+                                listener = Some(l);
+                                Ok(())
+                            }
+                            _ => rebind(addr).await.map(|l| listener = Some(l)),
+                        }
                     } else {
                         Ok(())
                     };
