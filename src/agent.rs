@@ -104,6 +104,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         reload_tx,
         task_stats,
         source_stats,
+        tasks.clone(),
     ));
     let admin_stop = CancellationToken::new();
     let admin = match &config.admin {

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
 
@@ -46,6 +46,20 @@ pub enum Change {
     /// Add a task, or replace the one with the same name (re-planned; a run in progress finishes).
     Upsert(Arc<TaskDef>),
     Remove(String),
+    /// Run the task now, outside its schedule (`colibri task run`): answered as soon as the run is
+    /// started (it then waits for a worker like any other) or refused.
+    RunNow {
+        name: String,
+        reply: oneshot::Sender<Result<(), RunRefused>>,
+    },
+}
+
+/// Why a run asked for now did not start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunRefused {
+    NoSuchTask,
+    /// Runs of one task never overlap.
+    AlreadyRunning,
 }
 
 /// Sends changes to a running scheduler.
@@ -152,8 +166,13 @@ impl Plan {
                 i
             }
         };
-        if let Some((mono, wall)) = first_fire(&def.schedule, now, at_start) {
-            self.push(slot, mono, wall);
+        match first_fire(&def.schedule, now, at_start) {
+            Some((mono, wall)) => self.push(slot, mono, wall),
+            None => {
+                if let Some(s) = &self.slots[slot] {
+                    s.stats.next_ms.store(0, Ordering::Relaxed);
+                }
+            }
         }
     }
 
@@ -174,7 +193,28 @@ impl Plan {
         self.slots[i].as_ref().map(|s| Arc::clone(&s.stats))
     }
 
+    /// The occurrence of `name` asked for now, unless it is running.
+    pub fn fire_now(&self, name: &str, now: Now) -> Result<Fire, RunRefused> {
+        let slot = *self.by_name.get(name).ok_or(RunRefused::NoSuchTask)?;
+        let s = self.slots[slot].as_ref().ok_or(RunRefused::NoSuchTask)?;
+        if s.running {
+            return Err(RunRefused::AlreadyRunning);
+        }
+        Ok(Fire {
+            slot,
+            def: Arc::clone(&s.def),
+            stats: Arc::clone(&s.stats),
+            due_mono: now.mono,
+            due_wall: now.wall,
+        })
+    }
+
     fn push(&mut self, slot: usize, mono: Instant, wall: DateTime<Utc>) {
+        if let Some(s) = &self.slots[slot] {
+            s.stats
+                .next_ms
+                .store(crate::task::unix_ms(wall), Ordering::Relaxed);
+        }
         let generation = self.slots[slot].as_ref().map_or(0, |s| s.generation);
         self.seq += 1;
         self.heap.push(Reverse(Entry {
@@ -218,8 +258,9 @@ impl Plan {
             let Reverse(e) = self.heap.pop().expect("peeked");
             let s = self.slots[e.slot].as_ref().expect("not stale");
             let (def, stats) = (Arc::clone(&s.def), Arc::clone(&s.stats));
-            if let Some((mono, wall)) = following_fire(&def.schedule, e.mono, e.wall, now) {
-                self.push(e.slot, mono, wall);
+            match following_fire(&def.schedule, e.mono, e.wall, now) {
+                Some((mono, wall)) => self.push(e.slot, mono, wall),
+                None => stats.next_ms.store(0, Ordering::Relaxed),
             }
             return Some(Fire {
                 slot: e.slot,
@@ -437,6 +478,13 @@ impl Scheduler {
                 if self.plan.remove(&name) {
                     tracing::info!(task = %name, "task removed");
                 }
+            }
+            Some(Change::RunNow { name, reply }) => {
+                let started = self.plan.fire_now(&name, now).map(|fire| {
+                    tracing::info!(task = %name, "run asked for now (outside the schedule)");
+                    self.fire(fire);
+                });
+                let _ = reply.send(started);
             }
         }
     }

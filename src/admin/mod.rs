@@ -2,7 +2,8 @@
 //! text), `GET /healthz` (the process answers), `GET /readyz` (the store is open and the scheduler
 //! runs; 503 with the reason otherwise), `POST /-/reload` (the same all-or-nothing reload as
 //! SIGHUP; the answer says what happened). A non-loopback address is refused at load unless
-//! `allow_remote: true` and a token; with a token, `/metrics` and `/-/reload` need it (Bearer).
+//! `allow_remote: true` and a token; with a token, everything but `/healthz` and `/readyz` needs
+//! it (Bearer). `GET /-/tasks` and `POST /-/tasks/{name}/run` are [`tasks`]'.
 //!
 //! This file owns the routes, the bearer token check and the listener's settings (its connections
 //! are `crate::net::server`'s). What the endpoint reads is [`state`]'s [`AgentState`]; the page of
@@ -11,6 +12,7 @@
 
 mod render;
 mod state;
+mod tasks;
 
 pub use render::render;
 pub use state::{AgentState, Live, ReloadReport, ReloadRequest, ReloadResult};
@@ -100,6 +102,15 @@ fn text(status: StatusCode, body: String) -> Response<Full<bytes::Bytes>> {
     r
 }
 
+fn json(status: StatusCode, body: String) -> Response<Full<bytes::Bytes>> {
+    let mut r = text(status, body);
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
 async fn handle(
     req: Request<Incoming>,
     state: &AgentState,
@@ -107,14 +118,20 @@ async fn handle(
     peer: SocketAddr,
 ) -> Response<Full<bytes::Bytes>> {
     let path = req.uri().path().to_string();
+    let run_task = path
+        .strip_prefix("/-/tasks/")
+        .and_then(|p| p.strip_suffix("/run"))
+        .filter(|name| !name.is_empty() && !name.contains('/'))
+        .map(str::to_string);
     let allowed = match path.as_str() {
-        "/metrics" | "/healthz" | "/readyz" => Method::GET,
+        "/metrics" | "/healthz" | "/readyz" | "/-/tasks" => Method::GET,
         "/-/reload" => Method::POST,
+        _ if run_task.is_some() => Method::POST,
         _ => {
             return text(
                 StatusCode::NOT_FOUND,
                 format!(
-                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz; POST /-/reload)\n"
+                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz, /-/tasks; POST /-/reload, /-/tasks/NAME/run)\n"
                 ),
             );
         }
@@ -134,7 +151,8 @@ async fn handle(
         );
         return r;
     }
-    let guarded = matches!(path.as_str(), "/metrics" | "/-/reload");
+    // Everything but the probes: what colibri holds, and what changes it.
+    let guarded = !matches!(path.as_str(), "/healthz" | "/readyz");
     if guarded && let Some(token) = &config.token {
         let given = req
             .headers()
@@ -153,8 +171,13 @@ async fn handle(
             return r;
         }
     }
+    if let Some(name) = run_task {
+        let (status, body) = tasks::run(state, &name).await;
+        return json(status, body);
+    }
     match path.as_str() {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/-/tasks" => json(StatusCode::OK, tasks::list(state)),
         "/readyz" => match state.not_ready(STORE_ANSWER).await {
             None => text(StatusCode::OK, "ready\n".into()),
             Some(why) => text(

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::Config;
 use crate::delivery::SinkRuntime;
 use crate::metrics::Registry;
+use crate::scheduler::SchedulerHandle;
 use crate::source::SourceStats;
 use crate::store::writer::StoreHandle;
 use crate::task::TaskStats;
@@ -61,6 +62,8 @@ pub struct AgentState {
     /// builds a task or a source).
     pub task_stats: Arc<Registry<TaskStats>>,
     pub source_stats: Arc<SourceStats>,
+    /// Where a run asked for now goes.
+    pub scheduler: SchedulerHandle,
 }
 
 impl AgentState {
@@ -71,6 +74,7 @@ impl AgentState {
         reloads: mpsc::Sender<ReloadRequest>,
         task_stats: Arc<Registry<TaskStats>>,
         source_stats: Arc<SourceStats>,
+        scheduler: SchedulerHandle,
     ) -> AgentState {
         let now = unix_s(SystemTime::now());
         AgentState {
@@ -86,6 +90,7 @@ impl AgentState {
             reloads,
             task_stats,
             source_stats,
+            scheduler,
         }
     }
 

@@ -1,9 +1,11 @@
-//! The command line: `run`, `check`, `queue ...`, `schema` and `version`, their help text, and exit
+//! The command line: `run`, `check`, `queue ...`, `task ...`, `schema` and `version`, their help text, and exit
 //! codes (0 ok, 1 a bad config or a failure at run time, 2 a usage error). It loads the config,
 //! installs logging and the runtime, and hands over to `agent` (or to `queue` for the operator's
 //! commands); it does not validate anything itself.
 
+mod admin_client;
 mod queue;
+mod task;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -44,6 +46,9 @@ enum Command {
     /// Inspect and repair the stream queues: stats, peek, push, dead-letter replay and purge
     #[command(subcommand)]
     Queue(queue::QueueCommand),
+    /// The running agent's tasks: list them with their last and next runs, or run one now
+    #[command(subcommand)]
+    Task(task::TaskCommand),
     /// Print the JSON Schema of the config file, for editors and CI
     Schema,
     /// Print the version
@@ -80,6 +85,7 @@ pub fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Queue(cmd) => queue::main(cmd),
+        Command::Task(cmd) => task::main(cmd),
         // `check` validates the file without running it: an unset variable (a secret that only
         // the unit's environment file holds) is a warning here, and `run` refuses it.
         Command::Check(args) => {
@@ -102,6 +108,21 @@ pub fn main() -> ExitCode {
             // included) are in the log file before the process ends.
             crate::logging::flush();
             code
+        }
+    }
+}
+
+/// The file, for a command that does not run it: an unset variable elsewhere than in the
+/// settings it `needed` (a sink's token, say, for `queue`) is a warning, not an error.
+fn load_needing(arg: &ConfigArg, needed: &'static [&'static str]) -> anyhow::Result<Config> {
+    match config::load_with(&arg.config, Unset::Warn { needed }) {
+        Ok(c) => {
+            print_warnings(&c.warnings);
+            Ok(c)
+        }
+        Err(e) => {
+            print_warnings(e.warnings());
+            Err(e.into())
         }
     }
 }

@@ -15,7 +15,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 
 use crate::clock;
-use crate::config::{self, Config, Unset};
+use crate::config::{self, Config};
 use crate::ingest::body;
 use crate::sink::RecordFormat;
 use crate::store::{self, OpenOptions, RecordBuf, Store, StoreError};
@@ -164,24 +164,8 @@ pub fn main(cmd: QueueCommand) -> ExitCode {
 #[error("{0}")]
 struct Usage(String);
 
-/// The file, for a command that does not run it: an unset variable elsewhere than in the
-/// settings of the store (a sink's token, say) is a warning, not an error.
 fn load(arg: &super::ConfigArg) -> anyhow::Result<Config> {
-    match config::load_with(
-        &arg.config,
-        Unset::Warn {
-            needed: config::QUEUE_NEEDS,
-        },
-    ) {
-        Ok(c) => {
-            super::print_warnings(&c.warnings);
-            Ok(c)
-        }
-        Err(e) => {
-            super::print_warnings(e.warnings());
-            Err(e.into())
-        }
-    }
+    super::load_needing(arg, config::QUEUE_NEEDS)
 }
 
 /// How a command uses the store.

@@ -12,6 +12,12 @@ impl Token {
         Token(token)
     }
 
+    /// The token itself, to send it (`colibri task` and the other commands that ask a running
+    /// agent); never for a log.
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+
     /// Whether `given` is the token, in time that depends on the token's length only.
     pub fn matches(&self, given: &[u8]) -> bool {
         let want = self.0.as_bytes();

@@ -11,7 +11,7 @@ pub mod modbus;
 pub mod scrape;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -100,6 +100,28 @@ pub struct TaskStats {
     pub retries: AtomicU64,
     /// Whole runs, retries included.
     pub duration: crate::metrics::Histogram,
+    /// Runs holding a worker now (0 or 1: runs of one task never overlap).
+    pub running: AtomicU64,
+    /// The last run that ended: when it began (Unix ms, 0 when none), how long it took and how it
+    /// ended ([`Outcome::code`]); written before the outcome's counter, so whoever sees the count
+    /// grow sees this run here.
+    pub last_start_ms: AtomicU64,
+    pub last_duration_ms: AtomicU64,
+    pub last_outcome: AtomicU8,
+    /// When the last successful run ended (Unix ms, 0 when none).
+    pub last_success_ms: AtomicU64,
+    /// When the task is due next (Unix ms, 0 when it is not planned again): the scheduler's.
+    pub next_ms: AtomicU64,
+}
+
+impl TaskStats {
+    /// Runs that ended, whatever their outcome.
+    pub fn ended(&self) -> u64 {
+        [&self.ok, &self.failed, &self.timeouts, &self.cancelled]
+            .iter()
+            .map(|c| c.load(Ordering::Acquire))
+            .sum()
+    }
 }
 
 impl Default for TaskStats {
@@ -112,6 +134,12 @@ impl Default for TaskStats {
             skipped: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             duration: crate::metrics::Histogram::new(crate::metrics::TASK_BUCKETS),
+            running: AtomicU64::new(0),
+            last_start_ms: AtomicU64::new(0),
+            last_duration_ms: AtomicU64::new(0),
+            last_outcome: AtomicU8::new(0),
+            last_success_ms: AtomicU64::new(0),
+            next_ms: AtomicU64::new(0),
         }
     }
 }
@@ -136,6 +164,32 @@ impl Outcome {
             Outcome::Cancelled => "cancelled",
         }
     }
+
+    /// Its number in [`TaskStats::last_outcome`] (0 is "no run yet").
+    pub fn code(&self) -> u8 {
+        match self {
+            Outcome::Ok => 1,
+            Outcome::Failed(_) => 2,
+            Outcome::TimedOut => 3,
+            Outcome::Cancelled => 4,
+        }
+    }
+
+    /// The label of a [`TaskStats::last_outcome`] number; `None` for 0.
+    pub fn label_of(code: u8) -> Option<&'static str> {
+        Some(match code {
+            1 => "ok",
+            2 => "failed",
+            3 => "timeout",
+            4 => "cancelled",
+            _ => return None,
+        })
+    }
+}
+
+/// Unix milliseconds of a wall time (0 before 1970).
+pub fn unix_ms(t: DateTime<Utc>) -> u64 {
+    u64::try_from(t.timestamp_millis()).unwrap_or(0)
 }
 
 /// What the handler reports about one attempt.
@@ -245,6 +299,8 @@ pub async fn run(
     late: Duration,
 ) {
     let started = Instant::now();
+    let started_wall = Utc::now();
+    stats.running.fetch_add(1, Ordering::Relaxed);
     let mut attempt_no: u32 = 0;
     let last = loop {
         let attempt = match &def.action {
@@ -277,6 +333,19 @@ pub async fn run(
     };
     stats.duration.observe(started.elapsed());
     let duration_ms = started.elapsed().as_millis() as u64;
+    stats.running.fetch_sub(1, Ordering::Relaxed);
+    stats
+        .last_start_ms
+        .store(unix_ms(started_wall), Ordering::Relaxed);
+    stats.last_duration_ms.store(duration_ms, Ordering::Relaxed);
+    stats
+        .last_outcome
+        .store(last.outcome.code(), Ordering::Relaxed);
+    if last.outcome == Outcome::Ok {
+        stats
+            .last_success_ms
+            .store(unix_ms(Utc::now()), Ordering::Relaxed);
+    }
     let late_ms = late.as_millis() as u64;
     let attempts = attempt_no + 1;
     let exit = last.exit.as_deref();
@@ -288,14 +357,14 @@ pub async fn run(
     let records = last.records;
     match &last.outcome {
         Outcome::Ok => {
-            stats.ok.fetch_add(1, Ordering::Relaxed);
+            stats.ok.fetch_add(1, Ordering::Release);
             tracing::info!(
                 task = %def.name, outcome = "ok", duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting, records,
                 stdout = output(&last.stdout), stderr = output(&last.stderr), "task run finished"
             );
         }
         Outcome::Cancelled => {
-            stats.cancelled.fetch_add(1, Ordering::Relaxed);
+            stats.cancelled.fetch_add(1, Ordering::Release);
             tracing::warn!(
                 task = %def.name, outcome = "cancelled", duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting, records,
                 stdout = output(&last.stdout), stderr = output(&last.stderr), "task run cancelled by shutdown"
@@ -303,9 +372,9 @@ pub async fn run(
         }
         Outcome::Failed(_) | Outcome::TimedOut => {
             if last.outcome == Outcome::TimedOut {
-                stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                stats.timeouts.fetch_add(1, Ordering::Release);
             } else {
-                stats.failed.fetch_add(1, Ordering::Relaxed);
+                stats.failed.fetch_add(1, Ordering::Release);
             }
             tracing::error!(
                 task = %def.name, outcome = last.outcome.label(), reason = failure_reason(&last),

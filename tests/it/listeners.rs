@@ -594,6 +594,21 @@ fn tls_on_ingest_and_admin_and_a_certificate_replaced_by_sighup() {
     );
     expect(Https::once(admin, &trust_two, healthz, ""), 200);
     expect(kept.request(healthz, ""), 200);
+    // The operator's commands reach it over HTTPS with the CA (and the token) too.
+    let mut cmd = colibri();
+    cmd.args([
+        "task",
+        "list",
+        "--admin",
+        &format!("https://{admin}"),
+        "--ca",
+    ])
+    .arg(&next.ca)
+    .arg("--config")
+    .arg(&config);
+    let listed = finish(cmd, secs(30));
+    assert_code(listed.status, 0, &listed.stderr);
+    assert!(listed.stdout.contains("(no tasks)"), "{}", listed.stdout);
     let renewed = client_config(&next.ca, Some((&pki.client_cert, &pki.client_key)));
     expect(Https::once(ingest, &renewed, &post, "{\"n\":3}\n"), 200);
 

@@ -16,6 +16,7 @@ mod ingest;
 mod layers;
 mod link;
 mod listeners;
+mod live;
 mod log_file;
 mod log_summary;
 mod man;

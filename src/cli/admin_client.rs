@@ -1,0 +1,182 @@
+//! How the operator's commands reach a running agent: its admin endpoint, at the address, with the
+//! token and (for HTTPS) the certificate of the config's `admin:` section, or at `--admin URL`.
+//! Requests are blocking for the command (a small runtime of their own). A connection refused or
+//! no answer is [`AdminError::NotRunning`], so a command can fall back to the store; an answer is
+//! the caller's to read. Used by `cli::task`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+
+use crate::config::Config;
+
+/// Every request: a local agent answers at once; a busy one within this.
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the running agent's admin endpoint is, beyond what the config says.
+#[derive(Debug, Args, Default)]
+pub struct AdminArgs {
+    /// The admin endpoint's URL (default: from `admin.listen`, with https when `admin.tls` is set)
+    #[arg(long, value_name = "URL")]
+    pub admin: Option<String>,
+    /// For HTTPS: trust this CA bundle (PEM; default: the certificates of `admin.tls.cert_file`)
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// For mutual TLS: the client certificate (PEM) to present, with --key
+    #[arg(long, value_name = "FILE", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// The client certificate's key (PEM)
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    pub key: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// Nothing answers at the address: the agent is not running (or listens elsewhere).
+    #[error("no agent answers at {0}")]
+    NotRunning(String),
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+/// An answer: its status and body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub body: String,
+}
+
+pub struct AdminClient {
+    base: String,
+    token: Option<String>,
+    client: reqwest::Client,
+    rt: tokio::runtime::Runtime,
+}
+
+impl AdminClient {
+    pub fn new(config: &Config, args: &AdminArgs) -> anyhow::Result<AdminClient> {
+        let admin = config.admin.as_ref();
+        let base = match (&args.admin, admin) {
+            (Some(url), _) => url.trim_end_matches('/').to_string(),
+            (None, None) => anyhow::bail!(
+                "{}: admin.enabled is false, so a running agent cannot be asked: pass --admin URL",
+                config.source.display()
+            ),
+            (None, Some(a)) => {
+                if a.listen.port() == 0 {
+                    anyhow::bail!(
+                        "{}: admin.listen has port 0 (chosen at start): pass --admin URL",
+                        config.source.display()
+                    );
+                }
+                let mut addr = a.listen;
+                // An agent listening on every address answers on loopback.
+                if addr.ip().is_unspecified() {
+                    addr.set_ip(if addr.is_ipv4() {
+                        std::net::Ipv4Addr::LOCALHOST.into()
+                    } else {
+                        std::net::Ipv6Addr::LOCALHOST.into()
+                    });
+                }
+                let scheme = if a.tls.is_some() { "https" } else { "http" };
+                format!("{scheme}://{addr}")
+            }
+        };
+        let mut builder = crate::net::client::builder().timeout(TIMEOUT);
+        if base.starts_with("https://") {
+            let ca = args.ca.clone().or_else(|| {
+                admin
+                    .and_then(|a| a.tls.as_ref())
+                    .map(|t| t.files.cert_file.clone())
+            });
+            builder = builder.use_preconfigured_tls(tls(ca, args)?);
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start a runtime")?;
+        Ok(AdminClient {
+            base,
+            token: admin
+                .and_then(|a| a.token.as_ref())
+                .map(|t| t.secret().to_string()),
+            client: builder.build().context("cannot build an HTTP client")?,
+            rt,
+        })
+    }
+
+    pub fn get(&self, path: &str) -> Result<Answer, AdminError> {
+        self.send(self.client.get(self.url(path)))
+    }
+
+    pub fn post(&self, path: &str, body: String) -> Result<Answer, AdminError> {
+        self.send(self.client.post(self.url(path)).body(body))
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn send(&self, mut req: reqwest::RequestBuilder) -> Result<Answer, AdminError> {
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        self.rt.block_on(async {
+            let answer = req.send().await.map_err(|e| {
+                if e.is_connect() || e.is_timeout() {
+                    AdminError::NotRunning(self.base.clone())
+                } else {
+                    AdminError::Other(anyhow::anyhow!(
+                        "{}: {}",
+                        self.base,
+                        crate::net::client::chain(&e)
+                    ))
+                }
+            })?;
+            let status = answer.status().as_u16();
+            let body = answer
+                .text()
+                .await
+                .with_context(|| format!("{}: the answer broke off", self.base))?;
+            if status == 401 {
+                return Err(AdminError::Other(anyhow::anyhow!(
+                    "{}: refused (401): admin.token in the config is not the running agent's",
+                    self.base
+                )));
+            }
+            Ok(Answer { status, body })
+        })
+    }
+}
+
+/// rustls settings trusting `ca` (PEM certificates) and presenting `--cert`/`--key`.
+fn tls(ca: Option<PathBuf>, args: &AdminArgs) -> anyhow::Result<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let ca = ca.context("the admin endpoint serves https: pass --ca FILE")?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in
+        CertificateDer::pem_file_iter(&ca).with_context(|| format!("--ca {}", ca.display()))?
+    {
+        let cert = cert.with_context(|| format!("--ca {}", ca.display()))?;
+        roots
+            .add(cert)
+            .with_context(|| format!("--ca {}: not a usable certificate", ca.display()))?;
+    }
+    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+    Ok(match (&args.cert, &args.key) {
+        (Some(cert), Some(key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .and_then(|c| c.collect::<Result<Vec<_>, _>>())
+                .with_context(|| format!("--cert {}", cert.display()))?;
+            let key = PrivateKeyDer::from_pem_file(key)
+                .with_context(|| format!("--key {}", key.display()))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .context("--cert and --key do not go together")?
+        }
+        _ => builder.with_no_client_auth(),
+    })
+}
