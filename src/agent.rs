@@ -102,9 +102,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         parts.runtimes(),
         store_handle.clone(),
         reload_tx,
-        task_stats,
-        source_stats,
         tasks.clone(),
+        crate::admin::Counters {
+            tasks: task_stats,
+            sources: source_stats,
+            ingest: parts.ingest.as_ref().map(crate::ingest::Running::stats),
+        },
     ));
     let admin_stop = CancellationToken::new();
     let admin = match &config.admin {
@@ -328,6 +331,9 @@ impl Agent {
                 changes.push(format!("{listener}.tls: certificate read again"));
             }
         }
+        self.state
+            .restart_pending
+            .store(!plan.needs_restart.is_empty(), Relaxed);
         for key in &plan.needs_restart {
             tracing::warn!(setting = %key, "changed in the file, needs restart: the running value stays until then");
             changes.push(format!("{key}: needs restart (the running value stays)"));

@@ -15,7 +15,7 @@ mod state;
 mod tasks;
 
 pub use render::render;
-pub use state::{AgentState, Live, ReloadReport, ReloadRequest, ReloadResult};
+pub use state::{AgentState, Counters, Live, ReloadReport, ReloadRequest, ReloadResult};
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! The page of `GET /metrics`: every counter colibri keeps (the process, the config's
-//! generation, tasks, streams through a store snapshot, sinks, the store writer, tail sources)
+//! generation, tasks and the worker pool, streams through a store snapshot, sinks, the store
+//! writer and its refused appends, the ingest API, the sources)
 //! written in the Prometheus text format of `crate::metrics`. Most families have one sample per
 //! task, stream, sink or source; they are written through [`Items`], so a family is one row of a
 //! table and adding a counter is adding a row.
@@ -39,6 +40,7 @@ pub async fn render(state: &AgentState) -> String {
     process_metrics(&mut t, state.started);
     config_metrics(&mut t, state, &live.config);
     task_metrics(&mut t, &state.task_stats.all());
+    worker_metrics(&mut t, &state.task_stats.all(), &live.config);
     let snap = match &state.store {
         Some(s) => tokio::time::timeout(STORE_ANSWER, s.snapshot())
             .await
@@ -52,6 +54,10 @@ pub async fn render(state: &AgentState) -> String {
     sink_metrics(&mut t, &live.sinks, snap.as_ref());
     if let Some(store) = &state.store {
         store_metrics(&mut t, store, snap.as_ref(), &live.config);
+        refused_metrics(&mut t, store);
+    }
+    if let Some(ingest) = &state.ingest {
+        ingest_metrics(&mut t, ingest);
     }
     source_metrics(&mut t, &state.source_stats.tail.all());
     #[cfg(feature = "syslog")]
@@ -198,6 +204,12 @@ fn config_metrics(t: &mut Text, state: &AgentState, config: &Config) {
         "When a reload was last refused, Unix seconds (0: never).",
         state.last_failure_s.load(Relaxed) as f64,
     );
+    t.single(
+        "colibri_config_restart_pending",
+        Kind::Gauge,
+        "Whether the file changed settings that only a restart applies (1) since the last reload.",
+        f64::from(u8::from(state.restart_pending.load(Relaxed))),
+    );
     t.family(
         "colibri_config_info",
         Kind::Gauge,
@@ -245,6 +257,73 @@ fn task_metrics(t: &mut Text, stats: &[(String, Arc<TaskStats>)]) {
         "colibri_task_duration_seconds",
         "How long task runs took, retries included.",
         |s| &s.duration,
+    );
+    tasks.families(
+        t,
+        Kind::Gauge,
+        &[(
+            "colibri_task_running",
+            "Runs of the task holding a worker now (0 or 1).",
+            |s| s.running.load(Relaxed),
+        )],
+    );
+    tasks.family_f64(
+        t,
+        "colibri_task_last_success_timestamp_seconds",
+        Kind::Gauge,
+        "When the task's last successful run ended, Unix seconds (0: none since colibri started).",
+        |s| s.last_success_ms.load(Relaxed) as f64 / 1000.0,
+    );
+}
+
+/// The worker pool (`workers`) and how much of it runs tasks now: what the pool is sized by.
+/// Scrape tasks (`http_scrape`, `modbus`) also say whether their last run reached the target and
+/// how many samples it stored, as Prometheus says of its own targets.
+fn worker_metrics(t: &mut Text, stats: &[(String, Arc<TaskStats>)], config: &Config) {
+    t.single(
+        "colibri_workers",
+        Kind::Gauge,
+        "Task runs that may hold a worker at once (`workers`).",
+        config.workers as f64,
+    );
+    t.single(
+        "colibri_workers_busy",
+        Kind::Gauge,
+        "Task runs holding a worker now.",
+        stats
+            .iter()
+            .map(|(_, s)| s.running.load(Relaxed))
+            .sum::<u64>() as f64,
+    );
+    let scrapes = Items {
+        label: "task",
+        items: stats
+            .iter()
+            .filter(|(name, s)| {
+                s.last_outcome.load(Relaxed) != 0
+                    && config
+                        .tasks
+                        .iter()
+                        .any(|d| &d.name == name && d.action.is_scrape())
+            })
+            .map(|(n, s)| (n.as_str(), &**s))
+            .collect(),
+    };
+    scrapes.families(
+        t,
+        Kind::Gauge,
+        &[
+            (
+                "colibri_scrape_up",
+                "Whether the scrape task's last run reached its target and stored what it read (1) or not (0).",
+                |s| u64::from(s.last_outcome.load(Relaxed) == 1),
+            ),
+            (
+                "colibri_scrape_samples_scraped",
+                "Samples (records) the scrape task's last run stored.",
+                |s| s.last_records.load(Relaxed),
+            ),
+        ],
     );
 }
 
@@ -454,6 +533,38 @@ fn sink_metrics(t: &mut Text, sinks: &[Arc<SinkRuntime>], snap: Option<&Snapshot
         "Records waiting in streams whose backlog is being replayed (after an outage or at start).",
         |rt| snap.map_or(0, |s| rt.replay_backlog(s)),
     );
+}
+
+/// Appends refused for want of room, by stream and the bound that is reached.
+fn refused_metrics(t: &mut Text, store: &StoreHandle) {
+    t.family(
+        "colibri_stream_appends_refused_total",
+        Kind::Counter,
+        "Appends answered \"full\" (nothing stored; a producer under `block` tries again, and each answer counts) or refused by drop_newest, by reason: max_jobs, max_bytes, storage_max_bytes, min_free.",
+    );
+    for (stream, reason, n) in store.stats().refused() {
+        t.sample(
+            "colibri_stream_appends_refused_total",
+            &[("stream", &stream), ("reason", reason.label())],
+            n as f64,
+        );
+    }
+}
+
+/// The ingest API's answers by stream and status code.
+fn ingest_metrics(t: &mut Text, ingest: &crate::ingest::IngestStats) {
+    t.family(
+        "colibri_ingest_requests_total",
+        Kind::Counter,
+        "Ingest API requests by stream (\"\" when the path names none of the file's) and status code.",
+    );
+    for (stream, status, n) in ingest.all() {
+        t.sample(
+            "colibri_ingest_requests_total",
+            &[("stream", &stream), ("code", &status.to_string())],
+            n as f64,
+        );
+    }
 }
 
 fn store_metrics(t: &mut Text, store: &StoreHandle, snap: Option<&Snapshot>, config: &Config) {

@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Config;
 use crate::delivery::SinkRuntime;
+use crate::ingest::IngestStats;
 use crate::metrics::Registry;
 use crate::scheduler::SchedulerHandle;
 use crate::source::SourceStats;
@@ -50,6 +51,8 @@ pub struct AgentState {
     /// 1 for the config colibri started with, +1 per successful reload.
     pub generation: AtomicU64,
     pub last_reload_ok: AtomicBool,
+    /// The last applied reload left settings that need a restart.
+    pub restart_pending: AtomicBool,
     /// Unix seconds of the last successful (or the start) and failed reload; 0 when none.
     pub last_success_s: AtomicU64,
     pub last_failure_s: AtomicU64,
@@ -64,6 +67,15 @@ pub struct AgentState {
     pub source_stats: Arc<SourceStats>,
     /// Where a run asked for now goes.
     pub scheduler: SchedulerHandle,
+    /// The ingest API's counters, when it runs.
+    pub ingest: Option<Arc<IngestStats>>,
+}
+
+/// The counters the agent owns and hands to the parts it builds, which the endpoint reads.
+pub struct Counters {
+    pub tasks: Arc<Registry<TaskStats>>,
+    pub sources: Arc<SourceStats>,
+    pub ingest: Option<Arc<IngestStats>>,
 }
 
 impl AgentState {
@@ -72,9 +84,8 @@ impl AgentState {
         sinks: Vec<Arc<SinkRuntime>>,
         store: Option<StoreHandle>,
         reloads: mpsc::Sender<ReloadRequest>,
-        task_stats: Arc<Registry<TaskStats>>,
-        source_stats: Arc<SourceStats>,
         scheduler: SchedulerHandle,
+        counters: Counters,
     ) -> AgentState {
         let now = unix_s(SystemTime::now());
         AgentState {
@@ -83,14 +94,16 @@ impl AgentState {
             store,
             generation: AtomicU64::new(1),
             last_reload_ok: AtomicBool::new(true),
+            restart_pending: AtomicBool::new(false),
             last_success_s: AtomicU64::new(now),
             last_failure_s: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             scheduler_running: AtomicBool::new(true),
             reloads,
-            task_stats,
-            source_stats,
+            task_stats: counters.tasks,
+            source_stats: counters.sources,
             scheduler,
+            ingest: counters.ingest,
         }
     }
 

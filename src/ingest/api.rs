@@ -170,13 +170,20 @@ pub(crate) async fn handle(req: Request<Incoming>, s: &Shared, peer: SocketAddr)
             .await),
         ),
     };
-    match outcome {
+    let answer = match outcome {
         Ok(answer) => answer,
         Err(rej) => {
             log_reject(&rej, stream, &path, peer);
             rej.answer()
         }
-    }
+    };
+    let known = if s.config.streams.contains_key(stream) {
+        stream
+    } else {
+        ""
+    };
+    s.stats.count(known, answer.status().as_u16());
+    answer
 }
 
 /// Refusals of one status are logged in full the first time, then counted: one line per

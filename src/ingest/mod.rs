@@ -124,6 +124,39 @@ pub(crate) struct Shared {
     pub answered: tokio::sync::Notify,
     /// When `stopping` was noticed: the drain is bounded from then.
     pub stop_began: std::sync::OnceLock<tokio::time::Instant>,
+    pub stats: Arc<IngestStats>,
+}
+
+/// Answers by stream and status: what `/metrics` shows of the ingest API.
+#[derive(Debug, Default)]
+pub struct IngestStats {
+    /// (stream, status) → requests; the stream is "" for paths that name none, or name a stream
+    /// the config does not have (a label holds only names from the file).
+    answers: std::sync::Mutex<std::collections::BTreeMap<(String, u16), u64>>,
+}
+
+impl IngestStats {
+    pub(crate) fn count(&self, stream: &str, status: u16) {
+        let mut map = self
+            .answers
+            .lock()
+            .expect("never poisoned: no panics while held");
+        match map.get_mut(&(stream.to_string(), status)) {
+            Some(n) => *n += 1,
+            None => {
+                map.insert((stream.to_string(), status), 1);
+            }
+        }
+    }
+
+    /// (stream, status, requests) so far.
+    pub fn all(&self) -> Vec<(String, u16, u64)> {
+        let map = self
+            .answers
+            .lock()
+            .expect("never poisoned: no panics while held");
+        map.iter().map(|((s, c), n)| (s.clone(), *c, *n)).collect()
+    }
 }
 
 /// A connection's first request header must be complete this long after accept (at most
@@ -177,6 +210,7 @@ pub async fn start(
         in_progress: AtomicUsize::new(0),
         answered: tokio::sync::Notify::new(),
         stop_began: std::sync::OnceLock::new(),
+        stats: Arc::default(),
         config,
         store,
         stopping: stopping.clone(),
@@ -215,6 +249,11 @@ pub async fn start(
 }
 
 impl Running {
+    /// Its counters, for `/metrics`.
+    pub fn stats(&self) -> Arc<IngestStats> {
+        Arc::clone(&self.shared.stats)
+    }
+
     /// After `stopping`: returns once every request that began before it has been answered. Each
     /// is bounded by `read_timeout` (its body) and `wait` (its append), which bounds this too:
     /// at most `read_timeout + wait + 2s` after the stop began.

@@ -91,7 +91,7 @@ impl StoreError {
 }
 
 /// Why a stream cannot take more.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FullReason {
     /// The stream's `max_jobs`.
@@ -105,6 +105,16 @@ pub enum FullReason {
 }
 
 impl FullReason {
+    /// Its name in metrics (the setting that is exhausted).
+    pub fn label(self) -> &'static str {
+        match self {
+            FullReason::Jobs => "max_jobs",
+            FullReason::Bytes => "max_bytes",
+            FullReason::Budget => "storage_max_bytes",
+            FullReason::MinFree => "min_free",
+        }
+    }
+
     /// The disk itself (not the stream's own bound) is what is exhausted.
     pub fn is_disk(self) -> bool {
         matches!(self, FullReason::Budget | FullReason::MinFree)

@@ -50,6 +50,16 @@ pub enum Action {
 }
 
 impl Action {
+    /// Reads a target into records each run (`http_scrape`, `modbus`): a scrape, with an `up`.
+    pub fn is_scrape(&self) -> bool {
+        match self {
+            Action::HttpScrape(_) => true,
+            #[cfg(feature = "modbus")]
+            Action::Modbus(_) => true,
+            Action::Exec(_) | Action::FileMove(_) => false,
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Action::Exec(_) => "exec",
@@ -112,6 +122,8 @@ pub struct TaskStats {
     pub last_success_ms: AtomicU64,
     /// When the task is due next (Unix ms, 0 when it is not planned again): the scheduler's.
     pub next_ms: AtomicU64,
+    /// Records the last run stored (a scrape's samples), for handlers that produce records.
+    pub last_records: AtomicU64,
 }
 
 impl TaskStats {
@@ -140,6 +152,7 @@ impl Default for TaskStats {
             last_outcome: AtomicU8::new(0),
             last_success_ms: AtomicU64::new(0),
             next_ms: AtomicU64::new(0),
+            last_records: AtomicU64::new(0),
         }
     }
 }
@@ -338,6 +351,9 @@ pub async fn run(
         .last_start_ms
         .store(unix_ms(started_wall), Ordering::Relaxed);
     stats.last_duration_ms.store(duration_ms, Ordering::Relaxed);
+    stats
+        .last_records
+        .store(last.records.unwrap_or(0), Ordering::Relaxed);
     stats
         .last_outcome
         .store(last.outcome.code(), Ordering::Relaxed);

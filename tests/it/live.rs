@@ -131,3 +131,40 @@ tasks:
         gone.stderr
     );
 }
+
+/// A reload that changes a setting only a restart applies raises `restart_pending` until a
+/// reload puts the setting back.
+#[test]
+fn restart_pending_says_a_reload_left_settings_for_a_restart() {
+    let sb = Sandbox::new();
+    let port = free_port();
+    let text = |workers: u32| {
+        format!(
+            "data_dir: data\nlog: {{format: json}}\nworkers: {workers}\nadmin: {{ listen: \"127.0.0.1:{port}\" }}\n"
+        )
+    };
+    let config = sb.write_config(&text(4));
+    let mut agent = Proc::start(&config);
+    let mut c = Client::new(SocketAddr::from(([127, 0, 0, 1], port)));
+    let mut pending = || {
+        let page = c.request("GET", "/metrics", &[], None).unwrap().text();
+        page.lines()
+            .find_map(|l| l.strip_prefix("colibri_config_restart_pending "))
+            .unwrap_or_else(|| panic!("no restart_pending in:\n{page}"))
+            .to_string()
+    };
+    assert_eq!(pending(), "0");
+    for (workers, want, reloads) in [(5, "1", 1), (4, "0", 2)] {
+        sb.write_config(&text(workers));
+        agent.signal(libc::SIGHUP);
+        agent.wait_until(secs(10), "the reload applied", || {
+            agent
+                .events_where(|e| crate::util::field(e, "message").starts_with("config reloaded"))
+                .len()
+                >= reloads
+        });
+        assert_eq!(pending(), want, "workers: {workers}");
+    }
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(30)), 0, &agent.stderr());
+}

@@ -138,7 +138,7 @@ fn one_scrape_after_a_scenario_parses_and_balances_for_every_stream() {
     let config = sb.write_config(&format!(
         r#"data_dir: data
 log: {{format: json}}
-admin: {{ listen: "127.0.0.1:0", token: "s3cret" }}
+admin: {{ listen: "127.0.0.1:{admin_port}", token: "s3cret" }}
 ingest: {{ listen: "127.0.0.1:0" }}
 sinks:
   good: {{ type: http, url: {good} }}
@@ -148,6 +148,8 @@ streams:
   rejected: {{ sink: bad }}
   small: {{ batch: {{ max_records: 1 }}, max_jobs: 2, when_full: drop_oldest }}
   logs: {{}}
+  tiny: {{ batch: {{ max_records: 1 }}, max_jobs: 1, when_full: drop_newest }}
+  scraped: {{}}
 sources:
   app: {{ type: tail, stream: logs, paths: [{app_log}] }}
   plant: {{ type: syslog, stream: logs, udp: "127.0.0.1:{syslog_port}" }}
@@ -155,7 +157,10 @@ sources:
 tasks:
   - {{ name: hello, type: exec, every: 200ms, command: ["/bin/true"] }}
   - {{ name: nope, type: exec, every: 200ms, command: ["/bin/false"] }}
+  - {{ name: self, type: http_scrape, every: 200ms, url: "http://127.0.0.1:{admin_port}/metrics",
+       headers: {{ Authorization: "Bearer s3cret" }}, format: prometheus, stream: scraped }}
 "#,
+        admin_port = crate::tsdb::free_port(),
         good = quote(good.url("/in")),
         bad = quote(bad.url("/in")),
         app_log = quote_path(&sb.file("app.log")),
@@ -184,6 +189,17 @@ tasks:
     for _ in 0..6 {
         push("small", 1);
     }
+    push("tiny", 1);
+    // The stream is full: drop_newest refuses (429) and counts the refusal.
+    let refused = c
+        .post(
+            "/v1/streams/tiny/records",
+            "application/x-ndjson",
+            &[],
+            b"{\"i\":1}\n",
+        )
+        .unwrap();
+    assert_eq!(refused.status, 429, "{}", refused.text());
     good.wait_records(10, secs(20)).expect("ok delivered");
     let auth = [("Authorization", "Bearer s3cret")];
     let samples = poll(secs(20), || {
@@ -198,6 +214,11 @@ tasks:
                 &s,
                 "colibri_task_runs_total",
                 &[("task", "nope"), ("outcome", "failed")],
+            ) >= 1.0
+            && value(
+                &s,
+                "colibri_task_runs_total",
+                &[("task", "self"), ("outcome", "ok")],
             ) >= 1.0)
             .then_some(s)
     })
@@ -227,7 +248,7 @@ tasks:
         );
     }
     // The accounting identity, from this one scrape, for every stream.
-    for stream in ["ok", "rejected", "small", "logs"] {
+    for stream in ["ok", "rejected", "small", "logs", "tiny", "scraped"] {
         let l = [("stream", stream)];
         let appended = value(&samples, "colibri_stream_appended_records_total", &l);
         let delivered = value(&samples, "colibri_stream_delivered_records_total", &l);
@@ -294,12 +315,67 @@ tasks:
         value(&samples, "colibri_config_info", &[("sha256", &hex)]),
         1.0
     );
-    // Label cardinality: bounded by the config (two tasks, four streams, two sinks).
+    // What an operator misses elsewhere: refusals by reason, ingest answers by code, the
+    // scrape's target up with its samples, the worker pool, a last success.
+    assert_eq!(
+        value(
+            &samples,
+            "colibri_stream_appends_refused_total",
+            &[("stream", "tiny"), ("reason", "max_jobs")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "colibri_ingest_requests_total",
+            &[("stream", "small"), ("code", "200")]
+        ),
+        6.0
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "colibri_ingest_requests_total",
+            &[("stream", "tiny"), ("code", "429")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&samples, "colibri_scrape_up", &[("task", "self")]),
+        1.0
+    );
+    assert!(
+        value(
+            &samples,
+            "colibri_scrape_samples_scraped",
+            &[("task", "self")]
+        ) > 10.0
+    );
+    assert_eq!(value(&samples, "colibri_workers", &[]), 8.0);
+    assert!(value(&samples, "colibri_workers_busy", &[]) <= 3.0);
+    assert!(
+        value(
+            &samples,
+            "colibri_task_last_success_timestamp_seconds",
+            &[("task", "hello")]
+        ) > 1.7e9
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "colibri_task_last_success_timestamp_seconds",
+            &[("task", "nope")]
+        ),
+        0.0
+    );
+    assert_eq!(value(&samples, "colibri_config_restart_pending", &[]), 0.0);
+    // Label cardinality: bounded by the config (three tasks, six streams, two sinks).
     let tasks: BTreeSet<&str> = samples
         .iter()
         .filter_map(|s| s.labels.get("task").map(String::as_str))
         .collect();
-    assert_eq!(tasks, BTreeSet::from(["hello", "nope"]));
+    assert_eq!(tasks, BTreeSet::from(["hello", "nope", "self"]));
 
     // The token guards metrics and reload; health needs none.
     assert_eq!(get(admin, "/metrics", &[]).status, 401);

@@ -168,6 +168,33 @@ pub struct WriterStats {
     /// How many times the writer replaced its store file with a new one (a damaged file moved
     /// aside while running), and the signal of each: what the agent's salvage waits on.
     pub(super) replaced: (std::sync::Mutex<u64>, std::sync::Condvar),
+    /// Appends answered "full" (nothing stored; under `block` the producer may try again, and
+    /// each answer counts) or refused by `drop_newest`, by stream and reason.
+    refused: std::sync::Mutex<std::collections::BTreeMap<(String, crate::store::FullReason), u64>>,
+}
+
+impl WriterStats {
+    fn refuse(&self, stream: &str, reason: crate::store::FullReason) {
+        let mut map = self
+            .refused
+            .lock()
+            .expect("never poisoned: no panics while held");
+        match map.get_mut(&(stream.to_string(), reason)) {
+            Some(n) => *n += 1,
+            None => {
+                map.insert((stream.to_string(), reason), 1);
+            }
+        }
+    }
+
+    /// The refused appends so far: (stream, reason, count).
+    pub fn refused(&self) -> Vec<(String, crate::store::FullReason, u64)> {
+        let map = self
+            .refused
+            .lock()
+            .expect("never poisoned: no panics while held");
+        map.iter().map(|((s, r), n)| (s.clone(), *r, *n)).collect()
+    }
 }
 
 impl Default for WriterStats {
@@ -182,6 +209,7 @@ impl Default for WriterStats {
             salvaged_records: AtomicU64::new(0),
             lost_jobs: AtomicU64::new(0),
             replaced: Default::default(),
+            refused: Default::default(),
         }
     }
 }

@@ -31,6 +31,21 @@ struct Parked {
 }
 
 /// A reply to send once the transaction's fate is known.
+/// An append's answer, queued for the commit; a refusal for want of room is counted.
+fn answer(
+    pending: &mut Vec<Pending>,
+    stats: &WriterStats,
+    reply: Reply<Result<Appended, AppendError>>,
+    result: Result<Appended, AppendError>,
+) {
+    if let Err(AppendError::Full { stream, reason } | AppendError::Refused { stream, reason, .. }) =
+        &result
+    {
+        stats.refuse(stream, *reason);
+    }
+    pending.push(Pending::Append(reply, result));
+}
+
 enum Pending {
     Append(
         Reply<Result<Appended, AppendError>>,
@@ -690,7 +705,7 @@ fn run_tx(
                 stream: p.stream,
                 reason: p.reason,
             };
-            pending.push(Pending::Append(p.reply, Err(full)));
+            answer(&mut pending, stats, p.reply, Err(full));
             continue;
         }
         if still_parked.iter().any(|q| q.stream == p.stream) {
@@ -708,7 +723,7 @@ fn run_tx(
             }
             result => {
                 requests += 1;
-                pending.push(Pending::Append(p.reply, result));
+                answer(&mut pending, stats, p.reply, result);
             }
         }
     }
@@ -747,7 +762,7 @@ fn run_tx(
                             need,
                         });
                     }
-                    (result, _) => pending.push(Pending::Append(reply, result)),
+                    (result, _) => answer(&mut pending, stats, reply, result),
                 }
             }
             Request::Take {
