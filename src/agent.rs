@@ -103,10 +103,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         store_handle.clone(),
         reload_tx,
         tasks.clone(),
-        crate::admin::Counters {
+        crate::admin::Handles {
             tasks: task_stats,
             sources: source_stats,
             ingest: parts.ingest.as_ref().map(crate::ingest::Running::stats),
+            paused: Arc::clone(&parts.paused),
         },
     ));
     let admin_stop = CancellationToken::new();
@@ -434,6 +435,8 @@ struct Parts {
     source_stats: Arc<SourceStats>,
     /// Groups stopped by a reload, still finishing their work: awaited at the stop.
     retired: Vec<JoinHandle<()>>,
+    /// Streams the operator paused (kept across reloads, which rebuild the sinks' runtimes).
+    paused: Arc<crate::paused::Paused>,
 }
 
 impl Parts {
@@ -515,6 +518,7 @@ impl Parts {
             streams,
             config.shutdown_grace,
             stats,
+            Arc::clone(&self.paused),
         ));
         let stop = stopping.child_token();
         let task = tokio::spawn(run_sink(

@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
 use crate::link::Link;
+use crate::paused::Paused;
 use crate::sink::{Batch, DeliveryError, Payload, Sink};
 use crate::store::writer::{Snapshot, StoreHandle};
 use crate::store::{Failed, Failure, Job, JobRecords, Lease, Settle};
@@ -111,6 +112,8 @@ pub struct SinkRuntime {
     grace: Duration,
     /// Set at the first look after the stop: when every request still going is abandoned.
     give_up_at: std::sync::OnceLock<tokio::time::Instant>,
+    /// Streams an operator paused: their workers take nothing.
+    paused: Arc<Paused>,
 }
 
 impl SinkRuntime {
@@ -121,6 +124,7 @@ impl SinkRuntime {
         streams: Vec<String>,
         grace: Duration,
         stats: Arc<SinkStats>,
+        paused: Arc<Paused>,
     ) -> SinkRuntime {
         // A trial must outlast a request that is slow to fail, or the link would be declared up
         // while the trial's request is still on its way to a timeout.
@@ -143,6 +147,7 @@ impl SinkRuntime {
             streams,
             grace,
             give_up_at: std::sync::OnceLock::new(),
+            paused,
         }
     }
 
@@ -242,6 +247,14 @@ pub async fn run(
     };
     tracing::debug!(stream, sink = %rt.sink.describe(), "delivery worker started");
     while !stopping.is_cancelled() {
+        if rt.paused.is(&stream) {
+            tracing::info!(stream, "delivery paused by the operator");
+            tokio::select! {
+                _ = rt.paused.resumed(&stream) => tracing::info!(stream, "delivery resumed"),
+                _ = stopping.cancelled() => break,
+            }
+            continue;
+        }
         if !rt.link.is_up() {
             tokio::select! {
                 _ = rt.link.wait_up() => replaying.store(true, Relaxed),

@@ -18,6 +18,7 @@ pub(crate) mod metrics;
 pub(crate) mod mqtt_source;
 pub(crate) mod net;
 pub(crate) mod notify;
+pub(crate) mod paused;
 pub(crate) mod reload;
 pub(crate) mod schedule;
 pub(crate) mod scheduler;

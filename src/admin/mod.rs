@@ -3,19 +3,21 @@
 //! runs; 503 with the reason otherwise), `POST /-/reload` (the same all-or-nothing reload as
 //! SIGHUP; the answer says what happened). A non-loopback address is refused at load unless
 //! `allow_remote: true` and a token; with a token, everything but `/healthz` and `/readyz` needs
-//! it (Bearer). `GET /-/tasks` and `POST /-/tasks/{name}/run` are [`tasks`]'.
+//! it (Bearer). `GET /-/tasks` and `POST /-/tasks/{name}/run` are [`tasks`]'; the queue
+//! operations under `/-/queues/` are [`queues`]'.
 //!
 //! This file owns the routes, the bearer token check and the listener's settings (its connections
 //! are `crate::net::server`'s). What the endpoint reads is [`state`]'s [`AgentState`]; the page of
 //! `/metrics` is [`render`]'s. It changes nothing itself: a reload is a request to the agent's
 //! main loop, which owns the running parts. Started by `agent`.
 
+mod queues;
 mod render;
 mod state;
 mod tasks;
 
 pub use render::render;
-pub use state::{AgentState, Counters, Live, ReloadReport, ReloadRequest, ReloadResult};
+pub use state::{AgentState, Handles, Live, ReloadReport, ReloadRequest, ReloadResult};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,6 +42,8 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_BUF: usize = 16 << 10;
 /// The body of `POST /-/reload` is not used: at most this much of it is read.
 const MAX_RELOAD_BODY: usize = 64 << 10;
+/// The body of a `queue push` batch at most (the command sends 100 records per request).
+const MAX_PUSH_BODY: usize = 16 << 20;
 /// How long `/readyz` and the metrics wait for the store writer's snapshot.
 const STORE_ANSWER: Duration = Duration::from_secs(5);
 
@@ -123,15 +127,16 @@ async fn handle(
         .and_then(|p| p.strip_suffix("/run"))
         .filter(|name| !name.is_empty() && !name.contains('/'))
         .map(str::to_string);
+    let queue_op = queues::route(&path);
     let allowed = match path.as_str() {
         "/metrics" | "/healthz" | "/readyz" | "/-/tasks" => Method::GET,
         "/-/reload" => Method::POST,
-        _ if run_task.is_some() => Method::POST,
+        _ if run_task.is_some() || queue_op.is_some() => Method::POST,
         _ => {
             return text(
                 StatusCode::NOT_FOUND,
                 format!(
-                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz, /-/tasks; POST /-/reload, /-/tasks/NAME/run)\n"
+                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz, /-/tasks; POST /-/reload, /-/tasks/NAME/run, /-/queues/STREAM/{{dead/replay,dead/purge,records,pause,resume}})\n"
                 ),
             );
         }
@@ -170,6 +175,24 @@ async fn handle(
             );
             return r;
         }
+    }
+    if let Some((stream, op)) = queue_op {
+        let query = req.uri().query().unwrap_or("").to_string();
+        let body = http_body_util::Limited::new(req.into_body(), MAX_PUSH_BODY);
+        let body = match tokio::time::timeout(IDLE_TIMEOUT, body.collect()).await {
+            Ok(Ok(b)) => b.to_bytes(),
+            _ => {
+                return json(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "{{\"error\":\"the body must arrive within {}s and hold at most {MAX_PUSH_BODY} bytes\"}}",
+                        IDLE_TIMEOUT.as_secs()
+                    ),
+                );
+            }
+        };
+        let (status, body) = queues::handle(state, &stream, op, &query, &body).await;
+        return json(status, body);
     }
     if let Some(name) = run_task {
         let (status, body) = tasks::run(state, &name).await;

@@ -59,6 +59,17 @@ pub async fn render(state: &AgentState) -> String {
     if let Some(ingest) = &state.ingest {
         ingest_metrics(&mut t, ingest);
     }
+    if !live.config.streams.is_empty() {
+        t.family(
+            "colibri_stream_paused",
+            Kind::Gauge,
+            "Whether the operator paused the stream's delivery (colibri queue pause): 1, or 0.",
+        );
+        for s in &live.config.streams {
+            let paused = f64::from(u8::from(state.paused.is(&s.name)));
+            t.sample("colibri_stream_paused", &[("stream", &s.name)], paused);
+        }
+    }
     source_metrics(&mut t, &state.source_stats.tail.all());
     #[cfg(feature = "syslog")]
     syslog_metrics(&mut t, &state.source_stats.syslog.all());

@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::delivery::SinkRuntime;
 use crate::ingest::IngestStats;
 use crate::metrics::Registry;
+use crate::paused::Paused;
 use crate::scheduler::SchedulerHandle;
 use crate::source::SourceStats;
 use crate::store::writer::StoreHandle;
@@ -69,13 +70,17 @@ pub struct AgentState {
     pub scheduler: SchedulerHandle,
     /// The ingest API's counters, when it runs.
     pub ingest: Option<Arc<IngestStats>>,
+    /// Streams the operator paused.
+    pub paused: Arc<Paused>,
 }
 
-/// The counters the agent owns and hands to the parts it builds, which the endpoint reads.
-pub struct Counters {
+/// The counters and controls the agent owns and hands to the parts it builds, which the endpoint
+/// reads (and, for `paused`, changes).
+pub struct Handles {
     pub tasks: Arc<Registry<TaskStats>>,
     pub sources: Arc<SourceStats>,
     pub ingest: Option<Arc<IngestStats>>,
+    pub paused: Arc<Paused>,
 }
 
 impl AgentState {
@@ -85,7 +90,7 @@ impl AgentState {
         store: Option<StoreHandle>,
         reloads: mpsc::Sender<ReloadRequest>,
         scheduler: SchedulerHandle,
-        counters: Counters,
+        handles: Handles,
     ) -> AgentState {
         let now = unix_s(SystemTime::now());
         AgentState {
@@ -100,10 +105,11 @@ impl AgentState {
             stopping: AtomicBool::new(false),
             scheduler_running: AtomicBool::new(true),
             reloads,
-            task_stats: counters.tasks,
-            source_stats: counters.sources,
+            task_stats: handles.tasks,
+            source_stats: handles.sources,
             scheduler,
-            ingest: counters.ingest,
+            ingest: handles.ingest,
+            paused: handles.paused,
         }
     }
 

@@ -115,6 +115,19 @@ impl AdminClient {
         self.send(self.client.post(self.url(path)).body(body))
     }
 
+    /// A POST answered 200 with JSON; another answer is an error with the agent's reason.
+    pub fn post_json(&self, path: &str, body: String) -> anyhow::Result<serde_json::Value> {
+        let a = self.post(path, body)?;
+        let v: serde_json::Value = serde_json::from_str(&a.body).unwrap_or_default();
+        if a.status != 200 {
+            let why = v["error"]
+                .as_str()
+                .map_or_else(|| a.body.trim().to_string(), str::to_string);
+            anyhow::bail!("{why} ({} answered {})", self.base, a.status);
+        }
+        Ok(v)
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }

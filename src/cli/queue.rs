@@ -1,11 +1,12 @@
 //! `colibri queue ...`: the operator's view of the stream queues. `stats`, `peek` and `dead list`
-//! open the store read-only, so they work beside a running agent; `push`, `dead replay` and `dead
-//! purge` need it stopped (the store has one writer), and `push` creates the store (and its data
-//! directory) as `colibri run` does when there is none yet. The file is loaded without needing the
+//! open the store read-only, so they work beside a running agent. `push`, `dead replay` and `dead
+//! purge` change the queues: through the running agent's admin endpoint when it answers (the
+//! store has one writer), otherwise in the store itself (`Via`), with the same output; `push`
+//! creates the store (and its data directory) as `colibri run` does when there is none yet.
+//! `pause` and `resume` ask the running agent only. The file is loaded without needing the
 //! unit's secrets (`config::Unset::Warn`): only where the store is and its streams must be there.
 //! `--json` output is plain data for scripts. Long operations work in chunks with a progress line;
 //! `purge` asks for confirmation on a terminal and, without one, refuses (exit 2) unless `--yes`.
-//! Everything goes through `store::Store`.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
@@ -14,6 +15,7 @@ use anyhow::Context as _;
 
 use clap::{Args, Subcommand};
 
+use super::admin_client::{AdminArgs, AdminClient, AdminError};
 use crate::clock;
 use crate::config::{self, Config};
 use crate::ingest::body;
@@ -44,16 +46,37 @@ pub enum QueueCommand {
         show: Show,
     },
     /// Append lines from stdin to a stream, one record per line, checked as the stream's sink needs
-    /// them (JSON, or line protocol); prints "acked N" after each durable batch (the agent must be
-    /// stopped)
+    /// them (JSON, or line protocol); prints "acked N" after each durable batch (through the
+    /// running agent, or into the store when it is stopped)
     Push {
         #[command(flatten)]
         config: super::ConfigArg,
+        #[command(flatten)]
+        admin: AdminArgs,
         /// The stream
         stream: String,
         /// Records per commit
         #[arg(long, default_value_t = 100)]
         batch: usize,
+    },
+    /// Stop delivering a stream in the running agent (appends go on and queue up) until `resume`
+    /// or a restart
+    Pause {
+        #[command(flatten)]
+        config: super::ConfigArg,
+        #[command(flatten)]
+        admin: AdminArgs,
+        /// The stream
+        stream: String,
+    },
+    /// Deliver a paused stream again
+    Resume {
+        #[command(flatten)]
+        config: super::ConfigArg,
+        #[command(flatten)]
+        admin: AdminArgs,
+        /// The stream
+        stream: String,
     },
     /// Dead letters: list them, replay them into the queue, or purge them
     #[command(subcommand)]
@@ -81,22 +104,31 @@ pub enum DeadCommand {
         #[command(flatten)]
         show: Show,
     },
-    /// Move dead letters back to the queue with their attempts reset (the agent must be stopped)
+    /// Move dead letters back to the queue with their attempts reset (through the running agent,
+    /// or in the store when it is stopped); in chunks, so an interrupted replay is finished by
+    /// running it again
     Replay {
         #[command(flatten)]
         target: DeadTarget,
+        #[command(flatten)]
+        admin: AdminArgs,
         /// Only the job with this id
-        #[arg(long)]
+        #[arg(long, conflicts_with = "older_than")]
         id: Option<u64>,
+        /// Only those that failed longer ago than this, e.g. 1h
+        #[arg(long, value_parser = parse_dur)]
+        older_than: Option<std::time::Duration>,
         /// Print the outcome as JSON
         #[arg(long)]
         json: bool,
     },
-    /// Delete dead letters for good; counted as dropped (the agent must be stopped). Asks first
-    /// on a terminal; without one it needs --yes
+    /// Delete dead letters for good; counted as dropped (through the running agent, or in the
+    /// store when it is stopped). Asks first on a terminal; without one it needs --yes
     Purge {
         #[command(flatten)]
         target: DeadTarget,
+        #[command(flatten)]
+        admin: AdminArgs,
         /// Only those that failed longer ago than this, e.g. 7d
         #[arg(long, value_parser = parse_dur)]
         older_than: Option<std::time::Duration>,
@@ -244,47 +276,85 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
         }
         QueueCommand::Push {
             config,
+            admin,
             stream,
             batch,
-        } => push(&load(&config)?, &stream, batch.max(1)),
+        } => {
+            let c = load(&config)?;
+            push(&c, via(&c, &admin, Access::Append)?, &stream, batch.max(1))
+        }
+        QueueCommand::Pause {
+            config,
+            admin,
+            stream,
+        } => pause(&load(&config)?, &admin, &stream, true),
+        QueueCommand::Resume {
+            config,
+            admin,
+            stream,
+        } => pause(&load(&config)?, &admin, &stream, false),
         QueueCommand::Salvage { config, file, json } => salvage(&load(&config)?, &file, json),
-        QueueCommand::Dead(DeadCommand::Replay { target, id, json }) => {
+        QueueCommand::Dead(DeadCommand::Replay {
+            target,
+            admin,
+            id,
+            older_than,
+            json,
+        }) => {
             let c = load(&target.config)?;
-            let mut s = open(&c, Access::Change)?;
-            known(&s, &target.stream)?;
-            let total = s.counters(&target.stream).map_or(0, |c| c.dead_jobs);
-            let (jobs, records) = in_chunks(
-                &mut s,
-                "replayed",
-                total,
-                |tx| tx.replay_dead(&target.stream, id, CHUNK),
-                |j| j == 0 || id.is_some(),
-            )?;
+            let stream = &target.stream;
+            let mut via = via(&c, &admin, Access::Change)?;
+            let total = via.dead_jobs(&c, stream)?;
+            let (jobs, records) = match &mut via {
+                Via::Store(s) => {
+                    let before = older_than.map(ago_ms);
+                    in_chunks(
+                        "replayed",
+                        total,
+                        |j| j == 0 || id.is_some(),
+                        || chunk(s, |tx| tx.replay_dead(stream, id, before, CHUNK)),
+                    )?
+                }
+                Via::Agent(a) => {
+                    let mut q = format!("limit={CHUNK}");
+                    if let Some(id) = id {
+                        q.push_str(&format!("&id={id}"));
+                    }
+                    if let Some(d) = older_than {
+                        q.push_str(&format!("&older_than_ms={}", d.as_millis()));
+                    }
+                    in_chunks(
+                        "replayed",
+                        total,
+                        |j| j == 0 || id.is_some(),
+                        || a.counts(&format!("/-/queues/{stream}/dead/replay?{q}")),
+                    )?
+                }
+            };
             if json {
                 let doc = serde_json::json!({
-                    "stream": target.stream, "replayed_jobs": jobs, "replayed_records": records,
+                    "stream": stream, "replayed_jobs": jobs, "replayed_records": records,
                 });
                 println!("{doc}");
             } else {
                 println!(
-                    "replayed {} ({}) of stream {:?} into its queue",
+                    "replayed {} ({}) of stream {stream:?} into its queue",
                     count(jobs, "dead job"),
                     count(records, "record"),
-                    target.stream
                 );
             }
             Ok(())
         }
         QueueCommand::Dead(DeadCommand::Purge {
             target,
+            admin,
             older_than,
             yes,
             json,
         }) => {
             let c = load(&target.config)?;
-            let mut s = open(&c, Access::Change)?;
-            known(&s, &target.stream)?;
-            let counters = s.counters(&target.stream).cloned().unwrap_or_default();
+            let mut via = via(&c, &admin, Access::Change)?;
+            let counters = via.counters(&c, &target.stream)?;
             let what = match older_than {
                 Some(d) => format!(
                     "the dead jobs of stream {:?} that failed more than {} ago",
@@ -310,16 +380,29 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
                     return Ok(());
                 }
             }
-            let before = older_than.map(|d| clock::now_ms().saturating_sub(d.as_millis() as u64));
-            let (jobs, records) = in_chunks(
-                &mut s,
-                "purged",
-                counters.dead_jobs,
-                |tx| tx.purge_dead(&target.stream, before, CHUNK),
-                |j| j < CHUNK as u64,
-            )?;
-            // Purged file jobs take their spooled files with them.
-            s.dispose_now()?;
+            let stream = &target.stream;
+            let last = |j| j < CHUNK as u64;
+            let (jobs, records) = match &mut via {
+                Via::Store(s) => {
+                    let before = older_than.map(ago_ms);
+                    let done = in_chunks("purged", counters.dead_jobs, last, || {
+                        chunk(s, |tx| tx.purge_dead(stream, before, CHUNK))
+                    })?;
+                    // Purged file jobs take their spooled files with them (the running agent's
+                    // writer does so itself).
+                    s.dispose_now()?;
+                    done
+                }
+                Via::Agent(a) => {
+                    let mut q = format!("limit={CHUNK}");
+                    if let Some(d) = older_than {
+                        q.push_str(&format!("&older_than_ms={}", d.as_millis()));
+                    }
+                    in_chunks("purged", counters.dead_jobs, last, || {
+                        a.counts(&format!("/-/queues/{stream}/dead/purge?{q}"))
+                    })?
+                }
+            };
             if json {
                 let doc = serde_json::json!({
                     "stream": target.stream, "purged_jobs": jobs, "purged_records": records,
@@ -338,22 +421,20 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
     }
 }
 
-/// Changes dead letters one chunk per transaction (`dead replay`, `dead purge`) until `last`
-/// says, from the jobs a chunk changed, that it was the last one; shows progress on a terminal.
-/// The jobs and records changed in all.
+/// Changes dead letters one chunk at a time (`dead replay`, `dead purge`; each chunk its own
+/// commit, so an interrupted run has done what it showed and a second run finishes it) until
+/// `last` says, from the jobs a chunk changed, that it was the last one; shows progress on a
+/// terminal. The jobs and records changed in all.
 fn in_chunks(
-    s: &mut Store,
     verb: &'static str,
     total: u64,
-    mut chunk: impl FnMut(&mut store::Tx<'_>) -> Result<(u64, u64), StoreError>,
     last: impl Fn(u64) -> bool,
+    mut chunk: impl FnMut() -> anyhow::Result<(u64, u64)>,
 ) -> anyhow::Result<(u64, u64)> {
     let (mut jobs, mut records) = (0u64, 0u64);
     let mut progress = Progress::new(verb, total);
     loop {
-        let mut tx = s.transaction()?;
-        let (j, r) = chunk(&mut tx)?;
-        tx.commit()?;
+        let (j, r) = chunk()?;
         jobs += j;
         records += r;
         progress.show(jobs);
@@ -363,6 +444,100 @@ fn in_chunks(
     }
     progress.done();
     Ok((jobs, records))
+}
+
+/// One transaction of the store's.
+fn chunk(
+    s: &mut Store,
+    change: impl FnOnce(&mut store::Tx<'_>) -> Result<(u64, u64), StoreError>,
+) -> anyhow::Result<(u64, u64)> {
+    let mut tx = s.transaction()?;
+    let n = change(&mut tx)?;
+    tx.commit()?;
+    Ok(n)
+}
+
+/// Unix ms `d` ago.
+fn ago_ms(d: std::time::Duration) -> u64 {
+    clock::now_ms().saturating_sub(d.as_millis() as u64)
+}
+
+/// Where a command that changes the queues goes: the running agent (the store has one writer),
+/// or the store itself when no agent answers.
+enum Via {
+    Agent(AdminClient),
+    Store(Store),
+}
+
+/// The running agent when its admin endpoint answers, otherwise the store opened for `access`.
+fn via(c: &Config, admin: &AdminArgs, access: Access) -> anyhow::Result<Via> {
+    // Without an address to ask (admin off, or port 0 and no --admin) only the store is left;
+    // its lock then says whether an agent holds it.
+    if let Ok(client) = AdminClient::new(c, admin) {
+        match client.get("/healthz") {
+            Ok(_) => return Ok(Via::Agent(client)),
+            Err(AdminError::NotRunning(_)) => {}
+            Err(AdminError::Other(e)) => return Err(e),
+        }
+    }
+    Ok(Via::Store(open(c, access)?))
+}
+
+impl Via {
+    /// The stream's counters; through the agent they are read beside it (read-only), as `stats`
+    /// does.
+    fn counters(&mut self, c: &Config, stream: &str) -> anyhow::Result<store::Counters> {
+        let read;
+        let s = match self {
+            Via::Store(s) => &*s,
+            Via::Agent(_) => {
+                read = open(c, Access::Read)?;
+                &read
+            }
+        };
+        known(s, stream)?;
+        Ok(s.counters(stream).cloned().unwrap_or_default())
+    }
+
+    fn dead_jobs(&mut self, c: &Config, stream: &str) -> anyhow::Result<u64> {
+        Ok(self.counters(c, stream)?.dead_jobs)
+    }
+}
+
+impl AdminClient {
+    /// A POST whose answer is `{"jobs", "records"}`.
+    fn counts(&self, path: &str) -> anyhow::Result<(u64, u64)> {
+        let v = self.post_json(path, String::new())?;
+        Ok((
+            v["jobs"].as_u64().unwrap_or(0),
+            v["records"].as_u64().unwrap_or(0),
+        ))
+    }
+}
+
+/// `queue pause / resume`: only a running agent delivers, so only it can be asked.
+fn pause(c: &Config, admin: &AdminArgs, stream: &str, pause: bool) -> anyhow::Result<()> {
+    let client = AdminClient::new(c, admin)?;
+    let verb = if pause { "pause" } else { "resume" };
+    let v = match client.post_json(&format!("/-/queues/{stream}/{verb}"), String::new()) {
+        Err(e)
+            if e.downcast_ref::<AdminError>()
+                .is_some_and(|e| matches!(e, AdminError::NotRunning(_))) =>
+        {
+            anyhow::bail!(
+                "{e}: a stream is paused in a running agent (a start delivers every stream)"
+            )
+        }
+        other => other?,
+    };
+    let state = if pause { "paused" } else { "delivering" };
+    let already = if v["changed"] == false {
+        " (already)"
+    } else {
+        ""
+    };
+    println!("stream {stream:?}: {state}{already}");
+    Ok(())
 }
 
 /// `1 record`, `2 records`.
@@ -551,33 +726,45 @@ fn print_job(out: &mut impl Write, job: &store::Peeked) -> std::io::Result<()> {
     Ok(())
 }
 
-fn push(c: &Config, stream: &str, batch: usize) -> anyhow::Result<()> {
-    let mut s = open(c, Access::Append)?;
-    known(&s, stream)?;
+fn push(c: &Config, mut via: Via, stream: &str, batch: usize) -> anyhow::Result<()> {
+    if let Via::Store(s) = &via {
+        known(s, stream)?;
+    }
     // Each line is checked as the stream's sink needs it, as the ingest API checks a body.
     let carries = c.record_format(stream);
     let stdin = std::io::stdin().lock();
     let mut out = std::io::stdout().lock();
     let mut pending = RecordBuf::new();
     let mut acked = 0u64;
-    let flush = |s: &mut Store,
-                 pending: &mut RecordBuf,
-                 acked: &mut u64,
-                 out: &mut dyn Write|
-     -> anyhow::Result<()> {
-        if pending.is_empty() {
-            return Ok(());
-        }
-        let mut tx = s.transaction()?;
-        tx.append(stream, pending, None, clock::now_ms())?;
-        tx.commit()?;
-        *acked += pending.len() as u64;
-        pending.clear();
-        // Printed only after the commit is durable: a line here is a receipt.
-        writeln!(out, "acked {acked}")?;
-        out.flush()?;
-        Ok(())
-    };
+    let mut flush =
+        |pending: &mut RecordBuf, acked: &mut u64, out: &mut dyn Write| -> anyhow::Result<()> {
+            if pending.is_empty() {
+                return Ok(());
+            }
+            match &mut via {
+                Via::Store(s) => {
+                    let mut tx = s.transaction()?;
+                    tx.append(stream, pending, None, clock::now_ms())?;
+                    tx.commit()?;
+                }
+                Via::Agent(a) => {
+                    let mut body = Vec::new();
+                    for r in pending.iter() {
+                        body.extend_from_slice(r);
+                        body.push(b'\n');
+                    }
+                    let body = String::from_utf8(body).context("a record is not UTF-8")?;
+                    a.post_json(&format!("/-/queues/{stream}/records"), body)
+                        .with_context(|| format!("after acked {acked}"))?;
+                }
+            }
+            *acked += pending.len() as u64;
+            pending.clear();
+            // Printed only after the commit is durable: a line here is a receipt.
+            writeln!(out, "acked {acked}")?;
+            out.flush()?;
+            Ok(())
+        };
     for (i, line) in stdin.split(b'\n').enumerate() {
         let line = line?;
         let record = match body::line_record(carries, &line, clock::unix_ns()) {
@@ -592,7 +779,7 @@ fn push(c: &Config, stream: &str, batch: usize) -> anyhow::Result<()> {
             Ok(r) => pending.push(&r),
             Err(why) => {
                 // What came before the bad line is stored; nothing from it on.
-                flush(&mut s, &mut pending, &mut acked, &mut out)?;
+                flush(&mut pending, &mut acked, &mut out)?;
                 anyhow::bail!(
                     "stdin line {} {why}; the lines before it are stored (acked {acked}), nothing from line {} on",
                     i + 1,
@@ -601,10 +788,10 @@ fn push(c: &Config, stream: &str, batch: usize) -> anyhow::Result<()> {
             }
         }
         if pending.len() >= batch {
-            flush(&mut s, &mut pending, &mut acked, &mut out)?;
+            flush(&mut pending, &mut acked, &mut out)?;
         }
     }
-    flush(&mut s, &mut pending, &mut acked, &mut out)?;
+    flush(&mut pending, &mut acked, &mut out)?;
     Ok(())
 }
 

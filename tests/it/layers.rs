@@ -30,7 +30,10 @@ const LAYERS: &[(u8, &[&str])] = &[
         ],
     ),
     (4, &["config"]),
-    (5, &["link", "delivery", "scheduler", "reload", "admin"]),
+    (
+        5,
+        &["link", "delivery", "paused", "scheduler", "reload", "admin"],
+    ),
     (6, &["agent"]),
     (7, &["cli"]),
 ];

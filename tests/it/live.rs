@@ -168,3 +168,171 @@ fn restart_pending_says_a_reload_left_settings_for_a_restart() {
     agent.signal(libc::SIGTERM);
     assert_code(agent.wait_exit(secs(30)), 0, &agent.stderr());
 }
+
+/// `colibri queue ...` with the agent running goes through its admin endpoint: a push during an
+/// outage is acked and delivered once the receiver is back; dead letters replayed and purged at
+/// the same time while records keep arriving: each dead job is delivered once or purged, never
+/// both; a paused stream queues and delivers nothing until resumed. The accounting identity holds
+/// after each; every operation needs the token.
+#[test]
+fn queue_operations_on_a_running_agent() {
+    use crate::util::http::{Mode, Receiver};
+    use crate::util::{finish_with_stdin, poll, queue, queue_stats, stream_stats};
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    rx.set_mode(Mode::Status(400));
+    let port = free_port();
+    let config = sb.write_config(&format!(
+        r#"data_dir: data
+log: {{format: json}}
+admin: {{ listen: "127.0.0.1:{port}", token: admin-secret }}
+sinks:
+  up: {{ type: http, url: {url}, retry: {{ max_attempts: 1 }}, link: {{ backoff_cap: 1s }} }}
+streams:
+  logs: {{ sink: up, batch: {{ max_records: 1 }}, dead_letter: {{ max_jobs: 100000 }} }}
+"#,
+        url = quote(rx.url("/in")),
+    ));
+    let mut agent = Proc::start(&config);
+    let stats = || stream_stats(&queue_stats(&config, &[]), "logs");
+    let balanced = |when: &str| {
+        let s = stats();
+        assert_eq!(s["balanced"], true, "{when}: {s}");
+    };
+    let push = |from: u64, n: u64| {
+        let body: String = (from..from + n)
+            .map(|i| format!("{{\"seq\":{i}}}\n"))
+            .collect();
+        let f = finish_with_stdin(&sb, queue(&config, &["push", "logs"]), &body, secs(120));
+        assert_code(f.status, 0, &f.stderr);
+        assert!(f.stdout.ends_with(&format!("acked {n}\n")), "{}", f.stdout);
+    };
+
+    // 2,000 records refused (400): 2,000 dead jobs, pushed through the running agent.
+    push(0, 2000);
+    agent.wait_until(secs(120), "every record dead-lettered", || {
+        stats()["dead"]["jobs"] == 2000
+    });
+    balanced("after the dead letters");
+
+    // Every operation needs the token.
+    let mut c = Client::new(SocketAddr::from(([127, 0, 0, 1], port)));
+    for path in [
+        "/-/queues/logs/dead/replay",
+        "/-/queues/logs/dead/purge",
+        "/-/queues/logs/records",
+        "/-/queues/logs/pause",
+    ] {
+        assert_eq!(
+            c.request("POST", path, &[], Some(b"{}\n")).unwrap().status,
+            401,
+            "{path}"
+        );
+    }
+
+    // Replay and purge at once, while more records arrive (now accepted).
+    rx.set_mode(Mode::Accept);
+    let replay = std::thread::spawn({
+        let config = config.clone();
+        move || {
+            finish(
+                queue(&config, &["dead", "replay", "logs", "--json"]),
+                secs(120),
+            )
+        }
+    });
+    let purge = finish(
+        queue(&config, &["dead", "purge", "logs", "--yes", "--json"]),
+        secs(120),
+    );
+    push(10_000, 300);
+    let replay = replay.join().unwrap();
+    assert_code(replay.status, 0, &replay.stderr);
+    assert_code(purge.status, 0, &purge.stderr);
+    let replayed: Value = serde_json::from_str(replay.stdout.trim()).unwrap();
+    let purged: Value = serde_json::from_str(purge.stdout.trim()).unwrap();
+    let (r, p) = (
+        replayed["replayed_records"].as_u64().unwrap(),
+        purged["purged_records"].as_u64().unwrap(),
+    );
+    assert_eq!(
+        r + p,
+        2000,
+        "each dead job replayed or purged: {replayed} {purged}"
+    );
+    let want = (r + 300) as usize;
+    rx.wait_records(want, secs(120))
+        .expect("the replayed and the new records delivered");
+    agent.wait_until(secs(30), "nothing left to deliver", || {
+        stats()["ready"]["jobs"] == 0
+    });
+    let mut seqs: Vec<u64> = rx
+        .records()
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs.len(), want, "each delivered once");
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(seqs.len(), want, "no record twice");
+    assert_eq!(seqs.iter().filter(|&&s| s >= 10_000).count(), 300);
+    let s = stats();
+    assert_eq!(s["dead"]["jobs"], 0, "{s}");
+    assert_eq!(s["counters"]["dropped_purged_records"], p, "{s}");
+    balanced("after replay and purge");
+
+    // A push during an outage is acked now and delivered once the receiver is back.
+    rx.set_mode(Mode::Refuse);
+    push(20_000, 50);
+    rx.set_mode(Mode::Accept);
+    rx.wait_records(want + 50, secs(60))
+        .expect("the pushed records delivered after the outage");
+    balanced("after the push in the outage");
+
+    // Paused: appends queue, nothing is delivered; resumed: all of it is.
+    let pause = finish(queue(&config, &["pause", "logs"]), secs(30));
+    assert_code(pause.status, 0, &pause.stderr);
+    assert!(pause.stdout.contains("paused"), "{}", pause.stdout);
+    push(30_000, 20);
+    let delivered = rx.records().len();
+    let page = c
+        .request(
+            "GET",
+            "/metrics",
+            &[("Authorization", "Bearer admin-secret")],
+            None,
+        )
+        .unwrap()
+        .text();
+    assert!(
+        page.contains("colibri_stream_paused{stream=\"logs\"} 1"),
+        "{page}"
+    );
+    assert!(
+        poll(secs(2), || (rx.records().len() > delivered).then_some(())).is_none(),
+        "a paused stream delivered"
+    );
+    assert_eq!(stats()["ready"]["jobs"], 20);
+    let resume = finish(queue(&config, &["resume", "logs"]), secs(30));
+    assert_code(resume.status, 0, &resume.stderr);
+    rx.wait_records(want + 70, secs(60))
+        .expect("delivered after the resume");
+    balanced("after pause and resume");
+
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(30)), 0, &agent.stderr());
+    // With the agent stopped the commands open the store, as before.
+    let offline = finish(queue(&config, &["dead", "replay", "logs"]), secs(30));
+    assert_code(offline.status, 0, &offline.stderr);
+    let paused = finish(queue(&config, &["pause", "logs"]), secs(30));
+    assert_code(paused.status, 1, &paused.stderr);
+    assert!(
+        paused.stderr.contains("no agent answers"),
+        "{}",
+        paused.stderr
+    );
+}

@@ -293,10 +293,13 @@ fn replay_moves_dead_back_to_ready_and_purge_counts_as_dropped() {
     // Dead: 1, 2, 3; ready: 4.
     let mut tx = store.transaction().unwrap();
     assert!(matches!(
-        tx.replay_dead(S, Some(99), usize::MAX),
+        tx.replay_dead(S, Some(99), None, usize::MAX),
         Err(StoreError::NoSuchJob { id: 99, .. })
     ));
-    assert_eq!(tx.replay_dead(S, Some(2), usize::MAX).unwrap(), (1, 2));
+    assert_eq!(
+        tx.replay_dead(S, Some(2), None, usize::MAX).unwrap(),
+        (1, 2)
+    );
     tx.commit().unwrap();
     check(&store);
     let back = take(&mut store, S, 10, T0);
@@ -308,7 +311,10 @@ fn replay_moves_dead_back_to_ready_and_purge_counts_as_dropped() {
         store.release(&j.lease);
     }
     let mut tx = store.transaction().unwrap();
-    assert_eq!(tx.replay_dead(S, None, usize::MAX).unwrap(), (2, 1 + 3));
+    assert_eq!(
+        tx.replay_dead(S, None, None, usize::MAX).unwrap(),
+        (2, 1 + 3)
+    );
     tx.commit().unwrap();
     check(&store);
     assert_eq!(counters(&store, S).replayed_records, 2 + 4);

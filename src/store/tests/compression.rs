@@ -110,7 +110,7 @@ fn a_compressed_job_stays_compressed_through_its_life() {
     tx.commit().unwrap();
     check(&store);
     let mut tx = store.transaction().unwrap();
-    let (jobs, records) = tx.replay_dead(S, None, 100).unwrap();
+    let (jobs, records) = tx.replay_dead(S, None, None, 100).unwrap();
     tx.commit().unwrap();
     check(&store);
     assert_eq!((jobs, records), (2, 30));

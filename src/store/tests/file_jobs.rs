@@ -161,7 +161,7 @@ fn dead_file_jobs_are_replayed_with_their_file_and_purged_with_it() {
     fail(&mut s, &jobs[0].lease, &permanent(), T0);
     assert_eq!(counters(&s, S).dead_records, 1);
     let mut tx = s.transaction().unwrap();
-    assert_eq!(tx.replay_dead(S, None, 10).unwrap(), (1, 1));
+    assert_eq!(tx.replay_dead(S, None, None, 10).unwrap(), (1, 1));
     tx.commit().unwrap();
     let jobs = take(&mut s, S, 1, T0);
     assert!(jobs[0].file().is_some(), "still a file job after replay");

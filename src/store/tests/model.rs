@@ -555,7 +555,7 @@ fn run_model(seed: u64, ops: usize, cov: &mut Coverage) {
                 let want = model.replay_all();
                 let mut tx = store.transaction().unwrap();
                 assert_eq!(
-                    tx.replay_dead(M, None, usize::MAX).unwrap(),
+                    tx.replay_dead(M, None, None, usize::MAX).unwrap(),
                     want,
                     "{ctx}: replay"
                 );

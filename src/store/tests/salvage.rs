@@ -495,7 +495,7 @@ fn salvaged_jobs_keep_their_old_store_and_id_through_failures_and_splits() {
     assert!(matches!(failed, Failed::Dead { .. }));
     let replayed = {
         let mut tx = store.transaction().unwrap();
-        let n = tx.replay_dead("a", None, 100).unwrap();
+        let n = tx.replay_dead("a", None, None, 100).unwrap();
         tx.commit().unwrap();
         n
     };

@@ -280,7 +280,7 @@ fn offset_survives_fail_retry_dead_and_replay() {
     );
 
     let mut tx = store.transaction().unwrap();
-    assert_eq!(tx.replay_dead(S, None, usize::MAX).unwrap(), (1, 2));
+    assert_eq!(tx.replay_dead(S, None, None, usize::MAX).unwrap(), (1, 2));
     tx.commit().unwrap();
     check(&store);
     let back = take(&mut store, S, 10, T0 + 200);

@@ -66,14 +66,15 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// Moves dead letters back to ready with attempts reset: up to `limit` of them, or the one with
-    /// `id`.
+    /// Moves dead letters back to ready with attempts reset: up to `limit` of them (those that
+    /// failed before `failed_before_ms`, or any), or the one with `id`.
     /// Returns (jobs, records) moved. They keep their ids, so they are delivered in their old order
     /// relative to each other.
     pub fn replay_dead(
         &mut self,
         stream: &str,
         id: Option<u64>,
+        failed_before_ms: Option<u64>,
         limit: usize,
     ) -> Result<(u64, u64), StoreError> {
         let (txn, st) = self.txn_and_stream(stream)?;
@@ -90,11 +91,20 @@ impl Tx<'_> {
                 }
                 vec![id]
             }
-            None => dead
-                .iter()?
-                .take(limit)
-                .map(|e| e.map(|(k, _)| k.value()))
-                .collect::<Result<_, _>>()?,
+            None => {
+                let mut keys = Vec::new();
+                for e in dead.iter()? {
+                    if keys.len() >= limit {
+                        break;
+                    }
+                    let (k, v) = e?;
+                    let failed_ms = format::decode(v.value()).map_or(0, |d| d.last_failed_ms);
+                    if failed_before_ms.is_none_or(|t| failed_ms < t) {
+                        keys.push(k.value());
+                    }
+                }
+                keys
+            }
         };
         let (mut jobs, mut records) = (0, 0);
         let mut corrupt = Vec::new();

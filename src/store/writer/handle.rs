@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, oneshot};
 
-use super::{Reply, Request, Snapshot, SpooledFile, WriterStats};
+use super::{DeadOp, Reply, Request, Snapshot, SpooledFile, WriterStats};
 use crate::store::{
     AppendError, Appended, Failed, Failure, FileAppend, Job, Lease, RecordBuf, Settle, StoreError,
 };
@@ -221,6 +221,12 @@ impl StoreHandle {
             reply,
         })
         .await
+    }
+
+    /// One chunk of an operator's replay or purge of `stream`'s dead letters: (jobs, records).
+    pub async fn dead(&self, stream: &str, op: DeadOp) -> Result<(u64, u64), StoreError> {
+        let stream = stream.to_string();
+        self.ask(|reply| Request::Dead { stream, op, reply }).await
     }
 
     /// Finishes what is queued, closes the database cleanly (so the next start needs no repair)

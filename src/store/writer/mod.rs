@@ -131,11 +131,36 @@ enum Request {
         step: crate::store::salvage::Step,
         reply: Reply<Result<(u64, u64), StoreError>>,
     },
+    /// An operator's replay or purge of dead letters, one chunk in one transaction.
+    Dead {
+        stream: String,
+        op: DeadOp,
+        reply: Reply<Result<(u64, u64), StoreError>>,
+    },
     /// The stop has begun: appends waiting for room are answered [`AppendError::Stopping`] now,
     /// and later ones do not wait.
     StopWaiting,
     Shutdown {
         reply: Reply<()>,
+    },
+}
+
+/// What an operator does to a stream's dead letters (`colibri queue dead replay / purge` while the
+/// agent runs): at most `limit` jobs per request, so a long one is many short transactions and
+/// can be interrupted and run again to finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadOp {
+    /// Back to the queue, attempts reset: the one with `id`, or those that failed before
+    /// `failed_before_ms` (any, when `None`).
+    Replay {
+        id: Option<u64>,
+        failed_before_ms: Option<u64>,
+        limit: usize,
+    },
+    /// Deleted, counted as dropped (`purged`).
+    Purge {
+        failed_before_ms: Option<u64>,
+        limit: usize,
     },
 }
 

@@ -806,6 +806,20 @@ fn run_tx(
                 let r = tx.salvage_step(&key, step);
                 pending.push(Pending::Counts(reply, r));
             }
+            Request::Dead { stream, op, reply } => {
+                let r = match op {
+                    DeadOp::Replay {
+                        id,
+                        failed_before_ms,
+                        limit,
+                    } => tx.replay_dead(&stream, id, failed_before_ms, limit),
+                    DeadOp::Purge {
+                        failed_before_ms,
+                        limit,
+                    } => tx.purge_dead(&stream, failed_before_ms, limit),
+                };
+                pending.push(Pending::Counts(reply, r));
+            }
             Request::Settle {
                 lease,
                 n,
@@ -916,6 +930,7 @@ fn fail_with(req: Request, err: impl Fn() -> StoreError) {
         Request::Fail { reply, .. } => drop(reply.send(Err(err()))),
         Request::Quarantine { reply, .. } => drop(reply.send(Err(err()))),
         Request::Salvage { reply, .. } => drop(reply.send(Err(err()))),
+        Request::Dead { reply, .. } => drop(reply.send(Err(err()))),
         Request::SalvageProgress { reply, .. } => drop(reply.send(Err(err()))),
         Request::Settle { reply, .. } => drop(reply.send(Err(err()))),
         Request::AppendFile { reply, .. } => drop(reply.send(Err(AppendError::Store(err())))),

@@ -1,0 +1,162 @@
+//! The admin endpoint's queue operations on a running agent, what `colibri queue` asks when the
+//! agent runs (the store has one writer, so the command cannot open it then):
+//! `POST /-/queues/{stream}/dead/replay?id=&older_than_ms=&limit=` and `.../dead/purge?...` (one
+//! chunk of at most `limit` dead letters per request, each its own commit: a long replay is many
+//! requests, shows progress and can be stopped and run again), `POST /-/queues/{stream}/records`
+//! (lines appended as records, answered once durable: `queue push`), and
+//! `POST /-/queues/{stream}/pause` / `resume` (its delivery stops taking jobs). Answers are JSON.
+//! The store writer and [`crate::paused`] do the work; this file parses and answers. Called by
+//! `admin`'s router.
+
+use std::time::Duration;
+
+use hyper::StatusCode;
+use serde_json::json;
+
+use super::AgentState;
+use crate::store::writer::DeadOp;
+use crate::store::{AppendError, RecordBuf, StoreError};
+
+/// Dead letters per request at most (the command asks for 1,000).
+const MAX_CHUNK: usize = 10_000;
+/// How long a push waits for room in a full `block` stream before it is refused.
+const PUSH_WAIT: Duration = Duration::from_secs(5);
+
+/// One operation, from a path under `/-/queues/` (`None`: not one of these paths).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Op {
+    Replay,
+    Purge,
+    Push,
+    Pause,
+    Resume,
+}
+
+/// `{stream}/{op}` of a path under `/-/queues/`.
+pub(super) fn route(path: &str) -> Option<(String, Op)> {
+    let rest = path.strip_prefix("/-/queues/")?;
+    let (stream, op) = rest.split_once('/')?;
+    let op = match op {
+        "dead/replay" => Op::Replay,
+        "dead/purge" => Op::Purge,
+        "records" => Op::Push,
+        "pause" => Op::Pause,
+        "resume" => Op::Resume,
+        _ => return None,
+    };
+    (!stream.is_empty()).then(|| (stream.to_string(), op))
+}
+
+fn error(status: StatusCode, message: impl std::fmt::Display) -> (StatusCode, String) {
+    (status, json!({ "error": message.to_string() }).to_string())
+}
+
+/// A `u64` query parameter, `None` when absent.
+fn param(query: &str, name: &str) -> Result<Option<u64>, String> {
+    for pair in query.split('&') {
+        if let Some(v) = pair.strip_prefix(name).and_then(|r| r.strip_prefix('=')) {
+            return v
+                .parse()
+                .map(Some)
+                .map_err(|_| format!("{name}={v:?} is not a whole number"));
+        }
+    }
+    Ok(None)
+}
+
+/// Carries out `op` on `stream`; `body` is read for a push only.
+pub(super) async fn handle(
+    state: &AgentState,
+    stream: &str,
+    op: Op,
+    query: &str,
+    body: &[u8],
+) -> (StatusCode, String) {
+    let live = state.live.load();
+    if !live.config.streams.iter().any(|s| s.name == stream) {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("no stream named {stream:?} in the running config"),
+        );
+    }
+    let Some(store) = &state.store else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the store is not open");
+    };
+    match op {
+        Op::Pause | Op::Resume => {
+            let pause = op == Op::Pause;
+            let changed = state.paused.set(stream, pause);
+            if changed {
+                tracing::info!(
+                    stream,
+                    paused = pause,
+                    "stream {} by the operator",
+                    if pause { "paused" } else { "resumed" }
+                );
+            }
+            (
+                StatusCode::OK,
+                json!({ "stream": stream, "paused": pause, "changed": changed }).to_string(),
+            )
+        }
+        Op::Replay | Op::Purge => {
+            let parsed = (|| {
+                let limit =
+                    param(query, "limit")?.map_or(1000, |l| (l as usize).clamp(1, MAX_CHUNK));
+                let before = param(query, "older_than_ms")?
+                    .map(|ms| crate::clock::now_ms().saturating_sub(ms));
+                let op = if op == Op::Replay {
+                    DeadOp::Replay {
+                        id: param(query, "id")?,
+                        failed_before_ms: before,
+                        limit,
+                    }
+                } else {
+                    DeadOp::Purge {
+                        failed_before_ms: before,
+                        limit,
+                    }
+                };
+                Ok::<_, String>(op)
+            })();
+            let op = match parsed {
+                Ok(op) => op,
+                Err(e) => return error(StatusCode::BAD_REQUEST, e),
+            };
+            match store.dead(stream, op).await {
+                Ok((jobs, records)) => (
+                    StatusCode::OK,
+                    json!({ "stream": stream, "jobs": jobs, "records": records }).to_string(),
+                ),
+                Err(e @ StoreError::NoSuchJob { .. }) => error(StatusCode::NOT_FOUND, e),
+                Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+            }
+        }
+        Op::Push => {
+            let mut records = RecordBuf::new();
+            for line in body.split(|&b| b == b'\n') {
+                if !line.is_empty() {
+                    records.push(line);
+                }
+            }
+            let n = records.len();
+            if n == 0 {
+                return (
+                    StatusCode::OK,
+                    json!({ "stream": stream, "stored": 0 }).to_string(),
+                );
+            }
+            match store.append(stream, records, None, Some(PUSH_WAIT)).await {
+                Ok(_) => (
+                    StatusCode::OK,
+                    json!({ "stream": stream, "stored": n }).to_string(),
+                ),
+                Err(e @ (AppendError::Full { .. } | AppendError::Refused { .. })) => {
+                    error(StatusCode::TOO_MANY_REQUESTS, e)
+                }
+                Err(e @ AppendError::TooLarge { .. }) => error(StatusCode::PAYLOAD_TOO_LARGE, e),
+                Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+            }
+        }
+    }
+}
