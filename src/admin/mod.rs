@@ -4,7 +4,7 @@
 //! SIGHUP; the answer says what happened). A non-loopback address is refused at load unless
 //! `allow_remote: true` and a token; with a token, everything but `/healthz` and `/readyz` needs
 //! it (Bearer). `GET /-/tasks` and `POST /-/tasks/{name}/run` are [`tasks`]'; the queue
-//! operations under `/-/queues/` are [`queues`]'.
+//! operations under `/-/queues/` are [`queues`]'; `GET /-/tap/{stream}` is [`tap`]'s.
 //!
 //! This file owns the routes, the bearer token check and the listener's settings (its connections
 //! are `crate::net::server`'s). What the endpoint reads is [`state`]'s [`AgentState`]; the page of
@@ -14,6 +14,7 @@
 mod queues;
 mod render;
 mod state;
+mod tap;
 mod tasks;
 
 pub use render::render;
@@ -128,15 +129,17 @@ async fn handle(
         .filter(|name| !name.is_empty() && !name.contains('/'))
         .map(str::to_string);
     let queue_op = queues::route(&path);
+    let tapped = tap::route(&path);
     let allowed = match path.as_str() {
         "/metrics" | "/healthz" | "/readyz" | "/-/tasks" => Method::GET,
+        _ if tapped.is_some() => Method::GET,
         "/-/reload" => Method::POST,
         _ if run_task.is_some() || queue_op.is_some() => Method::POST,
         _ => {
             return text(
                 StatusCode::NOT_FOUND,
                 format!(
-                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz, /-/tasks; POST /-/reload, /-/tasks/NAME/run, /-/queues/STREAM/{{dead/replay,dead/purge,records,pause,resume}})\n"
+                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz, /-/tasks, /-/tap/STREAM; POST /-/reload, /-/tasks/NAME/run, /-/queues/STREAM/{{dead/replay,dead/purge,records,pause,resume}})\n"
                 ),
             );
         }
@@ -175,6 +178,11 @@ async fn handle(
             );
             return r;
         }
+    }
+    if let Some(stream) = tapped {
+        let query = req.uri().query().unwrap_or("").to_string();
+        let (status, body) = tap::read(state, &stream, &query).await;
+        return json(status, body);
     }
     if let Some((stream, op)) = queue_op {
         let query = req.uri().query().unwrap_or("").to_string();

@@ -55,6 +55,12 @@ pub async fn render(state: &AgentState) -> String {
     if let Some(store) = &state.store {
         store_metrics(&mut t, store, snap.as_ref(), &live.config);
         refused_metrics(&mut t, store);
+        t.single(
+            "colibri_tap_skipped_records_total",
+            Kind::Counter,
+            "Records `colibri tap` viewers missed because they read more slowly than the stream grew.",
+            store.taps().skipped.load(Relaxed) as f64,
+        );
     }
     if let Some(ingest) = &state.ingest {
         ingest_metrics(&mut t, ingest);

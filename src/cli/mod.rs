@@ -1,10 +1,11 @@
-//! The command line: `run`, `check`, `queue ...`, `task ...`, `schema` and `version`, their help text, and exit
+//! The command line: `run`, `check`, `queue ...`, `task ...`, `tap`, `schema` and `version`, their help text, and exit
 //! codes (0 ok, 1 a bad config or a failure at run time, 2 a usage error). It loads the config,
 //! installs logging and the runtime, and hands over to `agent` (or to `queue` for the operator's
 //! commands); it does not validate anything itself.
 
 mod admin_client;
 mod queue;
+mod tap;
 mod task;
 
 use std::fmt::Write as _;
@@ -49,6 +50,8 @@ enum Command {
     /// The running agent's tasks: list them with their last and next runs, or run one now
     #[command(subcommand)]
     Task(task::TaskCommand),
+    /// Print the records appended to a stream of the running agent as they arrive
+    Tap(tap::TapArgs),
     /// Print the JSON Schema of the config file, for editors and CI
     Schema,
     /// Print the version
@@ -86,6 +89,7 @@ pub fn main() -> ExitCode {
         }
         Command::Queue(cmd) => queue::main(cmd),
         Command::Task(cmd) => task::main(cmd),
+        Command::Tap(args) => tap::main(args),
         // `check` validates the file without running it: an unset variable (a secret that only
         // the unit's environment file holds) is a warning here, and `run` refuses it.
         Command::Check(args) => {

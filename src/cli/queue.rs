@@ -246,7 +246,7 @@ fn open(c: &Config, access: Access) -> anyhow::Result<Store> {
     };
     opened.map_err(|e| match e {
         StoreError::Locked { .. } => anyhow::anyhow!(
-            "{e}; `stats` and `peek` work beside a running agent, `push` and `dead` need it stopped"
+            "{e}; `stats` and `peek` work beside a running agent, `push` and `dead` reach it through its admin endpoint (none answered at admin.listen: pass --admin URL)"
         ),
         // The file is named once.
         other if other.names_file() => anyhow::Error::from(other),

@@ -37,6 +37,7 @@ mod record_buf;
 pub mod salvage;
 pub mod spool;
 mod stream;
+pub mod tap;
 mod tx;
 pub mod writer;
 

@@ -336,3 +336,50 @@ streams:
         paused.stderr
     );
 }
+
+/// `colibri tap` prints what is appended to a stream from when it starts, in order, and ends at
+/// `--limit`.
+#[test]
+fn tap_prints_records_as_they_are_appended() {
+    use crate::util::{poll, queue};
+    let sb = Sandbox::new();
+    let port = free_port();
+    let config = sb.write_config(&format!(
+        "data_dir: data\nlog: {{format: json}}\nadmin: {{ listen: \"127.0.0.1:{port}\" }}\nstreams:\n  logs: {{}}\n"
+    ));
+    let mut agent = Proc::start(&config);
+    let mut cmd = colibri();
+    cmd.args(["tap", "logs", "--limit", "5", "--json", "--config"])
+        .arg(&config);
+    let mut tap = Proc::spawn(cmd);
+    let mut seq = 0u64;
+    let ended = poll(secs(60), || {
+        seq += 1;
+        let f = crate::util::finish_with_stdin(
+            &sb,
+            queue(&config, &["push", "logs"]),
+            &format!("{{\"seq\":{seq}}}\n"),
+            secs(30),
+        );
+        assert_code(f.status, 0, &f.stderr);
+        tap.exited().then_some(())
+    });
+    assert!(ended.is_some(), "tap did not end: {}", tap.stderr());
+    let lines: Vec<Value> = tap
+        .stdout()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 5, "{}", tap.stdout());
+    let first = lines[0]["record"]["seq"].as_u64().unwrap();
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["stream"], "logs");
+        assert_eq!(
+            l["record"]["seq"].as_u64(),
+            Some(first + i as u64),
+            "in order: {l}"
+        );
+    }
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(30)), 0, &agent.stderr());
+}

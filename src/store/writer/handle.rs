@@ -26,6 +26,8 @@ pub struct StoreHandle {
     pub(super) store_id: Arc<AtomicU64>,
     /// The data directory, where damaged store files are kept.
     pub(super) data_dir: Arc<std::path::PathBuf>,
+    /// Recent appends of the streams someone taps.
+    pub(super) taps: Arc<crate::store::tap::Taps>,
 }
 
 pub(super) fn gone() -> StoreError {
@@ -90,14 +92,28 @@ impl StoreHandle {
     ) -> Result<Appended, AppendError> {
         let stream = stream.to_string();
         let deadline = wait.map(|w| Instant::now() + w);
-        self.ask(|reply| Request::Append {
-            stream,
-            records,
-            checkpoint,
-            deadline,
-            reply,
-        })
-        .await
+        let tapped = self
+            .taps
+            .watching()
+            .then(|| (stream.clone(), Arc::clone(&records)));
+        let appended = self
+            .ask(|reply| Request::Append {
+                stream,
+                records,
+                checkpoint,
+                deadline,
+                reply,
+            })
+            .await;
+        if let (Ok(_), Some((stream, records))) = (&appended, tapped) {
+            self.taps.appended(&stream, &records);
+        }
+        appended
+    }
+
+    /// Recent appends of tapped streams (`colibri tap`).
+    pub fn taps(&self) -> &crate::store::tap::Taps {
+        &self.taps
     }
 
     /// Queues a spooled file as a file job, from a thread outside the event loop (a task's file

@@ -284,5 +284,6 @@ pub fn spawn(
         notifiers,
         store_id,
         data_dir,
+        taps: Arc::default(),
     })
 }

@@ -281,6 +281,11 @@ impl Proc {
 
     /// Waits up to `limit` for the process to exit; panics (showing stderr) otherwise. Once it has
     /// exited, waits briefly for the readers so stdout and stderr are complete.
+    /// Whether it has exited (without waiting).
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_some()
+    }
+
     pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
         if let Some(s) = self.status {
             return s;

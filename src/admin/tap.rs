@@ -1,0 +1,62 @@
+//! `GET /-/tap/{stream}?after=&limit=&wait_ms=`: the records appended to a stream since sequence
+//! number `after` (from now on without it), waiting up to `wait_ms` (at most 10 s) for the first,
+//! as `{"next", "skipped", "records": [...]}`; the viewer asks again from `next`. Reads
+//! [`crate::store::tap::Taps`], which keeps recent records only while someone asks. Called by
+//! `admin`'s router; `colibri tap` is the client.
+
+use std::time::Duration;
+
+use hyper::StatusCode;
+use serde_json::json;
+
+use super::AgentState;
+
+/// The longest a request waits for a record (below the endpoint's idle timeout).
+const MAX_WAIT: Duration = Duration::from_secs(5);
+/// Records per answer at most.
+const MAX_RECORDS: usize = 1000;
+
+/// The stream of a tap path.
+pub(super) fn route(path: &str) -> Option<String> {
+    path.strip_prefix("/-/tap/")
+        .filter(|s| !s.is_empty() && !s.contains('/'))
+        .map(str::to_string)
+}
+
+fn param(query: &str, name: &str) -> Option<u64> {
+    query
+        .split('&')
+        .find_map(|p| p.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+}
+
+pub(super) async fn read(state: &AgentState, stream: &str, query: &str) -> (StatusCode, String) {
+    let known = state
+        .live
+        .load()
+        .config
+        .streams
+        .iter()
+        .any(|s| s.name == stream);
+    let Some(store) = state.store.as_ref().filter(|_| known) else {
+        return (
+            StatusCode::NOT_FOUND,
+            json!({ "error": format!("no stream named {stream:?} in the running config") })
+                .to_string(),
+        );
+    };
+    let limit = param(query, "limit").map_or(MAX_RECORDS, |l| (l as usize).clamp(1, MAX_RECORDS));
+    let wait =
+        param(query, "wait_ms").map_or(MAX_WAIT, |ms| Duration::from_millis(ms).min(MAX_WAIT));
+    let r = store
+        .taps()
+        .read(stream, param(query, "after"), limit, wait)
+        .await;
+    let records: Vec<String> = r
+        .records
+        .iter()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .collect();
+    let body =
+        json!({ "stream": stream, "next": r.next, "skipped": r.skipped, "records": records });
+    (StatusCode::OK, body.to_string())
+}

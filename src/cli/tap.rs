@@ -1,0 +1,87 @@
+//! `colibri tap STREAM`: prints the records appended to a stream of the running agent as they
+//! arrive (one per line, or with `--json` one object per line with the stream), read from its
+//! admin endpoint (`GET /-/tap/{stream}`) from the moment it starts, until `--limit` records or
+//! Ctrl-C. A viewer slower than the stream is told on stderr how many records it missed; the
+//! agent never waits for it.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Args;
+use serde_json::Value;
+
+use super::admin_client::{AdminArgs, AdminClient, AdminError};
+
+#[derive(Debug, Args)]
+pub struct TapArgs {
+    #[command(flatten)]
+    config: super::ConfigArg,
+    #[command(flatten)]
+    admin: AdminArgs,
+    /// The stream
+    stream: String,
+    /// Stop after this many records
+    #[arg(long, short = 'n')]
+    limit: Option<u64>,
+    /// One JSON object per record: {"stream", "record"} (the record parsed when it is JSON)
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn main(args: TapArgs) -> ExitCode {
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &TapArgs) -> anyhow::Result<()> {
+    let c = super::load_needing(&args.config, &["admin"])?;
+    let client = AdminClient::new(&c, &args.admin)?;
+    let stream = &args.stream;
+    let mut after: Option<u64> = None;
+    let mut printed = 0u64;
+    let mut out = std::io::stdout().lock();
+    while args.limit.is_none_or(|l| printed < l) {
+        let want = args.limit.map_or(1000, |l| (l - printed).min(1000));
+        let mut path = format!("/-/tap/{stream}?limit={want}&wait_ms=2000");
+        if let Some(a) = after {
+            path.push_str(&format!("&after={a}"));
+        }
+        let a = client.get(&path).map_err(|e| match e {
+            AdminError::NotRunning(at) => {
+                anyhow::anyhow!("no agent answers at {at}: tap reads a running agent")
+            }
+            AdminError::Other(e) => e,
+        })?;
+        let v: Value = serde_json::from_str(&a.body).unwrap_or_default();
+        if a.status != 200 {
+            let why = v["error"].as_str().unwrap_or(a.body.trim());
+            anyhow::bail!("{why}");
+        }
+        after = Some(v["next"].as_u64().context("an answer without next")?);
+        if let Some(n) = v["skipped"].as_u64().filter(|&n| n > 0) {
+            eprintln!("tap: {n} records skipped (this viewer fell behind the stream)");
+        }
+        for r in v["records"].as_array().into_iter().flatten() {
+            let text = r.as_str().unwrap_or_default();
+            let line = if args.json {
+                let record = serde_json::from_str::<Value>(text)
+                    .unwrap_or_else(|_| Value::String(text.to_string()));
+                serde_json::json!({ "stream": stream, "record": record }).to_string()
+            } else {
+                text.to_string()
+            };
+            // A closed pipe (`| head`) ends the tap quietly.
+            if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+                return Ok(());
+            }
+            printed += 1;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,194 @@
+//! What was appended to a stream lately, kept while someone watches it (`colibri tap`): per
+//! watched stream a ring of the last records (at most [`RING_RECORDS`] and [`RING_BYTES`]), each
+//! with a sequence number, read by viewers from where they left off. A viewer that falls further
+//! behind than the ring holds is told how many records it missed (counted in
+//! [`Taps::skipped`]); producers never wait for a viewer. Nobody watching costs one atomic load
+//! per append. A stream is watched for [`WATCH_FOR`] after its last read. Fed by
+//! `StoreHandle`'s appends after they are durable; read by the admin endpoint.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::RecordBuf;
+
+/// Records a ring holds at most.
+pub const RING_RECORDS: usize = 4096;
+/// Bytes of records a ring holds at most.
+pub const RING_BYTES: usize = 8 << 20;
+/// How long a stream stays watched after a viewer's last read.
+pub const WATCH_FOR: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Default)]
+pub struct Taps {
+    rings: Mutex<HashMap<String, Ring>>,
+    /// Any stream watched: appends look no further when not.
+    watching: AtomicBool,
+    appended: Notify,
+    /// Records viewers missed because they read too slowly.
+    pub skipped: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Ring {
+    records: VecDeque<Vec<u8>>,
+    bytes: usize,
+    /// The sequence number the next record gets; the oldest held is `next - records.len()`.
+    next: u64,
+    watched_until: Instant,
+}
+
+/// What a viewer read.
+#[derive(Debug, Default)]
+pub struct TapRead {
+    pub records: Vec<Vec<u8>>,
+    /// Where to read from next time.
+    pub next: u64,
+    /// Records appended since `after` that the ring no longer held.
+    pub skipped: u64,
+}
+
+impl Taps {
+    /// Whether any stream is watched now (then appends are handed to [`Taps::appended`]).
+    pub fn watching(&self) -> bool {
+        self.watching.load(Relaxed)
+    }
+
+    /// Records durably appended to `stream`.
+    pub fn appended(&self, stream: &str, records: &RecordBuf) {
+        if !self.watching.load(Relaxed) {
+            return;
+        }
+        let mut rings = self.lock();
+        let now = Instant::now();
+        rings.retain(|_, r| r.watched_until > now);
+        self.watching.store(!rings.is_empty(), Relaxed);
+        let Some(ring) = rings.get_mut(stream) else {
+            return;
+        };
+        for r in records.iter() {
+            ring.records.push_back(r.to_vec());
+            ring.bytes += r.len();
+            ring.next += 1;
+            while ring.records.len() > RING_RECORDS || ring.bytes > RING_BYTES {
+                let old = ring.records.pop_front().expect("over a bound: not empty");
+                ring.bytes -= old.len();
+            }
+        }
+        drop(rings);
+        self.appended.notify_waiters();
+    }
+
+    /// Up to `limit` records of `stream` after sequence number `after` (`None`: from now on),
+    /// waiting up to `wait` for the first one. Watches the stream for [`WATCH_FOR`] more.
+    pub async fn read(
+        &self,
+        stream: &str,
+        after: Option<u64>,
+        limit: usize,
+        wait: Duration,
+    ) -> TapRead {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Registered before the look, so an append between the two wakes this read.
+            let appended = self.appended.notified();
+            let read = self.take(stream, after, limit);
+            if !read.records.is_empty() || read.skipped > 0 {
+                return read;
+            }
+            if tokio::time::timeout_at(deadline, appended).await.is_err() {
+                return read;
+            }
+        }
+    }
+
+    fn take(&self, stream: &str, after: Option<u64>, limit: usize) -> TapRead {
+        let mut rings = self.lock();
+        let ring = rings.entry(stream.to_string()).or_insert_with(|| Ring {
+            records: VecDeque::new(),
+            bytes: 0,
+            next: 0,
+            watched_until: Instant::now(),
+        });
+        ring.watched_until = Instant::now() + WATCH_FOR;
+        self.watching.store(true, Relaxed);
+        let oldest = ring.next - ring.records.len() as u64;
+        let from = after.map_or(ring.next, |a| a.min(ring.next));
+        let skipped = oldest.saturating_sub(from);
+        let start = from.max(oldest);
+        let records: Vec<Vec<u8>> = ring
+            .records
+            .iter()
+            .skip((start - oldest) as usize)
+            .take(limit)
+            .cloned()
+            .collect();
+        if skipped > 0 {
+            self.skipped.fetch_add(skipped, Relaxed);
+        }
+        TapRead {
+            next: start + records.len() as u64,
+            records,
+            skipped,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Ring>> {
+        self.rings
+            .lock()
+            .expect("never poisoned: no panics while held")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buf(items: &[&str]) -> RecordBuf {
+        let mut b = RecordBuf::new();
+        for i in items {
+            b.push(i.as_bytes());
+        }
+        b
+    }
+
+    #[tokio::test]
+    async fn nobody_watching_keeps_nothing_and_a_slow_viewer_is_told_what_it_missed() {
+        let taps = Taps::default();
+        taps.appended("s", &buf(&["before"]));
+        let first = taps.read("s", None, 10, Duration::ZERO).await;
+        assert!(first.records.is_empty() && first.skipped == 0, "{first:?}");
+        taps.appended("s", &buf(&["a", "b"]));
+        taps.appended("other", &buf(&["x"]));
+        let r = taps.read("s", Some(first.next), 10, Duration::ZERO).await;
+        assert_eq!(r.records, vec![b"a".to_vec(), b"b".to_vec()]);
+        let many: Vec<String> = (0..RING_RECORDS + 5).map(|i| i.to_string()).collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        taps.appended("s", &buf(&refs));
+        let slow = taps.read("s", Some(r.next), 3, Duration::ZERO).await;
+        assert_eq!(slow.skipped, 5);
+        assert_eq!(
+            slow.records,
+            vec![b"5".to_vec(), b"6".to_vec(), b"7".to_vec()]
+        );
+        assert_eq!(taps.skipped.load(Relaxed), 5);
+    }
+
+    #[tokio::test]
+    async fn a_read_waits_for_the_next_append() {
+        let taps = std::sync::Arc::new(Taps::default());
+        let start = taps.read("s", None, 10, Duration::ZERO).await.next;
+        let t = std::sync::Arc::clone(&taps);
+        let reader =
+            tokio::spawn(
+                async move { t.read("s", Some(start), 10, Duration::from_secs(10)).await },
+            );
+        tokio::task::yield_now().await;
+        taps.appended("s", &buf(&["late"]));
+        let r = reader.await.unwrap();
+        assert_eq!(r.records, vec![b"late".to_vec()]);
+    }
+}
