@@ -27,6 +27,7 @@ APT_NEEDS=(
   "groff:groff-base"                    # tests/it/man.rs: the generated man pages format without warnings
   "systemd-analyze:systemd"             # scripts/check-deploy.sh: verify the unit (no running systemd needed)
   "python3:python3"                     # scripts/check-deploy.sh: the Grafana dashboard's JSON and queries
+  "tmux:tmux"                           # tests/it/live.rs: colibri top in a terminal, read with capture-pane
 )
 missing=()
 for pair in "${APT_NEEDS[@]}"; do

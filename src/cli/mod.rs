@@ -1,4 +1,4 @@
-//! The command line: `run`, `check`, `queue ...`, `task ...`, `tap`, `schema` and `version`, their help text, and exit
+//! The command line: `run`, `check`, `queue ...`, `task ...`, `tap`, `top`, `schema` and `version`, their help text, and exit
 //! codes (0 ok, 1 a bad config or a failure at run time, 2 a usage error). It loads the config,
 //! installs logging and the runtime, and hands over to `agent` (or to `queue` for the operator's
 //! commands); it does not validate anything itself.
@@ -7,6 +7,7 @@ mod admin_client;
 mod queue;
 mod tap;
 mod task;
+mod top;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -52,6 +53,8 @@ enum Command {
     Task(task::TaskCommand),
     /// Print the records appended to a stream of the running agent as they arrive
     Tap(tap::TapArgs),
+    /// A live view of the running agent: streams, sinks, tasks, sources (--once: plain text)
+    Top(top::TopArgs),
     /// Print the JSON Schema of the config file, for editors and CI
     Schema,
     /// Print the version
@@ -90,6 +93,7 @@ pub fn main() -> ExitCode {
         Command::Queue(cmd) => queue::main(cmd),
         Command::Task(cmd) => task::main(cmd),
         Command::Tap(args) => tap::main(args),
+        Command::Top(args) => top::main(args),
         // `check` validates the file without running it: an unset variable (a secret that only
         // the unit's environment file holds) is a warning here, and `run` refuses it.
         Command::Check(args) => {

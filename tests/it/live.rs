@@ -383,3 +383,207 @@ fn tap_prints_records_as_they_are_appended() {
     agent.signal(libc::SIGTERM);
     assert_code(agent.wait_exit(secs(30)), 0, &agent.stderr());
 }
+
+/// A tmux session of its own (its socket in the sandbox), 80x24.
+struct Tmux {
+    socket: std::path::PathBuf,
+}
+
+impl Tmux {
+    fn start(sb: &Sandbox, command: &str) -> Tmux {
+        let t = Tmux {
+            socket: sb.file("tmux.sock"),
+        };
+        let f = t.run(&["new-session", "-d", "-x", "80", "-y", "24", command]);
+        assert_code(f.status, 0, &f.stderr);
+        t
+    }
+
+    fn run(&self, args: &[&str]) -> Finished {
+        let mut cmd = std::process::Command::new("tmux");
+        cmd.arg("-S").arg(&self.socket).args(args);
+        finish(cmd, secs(10))
+    }
+
+    fn screen(&self) -> String {
+        self.run(&["capture-pane", "-p"]).stdout
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys"];
+        args.extend_from_slice(keys);
+        let f = self.run(&args);
+        assert_code(f.status, 0, &f.stderr);
+    }
+
+    /// Waits until the screen shows what `cond` looks for; the last screen otherwise.
+    #[track_caller]
+    fn wait(&self, what: &str, cond: impl Fn(&str) -> bool) -> String {
+        let mut last = String::new();
+        let seen = crate::util::poll(secs(20), || {
+            last = self.screen();
+            cond(&last).then_some(())
+        });
+        assert!(seen.is_some(), "the screen never showed {what}:\n{last}");
+        last
+    }
+
+    fn alive(&self) -> bool {
+        self.run(&["has-session"]).status.success()
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill-server"]);
+    }
+}
+
+/// The row of `name` in a screen.
+fn row<'a>(screen: &'a str, name: &str) -> Option<&'a str> {
+    screen
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+}
+
+/// `colibri top` against a real agent with traffic, an outage and dead letters: `--once` says
+/// what `/metrics` says; in tmux the screen shows the streams, sinks and tasks, changes as the
+/// link comes back, and answers the keys (sort, filter, quit).
+#[test]
+fn top_shows_the_agent_and_answers_keys() {
+    use crate::util::http::{Mode, Receiver};
+    use crate::util::{finish_with_stdin, queue};
+    let sb = Sandbox::new();
+    let (central, refuser) = (Receiver::start(), Receiver::start());
+    central.set_mode(Mode::Refuse);
+    refuser.set_mode(Mode::Status(400));
+    let port = free_port();
+    let config = sb.write_config(&format!(
+        r#"data_dir: data
+log: {{format: json}}
+admin: {{ listen: "127.0.0.1:{port}", token: admin-secret }}
+sinks:
+  central: {{ type: http, url: {c}, link: {{ backoff_cap: 1s }} }}
+  picky: {{ type: http, url: {r}, retry: {{ max_attempts: 1 }} }}
+streams:
+  logs: {{ sink: central, batch: {{ max_records: 1 }} }}
+  bad: {{ sink: picky, batch: {{ max_records: 1 }} }}
+tasks:
+  - {{ name: tick, type: exec, schedule: "0 0 1 1 *", command: ["/bin/true"] }}
+"#,
+        c = quote(central.url("/in")),
+        r = quote(refuser.url("/in")),
+    ));
+    let mut agent = Proc::start(&config);
+    for (stream, n) in [("logs", 7), ("bad", 3)] {
+        let body: String = (0..n).map(|i| format!("{{\"i\":{i}}}\n")).collect();
+        let f = finish_with_stdin(&sb, queue(&config, &["push", stream]), &body, secs(30));
+        assert_code(f.status, 0, &f.stderr);
+    }
+    let mut c = Client::new(SocketAddr::from(([127, 0, 0, 1], port)));
+    let auth = [("Authorization", "Bearer admin-secret")];
+    agent.wait_until(secs(30), "the dead letters and the link down", || {
+        let page = c.request("GET", "/metrics", &auth, None).unwrap().text();
+        page.contains("colibri_stream_records{stream=\"bad\",queue=\"dead\"} 3")
+            && page.contains("colibri_sink_link_up{sink=\"central\"} 0")
+    });
+
+    // --once: plain text, the figures of /metrics.
+    let mut cmd = colibri();
+    cmd.args(["top", "--once", "--config"]).arg(&config);
+    let once = finish(cmd, secs(30));
+    assert_code(once.status, 0, &once.stderr);
+    let page = c.request("GET", "/metrics", &auth, None).unwrap().text();
+    let metric = |line: &str| -> String {
+        page.lines()
+            .find_map(|l| l.strip_prefix(line))
+            .unwrap_or_else(|| panic!("{line} not in /metrics"))
+            .trim()
+            .to_string()
+    };
+    let logs: Vec<&str> = row(&once.stdout, "logs")
+        .expect("a logs row")
+        .split_whitespace()
+        .collect();
+    // STREAM QUEUED DISK RAW IN/s OUT/s IN OUT DEAD DROP
+    assert_eq!(
+        logs[1],
+        metric("colibri_stream_records{stream=\"logs\",queue=\"ready\"}"),
+        "{}",
+        once.stdout
+    );
+    assert_eq!(
+        logs[6],
+        metric("colibri_stream_appended_records_total{stream=\"logs\"}")
+    );
+    assert_eq!(
+        logs[7],
+        metric("colibri_stream_delivered_records_total{stream=\"logs\"}")
+    );
+    let bad: Vec<&str> = row(&once.stdout, "bad")
+        .expect("a bad row")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        bad[8],
+        metric("colibri_stream_records{stream=\"bad\",queue=\"dead\"}")
+    );
+    assert!(
+        row(&once.stdout, "central")
+            .expect("a central row")
+            .contains("DOWN"),
+        "{}",
+        once.stdout
+    );
+    assert!(
+        row(&once.stdout, "picky")
+            .expect("a picky row")
+            .contains(" up "),
+        "{}",
+        once.stdout
+    );
+    assert!(
+        row(&once.stdout, "tick")
+            .expect("a tick row")
+            .contains("idle"),
+        "{}",
+        once.stdout
+    );
+
+    // Live, in tmux.
+    let top = format!(
+        "{} top --config {}",
+        env!("CARGO_BIN_EXE_colibri"),
+        config.display()
+    );
+    let tmux = Tmux::start(&sb, &top);
+    let s = tmux.wait("the streams, the link down and the task", |s| {
+        row(s, "logs").is_some()
+            && row(s, "central").is_some_and(|r| r.contains("DOWN"))
+            && row(s, "tick").is_some()
+    });
+    assert!(
+        s.lines().count() <= 24 && s.lines().all(|l| l.chars().count() <= 80),
+        "{s}"
+    );
+    tmux.keys(&["s"]);
+    tmux.wait("the sort by backlog", |s| s.contains("sort: backlog"));
+    tmux.keys(&["/", "b", "a", "d", "Enter"]);
+    tmux.wait("only bad", |s| {
+        row(s, "bad").is_some() && row(s, "logs").is_none() && s.contains("filter: bad")
+    });
+    tmux.keys(&["/", "Escape"]);
+    // The receiver back: the link comes up and the backlog drains, on screen.
+    central.set_mode(Mode::Accept);
+    tmux.wait("the link up and logs drained", |s| {
+        row(s, "central").is_some_and(|r| r.contains(" up "))
+            && row(s, "logs").is_some_and(|r| r.split_whitespace().nth(1) == Some("0"))
+    });
+    tmux.keys(&["q"]);
+    assert!(
+        crate::util::poll(secs(10), || (!tmux.alive()).then_some(())).is_some(),
+        "top did not quit on q"
+    );
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(30)), 0, &agent.stderr());
+}

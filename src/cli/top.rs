@@ -1,0 +1,630 @@
+//! `colibri top`: a live view of a running agent, read every second from its admin endpoint
+//! (`/metrics` and `/-/tasks`, with the same address and token as the other commands): per stream
+//! the backlog (records, bytes on disk and raw), in and out rates, totals, dead letters, drops,
+//! and whether it is paused; per sink the link, since when it is down and the next probe; per
+//! task whether it runs, the last run, its outcome and duration, the next run; per source its
+//! rate. Keys: `s` changes the sort (name, backlog, rate), `/` filters by name (Enter keeps it,
+//! Esc clears it), `q` quits. With `--once`, or when stdout is not a terminal, it prints one
+//! screen as plain text and exits. The screen is plain text lines, the same for both; crossterm
+//! only puts the terminal in raw mode and reads keys (a TUI framework would add far more to the
+//! binary than the text needs).
+
+use std::io::{IsTerminal as _, Write as _};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use clap::Args;
+use serde_json::Value;
+
+use super::admin_client::{AdminArgs, AdminClient, AdminError};
+use crate::units::{fmt_duration, fmt_size};
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    config: super::ConfigArg,
+    #[command(flatten)]
+    admin: AdminArgs,
+    /// Print one screen as plain text and exit (also when stdout is not a terminal)
+    #[arg(long)]
+    once: bool,
+}
+
+/// How often the screen is read again.
+const REFRESH: Duration = Duration::from_secs(1);
+
+pub fn main(args: TopArgs) -> ExitCode {
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One sample of the metrics page.
+#[derive(Debug, Clone)]
+struct Sample {
+    name: String,
+    labels: Vec<(String, String)>,
+    value: f64,
+}
+
+impl Sample {
+    fn label(&self, k: &str) -> &str {
+        self.labels
+            .iter()
+            .find(|(n, _)| n == k)
+            .map_or("", |(_, v)| v.as_str())
+    }
+}
+
+/// The Prometheus text format, as colibri writes it (no timestamps).
+fn parse(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let (head, value) = match line.rsplit_once(' ') {
+            Some(x) => x,
+            None => continue,
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let (name, labels) = match head.split_once('{') {
+            None => (head.to_string(), Vec::new()),
+            Some((name, rest)) => (
+                name.to_string(),
+                labels(rest.strip_suffix('}').unwrap_or(rest)),
+            ),
+        };
+        out.push(Sample {
+            name,
+            labels,
+            value,
+        });
+    }
+    out
+}
+
+/// `a="x",b="y\"z"` into pairs.
+fn labels(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut chars = text.chars().peekable();
+    loop {
+        let name: String = chars.by_ref().take_while(|&c| c != '=').collect();
+        if name.is_empty() || chars.next() != Some('"') {
+            return out;
+        }
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some('n') => value.push('\n'),
+                    Some(c) => value.push(c),
+                    None => break,
+                },
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        out.push((name.trim_start_matches(',').to_string(), value));
+        if chars.peek() == Some(&',') {
+            chars.next();
+        }
+    }
+}
+
+/// What one read of the endpoint gave.
+struct Reading {
+    at: Instant,
+    samples: Vec<Sample>,
+    tasks: Vec<Value>,
+}
+
+impl Reading {
+    fn sum(&self, name: &str, key: &str, item: &str, filter: impl Fn(&Sample) -> bool) -> f64 {
+        self.samples
+            .iter()
+            .filter(|s| s.name == name && s.label(key) == item && filter(s))
+            .map(|s| s.value)
+            .sum()
+    }
+
+    fn total(&self, name: &str, key: &str, item: &str) -> f64 {
+        self.sum(name, key, item, |_| true)
+    }
+
+    fn single(&self, name: &str) -> f64 {
+        self.samples
+            .iter()
+            .find(|s| s.name == name)
+            .map_or(0.0, |s| s.value)
+    }
+
+    /// The values of label `key` among the samples of `name`, in order.
+    fn items(&self, name: &str, key: &str) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .samples
+            .iter()
+            .filter(|s| s.name == name)
+            .map(|s| s.label(key).to_string())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+}
+
+fn read(client: &AdminClient) -> anyhow::Result<Reading> {
+    let fetch = |path: &str| {
+        let a = client.get(path).map_err(|e| match e {
+            AdminError::NotRunning(at) => {
+                anyhow::anyhow!("no agent answers at {at}: top reads a running agent")
+            }
+            AdminError::Other(e) => e,
+        })?;
+        if a.status != 200 {
+            anyhow::bail!("GET {path} answered {}: {}", a.status, a.body.trim());
+        }
+        Ok(a.body)
+    };
+    let samples = parse(&fetch("/metrics")?);
+    let tasks = serde_json::from_str(&fetch("/-/tasks")?).context("GET /-/tasks: not JSON")?;
+    Ok(Reading {
+        at: Instant::now(),
+        samples,
+        tasks,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sort {
+    Name,
+    Backlog,
+    Rate,
+}
+
+impl Sort {
+    fn next(self) -> Sort {
+        match self {
+            Sort::Name => Sort::Backlog,
+            Sort::Backlog => Sort::Rate,
+            Sort::Rate => Sort::Name,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Sort::Name => "name",
+            Sort::Backlog => "backlog",
+            Sort::Rate => "rate",
+        }
+    }
+}
+
+/// What the viewer chose.
+struct View {
+    sort: Sort,
+    filter: String,
+    /// Typing a filter (after `/`).
+    typing: bool,
+}
+
+/// `n` as a short count: 999, 12.3k, 4.5M.
+fn short(n: f64) -> String {
+    if n < 1e3 {
+        format!("{n:.0}")
+    } else if n < 1e6 {
+        format!("{:.1}k", n / 1e3)
+    } else {
+        format!("{:.1}M", n / 1e6)
+    }
+}
+
+/// Seconds from now to Unix time `t` ("-" for 0), as "12s ago" / "in 3s".
+fn when(t: f64, now: DateTime<Utc>) -> String {
+    if t <= 0.0 {
+        return "-".into();
+    }
+    let d = t - now.timestamp_millis() as f64 / 1000.0;
+    let span = fmt_duration(Duration::from_secs(d.abs() as u64));
+    if d >= 0.0 {
+        format!("in {span}")
+    } else {
+        format!("{span} ago")
+    }
+}
+
+fn rfc3339(v: &Value) -> f64 {
+    v.as_str()
+        .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+        .map_or(0.0, |t| t.timestamp_millis() as f64 / 1000.0)
+}
+
+/// One screen, as lines of at most `width` characters.
+fn screen(
+    now: &Reading,
+    before: Option<&Reading>,
+    view: &View,
+    wall: DateTime<Utc>,
+    width: usize,
+) -> Vec<String> {
+    let secs = before.map(|b| now.at.duration_since(b.at).as_secs_f64().max(0.001));
+    let rate = |name: &str, key: &str, item: &str| -> Option<f64> {
+        let (b, s) = (before?, secs?);
+        Some(((now.total(name, key, item) - b.total(name, key, item)) / s).max(0.0))
+    };
+    let shown = |name: &str| view.filter.is_empty() || name.contains(view.filter.as_str());
+    let fmt_rate = |r: Option<f64>| r.map_or("-".to_string(), short);
+    let mut lines = Vec::new();
+    let version = now
+        .samples
+        .iter()
+        .find(|s| s.name == "colibri_build_info")
+        .map_or("?", |s| s.label("version"));
+    let up = wall.timestamp() as f64 - now.single("colibri_process_start_time_seconds");
+    lines.push(format!(
+        "colibri {version}  up {}  config generation {}{}  memory {}  workers {}/{}",
+        fmt_duration(Duration::from_secs(up.max(0.0) as u64)),
+        now.single("colibri_config_generation"),
+        if now.single("colibri_config_restart_pending") > 0.0 {
+            " (restart pending)"
+        } else {
+            ""
+        },
+        fmt_size(now.single("colibri_process_resident_memory_bytes") as u64),
+        now.single("colibri_workers_busy"),
+        now.single("colibri_workers"),
+    ));
+    lines.push(format!(
+        "sort: {} (s)  filter: {}{} (/)  quit: q",
+        view.sort.label(),
+        if view.filter.is_empty() && !view.typing {
+            "-"
+        } else {
+            view.filter.as_str()
+        },
+        if view.typing { "_" } else { "" },
+    ));
+    lines.push(String::new());
+
+    // Streams.
+    let queued = |s: &str, what: &str| {
+        now.sum(what, "stream", s, |x| {
+            matches!(x.label("queue"), "ready" | "retry")
+        })
+    };
+    let mut streams: Vec<(String, f64, f64)> = now
+        .items("colibri_stream_records", "stream")
+        .into_iter()
+        .filter(|s| shown(s))
+        .map(|s| {
+            let backlog = queued(&s, "colibri_stream_records");
+            let r = rate("colibri_stream_appended_records_total", "stream", &s).unwrap_or(0.0);
+            (s, backlog, r)
+        })
+        .collect();
+    sort_rows(&mut streams, view.sort);
+    lines.push(format!(
+        "{:<14} {:>7} {:>7} {:>7} {:>6} {:>6} {:>7} {:>7} {:>5} {:>5}",
+        "STREAM", "QUEUED", "DISK", "RAW", "IN/s", "OUT/s", "IN", "OUT", "DEAD", "DROP"
+    ));
+    for (s, backlog, _) in &streams {
+        let paused = if now.total("colibri_stream_paused", "stream", s) > 0.0 {
+            " paused"
+        } else {
+            ""
+        };
+        lines.push(format!(
+            "{:<14} {:>7} {:>7} {:>7} {:>6} {:>6} {:>7} {:>7} {:>5} {:>5}{paused}",
+            s,
+            short(*backlog),
+            fmt_size(queued(s, "colibri_stream_bytes") as u64),
+            fmt_size(queued(s, "colibri_stream_raw_bytes") as u64),
+            fmt_rate(rate("colibri_stream_appended_records_total", "stream", s)),
+            fmt_rate(rate("colibri_stream_delivered_records_total", "stream", s)),
+            short(now.total("colibri_stream_appended_records_total", "stream", s)),
+            short(now.total("colibri_stream_delivered_records_total", "stream", s)),
+            short(
+                now.sum("colibri_stream_records", "stream", s, |x| x.label("queue")
+                    == "dead")
+            ),
+            short(now.total("colibri_stream_dropped_records_total", "stream", s)),
+        ));
+    }
+    lines.push(String::new());
+
+    // Sinks.
+    lines.push(format!(
+        "{:<14} {:<5} {:>12} {:>12} {:>8} {:>7} {:>6}",
+        "SINK", "LINK", "DOWN SINCE", "NEXT PROBE", "DELIV/s", "DEAD", "FAILED"
+    ));
+    for s in now
+        .items("colibri_sink_link_up", "sink")
+        .into_iter()
+        .filter(|s| shown(s))
+    {
+        let up = now.total("colibri_sink_link_up", "sink", &s) > 0.0;
+        lines.push(format!(
+            "{:<14} {:<5} {:>12} {:>12} {:>8} {:>7} {:>6}",
+            s,
+            if up { "up" } else { "DOWN" },
+            if up {
+                "-".into()
+            } else {
+                when(
+                    now.total("colibri_sink_link_down_since_timestamp_seconds", "sink", &s),
+                    wall,
+                )
+            },
+            if up {
+                "-".into()
+            } else {
+                when(
+                    now.total("colibri_sink_link_next_probe_timestamp_seconds", "sink", &s),
+                    wall,
+                )
+            },
+            fmt_rate(rate("colibri_sink_delivered_records_total", "sink", &s)),
+            short(now.total("colibri_sink_dead_lettered_records_total", "sink", &s)),
+            short(now.total("colibri_sink_failed_attempts_total", "sink", &s)),
+        ));
+    }
+    lines.push(String::new());
+
+    // Tasks.
+    lines.push(format!(
+        "{:<14} {:<8} {:>12} {:<9} {:>8} {:>12}",
+        "TASK", "STATE", "LAST RUN", "OUTCOME", "TOOK", "NEXT RUN"
+    ));
+    let mut tasks: Vec<&Value> = now
+        .tasks
+        .iter()
+        .filter(|t| shown(t["name"].as_str().unwrap_or("")))
+        .collect();
+    if view.sort != Sort::Name {
+        tasks.sort_by(|a, b| rfc3339(&b["last"]["start"]).total_cmp(&rfc3339(&a["last"]["start"])));
+    }
+    for t in tasks {
+        let last = &t["last"];
+        lines.push(format!(
+            "{:<14} {:<8} {:>12} {:<9} {:>8} {:>12}",
+            t["name"].as_str().unwrap_or("?"),
+            if t["running"] == true {
+                "running"
+            } else {
+                "idle"
+            },
+            when(rfc3339(&last["start"]), wall),
+            last["outcome"].as_str().unwrap_or("-"),
+            last["duration_s"]
+                .as_f64()
+                .map_or("-".into(), |s| fmt_duration(Duration::from_secs_f64(
+                    s.max(0.0)
+                ))),
+            when(rfc3339(&t["next"]), wall),
+        ));
+    }
+    lines.push(String::new());
+
+    // Sources.
+    lines.push(format!(
+        "{:<14} {:<7} {:>9} {:>9}",
+        "SOURCE", "TYPE", "RECORDS/s", "RECORDS"
+    ));
+    for (kind, metric) in [
+        ("tail", "colibri_source_records_total"),
+        ("syslog", "colibri_syslog_records_total"),
+        ("mqtt", "colibri_mqtt_source_records_total"),
+    ] {
+        for s in now.items(metric, "source").into_iter().filter(|s| shown(s)) {
+            lines.push(format!(
+                "{:<14} {:<7} {:>9} {:>9}",
+                s,
+                kind,
+                fmt_rate(rate(metric, "source", &s)),
+                short(now.total(metric, "source", &s)),
+            ));
+        }
+    }
+    lines
+        .into_iter()
+        .map(|l| l.chars().take(width).collect())
+        .collect()
+}
+
+fn sort_rows(rows: &mut [(String, f64, f64)], sort: Sort) {
+    match sort {
+        Sort::Name => rows.sort_by(|a, b| a.0.cmp(&b.0)),
+        Sort::Backlog => rows.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))),
+        Sort::Rate => rows.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0))),
+    }
+}
+
+fn run(args: &TopArgs) -> anyhow::Result<()> {
+    let c = super::load_needing(&args.config, &["admin"])?;
+    let client = AdminClient::new(&c, &args.admin)?;
+    let mut view = View {
+        sort: Sort::Name,
+        filter: String::new(),
+        typing: false,
+    };
+    if args.once || !std::io::stdout().is_terminal() {
+        for line in screen(&read(&client)?, None, &view, Utc::now(), usize::MAX) {
+            println!("{}", line.trim_end());
+        }
+        return Ok(());
+    }
+    let _terminal = Terminal::enter()?;
+    let mut before: Option<Reading> = None;
+    let mut now = read(&client)?;
+    loop {
+        draw(&screen(
+            &now,
+            before.as_ref(),
+            &view,
+            Utc::now(),
+            terminal_width(),
+        ))?;
+        let next = now.at + REFRESH;
+        // Keys until the next read; each redraws at once.
+        loop {
+            let left = next.saturating_duration_since(Instant::now());
+            if left.is_zero() || !crossterm::event::poll(left)? {
+                break;
+            }
+            use crossterm::event::{Event, KeyCode, KeyEventKind, KeyModifiers};
+            let Event::Key(k) = crossterm::event::read()? else {
+                continue;
+            };
+            if k.kind != KeyEventKind::Press {
+                continue;
+            }
+            let ctrl_c =
+                k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
+            if view.typing {
+                match k.code {
+                    _ if ctrl_c => return Ok(()),
+                    KeyCode::Enter => view.typing = false,
+                    KeyCode::Esc => {
+                        view.typing = false;
+                        view.filter.clear();
+                    }
+                    KeyCode::Backspace => {
+                        view.filter.pop();
+                    }
+                    KeyCode::Char(ch) => view.filter.push(ch),
+                    _ => {}
+                }
+            } else {
+                match k.code {
+                    _ if ctrl_c => return Ok(()),
+                    KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                    KeyCode::Char('s') => view.sort = view.sort.next(),
+                    KeyCode::Char('/') => {
+                        view.typing = true;
+                        view.filter.clear();
+                    }
+                    _ => {}
+                }
+            }
+            draw(&screen(
+                &now,
+                before.as_ref(),
+                &view,
+                Utc::now(),
+                terminal_width(),
+            ))?;
+        }
+        let fresh = read(&client)?;
+        before = Some(std::mem::replace(&mut now, fresh));
+    }
+}
+
+fn terminal_width() -> usize {
+    crossterm::terminal::size().map_or(80, |(w, _)| usize::from(w))
+}
+
+/// The lines from the top left, as many as the terminal has rows.
+fn draw(lines: &[String]) -> anyhow::Result<()> {
+    use crossterm::{cursor, queue, terminal};
+    let rows = crossterm::terminal::size().map_or(24, |(_, h)| usize::from(h));
+    let mut out = std::io::stdout().lock();
+    queue!(
+        out,
+        cursor::MoveTo(0, 0),
+        terminal::Clear(terminal::ClearType::All)
+    )?;
+    for (i, l) in lines.iter().take(rows).enumerate() {
+        if i > 0 {
+            out.write_all(b"\r\n")?;
+        }
+        out.write_all(l.as_bytes())?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Raw mode and the alternate screen while `top` runs; put back however it ends.
+struct Terminal;
+
+impl Terminal {
+    fn enter() -> anyhow::Result<Terminal> {
+        use crossterm::{cursor, execute, terminal};
+        terminal::enable_raw_mode().context("cannot put the terminal in raw mode")?;
+        execute!(
+            std::io::stdout(),
+            terminal::EnterAlternateScreen,
+            cursor::Hide
+        )?;
+        Ok(Terminal)
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        use crossterm::{cursor, execute, terminal};
+        let _ = execute!(
+            std::io::stdout(),
+            cursor::Show,
+            terminal::LeaveAlternateScreen
+        );
+        let _ = terminal::disable_raw_mode();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metrics_text_is_read_with_its_labels() {
+        let s = parse(
+            "# TYPE x gauge\nx{a=\"1\",b=\"q\\\"z\"} 2.5\ny 3\ncolibri_build_info{version=\"0.1.0\"} 1\n",
+        );
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[0].name, "x");
+        assert_eq!(s[0].label("a"), "1");
+        assert_eq!(s[0].label("b"), "q\"z");
+        assert_eq!(s[0].value, 2.5);
+        assert_eq!((s[1].name.as_str(), s[1].value), ("y", 3.0));
+    }
+
+    #[test]
+    fn a_screen_fits_80_columns() {
+        let r = Reading {
+            at: Instant::now(),
+            samples: parse(
+                "colibri_stream_records{stream=\"telemetry-long-name\",queue=\"ready\"} 123456\ncolibri_sink_link_up{sink=\"upstream\"} 0\n",
+            ),
+            tasks: vec![
+                serde_json::json!({"name": "rotate", "running": false, "last": null, "next": null}),
+            ],
+        };
+        let view = View {
+            sort: Sort::Backlog,
+            filter: String::new(),
+            typing: false,
+        };
+        let lines = screen(&r, None, &view, Utc::now(), 80);
+        assert!(lines.iter().all(|l| l.chars().count() <= 80));
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("telemetry-long-name") || l.starts_with("telemetry-long")),
+            "{lines:#?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("upstream") && l.contains("DOWN")),
+            "{lines:#?}"
+        );
+    }
+}
