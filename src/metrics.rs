@@ -64,6 +64,38 @@ impl<T: Default> Registry<T> {
     }
 }
 
+/// One counter per key (names from the file, such as a stream and a status code), created at its
+/// first count: for families whose label values are only known as things happen.
+#[derive(Debug)]
+pub struct CountsBy<K> {
+    counts: Mutex<BTreeMap<K, u64>>,
+}
+
+impl<K> Default for CountsBy<K> {
+    fn default() -> Self {
+        CountsBy {
+            counts: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+impl<K: Ord + Clone> CountsBy<K> {
+    pub fn add(&self, key: K) {
+        *self
+            .counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key)
+            .or_insert(0) += 1;
+    }
+
+    /// Every key and its count, in key order.
+    pub fn all(&self) -> Vec<(K, u64)> {
+        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        counts.iter().map(|(k, n)| (k.clone(), *n)).collect()
+    }
+}
+
 /// Counts of observations per upper bound (not cumulative until rendered), and their sum.
 #[derive(Debug)]
 pub struct Histogram {

@@ -559,7 +559,7 @@ fn refused_metrics(t: &mut Text, store: &StoreHandle) {
         Kind::Counter,
         "Appends answered \"full\" (nothing stored; a producer under `block` tries again, and each answer counts) or refused by drop_newest, by reason: max_jobs, max_bytes, storage_max_bytes, min_free.",
     );
-    for (stream, reason, n) in store.stats().refused() {
+    for ((stream, reason), n) in store.stats().refused.all() {
         t.sample(
             "colibri_stream_appends_refused_total",
             &[("stream", &stream), ("reason", reason.label())],
@@ -575,7 +575,7 @@ fn ingest_metrics(t: &mut Text, ingest: &crate::ingest::IngestStats) {
         Kind::Counter,
         "Ingest API requests by stream (\"\" when the path names none of the file's) and status code.",
     );
-    for (stream, status, n) in ingest.all() {
+    for ((stream, status), n) in ingest.answers.all() {
         t.sample(
             "colibri_ingest_requests_total",
             &[("stream", &stream), ("code", &status.to_string())],

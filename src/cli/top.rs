@@ -464,14 +464,11 @@ fn run(args: &TopArgs) -> anyhow::Result<()> {
     let _terminal = Terminal::enter()?;
     let mut before: Option<Reading> = None;
     let mut now = read(&client)?;
+    let redraw = |now: &Reading, before: Option<&Reading>, view: &View| {
+        draw(&screen(now, before, view, Utc::now(), terminal_width()))
+    };
     loop {
-        draw(&screen(
-            &now,
-            before.as_ref(),
-            &view,
-            Utc::now(),
-            terminal_width(),
-        ))?;
+        redraw(&now, before.as_ref(), &view)?;
         let next = now.at + REFRESH;
         // Keys until the next read; each redraws at once.
         loop {
@@ -514,13 +511,7 @@ fn run(args: &TopArgs) -> anyhow::Result<()> {
                     _ => {}
                 }
             }
-            draw(&screen(
-                &now,
-                before.as_ref(),
-                &view,
-                Utc::now(),
-                terminal_width(),
-            ))?;
+            redraw(&now, before.as_ref(), &view)?;
         }
         let fresh = read(&client)?;
         before = Some(std::mem::replace(&mut now, fresh));

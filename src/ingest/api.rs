@@ -182,7 +182,9 @@ pub(crate) async fn handle(req: Request<Incoming>, s: &Shared, peer: SocketAddr)
     } else {
         ""
     };
-    s.stats.count(known, answer.status().as_u16());
+    s.stats
+        .answers
+        .add((known.to_string(), answer.status().as_u16()));
     answer
 }
 

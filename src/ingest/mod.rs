@@ -132,31 +132,7 @@ pub(crate) struct Shared {
 pub struct IngestStats {
     /// (stream, status) → requests; the stream is "" for paths that name none, or name a stream
     /// the config does not have (a label holds only names from the file).
-    answers: std::sync::Mutex<std::collections::BTreeMap<(String, u16), u64>>,
-}
-
-impl IngestStats {
-    pub(crate) fn count(&self, stream: &str, status: u16) {
-        let mut map = self
-            .answers
-            .lock()
-            .expect("never poisoned: no panics while held");
-        match map.get_mut(&(stream.to_string(), status)) {
-            Some(n) => *n += 1,
-            None => {
-                map.insert((stream.to_string(), status), 1);
-            }
-        }
-    }
-
-    /// (stream, status, requests) so far.
-    pub fn all(&self) -> Vec<(String, u16, u64)> {
-        let map = self
-            .answers
-            .lock()
-            .expect("never poisoned: no panics while held");
-        map.iter().map(|((s, c), n)| (s.clone(), *c, *n)).collect()
-    }
+    pub answers: crate::metrics::CountsBy<(String, u16)>,
 }
 
 /// A connection's first request header must be complete this long after accept (at most

@@ -195,31 +195,7 @@ pub struct WriterStats {
     pub(super) replaced: (std::sync::Mutex<u64>, std::sync::Condvar),
     /// Appends answered "full" (nothing stored; under `block` the producer may try again, and
     /// each answer counts) or refused by `drop_newest`, by stream and reason.
-    refused: std::sync::Mutex<std::collections::BTreeMap<(String, crate::store::FullReason), u64>>,
-}
-
-impl WriterStats {
-    fn refuse(&self, stream: &str, reason: crate::store::FullReason) {
-        let mut map = self
-            .refused
-            .lock()
-            .expect("never poisoned: no panics while held");
-        match map.get_mut(&(stream.to_string(), reason)) {
-            Some(n) => *n += 1,
-            None => {
-                map.insert((stream.to_string(), reason), 1);
-            }
-        }
-    }
-
-    /// The refused appends so far: (stream, reason, count).
-    pub fn refused(&self) -> Vec<(String, crate::store::FullReason, u64)> {
-        let map = self
-            .refused
-            .lock()
-            .expect("never poisoned: no panics while held");
-        map.iter().map(|((s, r), n)| (s.clone(), *r, *n)).collect()
-    }
+    pub refused: crate::metrics::CountsBy<(String, crate::store::FullReason)>,
 }
 
 impl Default for WriterStats {

@@ -41,7 +41,7 @@ fn answer(
     if let Err(AppendError::Full { stream, reason } | AppendError::Refused { stream, reason, .. }) =
         &result
     {
-        stats.refuse(stream, *reason);
+        stats.refused.add((stream.clone(), *reason));
     }
     pending.push(Pending::Append(reply, result));
 }
