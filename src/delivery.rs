@@ -299,7 +299,7 @@ pub async fn run(
         let mut pause_for = None;
         let mut jobs = jobs.into_iter();
         while let Some(job) = jobs.next() {
-            if stopping.is_cancelled() || !rt.link.is_up() {
+            if stopping.is_cancelled() || !rt.link.is_up() || rt.paused.is(&stream) {
                 store.release(job.lease);
                 continue;
             }

@@ -50,7 +50,8 @@ pub enum Change {
     /// started (it then waits for a worker like any other) or refused.
     RunNow {
         name: String,
-        reply: oneshot::Sender<Result<(), RunRefused>>,
+        /// The runs of the task that had ended when this one started: the next to end is it.
+        reply: oneshot::Sender<Result<u64, RunRefused>>,
     },
 }
 
@@ -463,6 +464,8 @@ impl Scheduler {
                 self.fire(fire);
             }
         }
+        // A change sent from now on (a run asked for now) is refused at once, not left waiting.
+        self.changes = None;
         self.drain().await
     }
 
@@ -482,7 +485,11 @@ impl Scheduler {
             Some(Change::RunNow { name, reply }) => {
                 let started = self.plan.fire_now(&name, now).map(|fire| {
                     tracing::info!(task = %name, "run asked for now (outside the schedule)");
+                    // Not running (fire_now refuses then), and a scheduled time while this run
+                    // goes on is skipped: the next run to end is this one.
+                    let ended = fire.stats.ended();
                     self.fire(fire);
+                    ended
                 });
                 let _ = reply.send(started);
             }

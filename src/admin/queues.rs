@@ -1,6 +1,6 @@
 //! The admin endpoint's queue operations on a running agent, what `colibri queue` asks when the
 //! agent runs (the store has one writer, so the command cannot open it then):
-//! `POST /-/queues/{stream}/dead/replay?id=&older_than_ms=&limit=` and `.../dead/purge?...` (one
+//! `POST /-/queues/{stream}/dead/replay?id=&failed_before_ms=&limit=` and `.../dead/purge?...` (one
 //! chunk of at most `limit` dead letters per request, each its own commit: a long replay is many
 //! requests, shows progress and can be stopped and run again), `POST /-/queues/{stream}/records`
 //! (lines appended as records, answered once durable: `queue push`), and
@@ -103,8 +103,9 @@ pub(super) async fn handle(
             let parsed = (|| {
                 let limit =
                     param(query, "limit")?.map_or(1000, |l| (l as usize).clamp(1, MAX_CHUNK));
-                let before = param(query, "older_than_ms")?
-                    .map(|ms| crate::clock::now_ms().saturating_sub(ms));
+                // Absolute, fixed by the command for its whole run: a dead letter that fails again
+                // meanwhile is not taken again.
+                let before = param(query, "failed_before_ms")?;
                 let op = if op == Op::Replay {
                     DeadOp::Replay {
                         id: param(query, "id")?,

@@ -746,6 +746,11 @@ fn syslog_metrics(t: &mut Text, stats: &[(String, Arc<crate::syslog::SyslogStats
                 |s| s.framing_errors.load(Relaxed),
             ),
             (
+                "colibri_syslog_cut_total",
+                "Messages cut short by a stop, a reload or a broken connection, and not stored.",
+                |s| s.cut.load(Relaxed),
+            ),
+            (
                 "colibri_syslog_tls_failures_total",
                 "TLS connections whose handshake failed or timed out.",
                 |s| s.tls_failures.load(Relaxed),

@@ -90,9 +90,9 @@ pub(super) async fn run(state: &AgentState, name: &str) -> (StatusCode, String) 
         }
     };
     match answer {
-        Ok(()) => (
+        Ok(ended) => (
             StatusCode::ACCEPTED,
-            json!({"task": name, "started": true}).to_string(),
+            json!({"task": name, "started": true, "runs_before": ended}).to_string(),
         ),
         Err(RunRefused::NoSuchTask) => (
             StatusCode::NOT_FOUND,

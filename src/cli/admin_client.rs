@@ -138,8 +138,14 @@ impl AdminClient {
         }
         self.rt.block_on(async {
             let answer = req.send().await.map_err(|e| {
-                if e.is_connect() || e.is_timeout() {
+                if e.is_connect() {
                     AdminError::NotRunning(self.base.clone())
+                } else if e.is_timeout() {
+                    AdminError::Other(anyhow::anyhow!(
+                        "{}: no answer within {}s (what was asked may have been done: look before asking again)",
+                        self.base,
+                        TIMEOUT.as_secs()
+                    ))
                 } else {
                     AdminError::Other(anyhow::anyhow!(
                         "{}: {}",

@@ -305,23 +305,20 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
             let stream = &target.stream;
             let mut via = via(&c, &admin, Access::Change)?;
             let total = via.dead_jobs(&c, stream)?;
+            // One cut-off for the whole run: a job that fails again while it runs (the agent
+            // delivering) dies after it and is not replayed again and again.
+            let before = cut_off(older_than);
             let (jobs, records) = match &mut via {
-                Via::Store(s) => {
-                    let before = older_than.map(ago_ms);
-                    in_chunks(
-                        "replayed",
-                        total,
-                        |j| j == 0 || id.is_some(),
-                        || chunk(s, |tx| tx.replay_dead(stream, id, before, CHUNK)),
-                    )?
-                }
+                Via::Store(s) => in_chunks(
+                    "replayed",
+                    total,
+                    |j| j == 0 || id.is_some(),
+                    || chunk(s, |tx| tx.replay_dead(stream, id, Some(before), CHUNK)),
+                )?,
                 Via::Agent(a) => {
-                    let mut q = format!("limit={CHUNK}");
+                    let mut q = format!("limit={CHUNK}&failed_before_ms={before}");
                     if let Some(id) = id {
                         q.push_str(&format!("&id={id}"));
-                    }
-                    if let Some(d) = older_than {
-                        q.push_str(&format!("&older_than_ms={}", d.as_millis()));
                     }
                     in_chunks(
                         "replayed",
@@ -381,12 +378,12 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
                 }
             }
             let stream = &target.stream;
+            let before = cut_off(older_than);
             let last = |j| j < CHUNK as u64;
             let (jobs, records) = match &mut via {
                 Via::Store(s) => {
-                    let before = older_than.map(ago_ms);
                     let done = in_chunks("purged", counters.dead_jobs, last, || {
-                        chunk(s, |tx| tx.purge_dead(stream, before, CHUNK))
+                        chunk(s, |tx| tx.purge_dead(stream, Some(before), CHUNK))
                     })?;
                     // Purged file jobs take their spooled files with them (the running agent's
                     // writer does so itself).
@@ -394,10 +391,7 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
                     done
                 }
                 Via::Agent(a) => {
-                    let mut q = format!("limit={CHUNK}");
-                    if let Some(d) = older_than {
-                        q.push_str(&format!("&older_than_ms={}", d.as_millis()));
-                    }
+                    let q = format!("limit={CHUNK}&failed_before_ms={before}");
                     in_chunks("purged", counters.dead_jobs, last, || {
                         a.counts(&format!("/-/queues/{stream}/dead/purge?{q}"))
                     })?
@@ -457,9 +451,13 @@ fn chunk(
     Ok(n)
 }
 
-/// Unix ms `d` ago.
-fn ago_ms(d: std::time::Duration) -> u64 {
-    clock::now_ms().saturating_sub(d.as_millis() as u64)
+/// The dead letters a replay or purge takes: those that failed before this (Unix ms): `older_than`
+/// ago, or now (all of them, but none that fail again while it runs).
+fn cut_off(older_than: Option<std::time::Duration>) -> u64 {
+    match older_than {
+        Some(d) => clock::now_ms().saturating_sub(d.as_millis() as u64),
+        None => clock::now_ms() + 1,
+    }
 }
 
 /// Where a command that changes the queues goes: the running agent (the store has one writer),
@@ -473,12 +471,17 @@ enum Via {
 fn via(c: &Config, admin: &AdminArgs, access: Access) -> anyhow::Result<Via> {
     // Without an address to ask (admin off, or port 0 and no --admin) only the store is left;
     // its lock then says whether an agent holds it.
-    if let Ok(client) = AdminClient::new(c, admin) {
-        match client.get("/healthz") {
+    match AdminClient::new(c, admin) {
+        Ok(client) => match client.get("/healthz") {
             Ok(_) => return Ok(Via::Agent(client)),
             Err(AdminError::NotRunning(_)) => {}
             Err(AdminError::Other(e)) => return Err(e),
+        },
+        // Asked for explicitly (an address, or HTTPS that needs its settings): say what is wrong.
+        Err(e) if admin.admin.is_some() || c.admin.as_ref().is_some_and(|a| a.tls.is_some()) => {
+            return Err(e);
         }
+        Err(_) => {}
     }
     Ok(Via::Store(open(c, access)?))
 }

@@ -103,7 +103,6 @@ fn run(cmd: TaskCommand) -> anyhow::Result<ExitCode> {
             no_wait,
         } => {
             let client = client(&config, &admin)?;
-            let before = ended(&tasks(&client)?, &name);
             let a = agent(client.post(&format!("/-/tasks/{name}/run"), String::new()))?;
             if a.status != 202 {
                 let why = serde_json::from_str::<Value>(&a.body)
@@ -112,6 +111,10 @@ fn run(cmd: TaskCommand) -> anyhow::Result<ExitCode> {
                     .unwrap_or_else(|| a.body.trim().to_string());
                 anyhow::bail!("{why}");
             }
+            let before = serde_json::from_str::<Value>(&a.body)
+                .ok()
+                .and_then(|v| v["runs_before"].as_u64())
+                .context("the agent's answer does not say which run started")?;
             println!("task {name}: started");
             if no_wait {
                 return Ok(ExitCode::SUCCESS);
@@ -156,7 +159,7 @@ fn find<'a>(list: &'a [Value], name: &str) -> Option<&'a Value> {
     list.iter().find(|t| t["name"] == name)
 }
 
-/// Runs of `name` that ended (0 when it is not listed: the POST then says why).
+/// Runs of `name` that ended (0 when it is not listed).
 fn ended(list: &[Value], name: &str) -> u64 {
     find(list, name)
         .and_then(|t| t["runs"].as_u64())

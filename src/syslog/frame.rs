@@ -71,9 +71,11 @@ impl Framer {
         result
     }
 
-    /// The connection was cut: what is left is not a message.
-    pub fn discard(&mut self) {
+    /// The connection was cut: what is left is not a message. Whether there was a part of one.
+    pub fn discard(&mut self) -> bool {
+        let partial = !self.buf.is_empty() && !self.skip_line && self.skip_octets == 0;
         self.buf.clear();
+        partial
     }
 
     /// The connection ended: a last newline-framed message without its newline is still a

@@ -179,8 +179,11 @@ fn tls_failed(shared: &Shared, peer: SocketAddr, error: &str) {
 enum End {
     /// The sender closed it.
     Eof,
-    /// Silent past `idle_timeout`, failed, or colibri stops (after what was there was read):
-    /// a message without its end is a cut one.
+    /// Silent past `idle_timeout`: the sender is done (a last message without its newline is
+    /// kept, as at an end).
+    Idle,
+    /// Failed, or colibri stops (after what was there was read): a message without its end is a
+    /// cut one.
     Cut,
     /// The sender broke the framing: what is left is not a message.
     Framing,
@@ -190,7 +193,7 @@ enum End {
 /// stops; at the stop it reads on what is already there for [`STOP_WAIT`] at most, while the
 /// budget has room, so a graceful stop loses no more than the kernel still held (nothing, unless
 /// the stream is full). A last message without its newline is kept when the sender closed the
-/// connection, and dropped when colibri or the network cut it (it is not the sender's whole message).
+/// connection or went idle, and dropped (counted in `cut`) when colibri or the network cut it.
 async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     mut sock: S,
     peer: SocketAddr,
@@ -215,7 +218,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                     Ok(r) => r,
                     Err(_) => {
                         tracing::debug!(source = %name, %peer, "syslog connection idle: closed");
-                        break End::Cut;
+                        break End::Idle;
                     }
                 },
             },
@@ -260,7 +263,10 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     if end == End::Cut {
         // colibri stopped reading (a stop or reload) or the connection broke: a message without
         // its end is a cut one, not the sender's last, and is not stored.
-        framer.discard();
+        if framer.discard() {
+            shared.stats.cut.fetch_add(1, Relaxed);
+            tracing::debug!(source = %name, %peer, "a message cut by the connection's end is not stored");
+        }
     } else if end != End::Framing {
         let mut chunk = Read::new();
         if framer.finish(|m, cut| chunk.message(shared, m, cut, &peer_json)) {

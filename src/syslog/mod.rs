@@ -103,6 +103,9 @@ pub struct SyslogStats {
     /// TLS connections whose handshake failed or timed out (no certificate the CA signed, a
     /// plain-text client).
     pub tls_failures: AtomicU64,
+    /// Messages cut short because colibri stopped reading (a stop or reload) or the connection
+    /// broke mid-message: not stored (they are not what the sender sent).
+    pub cut: AtomicU64,
 }
 
 /// What the listeners share.
@@ -187,6 +190,7 @@ pub async fn run(
         connections_refused = stats.connections_refused.load(Relaxed),
         framing_errors = stats.framing_errors.load(Relaxed),
         tls_failures = stats.tls_failures.load(Relaxed),
+        cut = stats.cut.load(Relaxed),
         "syslog summary"
     );
 }

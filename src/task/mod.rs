@@ -313,7 +313,7 @@ pub async fn run(
 ) {
     let started = Instant::now();
     let started_wall = Utc::now();
-    stats.running.fetch_add(1, Ordering::Relaxed);
+    let running = Running::new(stats);
     let mut attempt_no: u32 = 0;
     let last = loop {
         let attempt = match &def.action {
@@ -346,7 +346,7 @@ pub async fn run(
     };
     stats.duration.observe(started.elapsed());
     let duration_ms = started.elapsed().as_millis() as u64;
-    stats.running.fetch_sub(1, Ordering::Relaxed);
+    drop(running);
     stats
         .last_start_ms
         .store(unix_ms(started_wall), Ordering::Relaxed);
@@ -398,6 +398,23 @@ pub async fn run(
                 "task run failed"
             );
         }
+    }
+}
+
+/// A run holding a worker, counted in [`TaskStats::running`] until it ends however it ends (a
+/// panic or an abort included).
+struct Running<'a>(&'a TaskStats);
+
+impl<'a> Running<'a> {
+    fn new(stats: &'a TaskStats) -> Running<'a> {
+        stats.running.fetch_add(1, Ordering::Relaxed);
+        Running(stats)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

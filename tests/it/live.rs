@@ -323,6 +323,23 @@ streams:
         .expect("delivered after the resume");
     balanced("after pause and resume");
 
+    // A replay while the receiver still refuses ends: what dies again meanwhile is not replayed
+    // again and again.
+    rx.set_mode(Mode::Status(400));
+    push(40_000, 5);
+    agent.wait_until(secs(60), "five dead letters", || {
+        stats()["dead"]["jobs"] == 5
+    });
+    let again = finish(
+        queue(&config, &["dead", "replay", "logs", "--json"]),
+        secs(60),
+    );
+    assert_code(again.status, 0, &again.stderr);
+    let again: Value = serde_json::from_str(again.stdout.trim()).unwrap();
+    assert_eq!(again["replayed_jobs"], 5, "{again}");
+    agent.wait_until(secs(60), "dead again", || stats()["dead"]["jobs"] == 5);
+    balanced("after a replay into a refusing receiver");
+
     agent.signal(libc::SIGTERM);
     assert_code(agent.wait_exit(secs(30)), 0, &agent.stderr());
     // With the agent stopped the commands open the store, as before.

@@ -558,12 +558,30 @@ fn udp_messages_a_full_block_stream_cannot_take_are_dropped_and_counted() {
         "the stream never filled:\n{}",
         agent.stderr()
     );
-    for _ in 0..5000 {
-        sent += 1;
-        let m = format!("<14>1 - gw probe - - - u {sent}");
-        udp.send_to(m.as_bytes(), ("127.0.0.1", port))
-            .expect("send");
-    }
+    // More, until what was read and waits for room passes the source's budget (8 MiB) and the
+    // rest is dropped: how much that takes depends on how fast the stream filled.
+    let listening = agent.wait_for_event(secs(10), "the admin endpoint", |e| {
+        field(e, "message") == "admin endpoint listening"
+    });
+    let admin: std::net::SocketAddr = field(&listening, "listen").parse().unwrap();
+    let mut metrics = crate::util::client::Client::new(admin);
+    let dropping = poll(secs(60), || {
+        for _ in 0..5000 {
+            sent += 1;
+            let m = format!("<14>1 - gw probe - - - u {sent}");
+            udp.send_to(m.as_bytes(), ("127.0.0.1", port))
+                .expect("send");
+        }
+        let page = metrics.request("GET", "/metrics", &[], None).ok()?.text();
+        page.lines()
+            .find_map(|l| l.strip_prefix("colibri_syslog_udp_dropped_total{source=\"plant\"} "))
+            .is_some_and(|v| v != "0")
+            .then_some(())
+    });
+    assert!(
+        dropping.is_some(),
+        "no UDP message dropped after {sent} sent"
+    );
     rx.set_mode(Mode::Accept);
     let agent = stop(agent);
     let s = summary(&agent);
