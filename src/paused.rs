@@ -6,12 +6,15 @@
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use tokio::sync::Notify;
 
 #[derive(Debug, Default)]
 pub struct Paused {
     streams: Mutex<BTreeSet<String>>,
+    /// Some stream is paused: the delivery workers, which ask per job, take no lock otherwise.
+    any: AtomicBool,
     changed: Notify,
 }
 
@@ -20,11 +23,13 @@ impl Paused {
     pub fn set(&self, stream: &str, paused: bool) -> bool {
         let changed = {
             let mut set = self.lock();
-            if paused {
+            let changed = if paused {
                 set.insert(stream.to_string())
             } else {
                 set.remove(stream)
-            }
+            };
+            self.any.store(!set.is_empty(), Relaxed);
+            changed
         };
         if changed {
             self.changed.notify_waiters();
@@ -33,7 +38,7 @@ impl Paused {
     }
 
     pub fn is(&self, stream: &str) -> bool {
-        self.lock().contains(stream)
+        self.any.load(Relaxed) && self.lock().contains(stream)
     }
 
     /// Returns once `stream` is not paused.

@@ -107,6 +107,19 @@ fn text(status: StatusCode, body: String) -> Response<Full<bytes::Bytes>> {
     r
 }
 
+/// A `u64` query parameter (`name=123`), `None` when absent; the reason when it is not a number.
+fn query_u64(query: &str, name: &str) -> Result<Option<u64>, String> {
+    for pair in query.split('&') {
+        if let Some(v) = pair.strip_prefix(name).and_then(|r| r.strip_prefix('=')) {
+            return v
+                .parse()
+                .map(Some)
+                .map_err(|_| format!("{name}={v:?} is not a whole number"));
+        }
+    }
+    Ok(None)
+}
+
 fn json(status: StatusCode, body: String) -> Response<Full<bytes::Bytes>> {
     let mut r = text(status, body);
     r.headers_mut().insert(

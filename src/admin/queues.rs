@@ -13,7 +13,7 @@ use std::time::Duration;
 use hyper::StatusCode;
 use serde_json::json;
 
-use super::AgentState;
+use super::{AgentState, query_u64 as param};
 use crate::store::writer::DeadOp;
 use crate::store::{AppendError, RecordBuf, StoreError};
 
@@ -49,19 +49,6 @@ pub(super) fn route(path: &str) -> Option<(String, Op)> {
 
 fn error(status: StatusCode, message: impl std::fmt::Display) -> (StatusCode, String) {
     (status, json!({ "error": message.to_string() }).to_string())
-}
-
-/// A `u64` query parameter, `None` when absent.
-fn param(query: &str, name: &str) -> Result<Option<u64>, String> {
-    for pair in query.split('&') {
-        if let Some(v) = pair.strip_prefix(name).and_then(|r| r.strip_prefix('=')) {
-            return v
-                .parse()
-                .map(Some)
-                .map_err(|_| format!("{name}={v:?} is not a whole number"));
-        }
-    }
-    Ok(None)
 }
 
 /// Carries out `op` on `stream`; `body` is read for a push only.

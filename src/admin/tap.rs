@@ -9,7 +9,7 @@ use std::time::Duration;
 use hyper::StatusCode;
 use serde_json::json;
 
-use super::AgentState;
+use super::{AgentState, query_u64};
 
 /// The longest a request waits for a record (below the endpoint's idle timeout).
 const MAX_WAIT: Duration = Duration::from_secs(5);
@@ -21,12 +21,6 @@ pub(super) fn route(path: &str) -> Option<String> {
     path.strip_prefix("/-/tap/")
         .filter(|s| !s.is_empty() && !s.contains('/'))
         .map(str::to_string)
-}
-
-fn param(query: &str, name: &str) -> Option<u64> {
-    query
-        .split('&')
-        .find_map(|p| p.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
 }
 
 pub(super) async fn read(state: &AgentState, stream: &str, query: &str) -> (StatusCode, String) {
@@ -44,13 +38,18 @@ pub(super) async fn read(state: &AgentState, stream: &str, query: &str) -> (Stat
                 .to_string(),
         );
     };
-    let limit = param(query, "limit").map_or(MAX_RECORDS, |l| (l as usize).clamp(1, MAX_RECORDS));
-    let wait =
-        param(query, "wait_ms").map_or(MAX_WAIT, |ms| Duration::from_millis(ms).min(MAX_WAIT));
-    let r = store
-        .taps()
-        .read(stream, param(query, "after"), limit, wait)
-        .await;
+    let params = (|| {
+        let limit =
+            query_u64(query, "limit")?.map_or(MAX_RECORDS, |l| (l as usize).clamp(1, MAX_RECORDS));
+        let wait = query_u64(query, "wait_ms")?
+            .map_or(MAX_WAIT, |ms| Duration::from_millis(ms).min(MAX_WAIT));
+        Ok::<_, String>((limit, wait, query_u64(query, "after")?))
+    })();
+    let (limit, wait, after) = match params {
+        Ok(p) => p,
+        Err(e) => return (StatusCode::BAD_REQUEST, json!({ "error": e }).to_string()),
+    };
+    let r = store.taps().read(stream, after, limit, wait).await;
     let records: Vec<String> = r
         .records
         .iter()

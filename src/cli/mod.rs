@@ -135,6 +135,28 @@ fn load_needing(arg: &ConfigArg, needed: &'static [&'static str]) -> anyhow::Res
     }
 }
 
+/// Unix time `t` (seconds; 0 is none) as "in 3s" or "12s ago" from `now`; "-" for none. For the
+/// views of a running agent (`task list`, `top`).
+fn from_now(t: f64, now: chrono::DateTime<chrono::Utc>) -> String {
+    if t <= 0.0 {
+        return "-".into();
+    }
+    let d = t - now.timestamp_millis() as f64 / 1000.0;
+    let span = fmt_duration(std::time::Duration::from_secs(d.abs() as u64));
+    if d >= 0.0 {
+        format!("in {span}")
+    } else {
+        format!("{span} ago")
+    }
+}
+
+/// Unix seconds of an RFC 3339 time in the agent's JSON (0 for none).
+fn unix_s(v: &serde_json::Value) -> f64 {
+    v.as_str()
+        .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
+        .map_or(0.0, |t| t.timestamp_millis() as f64 / 1000.0)
+}
+
 /// `colibri run`. The runtime is dropped before this returns, so what its shutdown logs is
 /// flushed too.
 fn run(args: &ConfigArg) -> ExitCode {

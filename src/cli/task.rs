@@ -168,19 +168,7 @@ fn ended(list: &[Value], name: &str) -> u64 {
 
 /// "12s ago" / "in 48s" from an RFC 3339 time; "-" for none.
 fn relative(v: &Value, now: DateTime<Utc>) -> String {
-    let Some(t) = v
-        .as_str()
-        .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
-    else {
-        return "-".into();
-    };
-    let d = t.with_timezone(&Utc) - now;
-    let secs = Duration::from_secs(d.num_seconds().unsigned_abs());
-    if d.num_seconds() >= 0 {
-        format!("in {}", fmt_duration(secs))
-    } else {
-        format!("{} ago", fmt_duration(secs))
-    }
+    super::from_now(super::unix_s(v), now)
 }
 
 /// The table `task list` prints: one row per task, within 80 columns for usual names.

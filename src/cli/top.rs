@@ -19,6 +19,7 @@ use clap::Args;
 use serde_json::Value;
 
 use super::admin_client::{AdminArgs, AdminClient, AdminError};
+use super::{from_now as when, unix_s as rfc3339};
 use crate::units::{fmt_duration, fmt_size};
 
 #[derive(Debug, Args)]
@@ -225,26 +226,6 @@ fn short(n: f64) -> String {
     } else {
         format!("{:.1}M", n / 1e6)
     }
-}
-
-/// Seconds from now to Unix time `t` ("-" for 0), as "12s ago" / "in 3s".
-fn when(t: f64, now: DateTime<Utc>) -> String {
-    if t <= 0.0 {
-        return "-".into();
-    }
-    let d = t - now.timestamp_millis() as f64 / 1000.0;
-    let span = fmt_duration(Duration::from_secs(d.abs() as u64));
-    if d >= 0.0 {
-        format!("in {span}")
-    } else {
-        format!("{span} ago")
-    }
-}
-
-fn rfc3339(v: &Value) -> f64 {
-    v.as_str()
-        .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
-        .map_or(0.0, |t| t.timestamp_millis() as f64 / 1000.0)
 }
 
 /// One screen, as lines of at most `width` characters.

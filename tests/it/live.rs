@@ -456,6 +456,13 @@ impl Drop for Tmux {
     }
 }
 
+/// Asserts that the row of `name` in a screen holds `text`.
+#[track_caller]
+fn row_has(screen: &str, name: &str, text: &str) {
+    let r = row(screen, name).unwrap_or_else(|| panic!("no {name} row in:\n{screen}"));
+    assert!(r.contains(text), "{name} row without {text:?}:\n{screen}");
+}
+
 /// The row of `name` in a screen.
 fn row<'a>(screen: &'a str, name: &str) -> Option<&'a str> {
     screen
@@ -545,27 +552,9 @@ tasks:
         bad[8],
         metric("colibri_stream_records{stream=\"bad\",queue=\"dead\"}")
     );
-    assert!(
-        row(&once.stdout, "central")
-            .expect("a central row")
-            .contains("DOWN"),
-        "{}",
-        once.stdout
-    );
-    assert!(
-        row(&once.stdout, "picky")
-            .expect("a picky row")
-            .contains(" up "),
-        "{}",
-        once.stdout
-    );
-    assert!(
-        row(&once.stdout, "tick")
-            .expect("a tick row")
-            .contains("idle"),
-        "{}",
-        once.stdout
-    );
+    row_has(&once.stdout, "central", "DOWN");
+    row_has(&once.stdout, "picky", " up ");
+    row_has(&once.stdout, "tick", "idle");
 
     // Live, in tmux.
     let top = format!(
