@@ -73,6 +73,24 @@ pub struct SinkStats {
     pub request_duration: crate::metrics::Histogram,
     /// Link up/down transitions of earlier runtimes of this sink (before a reload restarted it).
     pub transitions_before: AtomicU64,
+    /// The last request that failed: when (Unix ms) and why (no answer, or what the receiver
+    /// said). Taken only on a failure, so a sink that delivers never locks it.
+    pub last_error: std::sync::Mutex<Option<(u64, String)>>,
+}
+
+impl SinkStats {
+    fn failed(&self, reason: &str) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((now_ms(), reason.to_string()));
+    }
+
+    /// The last failure: when (Unix ms) and why.
+    pub fn last_error(&self) -> Option<(u64, String)> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 impl Default for SinkStats {
@@ -91,6 +109,7 @@ impl Default for SinkStats {
             bytes_delivered: zero(),
             request_duration: crate::metrics::Histogram::new(crate::metrics::REQUEST_BUCKETS),
             transitions_before: zero(),
+            last_error: std::sync::Mutex::new(None),
         }
     }
 }
@@ -459,6 +478,7 @@ async fn deliver_job(
             }
             Err(DeliveryError::Unavailable(reason)) => {
                 stats.requests_transport.fetch_add(1, Relaxed);
+                stats.failed(&reason);
                 store.release(job.lease);
                 let failures = rt.link.transport_failed(&reason);
                 tracing::debug!(
@@ -479,6 +499,7 @@ async fn deliver_job(
             Err(DeliveryError::TooLarge(reason)) => {
                 rt.link.answered();
                 stats.requests_too_large.fetch_add(1, Relaxed);
+                stats.failed(&reason);
                 if end - start > 1 {
                     chunk = (end - start).div_ceil(2);
                     tracing::warn!(
@@ -520,6 +541,7 @@ async fn deliver_job(
             }) => {
                 rt.link.answered();
                 stats.requests_retryable.fetch_add(1, Relaxed);
+                stats.failed(&reason);
                 let retry = rt.sink.config.retry;
                 let delay = match retry_after {
                     Some(d) => d.min(RETRY_AFTER_MAX),
@@ -535,6 +557,7 @@ async fn deliver_job(
             Err(DeliveryError::Permanent(reason)) => {
                 rt.link.answered();
                 stats.requests_rejected.fetch_add(1, Relaxed);
+                stats.failed(&reason);
                 let failure = Failure::Permanent { reason };
                 return record_failure(stream, rt, store, job, n - start, failure).await;
             }

@@ -186,6 +186,20 @@ impl Link {
         down.as_ref().map_or(0, |o| unix_ms(o.at))
     }
 
+    /// Why the outage in progress began (the failure that took the link down); none while up.
+    pub fn down_reason(&self) -> Option<String> {
+        self.down
+            .lock()
+            .expect("never poisoned: no panics while held")
+            .as_ref()
+            .map(|o| o.reason.clone())
+    }
+
+    /// Whether the link is on trial: a probe passed and requests are tried.
+    pub fn on_trial(&self) -> bool {
+        *self.state.borrow() == State::Trial
+    }
+
     /// When the monitor probes next, Unix milliseconds, while the link is down; 0 while up or on
     /// trial. A time past means that probe is running.
     pub fn next_probe_ms(&self) -> u64 {

@@ -3,8 +3,9 @@
 //! runs; 503 with the reason otherwise), `POST /-/reload` (the same all-or-nothing reload as
 //! SIGHUP; the answer says what happened). A non-loopback address is refused at load unless
 //! `allow_remote: true` and a token; with a token, everything but `/healthz` and `/readyz` needs
-//! it (Bearer). `GET /-/tasks` and `POST /-/tasks/{name}/run` are [`tasks`]'; the queue
-//! operations under `/-/queues/` are [`queues`]'; `GET /-/tap/{stream}` is [`tap`]'s.
+//! it (Bearer). `GET /-/tasks` and `POST /-/tasks/{name}/run` are [`tasks`]'; `GET /-/sinks` is
+//! [`sinks`]'; the queue operations under `/-/queues/` are [`queues`]'; `GET /-/tap/{stream}` is
+//! [`tap`]'s.
 //!
 //! This file owns the routes, the bearer token check and the listener's settings (its connections
 //! are `crate::net::server`'s). What the endpoint reads is [`state`]'s [`AgentState`]; the page of
@@ -13,6 +14,7 @@
 
 mod queues;
 mod render;
+mod sinks;
 mod state;
 mod tap;
 mod tasks;
@@ -144,7 +146,7 @@ async fn handle(
     let queue_op = queues::route(&path);
     let tapped = tap::route(&path);
     let allowed = match path.as_str() {
-        "/metrics" | "/healthz" | "/readyz" | "/-/tasks" => Method::GET,
+        "/metrics" | "/healthz" | "/readyz" | "/-/tasks" | "/-/sinks" => Method::GET,
         _ if tapped.is_some() => Method::GET,
         "/-/reload" => Method::POST,
         _ if run_task.is_some() || queue_op.is_some() => Method::POST,
@@ -152,7 +154,7 @@ async fn handle(
             return text(
                 StatusCode::NOT_FOUND,
                 format!(
-                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz, /-/tasks, /-/tap/STREAM; POST /-/reload, /-/tasks/NAME/run, /-/queues/STREAM/{{dead/replay,dead/purge,records,pause,resume}})\n"
+                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz, /-/tasks, /-/sinks, /-/tap/STREAM; POST /-/reload, /-/tasks/NAME/run, /-/queues/STREAM/{{dead/replay,dead/purge,records,pause,resume}})\n"
                 ),
             );
         }
@@ -222,6 +224,7 @@ async fn handle(
     match path.as_str() {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/-/tasks" => json(StatusCode::OK, tasks::list(state)),
+        "/-/sinks" => json(StatusCode::OK, sinks::list(state)),
         "/readyz" => match state.not_ready(STORE_ANSWER).await {
             None => text(StatusCode::OK, "ready\n".into()),
             Some(why) => text(

@@ -401,6 +401,19 @@ fn stream_metrics(t: &mut Text, snap: &Snapshot) {
         "Records a damaged store file held that its salvage, still running, has not put back yet.",
         |c| c.salvaging_records,
     );
+    t.family(
+        "colibri_stream_oldest_ready_timestamp_seconds",
+        Kind::Gauge,
+        "When the job at the head of a stream's ready queue (the oldest ready job, delivered next) was created, Unix seconds; 0 when none is ready. Jobs waiting to be retried are not looked at.",
+    );
+    for ((c, _), head) in snap.streams.iter().zip(&snap.ready_head_ms) {
+        let secs = head.map_or(0.0, |ms| ms as f64 / 1000.0);
+        t.sample(
+            "colibri_stream_oldest_ready_timestamp_seconds",
+            &[("stream", &c.name)],
+            secs,
+        );
+    }
     streams.families(
         t,
         Kind::Counter,
@@ -873,5 +886,12 @@ fn source_metrics(t: &mut Text, stats: &[(String, Arc<TailStats>)]) {
                 |s| s.rotations.load(Relaxed),
             ),
         ],
+    );
+    sources.family(
+        t,
+        "colibri_source_lag_bytes",
+        Kind::Gauge,
+        "Bytes a tail source's followed files hold beyond what it has read: how far it is behind.",
+        TailStats::lag_bytes,
     );
 }

@@ -16,7 +16,7 @@ use crate::scheduler::{Change, RunRefused};
 use crate::task::{Outcome, TaskStats};
 
 /// RFC 3339 of Unix ms, `null` for 0 (never).
-fn time(ms: u64) -> Value {
+pub(super) fn time(ms: u64) -> Value {
     if ms == 0 {
         return Value::Null;
     }

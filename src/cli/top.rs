@@ -1,9 +1,10 @@
 //! `colibri top`: a live view of a running agent, read every second from its admin endpoint
-//! (`/metrics` and `/-/tasks`, with the same address and token as the other commands): per stream
-//! the backlog (records, bytes on disk and raw), in and out rates, totals, dead letters, drops,
-//! and whether it is paused; per sink the link, since when it is down and the next probe; per
-//! task whether it runs, the last run, its outcome and duration, the next run; per source its
-//! rate. Keys: `s` changes the sort (name, backlog, rate), `/` filters by name (Enter keeps it,
+//! (`/metrics`, `/-/sinks` and `/-/tasks`, with the same address and token as the other
+//! commands): per stream the backlog (records, jobs, bytes on disk and raw, the age of the
+//! oldest ready job), in and out rates, dead letters, drops, and whether it is paused; per sink
+//! the link, since when it is down, the next probe, its rate and failures, and its last error;
+//! per task whether it runs, the last run, its outcome and duration, the next run; per source
+//! its rate, total and (tail) how many bytes its files hold unread. Keys: `s` changes the sort (name, backlog, rate), `/` filters by name (Enter keeps it,
 //! Esc clears it), `q` quits. With `--once`, or when stdout is not a terminal, it prints one
 //! screen as plain text and exits. The screen is plain text lines, the same for both; crossterm
 //! only puts the terminal in raw mode and reads keys (a TUI framework would add far more to the
@@ -126,6 +127,7 @@ struct Reading {
     at: Instant,
     samples: Vec<Sample>,
     tasks: Vec<Value>,
+    sinks: Vec<Value>,
 }
 
 impl Reading {
@@ -177,10 +179,12 @@ fn read(client: &AdminClient) -> anyhow::Result<Reading> {
     };
     let samples = parse(&fetch("/metrics")?);
     let tasks = serde_json::from_str(&fetch("/-/tasks")?).context("GET /-/tasks: not JSON")?;
+    let sinks = serde_json::from_str(&fetch("/-/sinks")?).context("GET /-/sinks: not JSON")?;
     Ok(Reading {
         at: Instant::now(),
         samples,
         tasks,
+        sinks,
     })
 }
 
@@ -225,6 +229,17 @@ fn short(n: f64) -> String {
         format!("{:.1}k", n / 1e3)
     } else {
         format!("{:.1}M", n / 1e6)
+    }
+}
+
+/// Seconds as one short unit: 45s, 12m, 3h, 2d.
+fn short_age(secs: f64) -> String {
+    let s = secs.max(0.0) as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
     }
 }
 
@@ -293,25 +308,30 @@ fn screen(
         .collect();
     sort_rows(&mut streams, view.sort);
     lines.push(format!(
-        "{:<14} {:>7} {:>7} {:>7} {:>6} {:>6} {:>7} {:>7} {:>5} {:>5}",
-        "STREAM", "QUEUED", "DISK", "RAW", "IN/s", "OUT/s", "IN", "OUT", "DEAD", "DROP"
+        "{:<16} {:>7} {:>6} {:>7} {:>7} {:>5} {:>6} {:>6} {:>5} {:>5}",
+        "STREAM", "QUEUED", "JOBS", "DISK", "RAW", "AGE", "IN/s", "OUT/s", "DEAD", "DROP"
     ));
+    let wall_s = wall.timestamp_millis() as f64 / 1000.0;
+    let mut any_paused = false;
     for (s, backlog, _) in &streams {
-        let paused = if now.total("colibri_stream_paused", "stream", s) > 0.0 {
-            " paused"
-        } else {
-            ""
-        };
+        // A paused stream is marked on its name: the row has no room for a word more.
+        let paused = now.total("colibri_stream_paused", "stream", s) > 0.0;
+        any_paused |= paused;
+        let head = now.total("colibri_stream_oldest_ready_timestamp_seconds", "stream", s);
         lines.push(format!(
-            "{:<14} {:>7} {:>7} {:>7} {:>6} {:>6} {:>7} {:>7} {:>5} {:>5}{paused}",
-            s,
+            "{:<16} {:>7} {:>6} {:>7} {:>7} {:>5} {:>6} {:>6} {:>5} {:>5}",
+            if paused { format!("{s}*") } else { s.clone() },
             short(*backlog),
+            short(queued(s, "colibri_stream_jobs")),
             fmt_size(queued(s, "colibri_stream_bytes") as u64),
             fmt_size(queued(s, "colibri_stream_raw_bytes") as u64),
+            if head > 0.0 {
+                short_age(wall_s - head)
+            } else {
+                "-".into()
+            },
             fmt_rate(rate("colibri_stream_appended_records_total", "stream", s)),
             fmt_rate(rate("colibri_stream_delivered_records_total", "stream", s)),
-            short(now.total("colibri_stream_appended_records_total", "stream", s)),
-            short(now.total("colibri_stream_delivered_records_total", "stream", s)),
             short(
                 now.sum("colibri_stream_records", "stream", s, |x| x.label("queue")
                     == "dead")
@@ -319,11 +339,15 @@ fn screen(
             short(now.total("colibri_stream_dropped_records_total", "stream", s)),
         ));
     }
-    lines.push(String::new());
+    lines.push(if any_paused {
+        "* paused: nothing delivered until `colibri queue resume`".into()
+    } else {
+        String::new()
+    });
 
     // Sinks.
     lines.push(format!(
-        "{:<14} {:<5} {:>12} {:>12} {:>8} {:>7} {:>6}",
+        "{:<16} {:<5} {:>12} {:>12} {:>8} {:>7} {:>6}",
         "SINK", "LINK", "DOWN SINCE", "NEXT PROBE", "DELIV/s", "DEAD", "FAILED"
     ));
     for s in now
@@ -333,7 +357,7 @@ fn screen(
     {
         let up = now.total("colibri_sink_link_up", "sink", &s) > 0.0;
         lines.push(format!(
-            "{:<14} {:<5} {:>12} {:>12} {:>8} {:>7} {:>6}",
+            "{:<16} {:<5} {:>12} {:>12} {:>8} {:>7} {:>6}",
             s,
             if up { "up" } else { "DOWN" },
             if up {
@@ -356,12 +380,25 @@ fn screen(
             short(now.total("colibri_sink_dead_lettered_records_total", "sink", &s)),
             short(now.total("colibri_sink_failed_attempts_total", "sink", &s)),
         ));
+        let error = now
+            .sinks
+            .iter()
+            .find(|x| x["name"] == s.as_str())
+            .map(|x| &x["last_error"])
+            .filter(|e| e.is_object());
+        if let Some(e) = error {
+            lines.push(format!(
+                "  last error {}: {}",
+                when(rfc3339(&e["at"]), wall),
+                e["message"].as_str().unwrap_or("?").replace('\n', " "),
+            ));
+        }
     }
     lines.push(String::new());
 
     // Tasks.
     lines.push(format!(
-        "{:<14} {:<8} {:>12} {:<9} {:>8} {:>12}",
+        "{:<16} {:<8} {:>12} {:<9} {:>8} {:>12}",
         "TASK", "STATE", "LAST RUN", "OUTCOME", "TOOK", "NEXT RUN"
     ));
     let mut tasks: Vec<&Value> = now
@@ -375,7 +412,7 @@ fn screen(
     for t in tasks {
         let last = &t["last"];
         lines.push(format!(
-            "{:<14} {:<8} {:>12} {:<9} {:>8} {:>12}",
+            "{:<16} {:<8} {:>12} {:<9} {:>8} {:>12}",
             t["name"].as_str().unwrap_or("?"),
             if t["running"] == true {
                 "running"
@@ -396,8 +433,8 @@ fn screen(
 
     // Sources.
     lines.push(format!(
-        "{:<14} {:<7} {:>9} {:>9}",
-        "SOURCE", "TYPE", "RECORDS/s", "RECORDS"
+        "{:<16} {:<7} {:>9} {:>9} {:>8}",
+        "SOURCE", "TYPE", "RECORDS/s", "RECORDS", "LAG"
     ));
     for (kind, metric) in [
         ("tail", "colibri_source_records_total"),
@@ -405,12 +442,18 @@ fn screen(
         ("mqtt", "colibri_mqtt_source_records_total"),
     ] {
         for s in now.items(metric, "source").into_iter().filter(|s| shown(s)) {
+            // Only a tail source reads at its own pace; the others take what is pushed.
+            let lag = match kind {
+                "tail" => fmt_size(now.total("colibri_source_lag_bytes", "source", &s) as u64),
+                _ => "-".into(),
+            };
             lines.push(format!(
-                "{:<14} {:<7} {:>9} {:>9}",
+                "{:<16} {:<7} {:>9} {:>9} {:>8}",
                 s,
                 kind,
                 fmt_rate(rate(metric, "source", &s)),
                 short(now.total(metric, "source", &s)),
+                lag,
             ));
         }
     }
@@ -578,6 +621,8 @@ mod tests {
             tasks: vec![
                 serde_json::json!({"name": "rotate", "running": false, "last": null, "next": null}),
             ],
+            sinks: vec![serde_json::json!({"name": "upstream", "link": "down",
+                "last_error": {"at": "2026-12-03T10:00:00.000Z", "message": "connection refused ".repeat(9)}})],
         };
         let view = View {
             sort: Sort::Backlog,
@@ -598,5 +643,20 @@ mod tests {
                 .any(|l| l.starts_with("upstream") && l.contains("DOWN")),
             "{lines:#?}"
         );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("  last error") && l.contains("connection refused")),
+            "{lines:#?}"
+        );
+    }
+
+    #[test]
+    fn ages_are_one_short_unit() {
+        assert_eq!(short_age(45.2), "45s");
+        assert_eq!(short_age(754.0), "12m");
+        assert_eq!(short_age(3.0 * 3600.0 + 5.0), "3h");
+        assert_eq!(short_age(2.5 * 86_400.0), "2d");
+        assert_eq!(short_age(-3.0), "0s");
     }
 }

@@ -103,6 +103,24 @@ impl Store {
         Ok(None)
     }
 
+    /// Creation time of the job at the head of a stream's ready queue (the next one delivered, or
+    /// in flight): the oldest ready job, since ids follow creation and a replayed dead letter
+    /// keeps its id. One lookup, cheap enough for every metrics scrape, where [`Store::oldest_ms`]
+    /// walks the retry table too.
+    pub fn ready_head_ms(&self, stream: &str) -> Result<Option<u64>, StoreError> {
+        let st = self
+            .streams
+            .get(stream)
+            .ok_or_else(|| StoreError::UnknownStream(stream.into()))?;
+        let rtx = self.db.begin_read()?;
+        let Ok(t) = rtx.open_table(st.ready_def()) else {
+            return Ok(None);
+        };
+        Ok(t.first()?
+            .and_then(|(_, v)| format::header(v.value()).ok())
+            .map(|h| h.created_ms))
+    }
+
     /// Oldest creation time among a stream's queued (ready or retry) jobs.
     pub fn oldest_ms(&self, stream: &str) -> Result<Option<u64>, StoreError> {
         let st = self
@@ -110,12 +128,7 @@ impl Store {
             .get(stream)
             .ok_or_else(|| StoreError::UnknownStream(stream.into()))?;
         let rtx = self.db.begin_read()?;
-        let mut oldest: Option<u64> = None;
-        if let Ok(t) = rtx.open_table(st.ready_def())
-            && let Some(first) = t.first()?
-        {
-            oldest = format::header(first.1.value()).ok().map(|h| h.created_ms);
-        }
+        let mut oldest = self.ready_head_ms(stream)?;
         if let Ok(t) = rtx.open_table(st.retry_def()) {
             for entry in t.iter()? {
                 let (_, v) = entry?;

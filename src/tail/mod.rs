@@ -193,6 +193,39 @@ pub struct TailStats {
     pub appends: AtomicU64,
     /// Times the source was rebuilt from its stored checkpoint after a store error.
     pub restarts: AtomicU64,
+    /// Where each followed file is read to, as of the source's last batch: what
+    /// [`TailStats::lag_bytes`] measures the files against.
+    pub read_to: std::sync::Mutex<Vec<ReadTo>>,
+}
+
+/// A followed file and the next byte the source reads of it.
+#[derive(Debug, Clone)]
+pub struct ReadTo {
+    /// Its path as first seen.
+    pub path: std::path::PathBuf,
+    pub id: identity::Identity,
+    pub pos: u64,
+}
+
+impl TailStats {
+    /// Bytes the followed files hold beyond what the source has read: how far it is behind
+    /// (records of a stream that refuses appends, `when_full: block`, stay in the files). A file
+    /// renamed away is not counted once its path names another file. Stats each path: called
+    /// by the metrics page, not by the source.
+    pub fn lag_bytes(&self) -> u64 {
+        let read_to = self
+            .read_to
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        read_to
+            .iter()
+            .filter_map(|f| {
+                let m = std::fs::metadata(&f.path).ok()?;
+                (identity::Identity::of(&m) == f.id).then(|| m.len().saturating_sub(f.pos))
+            })
+            .sum()
+    }
 }
 
 /// The machine's host name.

@@ -275,6 +275,15 @@ impl Tailer {
         }
         if self.changed {
             self.changed = false;
+            *self.stats.read_to.lock().unwrap_or_else(|e| e.into_inner()) = self
+                .files
+                .iter()
+                .map(|f| super::ReadTo {
+                    path: f.path.clone(),
+                    id: f.id,
+                    pos: f.pos,
+                })
+                .collect();
             batch.checkpoint = Some(checkpoint::encode(&self.checkpoint()));
             batch.since.get_or_insert(now);
         }

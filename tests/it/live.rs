@@ -482,6 +482,11 @@ fn top_shows_the_agent_and_answers_keys() {
     central.set_mode(Mode::Refuse);
     refuser.set_mode(Mode::Status(400));
     let port = free_port();
+    // A file the tail source cannot keep up with while its stream is full (one job at most,
+    // `block`): what it has not read is its lag.
+    let app_log = sb.file("app.log");
+    let line = format!("{}\n", "x".repeat(199));
+    std::fs::write(&app_log, line.repeat(20_000)).unwrap();
     let config = sb.write_config(&format!(
         r#"data_dir: data
 log: {{format: json}}
@@ -492,11 +497,15 @@ sinks:
 streams:
   logs: {{ sink: central, batch: {{ max_records: 1 }} }}
   bad: {{ sink: picky, batch: {{ max_records: 1 }} }}
+  files: {{ sink: central, max_jobs: 1, when_full: block }}
+sources:
+  reader: {{ type: tail, stream: files, paths: [{app_log}] }}
 tasks:
   - {{ name: tick, type: exec, schedule: "0 0 1 1 *", command: ["/bin/true"] }}
 "#,
         c = quote(central.url("/in")),
         r = quote(refuser.url("/in")),
+        app_log = quote(app_log.to_str().unwrap()),
     ));
     let mut agent = Proc::start(&config);
     for (stream, n) in [("logs", 7), ("bad", 3)] {
@@ -506,11 +515,50 @@ tasks:
     }
     let mut c = Client::new(SocketAddr::from(([127, 0, 0, 1], port)));
     let auth = [("Authorization", "Bearer admin-secret")];
-    agent.wait_until(secs(30), "the dead letters and the link down", || {
-        let page = c.request("GET", "/metrics", &auth, None).unwrap().text();
-        page.contains("colibri_stream_records{stream=\"bad\",queue=\"dead\"} 3")
-            && page.contains("colibri_sink_link_up{sink=\"central\"} 0")
-    });
+    agent.wait_until(
+        secs(30),
+        "the dead letters, the link down, the tail behind",
+        || {
+            let page = c.request("GET", "/metrics", &auth, None).unwrap().text();
+            page.contains("colibri_stream_records{stream=\"bad\",queue=\"dead\"} 3")
+                && page.contains("colibri_sink_link_up{sink=\"central\"} 0")
+                && page.contains("colibri_stream_jobs{stream=\"files\",queue=\"ready\"} 1")
+                && !page.contains("colibri_source_lag_bytes{source=\"reader\"} 0\n")
+        },
+    );
+
+    // What a metric cannot say: why each sink fails.
+    let sinks: serde_json::Value =
+        serde_json::from_str(&c.request("GET", "/-/sinks", &auth, None).unwrap().text()).unwrap();
+    let sink = |name: &str| {
+        sinks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not in /-/sinks: {sinks}"))
+            .clone()
+    };
+    let (down, picky) = (sink("central"), sink("picky"));
+    assert_eq!(down["link"], "down", "{sinks}");
+    assert!(
+        down["down_since"].is_string() && down["down_reason"].is_string(),
+        "{sinks}"
+    );
+    assert!(down["last_error"]["message"].is_string(), "{sinks}");
+    assert_eq!(picky["link"], "up", "{sinks}");
+    assert!(
+        picky["last_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("400"),
+        "{sinks}"
+    );
+    assert_eq!(
+        c.request("GET", "/-/sinks", &[], None).unwrap().status,
+        401,
+        "/-/sinks without the token"
+    );
 
     // --once: plain text, the figures of /metrics.
     let mut cmd = colibri();
@@ -529,7 +577,7 @@ tasks:
         .expect("a logs row")
         .split_whitespace()
         .collect();
-    // STREAM QUEUED DISK RAW IN/s OUT/s IN OUT DEAD DROP
+    // STREAM QUEUED JOBS DISK RAW AGE IN/s OUT/s DEAD DROP
     assert_eq!(
         logs[1],
         metric("colibri_stream_records{stream=\"logs\",queue=\"ready\"}"),
@@ -537,12 +585,27 @@ tasks:
         once.stdout
     );
     assert_eq!(
-        logs[6],
-        metric("colibri_stream_appended_records_total{stream=\"logs\"}")
+        logs[2],
+        metric("colibri_stream_jobs{stream=\"logs\",queue=\"ready\"}")
     );
-    assert_eq!(
-        logs[7],
-        metric("colibri_stream_delivered_records_total{stream=\"logs\"}")
+    // The oldest ready job's age: from its creation time in /metrics to now, in seconds.
+    let head: f64 = metric("colibri_stream_oldest_ready_timestamp_seconds{stream=\"logs\"}")
+        .parse()
+        .unwrap();
+    let age = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        - head;
+    let shown: f64 = logs[5]
+        .strip_suffix('s')
+        .unwrap_or_else(|| panic!("an age in seconds: {}", once.stdout))
+        .parse()
+        .unwrap();
+    assert!(
+        head > 0.0 && (shown - age).abs() <= 3.0,
+        "age {shown}s shown, {age:.1}s by /metrics:\n{}",
+        once.stdout
     );
     let bad: Vec<&str> = row(&once.stdout, "bad")
         .expect("a bad row")
@@ -555,6 +618,47 @@ tasks:
     row_has(&once.stdout, "central", "DOWN");
     row_has(&once.stdout, "picky", " up ");
     row_has(&once.stdout, "tick", "idle");
+    // Each sink's last error under its row.
+    let after = |name: &str| {
+        let mut lines = once.stdout.lines();
+        lines.find(|l| l.split_whitespace().next() == Some(name));
+        lines.next().unwrap_or("").to_string()
+    };
+    assert!(
+        after("picky").starts_with("  last error"),
+        "{}",
+        once.stdout
+    );
+    assert!(after("picky").contains("400"), "{}", once.stdout);
+    assert!(
+        after("central").starts_with("  last error"),
+        "{}",
+        once.stdout
+    );
+    // The tail source behind its full stream: the bytes it has not read, as /metrics says.
+    let reader: Vec<&str> = row(&once.stdout, "reader")
+        .expect("a reader row")
+        .split_whitespace()
+        .collect();
+    let lag: u64 = metric("colibri_source_lag_bytes{source=\"reader\"}")
+        .parse()
+        .unwrap();
+    assert!(lag > 0 && lag < 20_000 * 200, "lag {lag}");
+    let (n, unit) = reader[4].split_at(reader[4].find(|c: char| c.is_alphabetic()).unwrap());
+    let per = match unit {
+        "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        other => panic!("a size unit: {other}"),
+    };
+    // Shown to one decimal.
+    let shown = n.parse::<f64>().unwrap() * per;
+    assert!(
+        (shown - lag as f64).abs() <= 0.05 * per,
+        "lag {} shown, {lag} by /metrics:\n{}",
+        reader[4],
+        once.stdout
+    );
 
     // Live, in tmux.
     let top = format!(
@@ -581,9 +685,10 @@ tasks:
     tmux.keys(&["/", "Escape"]);
     // The receiver back: the link comes up and the backlog drains, on screen.
     central.set_mode(Mode::Accept);
-    tmux.wait("the link up and logs drained", |s| {
+    tmux.wait("the link up, logs drained, the file read", |s| {
         row(s, "central").is_some_and(|r| r.contains(" up "))
             && row(s, "logs").is_some_and(|r| r.split_whitespace().nth(1) == Some("0"))
+            && row(s, "reader").is_some_and(|r| r.split_whitespace().nth(4) == Some("0B"))
     });
     tmux.keys(&["q"]);
     assert!(

@@ -168,6 +168,9 @@ pub enum DeadOp {
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     pub streams: Vec<(StreamConfig, Counters)>,
+    /// Per stream (same order): creation time of the job at the head of its ready queue (Unix
+    /// ms), none when it is empty.
+    pub ready_head_ms: Vec<Option<u64>>,
     pub stored_bytes: u64,
     pub file_bytes: u64,
     pub commits: u64,

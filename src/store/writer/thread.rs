@@ -590,6 +590,11 @@ impl Writer {
         match &self.store {
             Some(s) => Snapshot {
                 streams: s.streams().map(|(c, n)| (c.clone(), n.clone())).collect(),
+                // A stream whose head cannot be read shows none: the counters still come.
+                ready_head_ms: s
+                    .streams()
+                    .map(|(c, _)| s.ready_head_ms(&c.name).ok().flatten())
+                    .collect(),
                 stored_bytes: s.stored_bytes(),
                 file_bytes: s.file_bytes(),
                 commits: self.stats.commits.load(Ordering::Relaxed),
