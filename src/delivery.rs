@@ -458,6 +458,16 @@ async fn deliver_job(
                     .records_delivered
                     .fetch_add((end - start) as u64, Relaxed);
                 stats.bytes_delivered.fetch_add(body_bytes, Relaxed);
+                if store.delivered_taps().watching() {
+                    // Read again only while someone taps the deliveries.
+                    if let Ok(records) = job.records() {
+                        let list = records.list();
+                        let part = list.get(start..end).unwrap_or_default();
+                        store
+                            .delivered_taps()
+                            .appended(stream, part.iter().copied());
+                    }
+                }
                 if end == n {
                     tracing::debug!(stream, job = id, records = end - start, "delivered");
                     acks.push(job.lease);

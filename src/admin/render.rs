@@ -58,8 +58,9 @@ pub async fn render(state: &AgentState) -> String {
         t.single(
             "colibri_tap_skipped_records_total",
             Kind::Counter,
-            "Records `colibri tap` viewers missed because they read more slowly than the stream grew.",
-            store.taps().skipped.load(Relaxed) as f64,
+            "Records `colibri tap` viewers missed because they read more slowly than the stream grew (or, with --delivered, was delivered).",
+            (store.taps().skipped.load(Relaxed) + store.delivered_taps().skipped.load(Relaxed))
+                as f64,
         );
     }
     if let Some(ingest) = &state.ingest {

@@ -1,7 +1,8 @@
-//! `GET /-/tap/{stream}?after=&limit=&wait_ms=`: the records appended to a stream since sequence
-//! number `after` (from now on without it), waiting up to `wait_ms` (at most 10 s) for the first,
-//! as `{"next", "skipped", "records": [...]}`; the viewer asks again from `next`. Reads
-//! [`crate::store::tap::Taps`], which keeps recent records only while someone asks. Called by
+//! `GET /-/tap/{stream}?after=&limit=&wait_ms=&delivered=`: the records appended to a stream
+//! (with `delivered=1`: that its sink acknowledged) since sequence number `after` (from now on
+//! without it), waiting up to `wait_ms` (at most 5 s) for the first, as `{"next", "skipped",
+//! "records": [...]}`; the viewer asks again from `next`. Reads [`crate::store::tap::Taps`],
+//! which keeps recent records only while someone asks. Called by
 //! `admin`'s router; `colibri tap` is the client.
 
 use std::time::Duration;
@@ -43,13 +44,19 @@ pub(super) async fn read(state: &AgentState, stream: &str, query: &str) -> (Stat
             query_u64(query, "limit")?.map_or(MAX_RECORDS, |l| (l as usize).clamp(1, MAX_RECORDS));
         let wait = query_u64(query, "wait_ms")?
             .map_or(MAX_WAIT, |ms| Duration::from_millis(ms).min(MAX_WAIT));
-        Ok::<_, String>((limit, wait, query_u64(query, "after")?))
+        let delivered = query_u64(query, "delivered")?.is_some_and(|d| d > 0);
+        Ok::<_, String>((limit, wait, query_u64(query, "after")?, delivered))
     })();
-    let (limit, wait, after) = match params {
+    let (limit, wait, after, delivered) = match params {
         Ok(p) => p,
         Err(e) => return (StatusCode::BAD_REQUEST, json!({ "error": e }).to_string()),
     };
-    let r = store.taps().read(stream, after, limit, wait).await;
+    let taps = if delivered {
+        store.delivered_taps()
+    } else {
+        store.taps()
+    };
+    let r = taps.read(stream, after, limit, wait).await;
     let records: Vec<String> = r
         .records
         .iter()

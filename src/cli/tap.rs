@@ -1,6 +1,7 @@
 //! `colibri tap STREAM`: prints the records appended to a stream of the running agent as they
-//! arrive (one per line, or with `--json` one object per line with the stream), read from its
-//! admin endpoint (`GET /-/tap/{stream}`) from the moment it starts, until `--limit` records or
+//! arrive, or with `--delivered` as its sink acknowledges them (one per line, or with `--json`
+//! one object per line with the stream), read from its admin endpoint (`GET /-/tap/{stream}`)
+//! from the moment it starts, until `--limit` records or
 //! Ctrl-C. A viewer slower than the stream is told on stderr how many records it missed; the
 //! agent never waits for it.
 
@@ -27,6 +28,9 @@ pub struct TapArgs {
     /// One JSON object per record: {"stream", "record"} (the record parsed when it is JSON)
     #[arg(long)]
     json: bool,
+    /// The records as the stream's sink acknowledges them, instead of as they are appended
+    #[arg(long)]
+    delivered: bool,
 }
 
 pub fn main(args: TapArgs) -> ExitCode {
@@ -48,7 +52,10 @@ fn run(args: &TapArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     while args.limit.is_none_or(|l| printed < l) {
         let want = args.limit.map_or(1000, |l| (l - printed).min(1000));
-        let mut path = format!("/-/tap/{stream}?limit={want}&wait_ms=2000");
+        let mut path = format!(
+            "/-/tap/{stream}?limit={want}&wait_ms=2000&delivered={}",
+            u8::from(args.delivered)
+        );
         if let Some(a) = after {
             path.push_str(&format!("&after={a}"));
         }

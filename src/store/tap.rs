@@ -1,10 +1,12 @@
-//! What was appended to a stream lately, kept while someone watches it (`colibri tap`): per
-//! watched stream a ring of the last records (at most [`RING_RECORDS`] and [`RING_BYTES`]), each
+//! What was appended to a stream lately, or delivered from it, kept while someone watches it
+//! (`colibri tap`, `--delivered`): one `Taps` for each of the two, and in it per watched stream a
+//! ring of the last records (at most [`RING_RECORDS`] and [`RING_BYTES`]), each
 //! with a sequence number, read by viewers from where they left off. A viewer that falls further
 //! behind than the ring holds is told how many records it missed (counted in
 //! [`Taps::skipped`]); producers never wait for a viewer. Nobody watching costs one atomic load
-//! per append. A stream is watched for [`WATCH_FOR`] after its last read. Fed by
-//! `StoreHandle`'s appends after they are durable; read by the admin endpoint.
+//! per append or delivery. A stream is watched for [`WATCH_FOR`] after its last read. Fed by
+//! `StoreHandle`'s appends after they are durable and by `delivery` once a sink acknowledged a
+//! request; read by the admin endpoint.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -12,8 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-
-use super::RecordBuf;
 
 /// Records a ring holds at most.
 pub const RING_RECORDS: usize = 4096;
@@ -57,8 +57,8 @@ impl Taps {
         self.watching.load(Relaxed)
     }
 
-    /// Records durably appended to `stream`.
-    pub fn appended(&self, stream: &str, records: &RecordBuf) {
+    /// Records durably appended to `stream` (or, in the delivered taps, delivered from it).
+    pub fn appended<'r>(&self, stream: &str, records: impl IntoIterator<Item = &'r [u8]>) {
         if !self.watching.load(Relaxed) {
             return;
         }
@@ -69,7 +69,7 @@ impl Taps {
         let Some(ring) = rings.get_mut(stream) else {
             return;
         };
-        for r in records.iter() {
+        for r in records {
             ring.records.push_back(r.to_vec());
             ring.bytes += r.len();
             ring.next += 1;
@@ -147,27 +147,23 @@ impl Taps {
 mod tests {
     use super::*;
 
-    fn buf(items: &[&str]) -> RecordBuf {
-        let mut b = RecordBuf::new();
-        for i in items {
-            b.push(i.as_bytes());
-        }
-        b
+    fn buf<'a>(items: &'a [&'a str]) -> impl Iterator<Item = &'a [u8]> {
+        items.iter().map(|i| i.as_bytes())
     }
 
     #[tokio::test]
     async fn nobody_watching_keeps_nothing_and_a_slow_viewer_is_told_what_it_missed() {
         let taps = Taps::default();
-        taps.appended("s", &buf(&["before"]));
+        taps.appended("s", buf(&["before"]));
         let first = taps.read("s", None, 10, Duration::ZERO).await;
         assert!(first.records.is_empty() && first.skipped == 0, "{first:?}");
-        taps.appended("s", &buf(&["a", "b"]));
-        taps.appended("other", &buf(&["x"]));
+        taps.appended("s", buf(&["a", "b"]));
+        taps.appended("other", buf(&["x"]));
         let r = taps.read("s", Some(first.next), 10, Duration::ZERO).await;
         assert_eq!(r.records, vec![b"a".to_vec(), b"b".to_vec()]);
         let many: Vec<String> = (0..RING_RECORDS + 5).map(|i| i.to_string()).collect();
         let refs: Vec<&str> = many.iter().map(String::as_str).collect();
-        taps.appended("s", &buf(&refs));
+        taps.appended("s", buf(&refs));
         let slow = taps.read("s", Some(r.next), 3, Duration::ZERO).await;
         assert_eq!(slow.skipped, 5);
         assert_eq!(
@@ -187,7 +183,7 @@ mod tests {
                 async move { t.read("s", Some(start), 10, Duration::from_secs(10)).await },
             );
         tokio::task::yield_now().await;
-        taps.appended("s", &buf(&["late"]));
+        taps.appended("s", buf(&["late"]));
         let r = reader.await.unwrap();
         assert_eq!(r.records, vec![b"late".to_vec()]);
     }

@@ -355,22 +355,37 @@ streams:
 }
 
 /// `colibri tap` prints what is appended to a stream from when it starts, in order, and ends at
-/// `--limit`.
+/// `--limit`; `--delivered` prints what the sink acknowledged, nothing while its link is down.
 #[test]
-fn tap_prints_records_as_they_are_appended() {
+fn tap_prints_records_as_they_are_appended_and_as_they_are_delivered() {
+    use crate::util::http::{Mode, Receiver};
     use crate::util::{poll, queue};
     let sb = Sandbox::new();
+    let central = Receiver::start();
+    central.set_mode(Mode::Refuse);
     let port = free_port();
     let config = sb.write_config(&format!(
-        "data_dir: data\nlog: {{format: json}}\nadmin: {{ listen: \"127.0.0.1:{port}\" }}\nstreams:\n  logs: {{}}\n"
+        r#"data_dir: data
+log: {{format: json}}
+admin: {{ listen: "127.0.0.1:{port}" }}
+sinks:
+  central: {{ type: http, url: {c}, link: {{ backoff_cap: 1s }} }}
+streams:
+  logs: {{ sink: central, batch: {{ max_records: 1 }} }}
+"#,
+        c = quote(central.url("/in")),
     ));
     let mut agent = Proc::start(&config);
-    let mut cmd = colibri();
-    cmd.args(["tap", "logs", "--limit", "5", "--json", "--config"])
-        .arg(&config);
-    let mut tap = Proc::spawn(cmd);
+    let tap = |extra: &[&str]| {
+        let mut cmd = colibri();
+        cmd.args(["tap", "logs", "--limit", "5", "--json", "--config"])
+            .arg(&config)
+            .args(extra);
+        Proc::spawn(cmd)
+    };
+    let (mut appended, mut delivered) = (tap(&[]), tap(&["--delivered"]));
     let mut seq = 0u64;
-    let ended = poll(secs(60), || {
+    let mut push = || {
         seq += 1;
         let f = crate::util::finish_with_stdin(
             &sb,
@@ -379,22 +394,51 @@ fn tap_prints_records_as_they_are_appended() {
             secs(30),
         );
         assert_code(f.status, 0, &f.stderr);
-        tap.exited().then_some(())
+    };
+    let ended = poll(secs(60), || {
+        push();
+        appended.exited().then_some(())
     });
-    assert!(ended.is_some(), "tap did not end: {}", tap.stderr());
-    let lines: Vec<Value> = tap
-        .stdout()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+    assert!(ended.is_some(), "tap did not end: {}", appended.stderr());
+    assert_eq!(delivered.stdout(), "", "delivered while the link is down");
+    // The link back: what is delivered from now on (the backlog first) is tapped.
+    central.set_mode(Mode::Accept);
+    let ended = poll(secs(60), || {
+        push();
+        delivered.exited().then_some(())
+    });
+    assert!(
+        ended.is_some(),
+        "tap --delivered did not end: {}",
+        delivered.stderr()
+    );
+    let received: Vec<Value> = central
+        .records()
+        .iter()
+        .map(|r| serde_json::from_str(r).unwrap())
         .collect();
-    assert_eq!(lines.len(), 5, "{}", tap.stdout());
-    let first = lines[0]["record"]["seq"].as_u64().unwrap();
-    for (i, l) in lines.iter().enumerate() {
-        assert_eq!(l["stream"], "logs");
-        assert_eq!(
-            l["record"]["seq"].as_u64(),
-            Some(first + i as u64),
-            "in order: {l}"
+    for tap in [&appended, &delivered] {
+        let lines: Vec<Value> = tap
+            .stdout()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect();
+        assert_eq!(lines.len(), 5, "{}", tap.stdout());
+        let first = lines[0]["record"]["seq"].as_u64().unwrap();
+        for (i, l) in lines.iter().enumerate() {
+            assert_eq!(l["stream"], "logs");
+            assert_eq!(
+                l["record"]["seq"].as_u64(),
+                Some(first + i as u64),
+                "in order: {l}"
+            );
+        }
+    }
+    for l in delivered.stdout().lines() {
+        let l: Value = serde_json::from_str(l).unwrap();
+        assert!(
+            received.contains(&l["record"]),
+            "{l} tapped as delivered, not received"
         );
     }
     agent.signal(libc::SIGTERM);

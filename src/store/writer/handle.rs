@@ -28,6 +28,7 @@ pub struct StoreHandle {
     pub(super) data_dir: Arc<std::path::PathBuf>,
     /// Recent appends of the streams someone taps.
     pub(super) taps: Arc<crate::store::tap::Taps>,
+    pub(super) delivered_taps: Arc<crate::store::tap::Taps>,
 }
 
 pub(super) fn gone() -> StoreError {
@@ -106,7 +107,7 @@ impl StoreHandle {
             })
             .await;
         if let (Ok(_), Some((stream, records))) = (&appended, tapped) {
-            self.taps.appended(&stream, &records);
+            self.taps.appended(&stream, records.iter());
         }
         appended
     }
@@ -114,6 +115,12 @@ impl StoreHandle {
     /// Recent appends of tapped streams (`colibri tap`).
     pub fn taps(&self) -> &crate::store::tap::Taps {
         &self.taps
+    }
+
+    /// Recent deliveries of tapped streams (`colibri tap --delivered`): fed by the delivery
+    /// workers, kept here because the handle outlives the sinks a reload replaces.
+    pub fn delivered_taps(&self) -> &crate::store::tap::Taps {
+        &self.delivered_taps
     }
 
     /// Queues a spooled file as a file job, from a thread outside the event loop (a task's file

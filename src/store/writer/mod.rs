@@ -264,5 +264,6 @@ pub fn spawn(
         store_id,
         data_dir,
         taps: Arc::default(),
+        delivered_taps: Arc::default(),
     })
 }
