@@ -97,7 +97,13 @@ pub fn main() -> ExitCode {
         // `check` validates the file without running it: an unset variable (a secret that only
         // the unit's environment file holds) is a warning here, and `run` refuses it.
         Command::Check(args) => {
-            match config::load_with(&args.config, Unset::Warn { needed: &[] }) {
+            match config::load_with(
+                &args.config,
+                Unset::Warn {
+                    needed: &[],
+                    read_keys: true,
+                },
+            ) {
                 Ok(c) => {
                     print_warnings(&c.warnings);
                     print!("{}", summary(&c));
@@ -123,7 +129,14 @@ pub fn main() -> ExitCode {
 /// The file, for a command that does not run it: an unset variable elsewhere than in the
 /// settings it `needed` (a sink's token, say, for `queue`) is a warning, not an error.
 fn load_needing(arg: &ConfigArg, needed: &'static [&'static str]) -> anyhow::Result<Config> {
-    match config::load_with(&arg.config, Unset::Warn { needed }) {
+    // These commands talk to the agent or open its store; they serve nothing.
+    match config::load_with(
+        &arg.config,
+        Unset::Warn {
+            needed,
+            read_keys: false,
+        },
+    ) {
         Ok(c) => {
             print_warnings(&c.warnings);
             Ok(c)

@@ -218,6 +218,8 @@ pub(super) struct Problems<'p> {
     /// Between `at` and a path below it: `.` in a mapping (`sinks.out.url`), `: ` after a task
     /// (`tasks[3] "rotate": timeout`), whose name is quoted.
     sep: &'static str,
+    /// Whether the listeners' TLS files are read (see [`Unset::Warn`]).
+    read_keys: bool,
 }
 
 impl<'p> Problems<'p> {
@@ -227,7 +229,13 @@ impl<'p> Problems<'p> {
             list,
             at: String::new(),
             sep: ".",
+            read_keys: true,
         }
+    }
+
+    /// Whether a listener's `tls` files are read, or only named (a command that serves nothing).
+    pub(super) fn read_keys(&self) -> bool {
+        self.read_keys
     }
 
     /// One problem at `path`, relative to this part; `""` is the part itself.
@@ -243,6 +251,7 @@ impl<'p> Problems<'p> {
             list: &mut *self.list,
             at,
             sep: ".",
+            read_keys: self.read_keys,
         }
     }
 
@@ -253,6 +262,7 @@ impl<'p> Problems<'p> {
             list: &mut *self.list,
             at,
             sep: ": ",
+            read_keys: self.read_keys,
         }
     }
 
@@ -327,7 +337,13 @@ pub enum Unset {
     /// cannot be empty (a token, a number) is then left out, as a bad setting is, without a
     /// problem of its own. Under the top-level keys in `needed` an unset variable stays an error:
     /// the queue commands must not guess where the store is or how it is bounded.
-    Warn { needed: &'static [&'static str] },
+    /// `read_keys: false` (the commands that only talk to the agent or its store: `queue`,
+    /// `task`, `tap`, `top`) leaves the listeners' `tls` files unread: an operator who may not
+    /// read the key still can use them; `check` reads them.
+    Warn {
+        needed: &'static [&'static str],
+        read_keys: bool,
+    },
 }
 
 /// The settings the `queue` commands take from the file: where the store is and its streams.
@@ -396,7 +412,7 @@ pub fn load_str_with(
     }
     let tolerate = |at: &str| match unset {
         Unset::Refuse => false,
-        Unset::Warn { needed } => !needed.iter().any(|k| under(at, k)),
+        Unset::Warn { needed, .. } => !needed.iter().any(|k| under(at, k)),
     };
     let expanded = env::expand_tree(&mut root, lookup, &tolerate);
     let mut problems: Vec<Problem> = expanded
@@ -409,7 +425,15 @@ pub fn load_str_with(
         .collect();
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut compiled = Vec::new();
-    let config = compile(root, path, &base, &mut Problems::new(&mut compiled)).map(|mut c| {
+    let mut problems_of_compile = Problems::new(&mut compiled);
+    problems_of_compile.read_keys = !matches!(
+        unset,
+        Unset::Warn {
+            read_keys: false,
+            ..
+        }
+    );
+    let config = compile(root, path, &base, &mut problems_of_compile).map(|mut c| {
         let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
         c.sha256 = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
         c

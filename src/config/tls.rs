@@ -27,17 +27,22 @@ pub struct ListenerTlsSpec {
     pub client_ca_file: Option<PathBuf>,
 }
 
-/// Reads the block's files (relative to `base`); problems go to `tls.<field>` under `err`.
+/// Reads the block's files (relative to `base`); problems go to `tls.<field>` under `err`. For a
+/// command that serves nothing the files are only named ([`ServerTls::unread`]).
 pub(super) fn compile(
     spec: ListenerTlsSpec,
     base: &Path,
     err: &mut Problems<'_>,
 ) -> Option<ServerTls> {
-    ServerTls::load(TlsFiles {
+    let files = TlsFiles {
         cert_file: base.join(&spec.cert_file),
         key_file: base.join(&spec.key_file),
         client_ca_file: spec.client_ca_file.map(|c| base.join(c)),
-    })
-    .map_err(|e| err.add(&format!("tls.{}", e.field), e.message))
-    .ok()
+    };
+    if !err.read_keys() {
+        return Some(ServerTls::unread(files));
+    }
+    ServerTls::load(files)
+        .map_err(|e| err.add(&format!("tls.{}", e.field), e.message))
+        .ok()
 }

@@ -110,6 +110,21 @@ impl ServerTls {
         })
     }
 
+    /// The files without reading them, for a command that serves nothing: the operator commands
+    /// only need `files` (the admin client trusts `cert_file`), and whoever runs them may not be
+    /// allowed to read the key. No certificate is loaded, so a handshake with these settings
+    /// fails: they cannot serve by mistake.
+    pub fn unread(files: TlsFiles) -> ServerTls {
+        super::client::install_crypto_provider();
+        let config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(NoCertificate));
+        ServerTls {
+            files,
+            current: Arc::new(ArcSwap::new(Arc::new(config))),
+        }
+    }
+
     /// The settings for the next handshake.
     pub fn config(&self) -> Arc<rustls::ServerConfig> {
         self.current.load_full()
@@ -119,6 +134,19 @@ impl ServerTls {
     /// next handshakes use them.
     pub fn replace_with(&self, newer: &ServerTls) {
         self.current.store(newer.config());
+    }
+}
+
+/// The certificate of [`ServerTls::unread`] settings: none.
+#[derive(Debug)]
+struct NoCertificate;
+
+impl rustls::server::ResolvesServerCert for NoCertificate {
+    fn resolve(
+        &self,
+        _: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        None
     }
 }
 

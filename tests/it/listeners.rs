@@ -594,7 +594,18 @@ fn tls_on_ingest_and_admin_and_a_certificate_replaced_by_sighup() {
     );
     expect(Https::once(admin, &trust_two, healthz, ""), 200);
     expect(kept.request(healthz, ""), 200);
-    // The operator's commands reach it over HTTPS with the CA (and the token) too.
+    // The operator's commands reach it over HTTPS with the CA (and the token) too, and never
+    // read the key: an operator who may not read it (gone here; root reads any mode) uses them.
+    std::fs::rename(sb.file("server.key"), sb.file("server.key.away")).unwrap();
+    let mut cmd = colibri();
+    cmd.args(["check", "--config"]).arg(&config);
+    let checked = finish(cmd, secs(30));
+    assert_code(checked.status, 1, &checked.stderr);
+    assert!(
+        checked.stderr.contains("admin.tls.key_file") && checked.stderr.contains("server.key"),
+        "check reads the key: {}",
+        checked.stderr
+    );
     let mut cmd = colibri();
     cmd.args([
         "task",
@@ -609,6 +620,7 @@ fn tls_on_ingest_and_admin_and_a_certificate_replaced_by_sighup() {
     let listed = finish(cmd, secs(30));
     assert_code(listed.status, 0, &listed.stderr);
     assert!(listed.stdout.contains("(no tasks)"), "{}", listed.stdout);
+    std::fs::rename(sb.file("server.key.away"), sb.file("server.key")).unwrap();
     let renewed = client_config(&next.ca, Some((&pki.client_cert, &pki.client_key)));
     expect(Https::once(ingest, &renewed, &post, "{\"n\":3}\n"), 200);
 

@@ -548,7 +548,16 @@ fn an_unset_variable_is_a_warning_where_the_command_can_do_without_it() {
         other => panic!("{other:?}"),
     }
     // A read-only command: loaded, with one warning naming every place.
-    let c = load_str_with(text, path, &env, Unset::Warn { needed: &[] }).unwrap();
+    let c = load_str_with(
+        text,
+        path,
+        &env,
+        Unset::Warn {
+            needed: &[],
+            read_keys: true,
+        },
+    )
+    .unwrap();
     assert_eq!(
         c.warnings,
         [
@@ -560,7 +569,7 @@ fn an_unset_variable_is_a_warning_where_the_command_can_do_without_it() {
         "workers: ${NOPE}\ningest: { listen: \"127.0.0.1:0\", token: \"${ITOKEN}\" }\nstreams: { a: {} }\n",
         path,
         &env,
-        Unset::Warn { needed: &[] },
+        Unset::Warn { needed: &[], read_keys: true },
     )
     .unwrap();
     assert_eq!(c.workers, 8, "the default stands in");
@@ -571,7 +580,7 @@ fn an_unset_variable_is_a_warning_where_the_command_can_do_without_it() {
         "workers: 0\nsinks:\n  up: { type: http, url: \"http://h/\", headers: { A: \"${UPTOKEN}\" } }\n",
         path,
         &env,
-        Unset::Warn { needed: &[] },
+        Unset::Warn { needed: &[], read_keys: true },
     )
     .unwrap_err();
     match &e {
@@ -592,7 +601,7 @@ fn an_unset_variable_is_a_warning_where_the_command_can_do_without_it() {
         "data_dir: \"/srv/${SITE}\"\nstreams:\n  a: { max_bytes: \"${QUOTA:-64MiB}\", ttl: \"${TTL}\" }\n",
         path,
         &env,
-        Unset::Warn { needed: QUEUE_NEEDS },
+        Unset::Warn { needed: QUEUE_NEEDS, read_keys: false },
     )
     .unwrap_err();
     let p: Vec<String> = match e {
@@ -644,5 +653,40 @@ fn a_listeners_tls_files_are_read_at_load_and_problems_name_the_field_and_file()
     assert!(
         p[0].starts_with("ingest.tls.cert_file: /nowhere/c.pem: "),
         "{p:?}"
+    );
+}
+
+#[test]
+fn commands_that_serve_nothing_name_the_listeners_tls_files_without_reading_them() {
+    let text = "admin: { tls: { cert_file: no.pem, key_file: no.key } }\n\
+                streams: { logs: {} }\n\
+                ingest: { listen: \"127.0.0.1:9465\", tls: { cert_file: /nowhere/c.pem, key_file: k } }\n";
+    let path = Path::new("/etc/colibri/colibri.yaml");
+    let c = load_str_with(
+        text,
+        path,
+        &|_| None,
+        Unset::Warn {
+            needed: &["admin"],
+            read_keys: false,
+        },
+    )
+    .unwrap();
+    let admin = c.admin.as_ref().unwrap().tls.as_ref().unwrap();
+    assert_eq!(admin.files.cert_file, Path::new("/etc/colibri/no.pem"));
+    assert_eq!(admin.files.key_file, Path::new("/etc/colibri/no.key"));
+    // `check` reads them.
+    let e = load_str_with(
+        text,
+        path,
+        &|_| None,
+        Unset::Warn {
+            needed: &[],
+            read_keys: true,
+        },
+    );
+    assert!(
+        matches!(e, Err(ConfigError::Invalid { ref problems, .. }) if problems.len() == 2),
+        "{e:?}"
     );
 }
