@@ -338,6 +338,20 @@ fn screen(
             ),
             short(now.total("colibri_stream_dropped_records_total", "stream", s)),
         ));
+        // Drops by reason, on a line of their own when there are any.
+        let reasons: Vec<String> = now
+            .samples
+            .iter()
+            .filter(|x| {
+                x.name == "colibri_stream_dropped_records_total"
+                    && x.label("stream") == s.as_str()
+                    && x.value > 0.0
+            })
+            .map(|x| format!("{} {}", x.label("reason"), short(x.value)))
+            .collect();
+        if !reasons.is_empty() {
+            lines.push(format!("  dropped: {}", reasons.join(", ")));
+        }
     }
     lines.push(if any_paused {
         "* paused: nothing delivered until `colibri queue resume`".into()
@@ -616,7 +630,10 @@ mod tests {
         let r = Reading {
             at: Instant::now(),
             samples: parse(
-                "colibri_stream_records{stream=\"telemetry-long-name\",queue=\"ready\"} 123456\ncolibri_sink_link_up{sink=\"upstream\"} 0\n",
+                "colibri_stream_records{stream=\"telemetry-long-name\",queue=\"ready\"} 123456\n\
+                 colibri_stream_dropped_records_total{stream=\"telemetry-long-name\",reason=\"oldest\"} 12\n\
+                 colibri_stream_dropped_records_total{stream=\"telemetry-long-name\",reason=\"purged\"} 0\n\
+                 colibri_sink_link_up{sink=\"upstream\"} 0\n",
             ),
             tasks: vec![
                 serde_json::json!({"name": "rotate", "running": false, "last": null, "next": null}),
@@ -647,6 +664,10 @@ mod tests {
             lines
                 .iter()
                 .any(|l| l.starts_with("  last error") && l.contains("connection refused")),
+            "{lines:#?}"
+        );
+        assert!(
+            lines.iter().any(|l| l == "  dropped: oldest 12"),
             "{lines:#?}"
         );
     }

@@ -275,7 +275,24 @@ impl Tailer {
         }
         if self.changed {
             self.changed = false;
-            *self.stats.read_to.lock().unwrap_or_else(|e| e.into_inner()) = self
+            self.publish_positions();
+            batch.checkpoint = Some(checkpoint::encode(&self.checkpoint()));
+            batch.since.get_or_insert(now);
+        }
+    }
+
+    /// Where each file is read to, for the metrics page's lag: the positions updated in place
+    /// while the same files are followed (a batch costs no allocation), rebuilt when they change.
+    fn publish_positions(&self) {
+        let mut read_to = self.stats.read_to.lock().unwrap_or_else(|e| e.into_inner());
+        let same = read_to.len() == self.files.len()
+            && read_to.iter().zip(&self.files).all(|(r, f)| r.id == f.id);
+        if same {
+            for (r, f) in read_to.iter_mut().zip(&self.files) {
+                r.pos = f.pos;
+            }
+        } else {
+            *read_to = self
                 .files
                 .iter()
                 .map(|f| super::ReadTo {
@@ -284,8 +301,6 @@ impl Tailer {
                     pos: f.pos,
                 })
                 .collect();
-            batch.checkpoint = Some(checkpoint::encode(&self.checkpoint()));
-            batch.since.get_or_insert(now);
         }
     }
 
