@@ -148,13 +148,19 @@ async fn handle(
     let allowed = match path.as_str() {
         "/metrics" | "/healthz" | "/readyz" | "/-/tasks" | "/-/sinks" => Method::GET,
         _ if tapped.is_some() => Method::GET,
+        _ if queue_op
+            .as_ref()
+            .is_some_and(|(_, op)| *op == queues::Op::List) =>
+        {
+            Method::GET
+        }
         "/-/reload" => Method::POST,
         _ if run_task.is_some() || queue_op.is_some() => Method::POST,
         _ => {
             return text(
                 StatusCode::NOT_FOUND,
                 format!(
-                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz, /-/tasks, /-/sinks, /-/tap/STREAM; POST /-/reload, /-/tasks/NAME/run, /-/queues/STREAM/{{dead/replay,dead/purge,records,pause,resume}})\n"
+                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz, /-/tasks, /-/sinks, /-/tap/STREAM, /-/queues/STREAM/dead; POST /-/reload, /-/tasks/NAME/run, /-/queues/STREAM/{{dead/replay,dead/purge,records,pause,resume}})\n"
                 ),
             );
         }

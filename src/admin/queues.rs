@@ -4,7 +4,9 @@
 //! chunk of at most `limit` dead letters per request, each its own commit: a long replay is many
 //! requests, shows progress and can be stopped and run again), `POST /-/queues/{stream}/records`
 //! (lines appended as records, answered once durable: `queue push`), and
-//! `POST /-/queues/{stream}/pause` / `resume` (its delivery stops taking jobs). Answers are JSON.
+//! `POST /-/queues/{stream}/pause` / `resume` (its delivery stops taking jobs), and `GET
+//! /-/queues/{stream}/dead?after=&limit=` (a page of dead letters in id order, `{"jobs": [...],
+//! "next"}`, each job as `queue dead list --json` prints it). Answers are JSON.
 //! The store writer and [`crate::paused`] do the work; this file parses and answers. Called by
 //! `admin`'s router.
 
@@ -19,12 +21,16 @@ use crate::store::{AppendError, RecordBuf, StoreError};
 
 /// Dead letters per request at most (the command asks for 1,000).
 const MAX_CHUNK: usize = 10_000;
+/// Dead letters listed per request at most (each with its records).
+const MAX_LISTED: usize = 1000;
 /// How long a push waits for room in a full `block` stream before it is refused.
 const PUSH_WAIT: Duration = Duration::from_secs(5);
 
 /// One operation, from a path under `/-/queues/` (`None`: not one of these paths).
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Op {
+    /// The only one that changes nothing (GET).
+    List,
     Replay,
     Purge,
     Push,
@@ -37,6 +43,7 @@ pub(super) fn route(path: &str) -> Option<(String, Op)> {
     let rest = path.strip_prefix("/-/queues/")?;
     let (stream, op) = rest.split_once('/')?;
     let op = match op {
+        "dead" => Op::List,
         "dead/replay" => Op::Replay,
         "dead/purge" => Op::Purge,
         "records" => Op::Push,
@@ -70,6 +77,29 @@ pub(super) async fn handle(
         return error(StatusCode::SERVICE_UNAVAILABLE, "the store is not open");
     };
     match op {
+        Op::List => {
+            let parsed = (|| {
+                let limit = param(query, "limit")?
+                    .map_or(MAX_LISTED, |l| (l as usize).clamp(1, MAX_LISTED));
+                Ok::<_, String>((param(query, "after")?, limit))
+            })();
+            let (after, limit) = match parsed {
+                Ok(p) => p,
+                Err(e) => return error(StatusCode::BAD_REQUEST, e),
+            };
+            match store.dead_letters(stream, after, limit).await {
+                Ok(jobs) => {
+                    // Where the next page starts; none once this one was not full.
+                    let next = jobs.last().filter(|_| jobs.len() == limit).map(|j| j.id);
+                    let jobs: Vec<_> = jobs.iter().map(|j| j.to_json()).collect();
+                    (
+                        StatusCode::OK,
+                        json!({ "stream": stream, "jobs": jobs, "next": next }).to_string(),
+                    )
+                }
+                Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+            }
+        }
         Op::Pause | Op::Resume => {
             let pause = op == Op::Pause;
             let changed = state.paused.set(stream, pause);

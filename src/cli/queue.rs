@@ -97,10 +97,13 @@ pub enum QueueCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum DeadCommand {
-    /// Show the oldest dead letters of a stream with the reason each failed (read-only)
+    /// Show the oldest dead letters of a stream with the reason each failed (read-only; through
+    /// the running agent when it answers, or from the store)
     List {
         #[command(flatten)]
         target: DeadTarget,
+        #[command(flatten)]
+        admin: AdminArgs,
         #[command(flatten)]
         show: Show,
     },
@@ -271,8 +274,16 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
             dead,
             show,
         } => show_jobs(&load(&config)?, &stream, dead, &show),
-        QueueCommand::Dead(DeadCommand::List { target, show }) => {
-            show_jobs(&load(&target.config)?, &target.stream, true, &show)
+        QueueCommand::Dead(DeadCommand::List {
+            target,
+            admin,
+            show,
+        }) => {
+            let c = load(&target.config)?;
+            match via(&c, &admin, Access::Read)? {
+                Via::Agent(a) => list_dead_via(&a, &target.stream, &show),
+                Via::Store(_) => show_jobs(&c, &target.stream, true, &show),
+            }
         }
         QueueCommand::Push {
             config,
@@ -559,40 +570,42 @@ fn show_jobs(c: &Config, stream: &str, dead: bool, show: &Show) -> anyhow::Resul
     let n = if show.all { usize::MAX } else { show.count };
     let mut out = std::io::stdout().lock();
     for job in s.peek(stream, dead, n)? {
-        if show.json {
-            writeln!(out, "{}", job_json(&job))?;
-        } else {
-            print_job(&mut out, &job)?;
-        }
+        print_job(&mut out, &job.to_json(), show.json)?;
     }
     Ok(())
 }
 
-/// A job as plain data for scripts: its records a list of strings, or (for a job whose bytes
-/// cannot be decoded) `records: null` and the reason in `decode_error`. `last_error` is the
-/// delivery failure, a different thing.
-fn job_json(job: &store::Peeked) -> serde_json::Value {
-    let (records, decode_error) = match &job.records {
-        Ok(r) => (serde_json::json!(r), serde_json::Value::Null),
-        Err(e) => (serde_json::Value::Null, serde_json::json!(e)),
+/// `dead list` through the running agent: pages of `GET /-/queues/{stream}/dead`, printed as
+/// the store's own list is.
+fn list_dead_via(a: &AdminClient, stream: &str, show: &Show) -> anyhow::Result<()> {
+    let mut left = if show.all {
+        u64::MAX
+    } else {
+        show.count as u64
     };
-    serde_json::json!({
-        "table": job.table,
-        "id": job.id,
-        "created_ms": job.created_ms,
-        "retry_due_ms": job.retry_due_ms,
-        "attempts": job.attempts,
-        "last_error": job.last_error,
-        "last_failed_ms": job.last_failed_ms,
-        "offset": job.offset,
-        "salvaged_from": job.origin.map(|o| serde_json::json!({
-            "store_id": format!("{:016x}", o.store),
-            "job": o.job,
-        })),
-        "bytes": job.bytes,
-        "records": records,
-        "decode_error": decode_error,
-    })
+    let mut after: Option<u64> = None;
+    let mut out = std::io::stdout().lock();
+    while left > 0 {
+        let mut path = format!("/-/queues/{stream}/dead?limit={}", left.min(1000));
+        if let Some(a) = after {
+            path.push_str(&format!("&after={a}"));
+        }
+        let answer = a.get(&path)?;
+        let v: serde_json::Value = serde_json::from_str(&answer.body).unwrap_or_default();
+        if answer.status != 200 {
+            let why = v["error"].as_str().unwrap_or(answer.body.trim());
+            anyhow::bail!("{why}");
+        }
+        for job in v["jobs"].as_array().into_iter().flatten() {
+            print_job(&mut out, job, show.json)?;
+            left -= 1;
+        }
+        match v["next"].as_u64() {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    Ok(())
 }
 
 fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
@@ -698,33 +711,51 @@ fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_job(out: &mut impl Write, job: &store::Peeked) -> std::io::Result<()> {
-    let created = chrono::DateTime::from_timestamp_millis(job.created_ms as i64)
+/// One job (as [`store::Peeked::to_json`] makes it, from the store or the agent): its JSON line,
+/// or a line about it and its records indented below.
+fn print_job(out: &mut impl Write, job: &serde_json::Value, json: bool) -> std::io::Result<()> {
+    if json {
+        return writeln!(out, "{job}");
+    }
+    let created = job["created_ms"]
+        .as_i64()
+        .and_then(chrono::DateTime::from_timestamp_millis)
         .map_or("?".into(), |t| {
             t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
         });
     write!(
         out,
         "{} #{} created {created}, {} bytes",
-        job.table, job.id, job.bytes
+        job["table"].as_str().unwrap_or("?"),
+        job["id"],
+        job["bytes"]
     )?;
-    if job.attempts > 0 {
-        write!(out, ", {} attempts", job.attempts)?;
+    if let Some(n) = job["attempts"].as_u64().filter(|&n| n > 0) {
+        write!(out, ", {n} attempts")?;
     }
-    if let Some(e) = &job.last_error {
+    if let Some(e) = job["last_error"].as_str() {
         write!(out, ", last error: {e}")?;
     }
-    if let Some(o) = job.origin {
-        write!(out, ", salvaged from store {:016x} #{}", o.store, o.job)?;
+    if let Some(o) = job["salvaged_from"].as_object() {
+        write!(
+            out,
+            ", salvaged from store {} #{}",
+            o["store_id"].as_str().unwrap_or("?"),
+            o["job"]
+        )?;
     }
     writeln!(out)?;
-    match &job.records {
-        Ok(records) => {
+    match job["records"].as_array() {
+        Some(records) => {
             for r in records {
-                writeln!(out, "  {r}")?;
+                writeln!(out, "  {}", r.as_str().unwrap_or_default())?;
             }
         }
-        Err(e) => writeln!(out, "  (cannot be decoded: {e})")?,
+        None => writeln!(
+            out,
+            "  (cannot be decoded: {})",
+            job["decode_error"].as_str().unwrap_or("?")
+        )?,
     }
     Ok(())
 }
@@ -902,12 +933,27 @@ mod tests {
 
     #[test]
     fn jobs_are_plain_json_with_a_decode_error_of_their_own() {
-        let ok = job_json(&peeked(Ok(vec!["a".into(), "b".into()])));
+        let ok = peeked(Ok(vec!["a".into(), "b".into()])).to_json();
         assert_eq!(ok["records"], serde_json::json!(["a", "b"]));
         assert_eq!(ok["decode_error"], serde_json::Value::Null);
-        let bad = job_json(&peeked(Err("checksum mismatch".into())));
+        let bad = peeked(Err("checksum mismatch".into())).to_json();
         assert_eq!(bad["records"], serde_json::Value::Null);
         assert_eq!(bad["decode_error"], "checksum mismatch");
         assert_eq!(bad["id"], 7);
+        // The text is written from the same JSON (the agent's answer or the store's job).
+        let text = |job: &serde_json::Value| {
+            let mut out = Vec::new();
+            print_job(&mut out, job, false).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(
+            text(&ok),
+            "ready #7 created 1970-01-01T00:00:00.001Z, 10 bytes\n  a\n  b\n"
+        );
+        assert!(
+            text(&bad).ends_with("\n  (cannot be decoded: checksum mismatch)\n"),
+            "{}",
+            text(&bad)
+        );
     }
 }

@@ -140,22 +140,42 @@ impl Store {
         Ok(oldest)
     }
 
-    /// Up to `n` jobs of a stream without taking them: ready then retry, or the dead letters.
-    pub fn peek(&self, stream: &str, dead: bool, n: usize) -> Result<Vec<Peeked>, StoreError> {
+    /// Up to `n` dead letters of a stream with ids after `after` (from the first without it), in
+    /// id order: a page of `queue dead list` through the running agent.
+    pub fn dead_letters(
+        &self,
+        stream: &str,
+        after: Option<u64>,
+        n: usize,
+    ) -> Result<Vec<Peeked>, StoreError> {
         let st = self
             .streams
             .get(stream)
             .ok_or_else(|| StoreError::UnknownStream(stream.into()))?;
         let rtx = self.db.begin_read()?;
         let mut out = Vec::new();
-        if dead {
-            if let Ok(t) = rtx.open_table(st.dead_def()) {
-                for e in t.iter()?.take(n) {
-                    let (k, v) = e?;
-                    out.push(Peeked::from_bytes("dead", k.value(), None, v.value()));
-                }
+        if let Ok(t) = rtx.open_table(st.dead_def()) {
+            let from = after.map_or(0, |a| a.saturating_add(1));
+            for e in t.range(from..)?.take(n) {
+                let (k, v) = e?;
+                out.push(Peeked::from_bytes("dead", k.value(), None, v.value()));
             }
-        } else {
+        }
+        Ok(out)
+    }
+
+    /// Up to `n` jobs of a stream without taking them: ready then retry, or the dead letters.
+    pub fn peek(&self, stream: &str, dead: bool, n: usize) -> Result<Vec<Peeked>, StoreError> {
+        if dead {
+            return self.dead_letters(stream, None, n);
+        }
+        let st = self
+            .streams
+            .get(stream)
+            .ok_or_else(|| StoreError::UnknownStream(stream.into()))?;
+        let rtx = self.db.begin_read()?;
+        let mut out = Vec::new();
+        {
             if let Ok(t) = rtx.open_table(st.ready_def()) {
                 for e in t.iter()?.take(n) {
                     let (k, v) = e?;
@@ -241,6 +261,33 @@ pub struct Peeked {
 }
 
 impl Peeked {
+    /// The job as plain data for scripts, the same from the store and through the agent: its
+    /// records a list of strings, or (for a job whose bytes cannot be decoded) `records: null`
+    /// and the reason in `decode_error`. `last_error` is the delivery failure, a different thing.
+    pub fn to_json(&self) -> serde_json::Value {
+        let (records, decode_error) = match &self.records {
+            Ok(r) => (serde_json::json!(r), serde_json::Value::Null),
+            Err(e) => (serde_json::Value::Null, serde_json::json!(e)),
+        };
+        serde_json::json!({
+            "table": self.table,
+            "id": self.id,
+            "created_ms": self.created_ms,
+            "retry_due_ms": self.retry_due_ms,
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+            "last_failed_ms": self.last_failed_ms,
+            "offset": self.offset,
+            "salvaged_from": self.origin.map(|o| serde_json::json!({
+                "store_id": format!("{:016x}", o.store),
+                "job": o.job,
+            })),
+            "bytes": self.bytes,
+            "records": records,
+            "decode_error": decode_error,
+        })
+    }
+
     pub(super) fn from_bytes(table: &'static str, id: u64, due: Option<u64>, v: &[u8]) -> Peeked {
         match format::decode(v) {
             Ok(d) => Peeked {

@@ -215,8 +215,42 @@ streams:
     });
     balanced("after the dead letters");
 
-    // Every operation needs the token.
+    // The dead letters listed through the agent, page by page, as the store lists them (an
+    // --admin where nothing answers: the command reads the store beside the agent). The agent
+    // is asked with a config whose data_dir holds no store: only the agent can answer it.
+    let elsewhere = sb.file("elsewhere.yaml");
+    std::fs::write(
+        &elsewhere,
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .replace("data_dir: data", "data_dir: no-store-here"),
+    )
+    .unwrap();
+    let nobody = format!("http://127.0.0.1:{}", free_port());
+    for args in [&["--all", "--json"][..], &["-n", "3"][..]] {
+        let list = |config: &std::path::Path, extra: &[&str]| {
+            let mut cmd = queue(config, &["dead", "list", "logs"]);
+            cmd.args(args).args(extra);
+            let f = finish(cmd, secs(60));
+            assert_code(f.status, 0, &f.stderr);
+            f.stdout
+        };
+        let via_agent = list(&elsewhere, &[]);
+        let from_store = list(&config, &["--admin", &nobody]);
+        assert_eq!(via_agent, from_store, "dead list {args:?}");
+        let want = if args[0] == "--all" { 2000 } else { 3 * 2 };
+        assert_eq!(via_agent.lines().count(), want, "{via_agent}");
+    }
     let mut c = Client::new(SocketAddr::from(([127, 0, 0, 1], port)));
+    assert_eq!(
+        c.request("GET", "/-/queues/logs/dead", &[], None)
+            .unwrap()
+            .status,
+        401,
+        "the dead letters without the token"
+    );
+
+    // Every operation needs the token.
     for path in [
         "/-/queues/logs/dead/replay",
         "/-/queues/logs/dead/purge",

@@ -221,6 +221,22 @@ impl StoreHandle {
         .await
     }
 
+    /// Up to `n` dead letters of `stream` with ids after `after`, in id order.
+    pub async fn dead_letters(
+        &self,
+        stream: &str,
+        after: Option<u64>,
+        n: usize,
+    ) -> Result<Vec<crate::store::Peeked>, StoreError> {
+        self.ask(|reply| Request::DeadLetters {
+            stream: stream.to_string(),
+            after,
+            n,
+            reply,
+        })
+        .await
+    }
+
     /// Signalled after each commit that gave `stream` new jobs (a permit is kept when nobody
     /// waits, so a wake-up between a take and the wait is not lost).
     pub fn fed(&self, stream: &str) -> Option<Arc<Notify>> {

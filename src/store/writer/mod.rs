@@ -120,6 +120,13 @@ enum Request {
         stream: String,
         reply: Reply<Result<Option<u64>, StoreError>>,
     },
+    /// A page of a stream's dead letters (`queue dead list` through the agent).
+    DeadLetters {
+        stream: String,
+        after: Option<u64>,
+        n: usize,
+        reply: Reply<Result<Vec<crate::store::Peeked>, StoreError>>,
+    },
     /// How far the salvage of a damaged file kept under `key` went.
     SalvageProgress {
         key: String,

@@ -404,6 +404,14 @@ impl Writer {
                 Request::NextDue { stream, reply } => {
                     let _ = reply.send(self.read(|s| s.next_retry_due(&stream)));
                 }
+                Request::DeadLetters {
+                    stream,
+                    after,
+                    n,
+                    reply,
+                } => {
+                    let _ = reply.send(self.read(|s| s.dead_letters(&stream, after, n)));
+                }
                 Request::SpoolKnown { spool, reply } => {
                     let _ = reply.send(self.read(|s| s.spool_known(&spool)));
                 }
@@ -854,6 +862,7 @@ fn run_tx(
             | Request::Checkpoint { .. }
             | Request::SalvageProgress { .. }
             | Request::NextDue { .. }
+            | Request::DeadLetters { .. }
             | Request::SpoolKnown { .. }
             | Request::StopWaiting
             | Request::Shutdown { .. } => {
@@ -940,6 +949,7 @@ fn fail_with(req: Request, err: impl Fn() -> StoreError) {
         Request::Settle { reply, .. } => drop(reply.send(Err(err()))),
         Request::AppendFile { reply, .. } => drop(reply.send(Err(AppendError::Store(err())))),
         Request::SpoolKnown { reply, .. } => drop(reply.send(Err(err()))),
+        Request::DeadLetters { reply, .. } => drop(reply.send(Err(err()))),
         Request::Release { .. }
         | Request::Snapshot { .. }
         | Request::Checkpoint { .. }
