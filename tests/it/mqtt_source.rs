@@ -60,7 +60,7 @@ sources:
 fn broker(sb: &Sandbox, extra: &str) -> Broker {
     Broker::start(
         &sb.file("broker"),
-        &format!("allow_anonymous true\nmax_queued_messages 0\n{extra}"),
+        &format!("allow_anonymous true\n{extra}"),
     )
 }
 
@@ -446,7 +446,7 @@ fn qos_2_over_tls_with_a_test_ca_and_a_wrong_password_fixed_by_a_reload() {
     let b = Broker::start(
         &sb.file("broker"),
         &format!(
-            "allow_anonymous false\npassword_file {pw}\nmax_queued_messages 0\nlistener {tls_port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}",
+            "allow_anonymous false\npassword_file {pw}\nlistener {tls_port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}",
             pki.ca.display(),
             pki.server_cert.display(),
             pki.server_key.display(),
