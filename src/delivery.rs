@@ -458,14 +458,19 @@ async fn deliver_job(
                     .records_delivered
                     .fetch_add((end - start) as u64, Relaxed);
                 stats.bytes_delivered.fetch_add(body_bytes, Relaxed);
-                if store.delivered_taps().watching() {
-                    // Read again only while someone taps the deliveries.
-                    if let Ok(records) = job.records() {
-                        let list = records.list();
+                let taps = store.delivered_taps();
+                if job.file().is_none() && taps.watches(stream) {
+                    // The records, for a job sent as stored (a zstd frame), are read only while
+                    // someone taps this stream's deliveries.
+                    if opened.get().is_none()
+                        && let Ok(r) = job.records()
+                    {
+                        let _ = opened.set(r);
+                    }
+                    if let Some(records) = opened.get() {
+                        let list = listed.get_or_init(|| records.list());
                         let part = list.get(start..end).unwrap_or_default();
-                        store
-                            .delivered_taps()
-                            .appended(stream, part.iter().copied());
+                        taps.appended(stream, part.iter().copied());
                     }
                 }
                 if end == n {

@@ -5,8 +5,9 @@
 //! requests, shows progress and can be stopped and run again), `POST /-/queues/{stream}/records`
 //! (lines appended as records, answered once durable: `queue push`), and
 //! `POST /-/queues/{stream}/pause` / `resume` (its delivery stops taking jobs), and `GET
-//! /-/queues/{stream}/dead?after=&limit=` (a page of dead letters in id order, `{"jobs": [...],
-//! "next"}`, each job as `queue dead list --json` prints it). Answers are JSON.
+//! /-/queues/{stream}/dead?after=&limit=` (a page of dead letters in id order, at most 1,000 jobs
+//! and 4 MiB of records past the first, `{"jobs": [...], "next"}`, `next` the id to ask after
+//! when more follow; each job as `queue dead list --json` prints it). Answers are JSON.
 //! The store writer and [`crate::paused`] do the work; this file parses and answers. Called by
 //! `admin`'s router.
 
@@ -23,6 +24,9 @@ use crate::store::{AppendError, RecordBuf, StoreError};
 const MAX_CHUNK: usize = 10_000;
 /// Dead letters listed per request at most (each with its records).
 const MAX_LISTED: usize = 1000;
+/// Records' bytes listed per request at most, past the first job: the page is decoded by the
+/// store writer, which every stream waits for meanwhile, and held whole as JSON.
+const MAX_LISTED_RAW: u64 = 4 << 20;
 /// How long a push waits for room in a full `block` stream before it is refused.
 const PUSH_WAIT: Duration = Duration::from_secs(5);
 
@@ -87,10 +91,12 @@ pub(super) async fn handle(
                 Ok(p) => p,
                 Err(e) => return error(StatusCode::BAD_REQUEST, e),
             };
-            match store.dead_letters(stream, after, limit).await {
-                Ok(jobs) => {
-                    // Where the next page starts; none once this one was not full.
-                    let next = jobs.last().filter(|_| jobs.len() == limit).map(|j| j.id);
+            match store
+                .dead_letters(stream, after, limit, MAX_LISTED_RAW)
+                .await
+            {
+                Ok(page) => {
+                    let (jobs, next) = (page.jobs, page.next);
                     let jobs: Vec<_> = jobs.iter().map(|j| j.to_json()).collect();
                     (
                         StatusCode::OK,

@@ -55,13 +55,21 @@ pub async fn render(state: &AgentState) -> String {
     if let Some(store) = &state.store {
         store_metrics(&mut t, store, snap.as_ref(), &live.config);
         refused_metrics(&mut t, store);
-        t.single(
+        t.family(
             "colibri_tap_skipped_records_total",
             Kind::Counter,
-            "Records `colibri tap` viewers missed because they read more slowly than the stream grew (or, with --delivered, was delivered).",
-            (store.taps().skipped.load(Relaxed) + store.delivered_taps().skipped.load(Relaxed))
-                as f64,
+            "Records `colibri tap` viewers missed because they read more slowly than the stream grew (tap=\"appended\") or delivered (tap=\"delivered\", --delivered).",
         );
+        for (tap, taps) in [
+            ("appended", store.taps()),
+            ("delivered", store.delivered_taps()),
+        ] {
+            t.sample(
+                "colibri_tap_skipped_records_total",
+                &[("tap", tap)],
+                taps.skipped.load(Relaxed) as f64,
+            );
+        }
     }
     if let Some(ingest) = &state.ingest {
         ingest_metrics(&mut t, ingest);

@@ -62,7 +62,9 @@ pub(super) async fn read(state: &AgentState, stream: &str, query: &str) -> (Stat
         .iter()
         .map(|b| String::from_utf8_lossy(b).into_owned())
         .collect();
-    let body =
-        json!({ "stream": stream, "next": r.next, "skipped": r.skipped, "records": records });
+    // `delivered` says which records these are: a viewer asking for deliveries can tell an agent
+    // that knows the parameter from one that would ignore it.
+    let body = json!({ "stream": stream, "delivered": delivered, "next": r.next,
+        "skipped": r.skipped, "records": records });
     (StatusCode::OK, body.to_string())
 }

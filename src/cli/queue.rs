@@ -280,9 +280,17 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
             show,
         }) => {
             let c = load(&target.config)?;
+            let stream = &target.stream;
             match via(&c, &admin, Access::Read)? {
-                Via::Agent(a) => list_dead_via(&a, &target.stream, &show),
-                Via::Store(_) => show_jobs(&c, &target.stream, true, &show),
+                Via::Agent(a) => match list_dead_via(&a, stream, &show)? {
+                    Listed::Done => Ok(()),
+                    // Reading changes nothing: the store beside the agent answers as well.
+                    Listed::Refused(why) => {
+                        eprintln!("{why}; reading the store instead");
+                        list_jobs(&open(&c, Access::Read)?, stream, true, &show)
+                    }
+                },
+                Via::Store(s) => list_jobs(&s, stream, true, &show),
             }
         }
         QueueCommand::Push {
@@ -563,10 +571,14 @@ fn count(n: u64, what: &str) -> String {
     }
 }
 
-/// `peek` and `dead list`: the oldest jobs of a stream, as text or one JSON object per line.
+/// `peek` and `dead list` from the store: the oldest jobs of a stream, as text or one JSON
+/// object per line.
 fn show_jobs(c: &Config, stream: &str, dead: bool, show: &Show) -> anyhow::Result<()> {
-    let s = open(c, Access::Read)?;
-    known(&s, stream)?;
+    list_jobs(&open(c, Access::Read)?, stream, dead, show)
+}
+
+fn list_jobs(s: &Store, stream: &str, dead: bool, show: &Show) -> anyhow::Result<()> {
+    known(s, stream)?;
     let n = if show.all { usize::MAX } else { show.count };
     let mut out = std::io::stdout().lock();
     for job in s.peek(stream, dead, n)? {
@@ -575,9 +587,17 @@ fn show_jobs(c: &Config, stream: &str, dead: bool, show: &Show) -> anyhow::Resul
     Ok(())
 }
 
+/// How a list through the agent ended.
+enum Listed {
+    Done,
+    /// Before anything was printed, the agent would not list (no token or a wrong one, or an
+    /// agent older than the route): why.
+    Refused(String),
+}
+
 /// `dead list` through the running agent: pages of `GET /-/queues/{stream}/dead`, printed as
 /// the store's own list is.
-fn list_dead_via(a: &AdminClient, stream: &str, show: &Show) -> anyhow::Result<()> {
+fn list_dead_via(a: &AdminClient, stream: &str, show: &Show) -> anyhow::Result<Listed> {
     let mut left = if show.all {
         u64::MAX
     } else {
@@ -591,21 +611,40 @@ fn list_dead_via(a: &AdminClient, stream: &str, show: &Show) -> anyhow::Result<(
             path.push_str(&format!("&after={a}"));
         }
         let answer = a.get(&path)?;
-        let v: serde_json::Value = serde_json::from_str(&answer.body).unwrap_or_default();
+        let v: serde_json::Value = match serde_json::from_str(&answer.body) {
+            Ok(v) => v,
+            // A refusal may be plain text (an older agent's 404, the token's 401).
+            Err(_) if answer.status != 200 => serde_json::Value::Null,
+            Err(e) => anyhow::bail!("GET {path}: the agent's answer is not JSON: {e}"),
+        };
         if answer.status != 200 {
-            let why = v["error"].as_str().unwrap_or(answer.body.trim());
-            anyhow::bail!("{why}");
+            let why = format!(
+                "GET {path}: {} (the agent answered {})",
+                v["error"].as_str().unwrap_or(answer.body.trim()),
+                answer.status
+            );
+            if after.is_none() && matches!(answer.status, 401 | 403 | 404) {
+                return Ok(Listed::Refused(why));
+            }
+            anyhow::bail!(why);
         }
-        for job in v["jobs"].as_array().into_iter().flatten() {
+        let jobs = v["jobs"].as_array().map_or(&[][..], Vec::as_slice);
+        for job in jobs
+            .iter()
+            .take(usize::try_from(left).unwrap_or(usize::MAX))
+        {
             print_job(&mut out, job, show.json)?;
             left -= 1;
         }
         match v["next"].as_u64() {
+            Some(next) if after.is_some_and(|a| next <= a) => {
+                anyhow::bail!("GET {path}: the agent's next page ({next}) does not move on")
+            }
             Some(next) => after = Some(next),
             None => break,
         }
     }
-    Ok(())
+    Ok(Listed::Done)
 }
 
 fn stats(c: &Config, json: bool) -> anyhow::Result<()> {

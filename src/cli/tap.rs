@@ -70,6 +70,11 @@ fn run(args: &TapArgs) -> anyhow::Result<()> {
             let why = v["error"].as_str().unwrap_or(a.body.trim());
             anyhow::bail!("{why}");
         }
+        if args.delivered && v["delivered"] != true {
+            anyhow::bail!(
+                "the running agent does not tap deliveries (an older version): restart it to use --delivered"
+            );
+        }
         after = Some(v["next"].as_u64().context("an answer without next")?);
         if let Some(n) = v["skipped"].as_u64().filter(|&n| n > 0) {
             eprintln!("tap: {n} records skipped (this viewer fell behind the stream)");

@@ -165,6 +165,7 @@ impl Reading {
 }
 
 fn read(client: &AdminClient) -> anyhow::Result<Reading> {
+    // `None` for a 404: an agent older than the route.
     let fetch = |path: &str| {
         let a = client.get(path).map_err(|e| match e {
             AdminError::NotRunning(at) => {
@@ -172,14 +173,24 @@ fn read(client: &AdminClient) -> anyhow::Result<Reading> {
             }
             AdminError::Other(e) => e,
         })?;
-        if a.status != 200 {
-            anyhow::bail!("GET {path} answered {}: {}", a.status, a.body.trim());
+        match a.status {
+            200 => Ok(Some(a.body)),
+            404 => Ok(None),
+            s => anyhow::bail!("GET {path} answered {s}: {}", a.body.trim()),
         }
-        Ok(a.body)
     };
-    let samples = parse(&fetch("/metrics")?);
-    let tasks = serde_json::from_str(&fetch("/-/tasks")?).context("GET /-/tasks: not JSON")?;
-    let sinks = serde_json::from_str(&fetch("/-/sinks")?).context("GET /-/sinks: not JSON")?;
+    let json = |path: &str| -> anyhow::Result<Vec<Value>> {
+        fetch(path)?.map_or(Ok(Vec::new()), |body| {
+            serde_json::from_str(&body).with_context(|| format!("GET {path}: not JSON"))
+        })
+    };
+    let samples = parse(
+        &fetch("/metrics")?
+            .context("GET /metrics answered 404: is this colibri's admin endpoint?")?,
+    );
+    let tasks = json("/-/tasks")?;
+    // Without it (an older agent) the sinks show no last error.
+    let sinks = json("/-/sinks")?;
     Ok(Reading {
         at: Instant::now(),
         samples,
@@ -312,6 +323,11 @@ fn screen(
         "STREAM", "QUEUED", "JOBS", "DISK", "RAW", "AGE", "IN/s", "OUT/s", "DEAD", "DROP"
     ));
     let wall_s = wall.timestamp_millis() as f64 / 1000.0;
+    let retrying = |s: &str| {
+        now.sum("colibri_stream_jobs", "stream", s, |x| {
+            x.label("queue") == "retry"
+        }) > 0.0
+    };
     let mut any_paused = false;
     for (s, backlog, _) in &streams {
         // A paused stream is marked on its name: the row has no room for a word more.
@@ -325,11 +341,17 @@ fn screen(
             short(queued(s, "colibri_stream_jobs")),
             fmt_size(queued(s, "colibri_stream_bytes") as u64),
             fmt_size(queued(s, "colibri_stream_raw_bytes") as u64),
-            if head > 0.0 {
-                short_age(wall_s - head)
-            } else {
-                "-".into()
-            },
+            // The ready queue's head; a `+` when jobs wait to be retried as well, which may be
+            // older (the metric does not walk them).
+            format!(
+                "{}{}",
+                if head > 0.0 {
+                    short_age(wall_s - head)
+                } else {
+                    "-".into()
+                },
+                if retrying(s) { "+" } else { "" }
+            ),
             fmt_rate(rate("colibri_stream_appended_records_total", "stream", s)),
             fmt_rate(rate("colibri_stream_delivered_records_total", "stream", s)),
             short(

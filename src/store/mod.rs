@@ -47,7 +47,7 @@ pub use files::{Disposal, FileAppend, SpooledFile};
 pub use job::{Appended, Failed, Failure, FileJob, Job, JobRecords, Lease, Settle};
 pub use layout::DB_FILE;
 pub use open::{DATA_DIR_MODE, OpenOptions, QUICK_REPAIR_FROM, Store, create_data_dir};
-pub use read::Peeked;
+pub use read::{DeadPage, Peeked};
 pub use record_buf::{RecordBuf, RecordWriter};
 pub use salvage::SalvageReport;
 pub use stream::{AtRest, BatchConfig, StorageConfig, StreamConfig, WAITING_JOBS, WhenFull};

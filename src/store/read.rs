@@ -103,22 +103,22 @@ impl Store {
         Ok(None)
     }
 
-    /// Creation time of the job at the head of a stream's ready queue (the next one delivered, or
-    /// in flight): the oldest ready job, since ids follow creation and a replayed dead letter
-    /// keeps its id. One lookup, cheap enough for every metrics scrape, where [`Store::oldest_ms`]
-    /// walks the retry table too.
-    pub fn ready_head_ms(&self, stream: &str) -> Result<Option<u64>, StoreError> {
-        let st = self
-            .streams
-            .get(stream)
-            .ok_or_else(|| StoreError::UnknownStream(stream.into()))?;
+    /// Per stream of `names` (none for one unknown or unreadable), the creation time of the job
+    /// at the head of its ready queue (the next one delivered, or in flight): the oldest ready
+    /// job, since ids follow creation and a replayed dead letter keeps its id. One lookup per
+    /// stream in one read transaction, cheap enough for every metrics scrape, where
+    /// [`Store::oldest_ms`] walks the retry table too.
+    pub fn ready_heads<'n>(
+        &self,
+        names: impl Iterator<Item = &'n str>,
+    ) -> Result<Vec<Option<u64>>, StoreError> {
         let rtx = self.db.begin_read()?;
-        let Ok(t) = rtx.open_table(st.ready_def()) else {
-            return Ok(None);
-        };
-        Ok(t.first()?
-            .and_then(|(_, v)| format::header(v.value()).ok())
-            .map(|h| h.created_ms))
+        Ok(names
+            .map(|name| {
+                let st = self.streams.get(name)?;
+                ready_head(&rtx, st).ok().flatten()
+            })
+            .collect())
     }
 
     /// Oldest creation time among a stream's queued (ready or retry) jobs.
@@ -128,7 +128,7 @@ impl Store {
             .get(stream)
             .ok_or_else(|| StoreError::UnknownStream(stream.into()))?;
         let rtx = self.db.begin_read()?;
-        let mut oldest = self.ready_head_ms(stream)?;
+        let mut oldest = ready_head(&rtx, st)?;
         if let Ok(t) = rtx.open_table(st.retry_def()) {
             for entry in t.iter()? {
                 let (_, v) = entry?;
@@ -140,34 +140,57 @@ impl Store {
         Ok(oldest)
     }
 
-    /// Up to `n` dead letters of a stream with ids after `after` (from the first without it), in
-    /// id order: a page of `queue dead list` through the running agent.
+    /// A page of a stream's dead letters in id order, after `after` (from the first without
+    /// it): at most `n` jobs and, past the first, at most `max_raw` bytes of records (a page is
+    /// decoded whole, by the store writer when the agent asks). Returns the jobs and, when more
+    /// follow, the id to ask after next.
     pub fn dead_letters(
         &self,
         stream: &str,
         after: Option<u64>,
         n: usize,
-    ) -> Result<Vec<Peeked>, StoreError> {
+        max_raw: u64,
+    ) -> Result<DeadPage, StoreError> {
         let st = self
             .streams
             .get(stream)
             .ok_or_else(|| StoreError::UnknownStream(stream.into()))?;
+        let from = match after {
+            None => 0,
+            Some(a) => match a.checked_add(1) {
+                Some(f) => f,
+                None => return Ok(DeadPage::default()),
+            },
+        };
         let rtx = self.db.begin_read()?;
-        let mut out = Vec::new();
+        let mut out: Vec<Peeked> = Vec::new();
+        let mut raw = 0u64;
         if let Ok(t) = rtx.open_table(st.dead_def()) {
-            let from = after.map_or(0, |a| a.saturating_add(1));
-            for e in t.range(from..)?.take(n) {
+            for e in t.range(from..)? {
                 let (k, v) = e?;
+                let size = format::size(v.value()).raw;
+                if let Some(last) = out.last().map(|j| j.id)
+                    && (out.len() >= n || raw.saturating_add(size) > max_raw)
+                {
+                    return Ok(DeadPage {
+                        jobs: out,
+                        next: Some(last),
+                    });
+                }
+                raw = raw.saturating_add(size);
                 out.push(Peeked::from_bytes("dead", k.value(), None, v.value()));
             }
         }
-        Ok(out)
+        Ok(DeadPage {
+            jobs: out,
+            next: None,
+        })
     }
 
     /// Up to `n` jobs of a stream without taking them: ready then retry, or the dead letters.
     pub fn peek(&self, stream: &str, dead: bool, n: usize) -> Result<Vec<Peeked>, StoreError> {
         if dead {
-            return self.dead_letters(stream, None, n);
+            return Ok(self.dead_letters(stream, None, n, u64::MAX)?.jobs);
         }
         let st = self
             .streams
@@ -258,6 +281,26 @@ pub struct Peeked {
     pub raw_bytes: u64,
     /// Records as text (lossy UTF-8), or the reason the job cannot be decoded.
     pub records: Result<Vec<String>, String>,
+}
+
+/// A page of dead letters, and the id to ask after next when more follow.
+#[derive(Debug, Default)]
+pub struct DeadPage {
+    pub jobs: Vec<Peeked>,
+    pub next: Option<u64>,
+}
+
+/// Creation time of the job at the head of a stream's ready queue, in `rtx`.
+fn ready_head(
+    rtx: &redb::ReadTransaction,
+    st: &super::stream::StreamState,
+) -> Result<Option<u64>, StoreError> {
+    let Ok(t) = rtx.open_table(st.ready_def()) else {
+        return Ok(None);
+    };
+    Ok(t.first()?
+        .and_then(|(_, v)| format::header(v.value()).ok())
+        .map(|h| h.created_ms))
 }
 
 impl Peeked {

@@ -57,6 +57,16 @@ impl Taps {
         self.watching.load(Relaxed)
     }
 
+    /// Whether `stream` is watched now: for a feeder that must do work to have the records (the
+    /// delivery reads a job's records again). One atomic load while nobody taps anything.
+    pub fn watches(&self, stream: &str) -> bool {
+        self.watching.load(Relaxed)
+            && self
+                .lock()
+                .get(stream)
+                .is_some_and(|r| r.watched_until > Instant::now())
+    }
+
     /// Records durably appended to `stream` (or, in the delivered taps, delivered from it).
     pub fn appended<'r>(&self, stream: &str, records: impl IntoIterator<Item = &'r [u8]>) {
         if !self.watching.load(Relaxed) {

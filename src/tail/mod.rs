@@ -201,17 +201,19 @@ pub struct TailStats {
 /// A followed file and the next byte the source reads of it.
 #[derive(Debug, Clone)]
 pub struct ReadTo {
-    /// Its path as first seen.
-    pub path: std::path::PathBuf,
+    /// The source's descriptor of it: the file it reads, renamed or deleted as it may be.
+    pub fd: std::os::fd::RawFd,
     pub id: identity::Identity,
     pub pos: u64,
 }
 
 impl TailStats {
     /// Bytes the followed files hold beyond what the source has read: how far it is behind
-    /// (records of a stream that refuses appends, `when_full: block`, stay in the files). A file
-    /// renamed away is not counted once its path names another file. Stats each path: called
-    /// by the metrics page, not by the source.
+    /// (records of a stream that refuses appends, `when_full: block`, stay in the files). Each
+    /// file is looked at through the source's own descriptor (`/proc/self/fd`), so a file
+    /// rotated away still counts until it is read; a descriptor closed meanwhile (or taken by
+    /// another file) no longer matches the file's identity and counts nothing. Called by the
+    /// metrics page, not by the source: a stat per followed file per scrape.
     pub fn lag_bytes(&self) -> u64 {
         let read_to = self
             .read_to
@@ -221,7 +223,7 @@ impl TailStats {
         read_to
             .iter()
             .filter_map(|f| {
-                let m = std::fs::metadata(&f.path).ok()?;
+                let m = std::fs::metadata(format!("/proc/self/fd/{}", f.fd)).ok()?;
                 (identity::Identity::of(&m) == f.id).then(|| m.len().saturating_sub(f.pos))
             })
             .sum()

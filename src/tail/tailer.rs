@@ -19,6 +19,7 @@ mod discover;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::os::fd::AsRawFd as _;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -283,10 +284,14 @@ impl Tailer {
 
     /// Where each file is read to, for the metrics page's lag: the positions updated in place
     /// while the same files are followed (a batch costs no allocation), rebuilt when they change.
+    /// A descriptor is published, never used to read: the page only stats it.
     fn publish_positions(&self) {
         let mut read_to = self.stats.read_to.lock().unwrap_or_else(|e| e.into_inner());
         let same = read_to.len() == self.files.len()
-            && read_to.iter().zip(&self.files).all(|(r, f)| r.id == f.id);
+            && read_to
+                .iter()
+                .zip(&self.files)
+                .all(|(r, f)| r.id == f.id && r.fd == f.file.as_raw_fd());
         if same {
             for (r, f) in read_to.iter_mut().zip(&self.files) {
                 r.pos = f.pos;
@@ -296,7 +301,7 @@ impl Tailer {
                 .files
                 .iter()
                 .map(|f| super::ReadTo {
-                    path: f.path.clone(),
+                    fd: f.file.as_raw_fd(),
                     id: f.id,
                     pos: f.pos,
                 })

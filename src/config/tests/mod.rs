@@ -685,8 +685,16 @@ fn commands_that_serve_nothing_name_the_listeners_tls_files_without_reading_them
             read_keys: true,
         },
     );
+    let problems: Vec<String> = match e {
+        Err(ConfigError::Invalid { problems, .. }) => {
+            problems.iter().map(ToString::to_string).collect()
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(problems.len(), 2, "{problems:?}");
     assert!(
-        matches!(e, Err(ConfigError::Invalid { ref problems, .. }) if problems.len() == 2),
-        "{e:?}"
+        problems[0].starts_with("ingest.tls.cert_file: /nowhere/c.pem: ")
+            && problems[1].starts_with("admin.tls.cert_file: /etc/colibri/no.pem: "),
+        "{problems:?}"
     );
 }

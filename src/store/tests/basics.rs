@@ -825,3 +825,34 @@ fn page_fit_never_takes_a_batch_past_max_jobs() {
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0].record_count(), 1000);
 }
+
+#[test]
+fn dead_letters_come_in_pages_bounded_in_jobs_and_bytes() {
+    let d = Dir::new(vec![stream(S)]);
+    let mut store = d.open();
+    for i in 1..=5u8 {
+        append(&mut store, S, &sized(i, &[1000]), T0).unwrap();
+    }
+    for j in take(&mut store, S, 10, T0) {
+        fail(&mut store, &j.lease, &permanent(), T0);
+    }
+    // Dead: ids 1 to 5, a little over 1,000 bytes of records each.
+    let page = |after: Option<u64>, n: usize, max_raw: u64| {
+        let page = store.dead_letters(S, after, n, max_raw).unwrap();
+        (
+            page.jobs.iter().map(|j| j.id).collect::<Vec<_>>(),
+            page.next,
+        )
+    };
+    assert_eq!(page(None, 2, u64::MAX), (vec![1, 2], Some(2)));
+    assert_eq!(page(Some(2), 10, u64::MAX), (vec![3, 4, 5], None));
+    assert_eq!(page(None, 10, 2500), (vec![1, 2], Some(2)), "bytes bound");
+    // A job over the byte bound still comes, alone: a page always moves on.
+    assert_eq!(page(Some(1), 10, 10), (vec![2], Some(2)));
+    assert_eq!(page(Some(4), 10, 10), (vec![5], None));
+    assert_eq!(page(Some(5), 10, u64::MAX), (vec![], None));
+    assert_eq!(page(Some(u64::MAX), 10, u64::MAX), (vec![], None));
+    let first = &store.dead_letters(S, None, 1, u64::MAX).unwrap().jobs[0];
+    assert_eq!(first.to_json()["last_error"], "400 bad request");
+    d.reopen(store);
+}

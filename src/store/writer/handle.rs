@@ -221,17 +221,20 @@ impl StoreHandle {
         .await
     }
 
-    /// Up to `n` dead letters of `stream` with ids after `after`, in id order.
+    /// A page of `stream`'s dead letters (see [`crate::store::Store::dead_letters`]): the jobs,
+    /// and the id to ask after next when more follow.
     pub async fn dead_letters(
         &self,
         stream: &str,
         after: Option<u64>,
         n: usize,
-    ) -> Result<Vec<crate::store::Peeked>, StoreError> {
+        max_raw: u64,
+    ) -> Result<crate::store::DeadPage, StoreError> {
         self.ask(|reply| Request::DeadLetters {
             stream: stream.to_string(),
             after,
             n,
+            max_raw,
             reply,
         })
         .await

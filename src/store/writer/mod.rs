@@ -125,7 +125,8 @@ enum Request {
         stream: String,
         after: Option<u64>,
         n: usize,
-        reply: Reply<Result<Vec<crate::store::Peeked>, StoreError>>,
+        max_raw: u64,
+        reply: Reply<Result<crate::store::DeadPage, StoreError>>,
     },
     /// How far the salvage of a damaged file kept under `key` went.
     SalvageProgress {

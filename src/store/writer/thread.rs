@@ -408,9 +408,10 @@ impl Writer {
                     stream,
                     after,
                     n,
+                    max_raw,
                     reply,
                 } => {
-                    let _ = reply.send(self.read(|s| s.dead_letters(&stream, after, n)));
+                    let _ = reply.send(self.read(|s| s.dead_letters(&stream, after, n, max_raw)));
                 }
                 Request::SpoolKnown { spool, reply } => {
                     let _ = reply.send(self.read(|s| s.spool_known(&spool)));
@@ -598,11 +599,10 @@ impl Writer {
         match &self.store {
             Some(s) => Snapshot {
                 streams: s.streams().map(|(c, n)| (c.clone(), n.clone())).collect(),
-                // A stream whose head cannot be read shows none: the counters still come.
+                // Heads that cannot be read show none: the counters still come.
                 ready_head_ms: s
-                    .streams()
-                    .map(|(c, _)| s.ready_head_ms(&c.name).ok().flatten())
-                    .collect(),
+                    .ready_heads(s.streams().map(|(c, _)| c.name.as_str()))
+                    .unwrap_or_else(|_| s.streams().map(|_| None).collect()),
                 stored_bytes: s.stored_bytes(),
                 file_bytes: s.file_bytes(),
                 commits: self.stats.commits.load(Ordering::Relaxed),
