@@ -96,11 +96,10 @@ pub(super) async fn handle(
                 .await
             {
                 Ok(page) => {
-                    let (jobs, next) = (page.jobs, page.next);
-                    let jobs: Vec<_> = jobs.iter().map(|j| j.to_json()).collect();
+                    let jobs: Vec<_> = page.jobs.iter().map(|j| j.to_json()).collect();
                     (
                         StatusCode::OK,
-                        json!({ "stream": stream, "jobs": jobs, "next": next }).to_string(),
+                        json!({ "stream": stream, "jobs": jobs, "next": page.next }).to_string(),
                     )
                 }
                 Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),

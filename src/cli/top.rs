@@ -392,26 +392,17 @@ fn screen(
         .filter(|s| shown(s))
     {
         let up = now.total("colibri_sink_link_up", "sink", &s) > 0.0;
+        // While up (a trial included, which is still part of the outage) neither is shown.
+        let while_down = |metric: &str| match up {
+            true => "-".to_string(),
+            false => when(now.total(metric, "sink", &s), wall),
+        };
         lines.push(format!(
             "{:<16} {:<5} {:>12} {:>12} {:>8} {:>7} {:>6}",
             s,
             if up { "up" } else { "DOWN" },
-            if up {
-                "-".into()
-            } else {
-                when(
-                    now.total("colibri_sink_link_down_since_timestamp_seconds", "sink", &s),
-                    wall,
-                )
-            },
-            if up {
-                "-".into()
-            } else {
-                when(
-                    now.total("colibri_sink_link_next_probe_timestamp_seconds", "sink", &s),
-                    wall,
-                )
-            },
+            while_down("colibri_sink_link_down_since_timestamp_seconds"),
+            while_down("colibri_sink_link_next_probe_timestamp_seconds"),
             fmt_rate(rate("colibri_sink_delivered_records_total", "sink", &s)),
             short(now.total("colibri_sink_dead_lettered_records_total", "sink", &s)),
             short(now.total("colibri_sink_failed_attempts_total", "sink", &s)),
