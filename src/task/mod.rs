@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
-use crate::logging::output;
+use crate::logging::{output, summary};
 use crate::schedule::Schedule;
 
 /// A task as the runtime sees it: everything checked and parsed.
@@ -67,6 +67,25 @@ impl Action {
             Action::HttpScrape(_) => "http_scrape",
             #[cfg(feature = "modbus")]
             Action::Modbus(_) => "modbus",
+        }
+    }
+
+    /// Why an attempt that ran out of its `timeout` failed, as the handler's user sees it: only an
+    /// exec has a process (group) to terminate.
+    pub fn timed_out(&self, timeout: Duration) -> String {
+        let t = crate::units::fmt_duration(timeout);
+        match self {
+            Action::Exec(_) => "timed out; process group terminated".into(),
+            Action::FileMove(_) => format!("timed out after {t}"),
+            Action::HttpScrape(s) => format!(
+                "GET {}: no complete answer within the timeout ({t})",
+                crate::net::client::shown_url(&s.url)
+            ),
+            #[cfg(feature = "modbus")]
+            Action::Modbus(m) => format!(
+                "{} unit {}: no answer within the timeout ({t})",
+                m.address, m.unit
+            ),
         }
     }
 
@@ -328,15 +347,18 @@ pub async fn run(
             break attempt;
         }
         let wait = crate::backoff::jittered(attempt_no, def.retry.base, def.retry.cap);
-        tracing::warn!(
-            task = %def.name,
-            outcome = attempt.outcome.label(),
-            reason = failure_reason(&attempt),
-            attempt = attempt_no + 1,
-            retry_in_ms = wait.as_millis() as u64,
-            stderr = output(&attempt.stderr),
-            "task attempt failed, will retry"
-        );
+        let reason = failure_reason(def, &attempt);
+        if first_of_its_kind(def, "attempt", attempt.outcome.label(), &reason) {
+            tracing::warn!(
+                task = %def.name,
+                outcome = attempt.outcome.label(),
+                reason,
+                attempt = attempt_no + 1,
+                retry_in_ms = wait.as_millis() as u64,
+                stderr = output(&attempt.stderr),
+                "task attempt failed, will retry"
+            );
+        }
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = ctx.stopping.cancelled() => break Attempt { outcome: Outcome::Cancelled, ..attempt },
@@ -392,11 +414,14 @@ pub async fn run(
             } else {
                 stats.failed.fetch_add(1, Ordering::Release);
             }
-            tracing::error!(
-                task = %def.name, outcome = last.outcome.label(), reason = failure_reason(&last),
-                duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting, records, stdout = output(&last.stdout), stderr = output(&last.stderr),
-                "task run failed"
-            );
+            let reason = failure_reason(def, &last);
+            if first_of_its_kind(def, "run", last.outcome.label(), &reason) {
+                tracing::error!(
+                    task = %def.name, outcome = last.outcome.label(), reason,
+                    duration_ms, late_ms, attempts, exit, files_moved, files_skipped, files_failed, files_waiting, records, stdout = output(&last.stdout), stderr = output(&last.stderr),
+                    "task run failed"
+                );
+            }
         }
     }
 }
@@ -418,10 +443,54 @@ impl Drop for Running<'_> {
     }
 }
 
-fn failure_reason(a: &Attempt) -> String {
+/// How often a scrape that keeps failing the same way says so: the first failure in full, then
+/// one line per this interval with how many more there were (as the listeners' refusals).
+const SCRAPE_FAILURES_EVERY: Duration = Duration::from_secs(60);
+
+/// Whether this failure of `def` (a failed run, or an `attempt` about to be retried) is logged in
+/// full. A scrape against a dead device fails every run the same way: one line each would bury
+/// everything else, so after the first only a count is logged, per task, outcome and reason (a new
+/// reason, or another task, is logged in full). Other tasks log every failure: an exec's output
+/// differs from run to run and a file move's failures are summarised where they arise.
+fn first_of_its_kind(
+    def: &TaskDef,
+    what: &'static str,
+    outcome: &'static str,
+    reason: &str,
+) -> bool {
+    if !def.action.is_scrape() {
+        return true;
+    }
+    let key = format!("task {what} failed\0{}\0{outcome}\0{reason}", def.name);
+    summary::first(&key, 1, SCRAPE_FAILURES_EVERY, || {
+        let (task, reason) = (def.name.clone(), reason.to_string());
+        move |n, _, window| {
+            let secs = summary::secs(window);
+            if what == "run" {
+                tracing::error!(
+                    task,
+                    outcome,
+                    reason,
+                    repeated = n,
+                    "task run failed: {n} more like it in the last {secs}s"
+                );
+            } else {
+                tracing::warn!(
+                    task,
+                    outcome,
+                    reason,
+                    repeated = n,
+                    "task attempt failed, will retry: {n} more like it in the last {secs}s"
+                );
+            }
+        }
+    })
+}
+
+fn failure_reason(def: &TaskDef, a: &Attempt) -> String {
     match &a.outcome {
         Outcome::Failed(r) => r.clone(),
-        Outcome::TimedOut => "timed out; process group terminated".into(),
+        Outcome::TimedOut => def.action.timed_out(def.timeout),
         Outcome::Ok => String::new(),
         Outcome::Cancelled => "shutdown".into(),
     }

@@ -7,12 +7,15 @@
 use crate::tsdb::free_port;
 use std::fs::File;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use serde_json::Value;
 
 use crate::util::client::Client;
 use crate::util::http::{Mode, Receiver};
+use crate::util::serve::Endpoint;
 use crate::util::{Proc, Sandbox, field, quote, quote_path};
 use crate::util::{queue_stats, secs, stop};
 
@@ -207,5 +210,59 @@ fn a_file_too_large_for_its_stream_is_logged_once_not_every_run() {
         std::fs::read_dir(&from).unwrap().count(),
         1,
         "the file stays where it is"
+    );
+}
+
+/// Two `http_scrape` tasks that fail every run (one endpoint answers 500, the other port refuses
+/// connections): per task, the first failure is one ERROR in full and the runs after it are
+/// counted in a summary, instead of one ERROR per run; the two tasks are not merged.
+#[test]
+fn a_scrape_failing_every_run_is_logged_once_then_counted() {
+    let sb = Sandbox::new();
+    let gets = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&gets);
+    let endpoint = Endpoint::start(Box::new(move |_, _| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        (500, "text/plain", "broken\n".into())
+    }));
+    let dead = free_port();
+    let config = sb.write_config(&format!(
+        "data_dir: data\n\
+         log: {{ format: json, level: info }}\n\
+         storage: {{ min_free: 1MiB }}\n\
+         streams: {{ m: {{}} }}\n\
+         tasks:\n  - {{ name: broken, type: http_scrape, every: 100ms, url: {}, format: raw, stream: m }}\n  \
+         - {{ name: dead, type: http_scrape, every: 100ms, url: \"http://127.0.0.1:{dead}/metrics\", format: raw, stream: m }}\n",
+        quote(endpoint.url("/metrics"))
+    ));
+    let agent = Proc::run(&config);
+    agent.wait_until(secs(30), "12 failed scrapes", || {
+        gets.load(Ordering::SeqCst) >= 12
+    });
+    let agent = stop(agent);
+    let served = gets.load(Ordering::SeqCst);
+    let failed = |task: &str| {
+        agent.events_where(|e| field(e, "task") == task && field(e, "outcome") == "failed")
+    };
+    let broken = failed("broken");
+    assert!(
+        broken
+            .iter()
+            .all(|e| field(e, "level") == "ERROR" && field(e, "reason").contains("answered 500")),
+        "{broken:#?}"
+    );
+    let (full, repeated) = full_and_repeated(&broken);
+    assert_eq!(full, 1, "one in full: {broken:#?}");
+    // Every GET served was a failed run, logged or counted (one may still have been going).
+    assert!(repeated + 1 >= served - 1, "{served} served: {broken:#?}");
+    assert!(broken.len() <= 3, "{broken:#?}");
+    let dead = failed("dead");
+    let (full, repeated) = full_and_repeated(&dead);
+    assert_eq!(full, 1, "the other task in full too: {dead:#?}");
+    assert!(repeated >= 1, "{dead:#?}");
+    assert!(
+        dead.iter()
+            .all(|e| field(e, "reason").contains("127.0.0.1")),
+        "{dead:#?}"
     );
 }
