@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use super::deliver::{Batch, Deliver, DeliveryError, Probe};
 use super::local;
+use crate::scrape::lineparse;
 use crate::store::FileJob;
 
 /// For logs: the sink's type, name and directory.
@@ -37,6 +38,7 @@ impl Deliver for FileSink {
     async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
         let (dir, name) = (self.dir.clone(), file_name(batch));
         let written = local::off_the_loop(&self.shown, move || {
+            let name = format!("{name}.{}", extension(&body));
             write_atomically(&dir, name.as_ref(), |f| f.write_all(&body))
         })
         .await?;
@@ -86,18 +88,33 @@ impl Deliver for FileSink {
     }
 }
 
-/// The name of a batch's file: the same for every re-send of the same records, and, as the
-/// idempotency key, never the same for two store files (job ids start over in a store that
-/// replaced a damaged one: its job 1 must not overwrite the old one's).
+/// The name of a batch's file without its extension: the same for every re-send of the same
+/// records, and, as the idempotency key, never the same for two store files (job ids start over in
+/// a store that replaced a damaged one: its job 1 must not overwrite the old one's).
 fn file_name(batch: &Batch<'_>) -> String {
     let (stream, store, job) = (batch.stream, batch.store_id, batch.job);
     if batch.whole {
-        format!("{stream}-{store:016x}-{job:020}.ndjson")
+        format!("{stream}-{store:016x}-{job:020}")
     } else {
         format!(
-            "{stream}-{store:016x}-{job:020}-{}-{}.ndjson",
+            "{stream}-{store:016x}-{job:020}-{}-{}",
             batch.first, batch.end
         )
+    }
+}
+
+/// The extension that says what a body's lines are: `ndjson` when every line is JSON (ingest's
+/// records, syslog's), `lp` when every line is an InfluxDB line-protocol point (a scrape's or a
+/// poll's samples, which a `file` sink gets as line protocol), `txt` otherwise. A `file` sink
+/// takes any lines, so only what it holds can say; the same records always get the same name.
+fn extension(body: &[u8]) -> &'static str {
+    let lines = || body.split(|&b| b == b'\n').filter(|l| !l.is_empty());
+    if lines().all(|l| serde_json::from_slice::<serde::de::IgnoredAny>(l).is_ok()) {
+        "ndjson"
+    } else if lines().all(|l| lineparse::check(l).is_ok()) {
+        "lp"
+    } else {
+        "txt"
     }
 }
 
@@ -130,4 +147,20 @@ fn write_atomically(
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::extension;
+
+    #[test]
+    fn files_are_named_by_what_their_lines_are() {
+        assert_eq!(extension(b"{\"a\":1}\n[2]\n"), "ndjson");
+        assert_eq!(
+            extension(b"m,site=a v=3.14159 1700000000000000000\nm v=1i\n"),
+            "lp"
+        );
+        assert_eq!(extension(b"{\"a\":1}\nm v=1\n"), "txt");
+        assert_eq!(extension(b"<13>Dec  4 host app: hello\n"), "txt");
+    }
 }

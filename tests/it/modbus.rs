@@ -4,7 +4,9 @@
 //! tags, reads grouped into as few requests as the limits allow; a poll every second delivered to
 //! a real VictoriaMetrics at its poll time through an outage of VictoriaMetrics; the device
 //! stopped mid-run is a failed run with the reason, retried, and polling resumes when it is back; an
-//! exception answer names the point and the exception; samples as JSON for a JSON sink.
+//! exception answer names the point and the exception; samples as JSON for a JSON sink; an f32
+//! written in its own digits, into a `file` sink's file named for line protocol; a device that
+//! accepts and never answers is a timeout of the device, not of a process.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -279,4 +281,99 @@ tasks:
     assert_eq!(records[1]["tags"], serde_json::json!({"line": "b"}));
     assert_eq!(records[1]["values"], serde_json::json!({"fan": true}));
     assert_eq!(records[0]["time_ms"], records[1]["time_ms"]);
+}
+
+/// An f32 of 3.14159 is written as `3.14159` (not the f64 digits of its widening,
+/// `3.141590118408203`), and a `file` sink names the file of these line-protocol samples `.lp`.
+#[test]
+fn an_f32_is_written_in_its_own_digits_into_a_file_named_for_line_protocol() {
+    let sb = Sandbox::new();
+    let device = Device::start(free_port());
+    let out = sb.file("out");
+    std::fs::create_dir(&out).unwrap();
+    let config = sb.write_config(&format!(
+        r#"data_dir: data
+log: {{format: json}}
+sinks:
+  out: {{ type: file, path: {out} }}
+streams:
+  plc: {{ sink: out }}
+tasks:
+  - name: drive
+    type: modbus
+    schedule: "@reboot"
+    address: "127.0.0.1:{dev}"
+    stream: plc
+    points:
+      - {{ name: pi, register: holding, address: 12, type: f32 }}
+      - {{ name: temp, register: holding, address: 2, type: f32 }}
+"#,
+        out = crate::util::quote_path(&out),
+        dev = device.port,
+    ));
+    let agent = Proc::start(&config);
+    let files = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&out)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.path())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p: &std::path::PathBuf| {
+                !p.file_name().unwrap().to_string_lossy().starts_with('.')
+            })
+            .collect()
+    };
+    let written = poll(secs(20), || {
+        let f = files();
+        (!f.is_empty()).then_some(f)
+    })
+    .unwrap_or_else(|| panic!("no file written; stderr:\n{}", agent.stderr()));
+    assert_eq!(written.len(), 1, "{written:?}");
+    let name = written[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    assert!(name.starts_with("plc-") && name.ends_with(".lp"), "{name}");
+    let text = std::fs::read_to_string(&written[0]).unwrap();
+    assert!(text.starts_with("drive pi=3.14159,temp=21.5 "), "{text}");
+}
+
+/// A device that accepts the connection and never answers: the run fails as a timeout that names
+/// the device and the timeout, not as a process group terminated (there is no process).
+#[test]
+fn a_device_that_never_answers_times_out_as_a_device_not_a_process() {
+    let sb = Sandbox::new();
+    // Bound and listening, never accepting: the kernel completes the connection, nothing answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let config = sb.write_config(&format!(
+        r#"data_dir: data
+log: {{format: json}}
+streams: {{ plc: {{}} }}
+tasks:
+  - name: drive
+    type: modbus
+    schedule: "@reboot"
+    timeout: 500ms
+    address: "{addr}"
+    stream: plc
+    points:
+      - {{ name: speed, register: holding, address: 0 }}
+"#
+    ));
+    let agent = Proc::start(&config);
+    let failed = agent.wait_for_event(secs(20), "the run timing out", |e| {
+        field(e, "task") == "drive" && field(e, "message") == "task run failed"
+    });
+    assert_eq!(field(&failed, "outcome"), "timeout", "{failed}");
+    assert_eq!(
+        field(&failed, "reason"),
+        format!("{addr} unit 1: no answer within the timeout (500ms)"),
+        "{failed}"
+    );
+    drop(silent);
 }

@@ -1161,7 +1161,8 @@ fn file_sink_delivers_the_backlog_once_its_directory_appears() {
         let mut names: Vec<_> = std::fs::read_dir(&outbox)
             .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
             .unwrap_or_default();
-        names.retain(|p: &PathBuf| p.extension().is_some_and(|x| x == "ndjson"));
+        // Plain lines (`r1`): a file named for what it holds, neither JSON nor line protocol.
+        names.retain(|p: &PathBuf| p.extension().is_some_and(|x| x == "txt"));
         names.sort();
         names
             .iter()

@@ -198,12 +198,27 @@ fn from_words(p: &Point, words: &[u16]) -> Value {
         Kind::I16 => f64::from(i16::from_be_bytes([bytes[0], bytes[1]])),
         Kind::U32 => f64::from(u32::from_be_bytes(four(&bytes))),
         Kind::I32 => f64::from(i32::from_be_bytes(four(&bytes))),
-        Kind::F32 => f64::from(f32::from_be_bytes(four(&bytes))),
+        Kind::F32 => {
+            let raw = f64::from(f32::from_be_bytes(four(&bytes)));
+            return Value::Number(as_f32(raw * p.scale + p.offset));
+        }
         // Past 2^53 a u64 loses its last digits as a float, as every field of this task is one.
         Kind::U64 => u64::from_be_bytes(eight(&bytes)) as f64,
         Kind::F64 => f64::from_be_bytes(eight(&bytes)),
     };
     Value::Number(raw * p.scale + p.offset)
+}
+
+/// An f32 point's value (scaled or not: that adds no precision) as the f64 nearest the f32's
+/// shortest decimal digits, so it is written as the device meant it (`3.14159`), not with the
+/// digits of its binary widening (`3.141590118408203`). Out of f32's range: as computed.
+fn as_f32(v: f64) -> f64 {
+    let single = v as f32;
+    if single.is_finite() != v.is_finite() {
+        return v;
+    }
+    // `{:?}` is the shortest text that reads back to the same f32.
+    format!("{single:?}").parse().unwrap_or(v)
 }
 
 fn four(b: &[u8]) -> [u8; 4] {
@@ -304,6 +319,25 @@ mod tests {
         // Past the answer: nothing.
         i.address = 7;
         assert_eq!(decode(&i, 0, &answer), None);
+    }
+
+    #[test]
+    fn an_f32_keeps_its_own_shortest_digits() {
+        let [hi, lo] = [(0x4049_0fd0u32 >> 16) as u16, 0x0fd0];
+        assert_eq!(f32::from_bits(0x4049_0fd0), 3.14159_f32);
+        let regs = [hi, lo];
+        let answer = Answer::Registers(&regs);
+        let mut p = point("pi", Table::Holding, 0, Kind::F32);
+        let Some(Value::Number(v)) = decode(&p, 0, &answer) else {
+            panic!()
+        };
+        assert_eq!(format!("{v:?}"), "3.14159");
+        p.scale = 10.0;
+        let Some(Value::Number(v)) = decode(&p, 0, &answer) else {
+            panic!()
+        };
+        // The f32 nearest the scaled value, in its shortest digits (not 31.41590118408203).
+        assert_eq!(format!("{v:?}"), "31.415901");
     }
 
     #[test]
