@@ -198,10 +198,7 @@ fn from_words(p: &Point, words: &[u16]) -> Value {
         Kind::I16 => f64::from(i16::from_be_bytes([bytes[0], bytes[1]])),
         Kind::U32 => f64::from(u32::from_be_bytes(four(&bytes))),
         Kind::I32 => f64::from(i32::from_be_bytes(four(&bytes))),
-        Kind::F32 => {
-            let raw = f64::from(f32::from_be_bytes(four(&bytes)));
-            return Value::Number(as_f32(raw * p.scale + p.offset));
-        }
+        Kind::F32 => decimal(f32::from_be_bytes(four(&bytes))),
         // Past 2^53 a u64 loses its last digits as a float, as every field of this task is one.
         Kind::U64 => u64::from_be_bytes(eight(&bytes)) as f64,
         Kind::F64 => f64::from_be_bytes(eight(&bytes)),
@@ -209,16 +206,12 @@ fn from_words(p: &Point, words: &[u16]) -> Value {
     Value::Number(raw * p.scale + p.offset)
 }
 
-/// An f32 point's value (scaled or not: that adds no precision) as the f64 nearest the f32's
-/// shortest decimal digits, so it is written as the device meant it (`3.14159`), not with the
-/// digits of its binary widening (`3.141590118408203`). Out of f32's range: as computed.
-fn as_f32(v: f64) -> f64 {
-    let single = v as f32;
-    if single.is_finite() != v.is_finite() {
-        return v;
-    }
-    // `{:?}` is the shortest text that reads back to the same f32.
-    format!("{single:?}").parse().unwrap_or(v)
+/// An f32 as the f64 nearest its shortest decimal digits, so it is written as the device meant it
+/// (`3.14159`), not with the digits of its binary widening (`3.141590118408203`); scaled after
+/// that like every other type.
+fn decimal(v: f32) -> f64 {
+    // `{:?}` is the shortest text that reads back to the same f32 (NaN and infinities too).
+    format!("{v:?}").parse().unwrap_or(f64::from(v))
 }
 
 fn four(b: &[u8]) -> [u8; 4] {
@@ -323,21 +316,21 @@ mod tests {
 
     #[test]
     fn an_f32_keeps_its_own_shortest_digits() {
-        let [hi, lo] = [(0x4049_0fd0u32 >> 16) as u16, 0x0fd0];
-        assert_eq!(f32::from_bits(0x4049_0fd0), 3.14159_f32);
-        let regs = [hi, lo];
+        let bits = 21.3_f32.to_bits();
+        let regs = [(bits >> 16) as u16, bits as u16];
         let answer = Answer::Registers(&regs);
-        let mut p = point("pi", Table::Holding, 0, Kind::F32);
+        let mut p = point("t", Table::Holding, 0, Kind::F32);
         let Some(Value::Number(v)) = decode(&p, 0, &answer) else {
             panic!()
         };
-        assert_eq!(format!("{v:?}"), "3.14159");
-        p.scale = 10.0;
+        // Not 21.299999237060547, the digits of its widening to f64.
+        assert_eq!(format!("{v:?}"), "21.3");
+        p.scale = 0.5;
         let Some(Value::Number(v)) = decode(&p, 0, &answer) else {
             panic!()
         };
-        // The f32 nearest the scaled value, in its shortest digits (not 31.41590118408203).
-        assert_eq!(format!("{v:?}"), "31.415901");
+        // Scaled from those digits.
+        assert_eq!(format!("{v:?}"), "10.65");
     }
 
     #[test]
