@@ -50,6 +50,9 @@ pub struct Answer {
 
 pub struct AdminClient {
     base: String,
+    /// For HTTPS: the CA file trusted and where it came from (`--ca`, or the default), to say
+    /// which when the agent's certificate is not trusted.
+    trust: Option<(PathBuf, &'static str)>,
     token: Option<String>,
     client: reqwest::Client,
     rt: tokio::runtime::Runtime,
@@ -85,12 +88,18 @@ impl AdminClient {
             }
         };
         let mut builder = crate::net::client::builder().timeout(TIMEOUT);
+        let mut trust = None;
         if base.starts_with("https://") {
-            let ca = args.ca.clone().or_else(|| {
-                admin
-                    .and_then(|a| a.tls.as_ref())
-                    .map(|t| t.files.cert_file.clone())
-            });
+            trust = match &args.ca {
+                Some(ca) => Some((ca.clone(), "--ca")),
+                None => admin.and_then(|a| a.tls.as_ref()).map(|t| {
+                    (
+                        t.files.cert_file.clone(),
+                        "admin.tls.cert_file, the default --ca",
+                    )
+                }),
+            };
+            let ca = trust.as_ref().map(|(f, _)| f.clone());
             builder = builder.use_preconfigured_tls(tls(ca, args)?);
         }
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -99,6 +108,7 @@ impl AdminClient {
             .context("cannot start a runtime")?;
         Ok(AdminClient {
             base,
+            trust,
             token: admin
                 .and_then(|a| a.token.as_ref())
                 .map(|t| t.secret().to_string()),
@@ -138,7 +148,13 @@ impl AdminClient {
         }
         self.rt.block_on(async {
             let answer = req.send().await.map_err(|e| {
-                if e.is_connect() {
+                // A failed handshake reads as a failed connection: say what failed instead. (A
+                // client certificate refused, with TLS 1.3, comes at the answer: told below.)
+                if let Some(tls) = tls_error(&e).filter(|t| {
+                    e.is_connect() || matches!(t, rustls::Error::InvalidCertificate(_))
+                }) {
+                    AdminError::Other(anyhow::anyhow!("{}: {}", self.base, self.untrusted(tls)))
+                } else if e.is_connect() {
                     AdminError::NotRunning(self.base.clone())
                 } else if e.is_timeout() {
                     AdminError::Other(anyhow::anyhow!(
@@ -168,6 +184,61 @@ impl AdminClient {
             Ok(Answer { status, body })
         })
     }
+}
+
+impl AdminClient {
+    /// What failed in a TLS handshake, for the operator: which name or which CA file when the
+    /// agent's certificate is not trusted.
+    fn untrusted(&self, e: &rustls::Error) -> String {
+        use rustls::CertificateError as C;
+        let (ca, from) = self
+            .trust
+            .as_ref()
+            .map_or(("(none)".into(), "--ca"), |(f, from)| {
+                (f.display().to_string(), *from)
+            });
+        let host = reqwest::Url::parse(&self.base)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_string))
+            .unwrap_or_default();
+        match e {
+            rustls::Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => format!(
+                "the agent's certificate is not trusted: no certificate in {ca} ({from}) signed it \
+                 (when admin.tls.cert_file is signed by a CA, pass that CA with --ca)"
+            ),
+            rustls::Error::InvalidCertificate(
+                C::NotValidForName | C::NotValidForNameContext { .. },
+            ) => format!(
+                "the agent's certificate is not valid for the name {host} (connect by a name or \
+                 address it was issued for, with --admin URL): {e}"
+            ),
+            rustls::Error::InvalidCertificate(_) => {
+                format!("the agent's certificate is not trusted ({ca}, {from}): {e}")
+            }
+            _ => format!("TLS handshake failed: {e}"),
+        }
+    }
+}
+
+/// The rustls error under a request's error, if the TLS handshake is what failed. It sits inside
+/// `io::Error`s (one in another), whose `source()` skips the error they wrap: an `io::Error`'s
+/// next link is its inner error itself.
+fn tls_error(e: &reqwest::Error) -> Option<&rustls::Error> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    // Bounded: a chain is a handful of links.
+    for _ in 0..16 {
+        let c = cur?;
+        if let Some(t) = c.downcast_ref::<rustls::Error>() {
+            return Some(t);
+        }
+        cur = match c.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => c.source(),
+        };
+    }
+    None
 }
 
 /// rustls settings trusting `ca` (PEM certificates) and presenting `--cert`/`--key`.

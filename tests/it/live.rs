@@ -786,3 +786,51 @@ tasks:
     agent.signal(libc::SIGTERM);
     assert_code(agent.wait_exit(secs(30)), 0, &agent.stderr());
 }
+
+/// The admin endpoint over HTTPS with a certificate signed by a CA: the default `--ca` (the leaf
+/// in `admin.tls.cert_file`) and a wrong `--ca` fail as "the agent's certificate is not trusted",
+/// naming the CA file and where it came from, not as "no agent answers"; the right CA is served.
+#[test]
+fn an_untrusted_agent_certificate_is_reported_as_such_not_as_no_agent() {
+    use crate::util::http::TestPki;
+    let sb = Sandbox::new();
+    std::fs::create_dir_all(sb.file("pki")).unwrap();
+    let pki = TestPki::generate(&sb.file("pki"));
+    let port = free_port();
+    let config = sb.write_config(&format!(
+        "data_dir: data\n\
+         log: {{ format: json }}\n\
+         admin: {{ listen: \"127.0.0.1:{port}\", tls: {{ cert_file: {cert}, key_file: {key} }} }}\n\
+         streams: {{ logs: {{}} }}\n",
+        cert = quote(pki.server_cert.display().to_string()),
+        key = quote(pki.server_key.display().to_string()),
+    ));
+    let agent = Proc::start(&config);
+    agent.wait_for_event(secs(30), "colibri started", |e| {
+        e["message"] == "colibri started"
+    });
+    let by_default = task(&config, &["list"]);
+    assert_code(by_default.status, 1, &by_default.stderr);
+    let err = &by_default.stderr;
+    assert!(!err.contains("no agent answers"), "{err}");
+    assert!(
+        err.contains("the agent's certificate is not trusted")
+            && err.contains(&pki.server_cert.display().to_string())
+            && err.contains("admin.tls.cert_file"),
+        "{err}"
+    );
+    let other = pki.other_ca.display().to_string();
+    let wrong = task(&config, &["list", "--ca", &other]);
+    assert_code(wrong.status, 1, &wrong.stderr);
+    let err = &wrong.stderr;
+    assert!(!err.contains("no agent answers"), "{err}");
+    assert!(
+        err.contains("the agent's certificate is not trusted")
+            && err.contains(&other)
+            && err.contains("--ca"),
+        "{err}"
+    );
+    let ca = pki.ca.display().to_string();
+    let right = task(&config, &["list", "--ca", &ca]);
+    assert_code(right.status, 0, &right.stderr);
+}
