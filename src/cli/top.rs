@@ -4,7 +4,8 @@
 //! oldest ready job), in and out rates, dead letters, drops, and whether it is paused; per sink
 //! the link, since when it is down, the next probe, its rate and failures, and its last error;
 //! per task whether it runs, the last run, its outcome and duration, the next run; per source
-//! its rate, total and (tail) how many bytes its files hold unread. Keys: `s` changes the sort (name, backlog, rate), `/` filters by name (Enter keeps it,
+//! its rate, total and (tail) how many bytes its files hold unread. An agent that stops answering
+//! (a restart) is shown as away over the last screen, and asked again every second. Keys: `s` changes the sort (name, backlog, rate), `/` filters by name (Enter keeps it,
 //! Esc clears it), `q` quits. With `--once`, or when stdout is not a terminal, it prints one
 //! screen as plain text and exits. The screen is plain text lines, the same for both; crossterm
 //! only puts the terminal in raw mode and reads keys (a TUI framework would add far more to the
@@ -167,10 +168,9 @@ impl Reading {
 fn read(client: &AdminClient) -> anyhow::Result<Reading> {
     // `None` for a 404: an agent older than the route.
     let fetch = |path: &str| {
+        // Kept typed: at the start it ends top, later the agent is only away.
         let a = client.get(path).map_err(|e| match e {
-            AdminError::NotRunning(at) => {
-                anyhow::anyhow!("no agent answers at {at}: top reads a running agent")
-            }
+            AdminError::NotRunning(_) => anyhow::Error::new(e),
             AdminError::Other(e) => e,
         })?;
         match a.status {
@@ -254,10 +254,29 @@ fn short_age(secs: f64) -> String {
     }
 }
 
-/// One screen, as lines of at most `width` characters.
+/// The agent stopped answering (a restart, a stop): since when, and why the last read failed.
+/// The screen keeps the last reading under a line that says so, and top asks again every second.
+struct Away {
+    since: DateTime<Utc>,
+    reason: String,
+}
+
+/// An error chain (`outer: inner: innermost`, as colibri writes one) with its innermost cause first
+/// (`innermost (outer: inner)`): the part that says what happened survives a cut at the screen's
+/// edge ("connection refused", not "error sending request: clie").
+fn cause_first(message: &str) -> String {
+    let message = message.replace('\n', " ");
+    match message.rsplit_once(": ") {
+        Some((outer, cause)) if !cause.trim().is_empty() => format!("{cause} ({outer})"),
+        _ => message,
+    }
+}
+
+/// One screen, as lines of at most `width` characters; `away` when the last read failed.
 fn screen(
     now: &Reading,
     before: Option<&Reading>,
+    away: Option<&Away>,
     view: &View,
     wall: DateTime<Utc>,
     width: usize,
@@ -275,6 +294,17 @@ fn screen(
         .iter()
         .find(|s| s.name == "colibri_build_info")
         .map_or("?", |s| s.label("version"));
+    if let Some(a) = away {
+        lines.push(format!(
+            "AGENT AWAY since {} ({}): {}; asking every {}s",
+            a.since.format("%H:%M:%S"),
+            fmt_duration(Duration::from_secs(
+                (wall - a.since).num_seconds().max(0).unsigned_abs()
+            )),
+            cause_first(&a.reason),
+            REFRESH.as_secs(),
+        ));
+    }
     let up = wall.timestamp() as f64 - now.single("colibri_process_start_time_seconds");
     lines.push(format!(
         "colibri {version}  up {}  config generation {}{}  memory {}  workers {}/{}",
@@ -417,7 +447,7 @@ fn screen(
             lines.push(format!(
                 "  last error {}: {}",
                 when(rfc3339(&e["at"]), wall),
-                e["message"].as_str().unwrap_or("?").replace('\n', " "),
+                cause_first(e["message"].as_str().unwrap_or("?")),
             ));
         }
     }
@@ -506,21 +536,36 @@ fn run(args: &TopArgs) -> anyhow::Result<()> {
         filter: String::new(),
         typing: false,
     };
+    let first = || {
+        read(&client).map_err(|e| match e.downcast_ref::<AdminError>() {
+            Some(AdminError::NotRunning(_)) => anyhow::anyhow!("{e}: top reads a running agent"),
+            _ => e,
+        })
+    };
     if args.once || !std::io::stdout().is_terminal() {
-        for line in screen(&read(&client)?, None, &view, Utc::now(), usize::MAX) {
+        for line in screen(&first()?, None, None, &view, Utc::now(), usize::MAX) {
             println!("{}", line.trim_end());
         }
         return Ok(());
     }
     let _terminal = Terminal::enter()?;
     let mut before: Option<Reading> = None;
-    let mut now = read(&client)?;
-    let redraw = |now: &Reading, before: Option<&Reading>, view: &View| {
-        draw(&screen(now, before, view, Utc::now(), terminal_width()))
+    let mut now = first()?;
+    let mut away: Option<Away> = None;
+    let mut asked = now.at;
+    let redraw = |now: &Reading, before: Option<&Reading>, away: Option<&Away>, view: &View| {
+        draw(&screen(
+            now,
+            before,
+            away,
+            view,
+            Utc::now(),
+            terminal_width(),
+        ))
     };
     loop {
-        redraw(&now, before.as_ref(), &view)?;
-        let next = now.at + REFRESH;
+        redraw(&now, before.as_ref(), away.as_ref(), &view)?;
+        let next = asked + REFRESH;
         // Keys until the next read; each redraws at once.
         loop {
             let left = next.saturating_duration_since(Instant::now());
@@ -562,10 +607,30 @@ fn run(args: &TopArgs) -> anyhow::Result<()> {
                     _ => {}
                 }
             }
-            redraw(&now, before.as_ref(), &view)?;
+            redraw(&now, before.as_ref(), away.as_ref(), &view)?;
         }
-        let fresh = read(&client)?;
-        before = Some(std::mem::replace(&mut now, fresh));
+        asked = Instant::now();
+        (now, before, away) = next_reading(read(&client), now, before, away);
+    }
+}
+
+/// The screen's state after a read: a fresh reading (rates against the one before it, none
+/// across an absence: a restarted agent's counters start again), or the last one kept with the
+/// agent away since the first read that failed.
+fn next_reading(
+    fresh: anyhow::Result<Reading>,
+    now: Reading,
+    before: Option<Reading>,
+    away: Option<Away>,
+) -> (Reading, Option<Reading>, Option<Away>) {
+    match fresh {
+        Ok(fresh) if away.is_some() => (fresh, None, None),
+        Ok(fresh) => (fresh, Some(now), None),
+        Err(e) => {
+            let since = away.map_or_else(Utc::now, |a| a.since);
+            let reason = format!("{e:#}");
+            (now, before, Some(Away { since, reason }))
+        }
     }
 }
 
@@ -659,7 +724,7 @@ mod tests {
             filter: String::new(),
             typing: false,
         };
-        let lines = screen(&r, None, &view, Utc::now(), 80);
+        let lines = screen(&r, None, None, &view, Utc::now(), 80);
         assert!(lines.iter().all(|l| l.chars().count() <= 80));
         assert!(
             lines
@@ -682,6 +747,55 @@ mod tests {
         assert!(
             lines.iter().any(|l| l == "  dropped: oldest 12"),
             "{lines:#?}"
+        );
+    }
+
+    #[test]
+    fn the_innermost_cause_comes_first() {
+        assert_eq!(
+            cause_first(
+                "http sink up (http://127.0.0.1:9/in): error sending request: client error (Connect): tcp connect error: Connection refused (os error 111)"
+            ),
+            "Connection refused (os error 111) (http sink up (http://127.0.0.1:9/in): error sending request: client error (Connect): tcp connect error)"
+        );
+        assert_eq!(
+            cause_first("no agent answers at https://127.0.0.1:9464"),
+            "no agent answers at https://127.0.0.1:9464"
+        );
+    }
+
+    #[test]
+    fn an_agent_that_stops_answering_is_away_and_back_without_rates_across() {
+        let reading = || Reading {
+            at: Instant::now(),
+            samples: Vec::new(),
+            tasks: Vec::new(),
+            sinks: Vec::new(),
+        };
+        let (now, before, away) = next_reading(Ok(reading()), reading(), None, None);
+        assert!(before.is_some() && away.is_none());
+        let (now, before, away) = next_reading(Err(anyhow::anyhow!("gone")), now, before, away);
+        let since = away.as_ref().expect("away").since;
+        assert!(before.is_some());
+        let (now, before, away) =
+            next_reading(Err(anyhow::anyhow!("still gone")), now, before, away);
+        let a = away.as_ref().expect("still away");
+        assert_eq!((a.since, a.reason.as_str()), (since, "still gone"));
+        let view = View {
+            sort: Sort::Name,
+            filter: String::new(),
+            typing: false,
+        };
+        let lines = screen(&now, before.as_ref(), away.as_ref(), &view, Utc::now(), 80);
+        assert!(lines[0].starts_with("AGENT AWAY since "), "{lines:#?}");
+        assert!(
+            lines[0].ends_with(": still gone; asking every 1s"),
+            "{lines:#?}"
+        );
+        let (_, before, away) = next_reading(Ok(reading()), now, before, away);
+        assert!(
+            before.is_none() && away.is_none(),
+            "back, no rate across the absence"
         );
     }
 

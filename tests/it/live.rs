@@ -834,3 +834,77 @@ fn an_untrusted_agent_certificate_is_reported_as_such_not_as_no_agent() {
     let right = task(&config, &["list", "--ca", &ca]);
     assert_code(right.status, 0, &right.stderr);
 }
+
+/// `colibri top` while the agent restarts: the screen stays, says the agent is away (since when,
+/// and why), and comes back with the agent; top itself never exits. A sink's last error shows
+/// its innermost cause first, so what happened fits in 80 columns (`--once` and live).
+#[test]
+fn top_keeps_its_screen_while_the_agent_restarts_and_shows_the_cause_first() {
+    let sb = Sandbox::new();
+    let (port, nowhere) = (free_port(), free_port());
+    let config = sb.write_config(&format!(
+        r#"data_dir: data
+log: {{format: json}}
+admin: {{ listen: "127.0.0.1:{port}" }}
+sinks:
+  gone: {{ type: http, url: "http://127.0.0.1:{nowhere}/in", link: {{ backoff_cap: 1s }} }}
+streams:
+  logs: {{ sink: gone }}
+"#
+    ));
+    let agent = Proc::start(&config);
+    let body = "{\"i\":1}\n";
+    let f = crate::util::finish_with_stdin(
+        &sb,
+        crate::util::queue(&config, &["push", "logs"]),
+        body,
+        secs(30),
+    );
+    assert_code(f.status, 0, &f.stderr);
+    let cause_first = |screen: &str| {
+        let mut lines = screen.lines();
+        lines.find(|l| l.split_whitespace().next() == Some("gone"));
+        let error = lines.next().unwrap_or("").to_string();
+        let cut: String = error.chars().take(80).collect();
+        error.starts_with("  last error") && cut.to_lowercase().contains(": connection refused")
+    };
+    let once = crate::util::poll(secs(30), || {
+        let mut cmd = colibri();
+        cmd.args(["top", "--once", "--config"]).arg(&config);
+        let once = finish(cmd, secs(30));
+        (once.status.success() && cause_first(&once.stdout)).then_some(once.stdout)
+    });
+    assert!(once.is_some(), "no last error with its cause first");
+
+    let top = format!(
+        "{} top --config {}",
+        env!("CARGO_BIN_EXE_colibri"),
+        config.display()
+    );
+    let tmux = Tmux::start(&sb, &top);
+    let s = tmux.wait("the stream and the sink", |s| {
+        row(s, "logs").is_some() && row(s, "gone").is_some()
+    });
+    assert!(cause_first(&s), "{s}");
+    let agent = crate::util::stop(agent);
+    drop(agent);
+    // Its last answers may break off as it stops; then nothing answers.
+    let s = tmux.wait("the agent away", |s| {
+        s.contains("AGENT AWAY since") && s.contains("no agent answers at http://127.0.0.1:")
+    });
+    assert!(
+        row(&s, "logs").is_some() && row(&s, "gone").is_some(),
+        "the last screen kept under the line: {s}"
+    );
+    assert!(tmux.alive(), "top exited");
+    let agent = Proc::start(&config);
+    tmux.wait("the agent back", |s| {
+        !s.contains("AGENT AWAY") && row(s, "logs").is_some() && row(s, "gone").is_some()
+    });
+    tmux.keys(&["q"]);
+    assert!(
+        crate::util::poll(secs(10), || (!tmux.alive()).then_some(())).is_some(),
+        "top did not quit on q"
+    );
+    drop(crate::util::stop(agent));
+}
