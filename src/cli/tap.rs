@@ -25,7 +25,8 @@ pub struct TapArgs {
     /// Stop after this many records
     #[arg(long, short = 'n')]
     limit: Option<u64>,
-    /// One JSON object per record: {"stream", "record"} (the record parsed when it is JSON)
+    /// One JSON object per record: {"stream", "record"} (the record as stored when it is JSON, else
+    /// as a string)
     #[arg(long)]
     json: bool,
     /// The records as the stream's sink acknowledges them, instead of as they are appended
@@ -82,9 +83,7 @@ fn run(args: &TapArgs) -> anyhow::Result<()> {
         for r in v["records"].as_array().into_iter().flatten() {
             let text = r.as_str().unwrap_or_default();
             let line = if args.json {
-                let record = serde_json::from_str::<Value>(text)
-                    .unwrap_or_else(|_| Value::String(text.to_string()));
-                serde_json::json!({ "stream": stream, "record": record }).to_string()
+                json_line(stream, text)
             } else {
                 text.to_string()
             };
@@ -96,4 +95,36 @@ fn run(args: &TapArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `{"stream":…,"record":…}` with a JSON record embedded as it is stored, byte for byte: parsed
+/// only to check that it is JSON, so its keys keep their order (a parsed map would sort them).
+/// Any other line is a JSON string.
+fn json_line(stream: &str, text: &str) -> String {
+    let record = if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() {
+        text.to_string()
+    } else {
+        Value::String(text.to_string()).to_string()
+    };
+    format!(
+        "{{\"stream\":{},\"record\":{record}}}",
+        Value::String(stream.to_string())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_line;
+
+    #[test]
+    fn a_tapped_record_is_printed_as_it_is_stored() {
+        assert_eq!(
+            json_line("logs", r#"{"z":1,"a":{"y":2,"b":3}}"#),
+            r#"{"stream":"logs","record":{"z":1,"a":{"y":2,"b":3}}}"#
+        );
+        assert_eq!(
+            json_line("l\"x", "not json"),
+            r#"{"stream":"l\"x","record":"not json"}"#
+        );
+    }
 }

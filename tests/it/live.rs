@@ -389,7 +389,8 @@ streams:
 }
 
 /// `colibri tap` prints what is appended to a stream from when it starts, in order, and ends at
-/// `--limit`; `--delivered` prints what the sink acknowledged, nothing while its link is down.
+/// `--limit`; `--delivered` prints what the sink acknowledged, nothing while its link is down;
+/// `--json` embeds each record as it is stored (its keys in their order).
 #[test]
 fn tap_prints_records_as_they_are_appended_and_as_they_are_delivered() {
     use crate::util::http::{Mode, Receiver};
@@ -424,7 +425,7 @@ streams:
         let f = crate::util::finish_with_stdin(
             &sb,
             queue(&config, &["push", "logs"]),
-            &format!("{{\"seq\":{seq}}}\n"),
+            &format!("{{\"seq\":{seq},\"about\":\"tap\"}}\n"),
             secs(30),
         );
         assert_code(f.status, 0, &f.stderr);
@@ -459,6 +460,14 @@ streams:
             .collect();
         assert_eq!(lines.len(), 5, "{}", tap.stdout());
         let first = lines[0]["record"]["seq"].as_u64().unwrap();
+        // Each record as it is stored, its keys in their order (not sorted).
+        for (i, l) in tap.stdout().lines().enumerate() {
+            let n = first + i as u64;
+            assert_eq!(
+                l,
+                format!(r#"{{"stream":"logs","record":{{"seq":{n},"about":"tap"}}}}"#)
+            );
+        }
         for (i, l) in lines.iter().enumerate() {
             assert_eq!(l["stream"], "logs");
             assert_eq!(
