@@ -69,8 +69,22 @@ cargo clippy --locked --no-default-features --lib --bins -- -D warnings
 
 echo "==> cargo test"
 test_log="$(mktemp)"
-trap 'rm -f "$test_log"' EXIT
-cargo test --locked 2>&1 | tee "$test_log"
+# One closing line for the whole run, however it ends after this point (a failed test or a failed
+# step below included), from cargo's "test result:" lines (its last block is the doc-tests,
+# usually empty); the script's exit status stays what it was.
+counts() {
+  awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1); if ($i ~ /^ignored;?$/) s += $(i-1) } }
+       END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$test_log"
+}
+trap 'rc=$?; counts; rm -f "$test_log"; exit "$rc"' EXIT
+# Not stopped by `set -e` here: a failure must say what it leaves unchecked. With pipefail the
+# pipeline's status is cargo's (tee's is 0).
+test_rc=0
+cargo test --locked 2>&1 | tee "$test_log" || test_rc=$?
+if ((test_rc != 0)); then
+  echo "error: cargo test failed (exit $test_rc); not run: the fuzz targets, the static build (scripts/build-static.sh), the package (scripts/package.sh) and the deploy checks (scripts/check-deploy.sh)" >&2
+  exit "$test_rc"
+fi
 
 # Fuzz targets: built with cargo-fuzz on nightly (the project's toolchain machines carry one) and
 # run briefly, so a decoder or config-loader panic fails the build. cargo-fuzz comes from crates.io.
@@ -117,6 +131,4 @@ scripts/package.sh target/static
 echo "==> scripts/check-deploy.sh $static_bin"
 scripts/check-deploy.sh "$static_bin"
 
-# One closing line for the whole run (cargo's last block is the doc-tests, usually empty).
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1); if ($i ~ /^ignored;?$/) s += $(i-1) } }
-     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$test_log"
+# The counts line is written by the EXIT trap above.
