@@ -1,6 +1,6 @@
 //! Events that repeat by the thousand are logged once in full, then counted: refused requests on
 //! both listeners, dead letters dropped from a full dead-letter table, a file too large for its
-//! stream found again by every run. Each test floods the real binary, stops it (a stop writes the
+//! stream found again by every run, a scrape failing every run the same way. Each test floods the real binary, stops it (a stop writes the
 //! pending counts) and reads its JSON log: one full line per kind, the summaries' `repeated`
 //! counts adding up to the rest.
 
