@@ -758,9 +758,9 @@ fn syslog_metrics(t: &mut Text, stats: &[(String, Arc<crate::syslog::SyslogStats
                 |s| s.connections.load(Relaxed),
             ),
             (
-                "colibri_syslog_connections_refused_total",
-                "TCP connections closed at once because max_connections were open.",
-                |s| s.connections_refused.load(Relaxed),
+                "colibri_syslog_idle_connections_closed_total",
+                "Idle TCP connections closed to make room for a newcomer because max_connections were open.",
+                |s| s.connections_closed_idle.load(Relaxed),
             ),
             (
                 "colibri_syslog_framing_errors_total",

@@ -1,5 +1,6 @@
 //! HTTP plumbing below every edge: [`server`] (the HTTP/1.1 server under the ingest API and the
-//! admin endpoint: bind, accept, connection slots), [`token`] (the bearer token both listeners
+//! admin endpoint: bind, accept), [`slots`] (the connection slots of a TCP listener, the idle one
+//! closed for a newcomer: the HTTP server's and the syslog source's), [`token`] (the bearer token both listeners
 //! check), [`tls_server`] (a listener's rustls settings from its `tls` block, replaceable by a
 //! reload) and [`client`] (what the `http` sink and the `http_scrape` task share: `User-Agent`,
 //! rustls' provider, header and URL handling, error chains). None of it knows what a request
@@ -7,5 +8,6 @@
 
 pub mod client;
 pub mod server;
+pub mod slots;
 pub mod tls_server;
 pub mod token;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, UdpSocket};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -21,10 +21,11 @@ use super::Shared;
 use super::append::{Chunk, permits_for};
 use super::frame::Framer;
 use super::parse::{Context, Parsed};
+use crate::net::slots::{Slots, Taken};
 use crate::store::RecordBuf;
 
 /// One read of a TCP connection: its buffer is held while the connection is open, so 256 idle
-/// connections hold 4 MiB.
+/// connections hold 4 MiB (until `idle_timeout`, or a newcomer closes the one idle longest).
 const TCP_READ_BYTES: usize = 16 << 10;
 /// The largest UDP datagram.
 const UDP_READ_BYTES: usize = 64 << 10;
@@ -105,9 +106,11 @@ pub async fn tcp(
     let Some(listener) = bind(addr, "tcp", &shared, &stopping, TcpListener::bind).await else {
         return;
     };
-    let slots = Arc::new(Semaphore::new(shared.cfg.max_connections));
+    let slots = Slots::new(
+        format!("syslog source {}", shared.cfg.name),
+        shared.cfg.max_connections,
+    );
     let mut conns = tokio::task::JoinSet::new();
-    let mut refused_logged = false;
     loop {
         let accepted = tokio::select! {
             _ = stopping.cancelled() => break,
@@ -125,15 +128,14 @@ pub async fn tcp(
                 }
             }
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            shared.stats.connections_refused.fetch_add(1, Relaxed);
-            if !refused_logged {
-                tracing::warn!(source = %shared.cfg.name, %peer, max_connections = shared.cfg.max_connections, "syslog connection refused: max_connections open (counted from now on, not logged)");
-                refused_logged = true;
-            }
-            drop(sock);
-            continue;
+        // The connection idle longest is closed for this one; when every one is busy handing
+        // over a read (a full `block` stream), this one waits, and the backlog behind it.
+        let Some(taken) = slots.take(peer, &stopping).await else {
+            break;
         };
+        if taken.made_room {
+            shared.stats.connections_closed_idle.fetch_add(1, Relaxed);
+        }
         shared.stats.connections.fetch_add(1, Relaxed);
         let keepalive = socket2::TcpKeepalive::new().with_time(KEEPALIVE);
         if let Err(e) = socket2::SockRef::from(&sock).set_tcp_keepalive(&keepalive) {
@@ -141,22 +143,29 @@ pub async fn tcp(
         }
         let (shared, tx, stopping) = (Arc::clone(&shared), tx.clone(), stopping.clone());
         conns.spawn(async move {
+            let at = Conn {
+                peer,
+                taken,
+                shared: &shared,
+                tx: &tx,
+                stopping: &stopping,
+            };
             match &shared.cfg.tls {
-                None => connection(sock, peer, &shared, &tx, &stopping).await,
+                None => connection(sock, at).await,
                 Some(tls) => {
                     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(tls));
                     let handshake = tokio::select! {
                         _ = stopping.cancelled() => return,
+                        _ = at.taken.slot.evict.cancelled() => return,
                         h = tokio::time::timeout(HANDSHAKE, acceptor.accept(sock)) => h,
                     };
                     match handshake {
-                        Ok(Ok(stream)) => connection(stream, peer, &shared, &tx, &stopping).await,
+                        Ok(Ok(stream)) => connection(stream, at).await,
                         Ok(Err(e)) => tls_failed(&shared, peer, &e.to_string()),
                         Err(_) => tls_failed(&shared, peer, "no handshake within 10s"),
                     }
                 }
             }
-            drop(slot);
         });
     }
     drop(listener);
@@ -174,13 +183,22 @@ fn tls_failed(shared: &Shared, peer: SocketAddr, error: &str) {
     }
 }
 
+/// One accepted connection and what its reading needs.
+struct Conn<'a> {
+    peer: SocketAddr,
+    taken: Taken,
+    shared: &'a Shared,
+    tx: &'a mpsc::UnboundedSender<Chunk>,
+    stopping: &'a CancellationToken,
+}
+
 /// Why a connection's reading ended.
 #[derive(PartialEq, Eq)]
 enum End {
     /// The sender closed it.
     Eof,
-    /// Silent past `idle_timeout`: the sender is done (a last message without its newline is
-    /// kept, as at an end).
+    /// Silent past `idle_timeout`, or closed as the connection idle longest to make room for a
+    /// newcomer: the sender is done (a last message without its newline is kept, as at an end).
     Idle,
     /// Failed, or colibri stops (after what was there was read): a message without its end is a
     /// cut one.
@@ -194,18 +212,19 @@ enum End {
 /// budget has room, so a graceful stop loses no more than the kernel still held (nothing, unless
 /// the stream is full). A last message without its newline is kept when the sender closed the
 /// connection or went idle, and dropped (counted in `cut`) when colibri or the network cut it.
-async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
-    mut sock: S,
-    peer: SocketAddr,
-    shared: &Shared,
-    tx: &mpsc::UnboundedSender<Chunk>,
-    stopping: &CancellationToken,
-) {
+async fn connection<S: AsyncRead + AsyncWrite + Unpin>(mut sock: S, at: Conn<'_>) {
+    let Conn {
+        peer,
+        taken,
+        shared,
+        tx,
+        stopping,
+    } = at;
     let name = &shared.cfg.name;
     let mut framer = Framer::new(shared.cfg.max_message_bytes);
     let mut buf = vec![0u8; TCP_READ_BYTES];
     let peer_json = peer_string(peer);
-    let idle = shared.cfg.idle_timeout.unwrap_or(Duration::MAX);
+    let idle = shared.cfg.idle_timeout;
     let mut draining_until: Option<Instant> = None;
     let end = loop {
         let read = match draining_until {
@@ -213,6 +232,11 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                 _ = stopping.cancelled() => {
                     draining_until = Some(Instant::now() + STOP_WAIT);
                     continue;
+                }
+                // Closed to make room for a newcomer, as the connection idle longest.
+                _ = taken.slot.evict.cancelled() => {
+                    tracing::debug!(source = %name, %peer, "syslog connection idle longest: closed for a newcomer");
+                    break End::Idle;
                 }
                 r = tokio::time::timeout(idle, sock.read(&mut buf)) => match r {
                     Ok(r) => r,
@@ -247,6 +271,9 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
             }
         };
         shared.stats.bytes.fetch_add(n as u64, Relaxed);
+        // Busy until its records are handed over (a wait for the budget is not idleness). A
+        // read that raced its eviction is still handed over, and then the connection ends.
+        let evicted = !taken.slot.begin();
         let mut chunk = Read::new();
         let framed = framer.feed(&buf[..n], |m, cut| {
             chunk.message(shared, m, cut, &peer_json)
@@ -254,10 +281,14 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
         if !send(chunk, shared, tx, stopping).await {
             return;
         }
+        taken.end();
         if let Err(e) = framed {
             shared.stats.framing_errors.fetch_add(1, Relaxed);
             tracing::warn!(source = %name, %peer, error = %e, "syslog connection closed");
             break End::Framing;
+        }
+        if evicted {
+            break End::Idle;
         }
     };
     if end == End::Cut {

@@ -31,6 +31,11 @@ use crate::tail::record::Filter;
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 10;
 /// `max_connections` when the config does not say.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// `idle_timeout` when the config does not say. Long enough that a quiet sender is not made to
+/// reconnect more than a few times an hour (rsyslog, syslog-ng and `logger` connect again for the
+/// next message), short enough that connections a vanished or hostile peer left open give back
+/// their slot and read buffer within minutes rather than never.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// How long a stopping source waits for its appender before leaving it to finish on its own.
 const STOP_WAIT: Duration = Duration::from_secs(2);
@@ -49,8 +54,8 @@ pub struct SyslogConfig {
     pub min_severity: Option<u8>,
     /// `include_lines` / `exclude_lines`, matched against the whole message as received.
     pub filter: Filter,
-    /// A TCP connection silent this long is closed (`None`: never).
-    pub idle_timeout: Option<Duration>,
+    /// A TCP connection silent this long is closed.
+    pub idle_timeout: Duration,
     pub labels: Vec<(String, String)>,
     /// TLS on the TCP listener.
     pub tls: Option<Arc<rustls::ServerConfig>>,
@@ -96,8 +101,8 @@ pub struct SyslogStats {
     /// stream can ever hold.
     pub records_lost: AtomicU64,
     pub connections: AtomicU64,
-    /// Connections closed at once because `max_connections` were open.
-    pub connections_refused: AtomicU64,
+    /// Idle connections closed to make room for a newcomer because `max_connections` were open.
+    pub connections_closed_idle: AtomicU64,
     /// Connections closed for breaking the framing, or ended inside an octet-counted message.
     pub framing_errors: AtomicU64,
     /// TLS connections whose handshake failed or timed out (no certificate the CA signed, a
@@ -187,7 +192,7 @@ pub async fn run(
         truncated = stats.truncated.load(Relaxed),
         filtered = stats.filtered.load(Relaxed),
         connections = stats.connections.load(Relaxed),
-        connections_refused = stats.connections_refused.load(Relaxed),
+        connections_closed_idle = stats.connections_closed_idle.load(Relaxed),
         framing_errors = stats.framing_errors.load(Relaxed),
         tls_failures = stats.tls_failures.load(Relaxed),
         cut = stats.cut.load(Relaxed),

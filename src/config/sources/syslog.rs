@@ -44,7 +44,8 @@ pub struct SyslogSpec {
     /// message.
     #[serde(default)]
     pub tcp: Option<String>,
-    /// TCP connections open at once; more are closed at once (and counted). Default 256.
+    /// TCP connections open at once. When all are open, the one idle longest is closed for a
+    /// newcomer (and counted), so idle connections cannot lock a sender out. Default 256.
     #[serde(default, deserialize_with = "de_opt_u32")]
     #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_connections: Option<u32>,
@@ -62,8 +63,9 @@ pub struct SyslogSpec {
     /// Regular expressions; messages matching any are dropped (after `include_lines`).
     #[serde(default)]
     pub exclude_lines: Vec<String>,
-    /// A TCP connection that sends nothing for this long is closed. Default: never (senders keep
-    /// their connection open through quiet hours).
+    /// A TCP connection that sends nothing for this long is closed. Default 10m: a quiet sender
+    /// connects again for its next message; a connection a vanished or hostile peer left open
+    /// gives back its slot.
     #[serde(default)]
     pub idle_timeout: Option<Dur>,
     /// Fields added to every record under `labels`.
@@ -138,10 +140,7 @@ pub(super) fn compile(
     if let Some(d) = &spec.idle_timeout
         && d.0.is_zero()
     {
-        err.add(
-            "idle_timeout",
-            "must be more than 0 (leave it out to never close an idle connection)".into(),
-        );
+        err.add("idle_timeout", "must be more than 0".into());
     }
     let tls = spec.tls.and_then(|t| {
         if spec.tcp.is_none() {
@@ -164,7 +163,9 @@ pub(super) fn compile(
         max_message_bytes: max_message_bytes as usize,
         min_severity: spec.min_severity.map(|s| s as u8),
         filter,
-        idle_timeout: spec.idle_timeout.map(|d| d.0),
+        idle_timeout: spec
+            .idle_timeout
+            .map_or(crate::syslog::DEFAULT_IDLE_TIMEOUT, |d| d.0),
         labels: spec.labels.into_iter().collect(),
         tls,
     })
@@ -202,11 +203,14 @@ mod tests {
         assert_eq!((s.max_connections, s.max_message_bytes), (8, 8192));
         assert_eq!(s.min_severity, Some(4));
         assert!(s.filter.keeps("a plc said", "") && !s.filter.keeps("plc heartbeat", ""));
-        assert_eq!(s.idle_timeout, Some(std::time::Duration::from_secs(300)));
+        assert_eq!(s.idle_timeout, std::time::Duration::from_secs(300));
         assert_eq!(s.labels, [("site".to_string(), "a".to_string())]);
         let d = load("{ type: syslog, stream: logs, tcp: '0.0.0.0:514' }").unwrap();
         assert_eq!((d.max_connections, d.max_message_bytes), (256, 65536));
-        assert_eq!((d.udp, d.min_severity, d.idle_timeout), (None, None, None));
+        assert_eq!(
+            (d.udp, d.min_severity, d.idle_timeout),
+            (None, None, crate::syslog::DEFAULT_IDLE_TIMEOUT)
+        );
     }
 
     #[test]
