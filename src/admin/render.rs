@@ -748,6 +748,11 @@ fn syslog_metrics(t: &mut Text, stats: &[(String, Arc<crate::syslog::SyslogStats
                 |s| s.udp_dropped.load(Relaxed),
             ),
             (
+                "colibri_syslog_udp_receive_buffer_dropped_total",
+                "UDP datagrams the kernel dropped before colibri read them because the socket's receive buffer was full.",
+                |s| s.udp_receive_buffer_dropped.load(Relaxed),
+            ),
+            (
                 "colibri_syslog_lost_total",
                 "Records read and never stored: unstorable, or still unstored when colibri stopped.",
                 |s| s.records_lost.load(Relaxed),

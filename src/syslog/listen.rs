@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, UdpSocket};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -55,9 +55,14 @@ pub async fn udp(
     tx: mpsc::UnboundedSender<Chunk>,
     stopping: CancellationToken,
 ) {
-    let Some(socket) = bind(addr, "udp", &shared, &stopping, UdpSocket::bind).await else {
+    let asked = shared.cfg.receive_buffer;
+    let open = |a| std::future::ready(super::udp::open(a, asked));
+    let Some(opened) = bind(addr, "udp", &shared, &stopping, open).await else {
         return;
     };
+    receive_buffer_granted(&shared, addr, opened.receive_buffer);
+    let socket = opened.socket;
+    let mut drops = super::udp::Drops::default();
     let mut buf = vec![0u8; UDP_READ_BYTES];
     loop {
         let first = tokio::select! {
@@ -79,6 +84,15 @@ pub async fn udp(
                 Err(_) => break,
             }
         }
+        // The kernel drops only while its buffer is full, that is while chunks are being read:
+        // looking after each one counts every drop by the time the buffer is empty again.
+        let dropped = drops.new_since(&socket);
+        if dropped > 0 {
+            shared
+                .stats
+                .udp_receive_buffer_dropped
+                .fetch_add(dropped, Relaxed);
+        }
         if chunk.records.is_empty() {
             continue;
         }
@@ -92,6 +106,24 @@ pub async fn udp(
         };
         if !taken {
             shared.stats.udp_dropped.fetch_add(n, Relaxed);
+        }
+    }
+}
+
+/// Says what receive buffer the kernel granted, and warns when it is less than the config asked
+/// (the kernel caps `SO_RCVBUF` at `net.core.rmem_max`).
+fn receive_buffer_granted(shared: &Shared, addr: SocketAddr, granted: usize) {
+    let name = &shared.cfg.name;
+    match shared.cfg.receive_buffer {
+        Some(asked) if granted < asked => tracing::warn!(
+            source = %name,
+            %addr,
+            receive_buffer = asked,
+            granted,
+            "syslog udp receive buffer smaller than asked: the kernel caps it at net.core.rmem_max (raise it with sysctl -w net.core.rmem_max={asked})"
+        ),
+        _ => {
+            tracing::debug!(source = %name, %addr, receive_buffer = granted, "syslog udp receive buffer")
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod append;
 pub mod frame;
 pub mod listen;
 pub mod parse;
+pub mod udp;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -46,6 +47,8 @@ pub struct SyslogConfig {
     pub name: String,
     pub stream: String,
     pub udp: Option<SocketAddr>,
+    /// `SO_RCVBUF` of the UDP socket, in bytes (`None`: the kernel's default).
+    pub receive_buffer: Option<usize>,
     pub tcp: Option<SocketAddr>,
     pub max_connections: usize,
     pub max_message_bytes: usize,
@@ -65,7 +68,10 @@ impl SyslogConfig {
     pub fn describe(&self) -> String {
         let mut on = Vec::new();
         if let Some(a) = self.udp {
-            on.push(format!("udp {a}"));
+            match self.receive_buffer {
+                Some(b) => on.push(format!("udp {a} (receive buffer {b} bytes)")),
+                None => on.push(format!("udp {a}")),
+            }
         }
         if let Some(a) = self.tcp {
             let tls = if self.tls.is_some() { "TLS, " } else { "" };
@@ -97,6 +103,9 @@ pub struct SyslogStats {
     pub records_dropped: AtomicU64,
     /// UDP messages dropped because the appender was behind (a full `block` stream).
     pub udp_dropped: AtomicU64,
+    /// UDP datagrams the kernel dropped before colibri read them: the socket's receive buffer
+    /// was full (`receive_buffer`).
+    pub udp_receive_buffer_dropped: AtomicU64,
     /// Records read and never stored: a store that failed at stop, or a record larger than the
     /// stream can ever hold.
     pub records_lost: AtomicU64,
@@ -187,6 +196,7 @@ pub async fn run(
         records_appended = stats.records_appended.load(Relaxed),
         records_dropped = stats.records_dropped.load(Relaxed),
         udp_dropped = stats.udp_dropped.load(Relaxed),
+        udp_receive_buffer_dropped = stats.udp_receive_buffer_dropped.load(Relaxed),
         records_lost = stats.records_lost.load(Relaxed),
         unparsed = stats.unparsed.load(Relaxed),
         truncated = stats.truncated.load(Relaxed),

@@ -917,3 +917,88 @@ sources:
     // each sender.
     assert_eq!(closed, [745, 745], "{}", agent.stderr());
 }
+
+/// A counter of the source `source`, read from the admin endpoint (`None` before it is there).
+fn metric(agent: &Proc, name: &str, source: &str) -> Option<u64> {
+    let e = agent.wait_for_event(secs(20), "admin endpoint listening", |e| {
+        field(e, "message") == "admin endpoint listening"
+    });
+    let addr = field(&e, "listen").parse().expect("an address");
+    let page = crate::util::client::Client::new(addr)
+        .request("GET", "/metrics", &[], None)
+        .ok()?
+        .text();
+    let prefix = format!("{name}{{source=\"{source}\"}} ");
+    page.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.parse::<f64>().expect("a number") as u64)
+}
+
+#[test]
+fn udp_datagrams_a_full_receive_buffer_drops_are_counted() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    let (port, big) = (free_port(), free_port());
+    // `plant` asks for a 4KiB receive buffer (a few datagrams); `big` for more than the kernel's
+    // cap (net.core.rmem_max, 4MiB on the test machines), which is logged.
+    let cfg = config(
+        &sb,
+        &rx,
+        port,
+        "",
+        &format!(
+            ", receive_buffer: 4KiB }}\n  big: {{ type: syslog, stream: logs, udp: \"127.0.0.1:{big}\", receive_buffer: 1GiB"
+        ),
+    );
+    let agent = Proc::start(&cfg);
+    agent.wait_until(secs(30), "three syslog listeners bound", || {
+        agent
+            .events_where(|e| field(e, "message") == "syslog listening")
+            .len()
+            >= 3
+    });
+    let capped = agent.wait_for_event(secs(10), "the receive buffer capped", |e| {
+        field(e, "message").starts_with("syslog udp receive buffer smaller than asked")
+    });
+    assert_eq!(field(&capped, "source"), "big", "{capped}");
+    // A burst as fast as the test can send, far more than 4KiB holds.
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let sent: u64 = 5000;
+    for i in 0..sent {
+        let m = format!("<14>1 - gw probe - - - burst {i} {}", "x".repeat(400));
+        udp.send_to(m.as_bytes(), ("127.0.0.1", port))
+            .expect("send");
+    }
+    // Every datagram was read or counted as dropped by the kernel.
+    let mut last = (0, 0);
+    let accounted = poll(secs(30), || {
+        let read = metric(&agent, "colibri_syslog_messages_total", "plant")?;
+        let dropped = metric(
+            &agent,
+            "colibri_syslog_udp_receive_buffer_dropped_total",
+            "plant",
+        )?;
+        last = (read, dropped);
+        (read + dropped == sent).then_some(())
+    });
+    assert!(
+        accounted.is_some(),
+        "(read, dropped by the kernel) {last:?} of {sent} sent\n{}",
+        agent.stderr()
+    );
+    let (read, dropped) = last;
+    assert!(dropped > 0, "nothing dropped by a 4KiB buffer: {last:?}");
+    // What was read was stored (the stream had room).
+    let records = wait_delivered(&rx, &agent, read as usize, secs(60));
+    assert_eq!(records.len() as u64 + dropped, sent);
+    let agent = stop(agent);
+    let s = agent
+        .events_where(|e| field(e, "message") == "syslog summary" && field(e, "source") == "plant")
+        .pop()
+        .unwrap_or_else(|| panic!("no syslog summary:\n{}", agent.stderr()));
+    assert_eq!(
+        s["udp_receive_buffer_dropped"].as_u64(),
+        Some(dropped),
+        "{s}"
+    );
+}

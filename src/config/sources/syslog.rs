@@ -39,6 +39,12 @@ pub struct SyslogSpec {
     /// `127.0.0.1:5514`. At least one of `udp` and `tcp` is needed.
     #[serde(default)]
     pub udp: Option<String>,
+    /// The UDP socket's receive buffer (`SO_RCVBUF`), e.g. `8MiB`: what a burst can fill before
+    /// the kernel drops datagrams (counted in `colibri_syslog_udp_receive_buffer_dropped_total`).
+    /// The kernel caps it at `net.core.rmem_max` (a smaller grant is logged). Default: the
+    /// kernel's (`net.core.rmem_default`); at most 1GiB.
+    #[serde(default)]
+    pub receive_buffer: Option<Size>,
     /// Address to accept TCP connections on. Each message is framed by octet counting (`LEN MSG`,
     /// rsyslog's `TCP_Framing="octet-counted"`) or ends with a newline; both are recognised per
     /// message.
@@ -142,6 +148,21 @@ pub(super) fn compile(
     {
         err.add("idle_timeout", "must be more than 0".into());
     }
+    let receive_buffer = spec.receive_buffer.map(|s| s.0);
+    if let Some(bytes) = receive_buffer {
+        let max = crate::syslog::udp::MAX_RECEIVE_BUFFER;
+        if spec.udp.is_none() {
+            err.add(
+                "receive_buffer",
+                "is the UDP socket's: set `udp` too".into(),
+            );
+        } else if !(1024..=max).contains(&bytes) {
+            err.add(
+                "receive_buffer",
+                format!("must be between 1KiB and 1GiB, not {bytes} bytes"),
+            );
+        }
+    }
     let tls = spec.tls.and_then(|t| {
         if spec.tcp.is_none() {
             err.add("tls", "TLS is for the TCP listener: set `tcp` too".into());
@@ -158,6 +179,7 @@ pub(super) fn compile(
         name: name.to_string(),
         stream: spec.stream,
         udp,
+        receive_buffer: receive_buffer.map(|b| b as usize),
         tcp,
         max_connections: max_connections as usize,
         max_message_bytes: max_message_bytes as usize,
@@ -195,7 +217,7 @@ mod tests {
     #[test]
     fn a_full_syslog_source_compiles() {
         let s = load(
-            "{ type: syslog, stream: logs, udp: '127.0.0.1:5514', tcp: '[::1]:6514', max_connections: 8, max_message_bytes: 8KiB, min_severity: warning, include_lines: [plc], exclude_lines: [heartbeat], idle_timeout: 5m, labels: { site: a } }",
+            "{ type: syslog, stream: logs, udp: '127.0.0.1:5514', tcp: '[::1]:6514', max_connections: 8, max_message_bytes: 8KiB, min_severity: warning, include_lines: [plc], exclude_lines: [heartbeat], idle_timeout: 5m, receive_buffer: 4MiB, labels: { site: a } }",
         )
         .unwrap();
         assert_eq!(s.udp.unwrap().to_string(), "127.0.0.1:5514");
@@ -204,12 +226,13 @@ mod tests {
         assert_eq!(s.min_severity, Some(4));
         assert!(s.filter.keeps("a plc said", "") && !s.filter.keeps("plc heartbeat", ""));
         assert_eq!(s.idle_timeout, std::time::Duration::from_secs(300));
+        assert_eq!(s.receive_buffer, Some(4 << 20));
         assert_eq!(s.labels, [("site".to_string(), "a".to_string())]);
         let d = load("{ type: syslog, stream: logs, tcp: '0.0.0.0:514' }").unwrap();
         assert_eq!((d.max_connections, d.max_message_bytes), (256, 65536));
         assert_eq!(
-            (d.udp, d.min_severity, d.idle_timeout),
-            (None, None, crate::syslog::DEFAULT_IDLE_TIMEOUT)
+            (d.udp, d.min_severity, d.idle_timeout, d.receive_buffer),
+            (None, None, crate::syslog::DEFAULT_IDLE_TIMEOUT, None)
         );
     }
 
