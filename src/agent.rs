@@ -382,8 +382,13 @@ impl Agent {
                 ("restarted", &plan.sources.changed),
             ] {
                 for name in names {
-                    self.parts
-                        .start_source(&effective, name, store, &self.stopping);
+                    self.parts.start_source(
+                        &effective,
+                        name,
+                        store,
+                        &self.stopping,
+                        Default::default(),
+                    );
                     changes.push(format!("source {name}: {what}"));
                 }
             }
@@ -467,8 +472,17 @@ impl Parts {
                     .with_context(|| format!("cannot start the ingest API on {listen}"))?,
             );
         }
+        // Every listener is bound before anything runs, so a taken port stops the start, naming
+        // the source and the address, as ingest's and admin's do.
+        let mut sockets = Vec::new();
         for source in &config.sources {
-            parts.start_source(config, source.name(), &store, stopping);
+            let bound = source
+                .bind()
+                .with_context(|| format!("cannot start source {}", source.name()))?;
+            sockets.push(bound);
+        }
+        for (source, bound) in config.sources.iter().zip(sockets) {
+            parts.start_source(config, source.name(), &store, stopping, bound);
         }
         Ok(parts)
     }
@@ -538,14 +552,16 @@ impl Parts {
         }
     }
 
-    /// Starts (or restarts) the source `name` of `config`: a restarted one begins after the old
-    /// one has ended (a tail source's checkpoint is committed, a listener's port let go).
+    /// Starts (or restarts) the source `name` of `config`, on `sockets` when bound: a restarted
+    /// one begins after the old one has ended (a tail source's checkpoint is committed, a
+    /// listener's port let go).
     fn start_source(
         &mut self,
         config: &Config,
         name: &str,
         store: &writer::StoreHandle,
         stopping: &CancellationToken,
+        sockets: crate::source::Sockets,
     ) {
         let before = self.sources.remove(name).map(|old| {
             old.stop.cancel();
@@ -562,7 +578,7 @@ impl Parts {
             if let Some(old) = before {
                 let _ = old.await;
             }
-            source.run(&stats, store, token).await;
+            source.run(&stats, store, token, sockets).await;
         });
         self.sources
             .insert(name.to_string(), SourceGroup { stop, task });

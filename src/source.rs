@@ -78,9 +78,55 @@ impl Source {
     }
 }
 
+/// Listening sockets a source holds before it runs (a syslog source's ports), so that at
+/// colibri's start a taken port stops the start. Empty for a source a reload starts: it binds on
+/// its own, and retries while the port is taken.
+#[derive(Default)]
+pub struct Sockets {
+    #[cfg(feature = "syslog")]
+    syslog: crate::syslog::Bound,
+}
+
+/// A socket a source listens on: `(setting, protocol, address)`, e.g. `("tcp", "tcp",
+/// 127.0.0.1:514)`.
+pub type Listen = (&'static str, &'static str, std::net::SocketAddr);
+
 impl Source {
-    /// Runs the source until `stopping` (the agent's task for it).
-    pub async fn run(self, stats: &SourceStats, store: StoreHandle, stopping: CancellationToken) {
+    /// The addresses the source listens on (what `colibri check --bind` tries).
+    pub fn listens(&self) -> Vec<Listen> {
+        match self {
+            #[cfg(feature = "syslog")]
+            Source::Syslog(cfg) => {
+                let udp = cfg.udp.map(|a| ("udp", "udp", a));
+                let tcp = cfg.tcp.map(|a| ("tcp", "tcp", a));
+                udp.into_iter().chain(tcp).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Binds the source's sockets now (inside the runtime); the error names the address.
+    pub fn bind(&self) -> anyhow::Result<Sockets> {
+        match self {
+            #[cfg(feature = "syslog")]
+            Source::Syslog(cfg) => Ok(Sockets {
+                syslog: crate::syslog::bind(cfg)
+                    .map_err(|e| anyhow::anyhow!("{e} (sources.{}.{})", cfg.name, e.proto))?,
+            }),
+            _ => Ok(Sockets::default()),
+        }
+    }
+
+    /// Runs the source until `stopping` (the agent's task for it), on `sockets` when bound.
+    pub async fn run(
+        self,
+        stats: &SourceStats,
+        store: StoreHandle,
+        stopping: CancellationToken,
+        sockets: Sockets,
+    ) {
+        // Only a syslog source takes sockets (without that kind built in, none does).
+        let _ = &sockets;
         match self {
             Source::Tail(cfg) => {
                 let stats = stats.tail.get(&cfg.name);
@@ -89,7 +135,7 @@ impl Source {
             #[cfg(feature = "syslog")]
             Source::Syslog(cfg) => {
                 let stats = stats.syslog.get(&cfg.name);
-                crate::syslog::run(cfg, stats, store, stopping).await;
+                crate::syslog::run(cfg, stats, store, stopping, sockets.syslog).await;
             }
             #[cfg(feature = "mqtt")]
             Source::Mqtt(cfg) => {

@@ -1,9 +1,10 @@
-//! The command line: `run`, `check`, `queue ...`, `task ...`, `tap`, `top`, `schema` and `version`, their help text, and exit
+//! The command line: `run`, `check` (with `--bind`, [`bind`]), `queue ...`, `task ...`, `tap`, `top`, `schema` and `version`, their help text, and exit
 //! codes (0 ok, 1 a bad config or a failure at run time, 2 a usage error). It loads the config,
 //! installs logging and the runtime, and hands over to `agent` (or to `queue` for the operator's
 //! commands); it does not validate anything itself.
 
 mod admin_client;
+mod bind;
 mod queue;
 mod tap;
 mod task;
@@ -44,7 +45,7 @@ enum Command {
     )]
     Run(ConfigArg),
     /// Validate a config file: print a summary and exit 0, or list every problem and exit 1
-    Check(ConfigArg),
+    Check(CheckArgs),
     /// Inspect and repair the stream queues: stats, peek, push, dead-letter replay and purge
     #[command(subcommand)]
     Queue(queue::QueueCommand),
@@ -59,6 +60,16 @@ enum Command {
     Schema,
     /// Print the version
     Version,
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Also bind every listener (admin, ingest, each source's ports) and close it again: report
+    /// each that cannot be bound (a port taken, or one below 1024 without the right) and exit 1
+    #[arg(long)]
+    bind: bool,
 }
 
 #[derive(Debug, Args)]
@@ -98,7 +109,7 @@ pub fn main() -> ExitCode {
         // the unit's environment file holds) is a warning here, and `run` refuses it.
         Command::Check(args) => {
             match config::load_with(
-                &args.config,
+                &args.config.config,
                 Unset::Warn {
                     needed: &[],
                     read_keys: true,
@@ -107,6 +118,9 @@ pub fn main() -> ExitCode {
                 Ok(c) => {
                     print_warnings(&c.warnings);
                     print!("{}", summary(&c));
+                    if args.bind {
+                        return check_binds(&c);
+                    }
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
@@ -123,6 +137,25 @@ pub fn main() -> ExitCode {
             crate::logging::flush();
             code
         }
+    }
+}
+
+/// `check --bind`: every listener that cannot be bound, one line each.
+fn check_binds(c: &Config) -> ExitCode {
+    let failed = bind::try_binds(c);
+    let tried = bind::listeners(c).len();
+    for f in &failed {
+        eprintln!("error: {f}");
+    }
+    if failed.is_empty() {
+        println!("  bind            {tried} listeners bound and closed again");
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "error: {} of {tried} listeners cannot be bound",
+            failed.len()
+        );
+        ExitCode::FAILURE
     }
 }
 

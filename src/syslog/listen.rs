@@ -3,7 +3,8 @@
 //! into a chunk of records ([`super::parse`], filtered) and hands it to the appender with its
 //! share of the source's budget; a TCP connection reads nothing more until that share is free
 //! (this is how a full `block` stream pauses its sender), a UDP chunk that finds the budget spent
-//! is dropped and counted. A port that cannot be bound is logged and tried again. Called by
+//! is dropped and counted. The sockets come bound from [`super::bind`] at colibri's start; for a
+//! source a reload started, a port that cannot be bound is logged and tried again. Called by
 //! [`super::run`].
 
 use std::net::SocketAddr;
@@ -54,12 +55,20 @@ pub async fn udp(
     shared: Arc<Shared>,
     tx: mpsc::UnboundedSender<Chunk>,
     stopping: CancellationToken,
+    bound: Option<super::udp::Opened>,
 ) {
-    let asked = shared.cfg.receive_buffer;
-    let open = |a| std::future::ready(super::udp::open(a, asked));
-    let Some(opened) = bind(addr, "udp", &shared, &stopping, open).await else {
-        return;
+    let opened = match bound {
+        Some(opened) => opened,
+        None => {
+            let asked = shared.cfg.receive_buffer;
+            let open = |a| std::future::ready(super::udp::open(a, asked));
+            let Some(opened) = bind(addr, "udp", &shared, &stopping, open).await else {
+                return;
+            };
+            opened
+        }
     };
+    listening(&shared, addr, "udp");
     receive_buffer_granted(&shared, addr, opened.receive_buffer);
     let socket = opened.socket;
     let mut drops = super::udp::Drops::default();
@@ -134,10 +143,19 @@ pub async fn tcp(
     shared: Arc<Shared>,
     tx: mpsc::UnboundedSender<Chunk>,
     stopping: CancellationToken,
+    bound: Option<TcpListener>,
 ) {
-    let Some(listener) = bind(addr, "tcp", &shared, &stopping, TcpListener::bind).await else {
-        return;
+    let listener = match bound {
+        Some(listener) => listener,
+        None => {
+            let open = |a| std::future::ready(crate::net::server::bind(a));
+            let Some(listener) = bind(addr, "tcp", &shared, &stopping, open).await else {
+                return;
+            };
+            listener
+        }
     };
+    listening(&shared, addr, "tcp");
     let slots = Slots::new(
         format!("syslog source {}", shared.cfg.name),
         shared.cfg.max_connections,
@@ -444,8 +462,14 @@ fn peer_string(peer: SocketAddr) -> String {
     String::from_utf8(out).expect("JSON written from a string is UTF-8")
 }
 
-/// Binds `addr`, trying again every few seconds while it is taken (another syslog daemon that has
-/// not let go yet). `None` once colibri stops.
+fn listening(shared: &Shared, addr: SocketAddr, proto: &str) {
+    tracing::info!(source = %shared.cfg.name, %addr, proto, "syslog listening");
+}
+
+/// Binds `addr` for a source a reload started (at colibri's start the sockets are bound before,
+/// and a taken port stops the start), trying again every few seconds while it is taken (another
+/// syslog daemon that has not let go yet): a reload does not stop a running agent. `None` once
+/// colibri stops.
 async fn bind<S, F, Fut>(
     addr: SocketAddr,
     proto: &str,
@@ -460,10 +484,7 @@ where
     let mut logged = false;
     loop {
         match bind(addr).await {
-            Ok(s) => {
-                tracing::info!(source = %shared.cfg.name, %addr, proto, "syslog listening");
-                return Some(s);
-            }
+            Ok(s) => return Some(s),
             Err(e) => {
                 if !logged {
                     tracing::error!(source = %shared.cfg.name, %addr, proto, error = %e, "cannot listen for syslog; trying again every 5s");

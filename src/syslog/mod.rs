@@ -132,13 +132,55 @@ pub struct Shared {
     pub budget: Arc<tokio::sync::Semaphore>,
 }
 
-/// Runs one source until `stopping`: binds its listeners (a port that cannot be bound is logged
-/// and retried, so a reload or a start does not fail on it), then appends what they read.
+/// The sockets of a source, bound before it runs: at colibri's start a port that is taken stops
+/// the start, naming the source and the address.
+#[derive(Default)]
+pub struct Bound {
+    pub udp: Option<udp::Opened>,
+    pub tcp: Option<tokio::net::TcpListener>,
+}
+
+/// A socket of a source that cannot be bound.
+#[derive(Debug)]
+pub struct BindError {
+    /// `udp` or `tcp`: the setting that names the address.
+    pub proto: &'static str,
+    pub addr: SocketAddr,
+    pub error: std::io::Error,
+}
+
+impl std::fmt::Display for BindError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let BindError { proto, addr, error } = self;
+        write!(f, "cannot listen on {proto} {addr}: {error}")
+    }
+}
+
+impl std::error::Error for BindError {}
+
+/// Binds the source's sockets now (inside the runtime).
+pub fn bind(cfg: &SyslogConfig) -> Result<Bound, BindError> {
+    let failed = |proto, addr| move |error| BindError { proto, addr, error };
+    let udp = cfg
+        .udp
+        .map(|a| udp::open(a, cfg.receive_buffer).map_err(failed("udp", a)))
+        .transpose()?;
+    let tcp = cfg
+        .tcp
+        .map(|a| crate::net::server::bind(a).map_err(failed("tcp", a)))
+        .transpose()?;
+    Ok(Bound { udp, tcp })
+}
+
+/// Runs one source until `stopping`: takes its sockets from `bound` (at colibri's start) or binds
+/// them (a source a reload started: a port that cannot be bound is logged and retried, so a
+/// reload does not fail on it), then appends what they read.
 pub async fn run(
     cfg: Arc<SyslogConfig>,
     stats: Arc<SyslogStats>,
     store: StoreHandle,
     stopping: CancellationToken,
+    bound: Bound,
 ) {
     let Some(stream) =
         crate::tail::stream_settings(&store, &cfg.name, &cfg.stream, &stopping).await
@@ -170,6 +212,7 @@ pub async fn run(
             Arc::clone(&shared),
             tx.clone(),
             stopping.clone(),
+            bound.udp,
         ));
     }
     if let Some(addr) = cfg.tcp {
@@ -178,6 +221,7 @@ pub async fn run(
             Arc::clone(&shared),
             tx.clone(),
             stopping.clone(),
+            bound.tcp,
         ));
     }
     drop(tx);

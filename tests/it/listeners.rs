@@ -630,3 +630,74 @@ fn tls_on_ingest_and_admin_and_a_certificate_replaced_by_sighup() {
         stream_stats(&queue_stats(&config, &[]), "logs")["counters"]["appended_records"].as_u64();
     assert_eq!(appended, Some(3), "what was answered 200 is stored");
 }
+
+#[test]
+fn a_taken_listener_port_stops_the_start_and_check_bind_names_each() {
+    let sb = Sandbox::new();
+    // Held by "another program": a TCP port and a UDP port.
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind tcp");
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+    let (tcp_port, udp_port) = (
+        tcp.local_addr().expect("addr").port(),
+        udp.local_addr().expect("addr").port(),
+    );
+    let (admin, free_udp) = (free_port(), free_port());
+    let write = |ingest: u16, syslog_udp: u16| {
+        sb.write_config(&format!(
+            "data_dir: data\nlog: {{ format: json }}\n\
+             admin: {{ listen: '127.0.0.1:{admin}' }}\n\
+             ingest: {{ listen: '127.0.0.1:{ingest}' }}\n\
+             streams: {{ logs: {{}} }}\n\
+             sources: {{ plant: {{ type: syslog, stream: logs, udp: '127.0.0.1:{syslog_udp}', tcp: '127.0.0.1:{tcp_port}' }} }}\n"
+        ))
+    };
+
+    // At run, a taken syslog TCP port stops the start like a taken ingest port: exit 1, the
+    // listener and its address named, never "colibri started".
+    let config = write(free_port(), free_udp);
+    let mut agent = Proc::run(&config);
+    let status = agent.wait_exit(secs(30));
+    assert_code(status, 1, &agent.stderr());
+    let stderr = agent.stderr();
+    assert!(
+        stderr.contains(&format!("cannot listen on tcp 127.0.0.1:{tcp_port}"))
+            && stderr.contains("sources.plant.tcp")
+            && !stderr.contains("colibri started"),
+        "{stderr}"
+    );
+
+    // `check` looks at the file only; `check --bind` tries every listener and names each that
+    // cannot be bound.
+    let config = write(tcp_port, udp_port);
+    let check = |bind: bool| {
+        let mut cmd = colibri();
+        cmd.args(["check", "--config"]).arg(&config);
+        if bind {
+            cmd.arg("--bind");
+        }
+        finish(cmd, secs(30))
+    };
+    let f = check(false);
+    assert_code(f.status, 0, &f.stderr);
+    let f = check(true);
+    assert_code(f.status, 1, &f.stderr);
+    for want in [
+        format!("cannot listen on tcp 127.0.0.1:{tcp_port} (ingest.listen)"),
+        format!("cannot listen on udp 127.0.0.1:{udp_port} (sources.plant.udp)"),
+        format!("cannot listen on tcp 127.0.0.1:{tcp_port} (sources.plant.tcp)"),
+        "3 of 4 listeners cannot be bound".to_string(),
+    ] {
+        assert!(f.stderr.contains(&want), "{want} in\n{}", f.stderr);
+    }
+    assert!(!f.stderr.contains("admin.listen"), "{}", f.stderr);
+
+    // With the ports let go, every listener binds.
+    drop((tcp, udp));
+    let f = check(true);
+    assert_code(f.status, 0, &f.stderr);
+    assert!(
+        f.stdout.contains("4 listeners bound and closed again"),
+        "{}",
+        f.stdout
+    );
+}
