@@ -11,7 +11,8 @@
 //! that shut down their write side after the request (`shutdown(SHUT_WR)`, `nc -N`) still get the
 //! answer (hyper's half-close). With TLS, the handshake is part of the first header's deadline,
 //! and each handshake takes the listener's certificate as it is then (a reload may have replaced
-//! it; connections already open keep theirs). Used by `ingest` and `admin`.
+//! it; connections already open keep theirs); a plain HTTP request on a TLS port is answered
+//! with a plain `400` saying the port speaks https. Used by `ingest` and `admin`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -194,14 +195,74 @@ async fn handshake<H, F>(
         biased;
         _ = at.taken.slot.evict.cancelled() => None,
         _ = at.closing.cancelled() => None,
-        r = tokio::time::timeout(deadline, acceptor.accept(stream)) => match r {
-            Ok(Ok(tls)) => return connection(tls, at, handler).await,
-            Ok(Err(e)) => Some(e.to_string()),
+        r = tokio::time::timeout(deadline, accept(acceptor, stream)) => match r {
+            Ok(Accepted::Tls(tls)) => return connection(*tls, at, handler).await,
+            Ok(Accepted::Plain(stream)) => {
+                refuse_plain(stream, &at.limits, at.taken.slot.peer).await;
+                None
+            }
+            Ok(Accepted::Failed(e)) => Some(e.to_string()),
             Err(_) => Some(format!("no handshake within {}s", deadline.as_secs_f64())),
         },
     };
     if let Some(error) = failed {
         handshake_failed(&at.limits, at.taken.slot.peer, &error);
+    }
+}
+
+/// What the first bytes of a connection to a TLS listener turned out to be.
+enum Accepted {
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// Plain text that starts like an HTTP request: a client that forgot `https://`.
+    Plain(TcpStream),
+    Failed(std::io::Error),
+}
+
+/// The handshake, unless the client speaks plain HTTP: a TLS record starts with its content type
+/// (0x14-0x17), an HTTP request with its method in capitals.
+async fn accept(acceptor: tokio_rustls::TlsAcceptor, stream: TcpStream) -> Accepted {
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first).await {
+        Ok(1) if first[0].is_ascii_uppercase() => return Accepted::Plain(stream),
+        Ok(_) => {}
+        Err(e) => return Accepted::Failed(e),
+    }
+    match acceptor.accept(stream).await {
+        Ok(tls) => Accepted::Tls(Box::new(tls)),
+        Err(e) => Accepted::Failed(e),
+    }
+}
+
+/// How long the refusal of a plain request may take to write.
+const REFUSAL_WRITE: Duration = Duration::from_secs(1);
+
+/// Answers a plain HTTP request on a TLS port with a plain refusal the client can read (rather
+/// than TLS bytes it shows as garbage), and says so in the log: once, then a count per minute.
+async fn refuse_plain(mut stream: TcpStream, limits: &Limits, peer: SocketAddr) {
+    use tokio::io::AsyncWriteExt as _;
+    const BODY: &str = "this port speaks https: use https:// (TLS)\n";
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let write = async {
+        stream.write_all(answer.as_bytes()).await?;
+        stream.shutdown().await
+    };
+    let _ = tokio::time::timeout(REFUSAL_WRITE, write).await;
+    let name = limits.name;
+    let first = summary::first(&format!("{name} plain http"), 1, SUMMARY_EVERY, || {
+        move |n, _, window| {
+            tracing::warn!(
+                listener = name,
+                repeated = n,
+                "{name}: {n} more plain HTTP requests on the TLS port refused in the last {}s",
+                summary::secs(window)
+            )
+        }
+    });
+    if first {
+        tracing::warn!(listener = name, %peer, "{name}: plain HTTP request on the TLS port refused (this port speaks https)");
     }
 }
 

@@ -550,8 +550,8 @@ fn tls_on_ingest_and_admin_and_a_certificate_replaced_by_sighup() {
     );
     let plain = half_closed(admin, format!("{healthz}\r\nHost: x\r\n\r\n").as_bytes());
     assert!(
-        !plain.starts_with("HTTP/"),
-        "plain HTTP answered: {plain:?}"
+        plain.starts_with("HTTP/1.1 400"),
+        "plain HTTP refused: {plain:?}"
     );
 
     let with_cert = client_config(&pki.ca, Some((&pki.client_cert, &pki.client_key)));
@@ -699,5 +699,61 @@ fn a_taken_listener_port_stops_the_start_and_check_bind_names_each() {
         f.stdout.contains("4 listeners bound and closed again"),
         "{}",
         f.stdout
+    );
+}
+
+#[test]
+fn plain_http_on_a_tls_port_gets_a_clear_refusal() {
+    let sb = Sandbox::new();
+    std::fs::create_dir_all(sb.file("pki")).unwrap();
+    let pki = crate::util::http::TestPki::generate(&sb.file("pki"));
+    let port = free_port();
+    let config = sb.write_config(&format!(
+        "data_dir: data\n\
+         log: {{ format: json }}\n\
+         admin: {{ listen: \"127.0.0.1:0\", tls: {{ cert_file: {cert}, key_file: {key} }} }}\n\
+         ingest: {{ listen: \"127.0.0.1:{port}\", tls: {{ cert_file: {cert}, key_file: {key} }} }}\n\
+         streams:\n  logs: {{}}\n",
+        cert = quote(pki.server_cert.display().to_string()),
+        key = quote(pki.server_key.display().to_string()),
+    ));
+    let agent = Proc::start(&config);
+    let listening = agent.wait_for_event(secs(10), "admin endpoint listening", |e| {
+        is(e, "admin endpoint listening")
+    });
+    let admin: SocketAddr = field(&listening, "listen").parse().expect("an address");
+    let ingest = SocketAddr::from(([127, 0, 0, 1], port));
+    for (addr, request) in [
+        (
+            admin,
+            "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".to_string(),
+        ),
+        (
+            ingest,
+            format!(
+                "POST {} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}",
+                path("logs")
+            ),
+        ),
+    ] {
+        let answer = half_closed(addr, request.as_bytes());
+        assert!(
+            answer.starts_with("HTTP/1.1 400 Bad Request\r\n")
+                && answer.contains("this port speaks https"),
+            "{addr}: {answer:?}"
+        );
+    }
+    for name in ["admin", "ingest"] {
+        agent.wait_for_event(secs(10), "the refusal logged", |e| {
+            field(e, "message")
+                == format!(
+                    "{name}: plain HTTP request on the TLS port refused (this port speaks https)"
+                )
+        });
+    }
+    assert!(
+        !agent.stderr().contains("InvalidContentType"),
+        "{}",
+        agent.stderr()
     );
 }
