@@ -37,6 +37,10 @@ use crate::config::admin::AdminConfig;
 
 /// Connections served at once; past that the one idle longest is closed for a newcomer.
 const MAX_CONNECTIONS: usize = 64;
+/// Tap requests (long polls of up to 5 s) in progress at once; one more is answered 503 at once.
+/// Half the connections: the other half stay for health checks, scrapes and operator commands,
+/// which never wait behind a viewer.
+const MAX_TAPS: usize = MAX_CONNECTIONS / 2;
 /// From accept to a complete request header (a scraper that stalls does not hold a slot long).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// A kept-alive connection between requests.
@@ -70,6 +74,10 @@ pub async fn start(
         header_timeout: HEADER_TIMEOUT,
         idle_timeout: IDLE_TIMEOUT,
         max_buf: MAX_BUF,
+        long: Some(crate::net::server::LongRequests {
+            is_long: |req| tap::route(req.uri().path()).is_some(),
+            max: MAX_TAPS,
+        }),
     };
     let handler = move |req, peer| {
         let (state, config) = (Arc::clone(&state), Arc::clone(&config));

@@ -179,6 +179,8 @@ pub async fn start(
         header_timeout: HEADER_TIMEOUT.min(config.read_timeout),
         idle_timeout: config.read_timeout,
         max_buf: MAX_BUF,
+        // An append waits for room only within `wait`: every request is a short one.
+        long: None,
     };
     let shared = Arc::new(Shared {
         requests: Arc::new(Semaphore::new(config.max_requests as usize)),

@@ -12,7 +12,9 @@
 //! answer (hyper's half-close). With TLS, the handshake is part of the first header's deadline,
 //! and each handshake takes the listener's certificate as it is then (a reload may have replaced
 //! it; connections already open keep theirs); a plain HTTP request on a TLS port is answered
-//! with a plain `400` saying the port speaks https. Used by `ingest` and `admin`.
+//! with a plain `400` saying the port speaks https. Long polls (a listener's [`LongRequests`],
+//! admin's tap) may be in progress in only their share of the slots, so that they never make
+//! a short request wait or leave only their own connections to close for it. Used by `ingest` and `admin`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -55,6 +57,18 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// hyper's read buffer per connection: request headers must fit.
     pub max_buf: usize,
+    /// Requests that wait for something before they answer (long polls) and how many may be in
+    /// progress at once; one past that is answered 503 at once. The other slots are kept for
+    /// short requests (health checks, scrapes, operator commands), which then never wait
+    /// behind long polls, nor find only long-polling connections to close for room.
+    pub long: Option<LongRequests>,
+}
+
+/// Which requests are long polls, and how many may be in progress at once.
+#[derive(Debug, Clone, Copy)]
+pub struct LongRequests {
+    pub is_long: fn(&Request<Incoming>) -> bool,
+    pub max: usize,
 }
 
 /// Binds a listening socket (an error here stops colibri's start).
@@ -96,7 +110,28 @@ pub async fn serve<H, F>(
     H: Fn(Request<Incoming>, SocketAddr) -> F + Send + Sync + 'static,
     F: Future<Output = Answer> + Send + 'static,
 {
+    let long = limits
+        .long
+        .map(|l| (l, Arc::new(tokio::sync::Semaphore::new(l.max))));
     let handler = Arc::new(handler);
+    let handler = Arc::new(move |req: Request<Incoming>, peer| {
+        // A long poll holds one of its own permits while in progress.
+        let permit = match &long {
+            Some((l, permits)) if (l.is_long)(&req) => {
+                match Arc::clone(permits).try_acquire_owned() {
+                    Ok(p) => Some(p),
+                    Err(_) => return ready_answer(too_many_long(l.max)),
+                }
+            }
+            _ => None,
+        };
+        let answer = handler(req, peer);
+        Box::pin(async move {
+            let answer = answer.await;
+            drop(permit);
+            answer
+        }) as std::pin::Pin<Box<dyn Future<Output = Answer> + Send>>
+    });
     let limits = Arc::new(limits);
     let slots = Slots::new(limits.name, limits.max_connections);
     let closing = CancellationToken::new();
@@ -158,6 +193,29 @@ pub async fn serve<H, F>(
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }
+}
+
+/// An answer given without running the handler.
+fn ready_answer(a: Answer) -> std::pin::Pin<Box<dyn Future<Output = Answer> + Send>> {
+    Box::pin(std::future::ready(a))
+}
+
+/// The answer to a long poll past [`LongRequests::max`]: at once, so that it holds no slot.
+fn too_many_long(max: usize) -> Answer {
+    let mut r = Response::new(Full::new(Bytes::from(format!(
+        "too many long requests in progress ({max}, such as tap viewers): try again later\n"
+    ))));
+    *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let h = r.headers_mut();
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(
+        hyper::header::RETRY_AFTER,
+        hyper::header::HeaderValue::from_static("1"),
+    );
+    r
 }
 
 /// The answer to a request that arrived just as its connection was being closed (never read: the

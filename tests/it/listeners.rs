@@ -757,3 +757,68 @@ fn plain_http_on_a_tls_port_gets_a_clear_refusal() {
         agent.stderr()
     );
 }
+
+/// Whether `s` has bytes to read now (an answer arrived), without waiting.
+fn answered(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).expect("nonblocking");
+    let there = matches!(s.peek(&mut [0u8; 1]), Ok(n) if n > 0);
+    s.set_nonblocking(false).expect("blocking");
+    there
+}
+
+#[test]
+fn tap_viewers_keep_to_their_own_share_and_health_checks_are_answered_at_once() {
+    // More viewers than the admin endpoint's 64 connections, each one long poll waiting 5 s for
+    // records of a stream nothing is appended to.
+    const VIEWERS: usize = 70;
+    const TAPS: usize = 32;
+    let mut a = start("info", "", "streams: { logs: {} }\n");
+    let open = |n: usize| -> Vec<TcpStream> {
+        (0..n)
+            .map(|_| {
+                let mut s = TcpStream::connect(a.admin).expect("connect");
+                s.write_all(b"GET /-/tap/logs?after=0&wait_ms=5000 HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .expect("send");
+                s
+            })
+            .collect()
+    };
+    let answered_now = |viewers: &[TcpStream], want: usize| {
+        poll(secs(30), || {
+            let n = viewers.iter().filter(|s| answered(s)).count();
+            (n >= want).then_some(n)
+        })
+    };
+    // As many as there are connections: the viewers past the taps' share are answered at once.
+    let mut viewers = open(64);
+    let refused = answered_now(&viewers, 64 - TAPS);
+    assert_eq!(refused, Some(64 - TAPS), "{}", a.proc.stderr());
+    // More: each closes a refused one (idle) for itself, and is refused in turn.
+    viewers.extend(open(VIEWERS - 64));
+    let refused = answered_now(&viewers, VIEWERS - TAPS);
+    assert_eq!(refused, Some(VIEWERS - TAPS), "{}", a.proc.stderr());
+    // A health check is answered while every admitted viewer still waits (it waits behind none
+    // of them: before, it waited for a viewer's poll to end, 5 s).
+    let mut health = Client::new(a.admin);
+    health.timeout = secs(20);
+    expect(health.request("GET", "/healthz", &[], None), 200);
+    let waiting = viewers.iter().filter(|s| !answered(s)).count();
+    assert_eq!(
+        waiting, TAPS,
+        "viewers still waiting when /healthz answered"
+    );
+    // Then each admitted viewer gets its (empty) answer, the others a clear refusal.
+    let (mut ok, mut busy) = (0, 0);
+    for mut s in viewers {
+        s.set_read_timeout(Some(secs(20))).expect("timeout");
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).expect("an answer");
+        match &head {
+            b"HTTP/1.1 200" => ok += 1,
+            b"HTTP/1.1 503" => busy += 1,
+            other => panic!("{:?}", String::from_utf8_lossy(other)),
+        }
+    }
+    assert_eq!((ok, busy), (TAPS, VIEWERS - TAPS));
+    a.stop();
+}
