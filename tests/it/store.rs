@@ -1391,3 +1391,87 @@ fn queue_output_for_scripts_is_plain_data_and_purge_asks_for_yes() {
         serde_json::json!({"stream": "logs", "purged_jobs": 0, "purged_records": 0})
     );
 }
+
+/// A dead-letter replay of an id that does not exist, sent to a running agent, is refused on its
+/// own ("no job 99999 in dead of stream ...", as with the agent stopped): the producers whose
+/// records share its group commit are acknowledged (issue 31 B: the whole commit failed, and
+/// concurrent ingest requests were answered 503).
+#[test]
+fn a_replay_of_a_missing_dead_letter_fails_no_producer_beside_it() {
+    use crate::tsdb::free_port;
+    use crate::util::client::Client;
+    use std::net::SocketAddr;
+    const PRODUCERS: usize = 3;
+    const POSTS: usize = 150;
+    const REPLAYS: usize = 150;
+    let sb = Sandbox::new();
+    let (ingest, admin) = (free_port(), free_port());
+    let config = sb.write_config(&format!(
+        "data_dir: data\n\
+         log: {{ format: json }}\n\
+         admin: {{ listen: \"127.0.0.1:{admin}\", token: admin-secret }}\n\
+         ingest: {{ listen: \"127.0.0.1:{ingest}\" }}\n\
+         streams:\n  s: {{}}\n"
+    ));
+    let _agent = start_agent(&config);
+    let missing = "no job 99999 in dead of stream \"s\"";
+
+    // The operator's command says what is wrong, as it does with the agent stopped.
+    let f = finish(
+        queue(&config, &["dead", "replay", "s", "--id", "99999"]),
+        secs(60),
+    );
+    assert_eq!(f.status.code(), Some(1), "{}", f.stderr);
+    assert!(f.stderr.contains(missing), "{}", f.stderr);
+    assert!(!f.stderr.contains("commit failed"), "{}", f.stderr);
+
+    // Replays of the missing id through the admin endpoint while producers post: every post
+    // is acknowledged, every replay answered "no such job".
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            std::thread::spawn(move || {
+                let mut c = Client::new(SocketAddr::from(([127, 0, 0, 1], ingest)));
+                c.timeout = secs(30);
+                let mut refused = Vec::new();
+                for i in 0..POSTS {
+                    let body = format!("{{\"p\":{p},\"i\":{i}}}\n");
+                    let a = c
+                        .post(
+                            "/v1/streams/s/records",
+                            "application/x-ndjson",
+                            &[],
+                            body.as_bytes(),
+                        )
+                        .expect("ingest answers");
+                    if a.status != 200 {
+                        refused.push(format!("{}: {}", a.status, a.text()));
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    let mut c = Client::new(SocketAddr::from(([127, 0, 0, 1], admin)));
+    c.timeout = secs(30);
+    let auth = [("Authorization", "Bearer admin-secret")];
+    for _ in 0..REPLAYS {
+        let a = c
+            .request("POST", "/-/queues/s/dead/replay?id=99999", &auth, None)
+            .expect("admin answers");
+        assert_eq!(a.status, 404, "{}", a.text());
+        assert_eq!(a.json()["error"], missing, "{}", a.text());
+    }
+    let refused: Vec<String> = producers
+        .into_iter()
+        .flat_map(|p| p.join().expect("producer"))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "{} of {} posts refused beside the replays: {}",
+        refused.len(),
+        PRODUCERS * POSTS,
+        head(&refused, 3)
+    );
+    let (_, s) = stats(&config, "s");
+    assert_eq!(s["ready"]["records"], (PRODUCERS * POSTS) as u64, "{s}");
+}

@@ -70,6 +70,10 @@ impl Tx<'_> {
     /// failed before `failed_before_ms`, or any), or the one with `id`.
     /// Returns (jobs, records) moved. They keep their ids, so they are delivered in their old order
     /// relative to each other.
+    ///
+    /// An unknown stream or a missing `id` is refused before anything is changed (the writer
+    /// commits the rest of a shared transaction on that refusal); any other error may come part
+    /// way, and then nothing of the transaction may be kept.
     pub fn replay_dead(
         &mut self,
         stream: &str,
@@ -149,7 +153,8 @@ impl Tx<'_> {
     }
 
     /// Deletes up to `limit` dead letters (those that failed before `failed_before_ms`, or any);
-    /// counted as dropped.
+    /// counted as dropped. An unknown stream is refused before anything is changed (as in
+    /// [`Self::replay_dead`]).
     pub fn purge_dead(
         &mut self,
         stream: &str,

@@ -69,6 +69,12 @@ enum Pending {
         Reply<Result<(u64, u64), StoreError>>,
         Result<(u64, u64), StoreError>,
     ),
+    /// A request applied whole or not at all (a salvage step, or a dead-letter chunk that failed
+    /// after changing something): its error keeps nothing of the transaction.
+    Whole(
+        Reply<Result<(u64, u64), StoreError>>,
+        Result<(u64, u64), StoreError>,
+    ),
 }
 
 impl Pending {
@@ -119,8 +125,8 @@ impl Pending {
             (Pending::Settle(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
             (Pending::AppendFile(r, v), Ok(())) => drop(r.send(v)),
             (Pending::AppendFile(r, _), Err(e)) => drop(r.send(Err(AppendError::Store(failed(e))))),
-            (Pending::Counts(r, v), Ok(())) => drop(r.send(v)),
-            (Pending::Counts(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
+            (Pending::Counts(r, v) | Pending::Whole(r, v), Ok(())) => drop(r.send(v)),
+            (Pending::Counts(r, _) | Pending::Whole(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
         }
     }
 }
@@ -817,7 +823,7 @@ fn run_tx(
             }
             Request::Salvage { key, step, reply } => {
                 let r = tx.salvage_step(&key, step);
-                pending.push(Pending::Counts(reply, r));
+                pending.push(Pending::Whole(reply, r));
             }
             Request::Dead { stream, op, reply } => {
                 let r = match op {
@@ -831,7 +837,18 @@ fn run_tx(
                         limit,
                     } => tx.purge_dead(&stream, failed_before_ms, limit),
                 };
-                pending.push(Pending::Counts(reply, r));
+                // Replay and purge refuse an unknown stream or a missing id before they change
+                // anything: that refusal is this request's answer alone, and the producers
+                // sharing the transaction are committed. Any other error came part way.
+                let refused = matches!(
+                    r,
+                    Err(StoreError::UnknownStream(_) | StoreError::NoSuchJob { .. })
+                );
+                pending.push(if refused {
+                    Pending::Counts(reply, r)
+                } else {
+                    Pending::Whole(reply, r)
+                });
             }
             Request::Settle {
                 lease,
@@ -875,17 +892,18 @@ fn run_tx(
         let _ = tx.close();
         return (still_parked, TxResult::Nothing);
     }
-    if pending
-        .iter()
-        .any(|p| matches!(p, Pending::Counts(_, Err(_))))
-    {
-        // A salvage step that failed part way must not commit half of it (jobs put back without
-        // the progress that says so, counters carried on twice at the next try): nothing of the
-        // transaction is kept, and every request in it is told so (at-least-once).
+    if let Some(e) = pending.iter().find_map(|p| match p {
+        Pending::Whole(_, Err(e)) => Some(e.to_string()),
+        _ => None,
+    }) {
+        // A salvage step (or a dead-letter chunk) that failed part way must not commit half of
+        // it (jobs put back without the progress that says so, counters carried on twice at the
+        // next try): nothing of the transaction is kept, and every request in it is told so
+        // (at-least-once).
         drop(tx);
-        let commit = Err(StoreError::io(
-            "a salvage step failed; nothing of its transaction was kept",
-        ));
+        let commit = Err(StoreError::io(format!(
+            "a salvage or dead-letter step failed part way ({e}); nothing of its transaction was kept"
+        )));
         for p in pending {
             p.send(&commit, false);
         }

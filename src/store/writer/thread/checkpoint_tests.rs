@@ -1,5 +1,5 @@
 //! Tests of the writer thread: checkpoints with appends, parked appends, idle wake-ups and
-//! compaction, a full disk.
+//! compaction, a full disk, one request's refusal in a shared transaction.
 
 use super::*;
 use crate::store::{BatchConfig, OpenOptions, StorageConfig, WhenFull};
@@ -65,6 +65,63 @@ fn a_waiting_backlog_does_not_wake_the_writer() {
     tx.ack(&jobs[0].lease).unwrap();
     tx.commit().unwrap();
     assert_eq!(w.next_timeout(), Duration::from_millis(1));
+}
+
+/// A dead-letter replay of an id that does not exist is refused on its own: the appends that
+/// share its transaction are committed and acknowledged (issue 31 B: the whole group commit
+/// failed, and concurrent producers were answered 503).
+#[test]
+fn a_replay_of_a_missing_dead_letter_does_not_fail_the_appends_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut open = opener(dir.path(), stream());
+    let store = open().unwrap();
+    let mut w = idle_writer(store, open);
+    let append = |tag: &'static [u8]| {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let req = Request::Append {
+            stream: "s".into(),
+            records: Arc::new(RecordBuf::from(&[tag][..])),
+            checkpoint: None,
+            deadline: None,
+            reply,
+        };
+        (req, rx)
+    };
+    let (a, mut a_rx) = append(b"before");
+    let (b, mut b_rx) = append(b"after");
+    let (reply, mut replay_rx) = tokio::sync::oneshot::channel();
+    let replay = Request::Dead {
+        stream: "s".into(),
+        op: DeadOp::Replay {
+            id: Some(99_999),
+            failed_before_ms: None,
+            limit: 1000,
+        },
+        reply,
+    };
+    let commits = w.stats.commits.load(Ordering::Relaxed);
+    w.apply(vec![a, replay, b]);
+    assert_eq!(
+        w.stats.commits.load(Ordering::Relaxed),
+        commits + 1,
+        "one transaction"
+    );
+    let r = replay_rx.try_recv().expect("answered");
+    assert!(
+        matches!(r, Err(StoreError::NoSuchJob { id: 99_999, .. })),
+        "{r:?}"
+    );
+    assert_eq!(
+        r.unwrap_err().to_string(),
+        "no job 99999 in dead of stream \"s\""
+    );
+    a_rx.try_recv().expect("answered").expect("acknowledged");
+    b_rx.try_recv().expect("answered").expect("acknowledged");
+    let snap = w.snapshot();
+    assert_eq!(snap.streams[0].1.ready_records, 2);
+    drop(w);
+    let store = opener(dir.path(), stream())().unwrap();
+    assert_eq!(store.counters("s").unwrap().ready_records, 2, "on the disk");
 }
 
 /// A writer around `store` (reopened by `open`) whose last request was long ago.
