@@ -580,10 +580,13 @@ fn show_jobs(c: &Config, stream: &str, dead: bool, show: &Show) -> anyhow::Resul
 fn list_jobs(s: &Store, stream: &str, dead: bool, show: &Show) -> anyhow::Result<()> {
     known(s, stream)?;
     let n = if show.all { usize::MAX } else { show.count };
-    let mut out = std::io::stdout().lock();
-    for job in s.peek(stream, dead, n)? {
-        print_job(&mut out, &job.to_json(), show.json)?;
-    }
+    // One job decoded at a time, written through a buffer (stdout alone flushes every line: a
+    // write per record).
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    s.peek_each(stream, dead, n, |job| {
+        print_job(&mut out, &job.to_json(), show.json).map_err(anyhow::Error::from)
+    })?;
+    out.flush()?;
     Ok(())
 }
 
@@ -604,7 +607,7 @@ fn list_dead_via(a: &AdminClient, stream: &str, show: &Show) -> anyhow::Result<L
         show.count as u64
     };
     let mut after: Option<u64> = None;
-    let mut out = std::io::stdout().lock();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     while left > 0 {
         let mut path = format!("/-/queues/{stream}/dead?limit={}", left.min(1000));
         if let Some(a) = after {
@@ -636,6 +639,7 @@ fn list_dead_via(a: &AdminClient, stream: &str, show: &Show) -> anyhow::Result<L
             print_job(&mut out, job, show.json)?;
             left -= 1;
         }
+        out.flush()?;
         match v["next"].as_u64() {
             Some(next) if after.is_some_and(|a| next <= a) => {
                 anyhow::bail!("GET {path}: the agent's next page ({next}) does not move on")
@@ -754,7 +758,9 @@ fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
 /// or a line about it and its records indented below.
 fn print_job(out: &mut impl Write, job: &serde_json::Value, json: bool) -> std::io::Result<()> {
     if json {
-        return writeln!(out, "{job}");
+        // Straight into the writer: `{job}` goes through `fmt`, a small write per escaped piece.
+        serde_json::to_writer(&mut *out, job)?;
+        return out.write_all(b"\n");
     }
     let created = job["created_ms"]
         .as_i64()

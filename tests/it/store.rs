@@ -83,6 +83,9 @@ struct Feed {
     count: Option<u64>,
     /// Bytes of padding per record (`-xxx...`).
     pad: usize,
+    /// The padding is noise (letters drawn from `seq`) that compression at rest cannot shrink,
+    /// rather than `x`s: a full disk is then a few thousand records, not half a million.
+    noise: bool,
 }
 
 fn record(seq: u64, pad: usize) -> String {
@@ -91,6 +94,21 @@ fn record(seq: u64, pad: usize) -> String {
     } else {
         format!("r{seq}-{}\n", "x".repeat(pad))
     }
+}
+
+/// A record padded with `pad` bytes of noise drawn from `seq` (xorshift, 64 letters and digits).
+fn noisy_record(seq: u64, pad: usize) -> String {
+    const ALPHABET: &[u8; 64] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.";
+    let mut x = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let noise: String = (0..pad)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(ALPHABET[(x >> 58) as usize])
+        })
+        .collect();
+    format!("r{seq}-{noise}\n")
 }
 
 /// The `seq` of a record, or a panic naming it.
@@ -135,7 +153,11 @@ impl Push {
             while seq < end {
                 // A line counts as fed once handed over, even if the pipe then breaks: the next
                 // `seq` is never one the child might have read.
-                let line = record(seq, feed.pad);
+                let line = if feed.noise {
+                    noisy_record(seq, feed.pad)
+                } else {
+                    record(seq, feed.pad)
+                };
                 seq += 1;
                 if w.write_all(line.as_bytes()).is_err() {
                     return seq;
@@ -260,6 +282,7 @@ fn push_ok(config: &Path, batch: u64, start: u64, count: u64) -> Vec<u64> {
         start,
         count: Some(count),
         pad: 0,
+        noise: false,
     };
     let mut p = Push::spawn(config, "logs", batch, feed);
     let (status, _) = p.wait_exit(secs(60));
@@ -393,6 +416,7 @@ fn kill_9_never_loses_an_acknowledged_record() {
             start: next,
             count: None,
             pad: 0,
+            noise: false,
         };
         let mut p = Push::spawn(&config, "logs", batch, feed);
         let how = if rng.bool() {
@@ -492,6 +516,7 @@ fn stats_and_peek_work_after_a_crash_without_a_writer() {
         start: 1,
         count: None,
         pad: 0,
+        noise: false,
     };
     let mut p = Push::spawn(&config, "logs", 10, feed);
     assert!(p.wait_receipts(3, secs(30)), "{}", p.stderr());
@@ -577,7 +602,7 @@ impl Drop for Tmpfs {
     }
 }
 
-/// Pushes padded records (1 KiB each, `batch` per commit) until `push` exits by itself; returns
+/// Pushes records padded with 1 KiB of noise (`batch` per commit) until `push` exits by itself; returns
 /// (exit status, stderr, receipts, seq after the last line fed).
 fn push_until_it_fails(
     config: &Path,
@@ -588,6 +613,7 @@ fn push_until_it_fails(
         start,
         count: Some(1_000_000),
         pad: 1000,
+        noise: true,
     };
     let mut p = Push::spawn(config, "logs", batch, feed);
     let (status, end) = p.wait_exit(secs(120));
@@ -784,6 +810,7 @@ fn damaged_store(damage: impl FnOnce(&Path)) -> (Sandbox, PathBuf) {
         start: 1,
         count: Some(20_000),
         pad: 20,
+        noise: false,
     };
     let mut p = Push::spawn(&config, "logs", 500, feed);
     let (status, _) = p.wait_exit(secs(60));
@@ -1474,4 +1501,80 @@ fn a_replay_of_a_missing_dead_letter_fails_no_producer_beside_it() {
     );
     let (_, s) = stats(&config, "s");
     assert_eq!(s["ready"]["records"], (PRODUCERS * POSTS) as u64, "{s}");
+}
+
+/// `peek --all` of a backlog far larger decoded than on disk (records that compress 1000:1)
+/// writes one job at a time: under a 100 MiB data limit it lists all 200 MB of it. (It decoded
+/// the whole backlog first: 537 MB resident for the 4 MB store a full disk left, issue 31 F.)
+#[test]
+fn peek_all_of_a_large_backlog_holds_one_job_at_a_time() {
+    use std::os::unix::process::CommandExt;
+    const RECORDS: u64 = 2000;
+    const PAD: usize = 100_000;
+    let sb = Sandbox::new();
+    let config = write_config(&sb, "data", "{ min_free: 1MiB }");
+    let feed = Feed {
+        start: 1,
+        count: Some(RECORDS),
+        pad: PAD,
+        noise: false,
+    };
+    let mut p = Push::spawn(&config, "logs", 100, feed);
+    let (status, _) = p.wait_exit(secs(120));
+    assert_code(status, 0, &p.stderr());
+    let file = std::fs::metadata(sb.file("data/colibri.redb"))
+        .expect("the store")
+        .len();
+    assert!(
+        file < 64 << 20,
+        "the backlog is small on disk: {file} bytes"
+    );
+
+    let mut cmd = queue(&config, &["peek", "logs", "--all"]);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    // SAFETY: setrlimit(2) is async-signal-safe and touches nothing of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 100 << 20,
+                rlim_max: 100 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_DATA, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let mut child = cmd.spawn().expect("spawn colibri queue peek");
+    let out = child.stdout.take().expect("piped");
+    let err = child.stderr.take().expect("piped");
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = BufReader::new(err).read_to_string(&mut text);
+        text
+    });
+    // Killed if it has not finished in time, so the reads below end.
+    let (done, watch) = mpsc::channel::<()>();
+    let pid = i32::try_from(child.id()).expect("pids fit i32");
+    let watchdog = std::thread::spawn(move || {
+        if watch.recv_timeout(secs(120)).is_err() {
+            crate::util::send_signal(pid, libc::SIGKILL);
+        }
+    });
+    // Counted as it streams: the test does not hold the 200 MB either.
+    let (mut records, mut bytes) = (0u64, 0u64);
+    for line in BufReader::new(out).split(b'\n') {
+        let line = line.expect("read peek's output");
+        bytes += line.len() as u64 + 1;
+        if line.starts_with(b"  r") {
+            records += 1;
+        }
+    }
+    let status = child.wait().expect("wait for peek");
+    let _ = done.send(());
+    watchdog.join().expect("watchdog");
+    assert_code(status, 0, &stderr.join().expect("stderr reader"));
+    assert_eq!(records, RECORDS, "every record listed ({bytes} bytes)");
+    assert!(bytes > RECORDS * PAD as u64, "{bytes} bytes");
 }
