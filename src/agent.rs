@@ -737,16 +737,21 @@ fn salvage_one(handle: &writer::StoreHandle, f: &store::aside::AsideFile, names:
             let stats = handle.stats();
             stats.salvaged_jobs.fetch_add(report.jobs, Relaxed);
             stats.salvaged_records.fetch_add(report.records, Relaxed);
-            let lost = report.damaged
+            // Jobs the scan saw and could not put back; the records lost are what the counters
+            // booked (`lost_to_damage_records`), which also counts what left no trace (a zeroed
+            // page).
+            let unrestored = report.damaged
                 + report.unattributable
                 + report.unknown_streams.values().sum::<u64>();
-            stats.lost_jobs.fetch_add(lost, Relaxed);
+            stats.lost_jobs.fetch_add(unrestored, Relaxed);
             let marked = store::aside::mark_salvaged(&f.path);
             tracing::warn!(
                 file = %f.path.display(),
                 jobs = report.jobs,
                 records = report.records,
-                lost_jobs = lost,
+                lost_records = report.lost_records,
+                resent_records = report.resent_records,
+                unrestored_jobs = unrestored,
                 checkpoints_restored = report.checkpoints_restored,
                 in_doubt = report.in_doubt,
                 counters_carried_on = report.counters_carried_on,

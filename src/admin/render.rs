@@ -458,6 +458,11 @@ fn stream_metrics(t: &mut Text, snap: &Snapshot) {
                 |c| c.lost_to_damage_records,
             ),
             (
+                "colibri_stream_salvage_resent_records_total",
+                "Records of old copies a salvage put back in doubt (not live in the damaged file, most delivered before): appended again, a re-send.",
+                |c| c.salvage_resent_records,
+            ),
+            (
                 "colibri_stream_dead_lettered_records_total",
                 "Records moved to the dead letters.",
                 |c| c.dead_lettered_records,

@@ -56,6 +56,10 @@ counters! {
     /// Records lost to a damaged store file: not intact, or of a file whose counters were read
     /// and whose salvage has ended.
     lost_to_damage_records,
+    /// Records of old copies a salvage put back "in doubt" (copies that were not live at the
+    /// damaged file's last commit, taken where its live tree was incomplete): most were delivered
+    /// before, so they are counted as a re-send, appended again, never as filling what was lost.
+    salvage_resent_records,
 }
 
 impl Counters {
@@ -114,13 +118,24 @@ impl Counters {
         self.expired_records += old.expired_records;
         self.quarantined_records += old.quarantined_records;
         self.lost_to_damage_records += old.lost_to_damage_records;
+        self.salvage_resent_records += old.salvage_resent_records;
         self.salvaging_records += appended - settled;
     }
 
-    /// A salvaged job of `records` is back (its table counts it): out of what its file's salvage
-    /// still holds (`file`, that file's share of `salvaging_records`), or, beyond that (no
-    /// counters were carried on, or they were older than the jobs), appended.
-    pub(super) fn salvaged(&mut self, records: u64, file: &mut u64) {
+    /// A salvaged job of `records` is back (its table counts it). A job live at the old file's
+    /// last commit comes out of what its file's salvage still holds (`file`, that file's share of
+    /// `salvaging_records`), or, beyond that (no counters were carried on, or they were older than
+    /// the jobs), is appended. An old copy (`live` false) is a re-send, appended again: it must
+    /// not fill the share a lost job left, or a loss would be netted against a re-send. A held
+    /// job whose only intact copy was an old one is so counted lost and re-sent (the loss is an
+    /// upper bound, never hidden).
+    pub(super) fn salvaged(&mut self, records: u64, live: bool, file: &mut u64) {
+        if !live {
+            self.appended_jobs += 1;
+            self.appended_records += records;
+            self.salvage_resent_records += records;
+            return;
+        }
         let from = records.min(*file).min(self.salvaging_records);
         *file -= from;
         self.salvaging_records -= from;
@@ -130,11 +145,13 @@ impl Counters {
         }
     }
 
-    /// A file's salvage ended: what it did not put back (`file`, its share) is lost.
-    pub(super) fn salvage_ended(&mut self, file: u64) {
+    /// A file's salvage ended: what it did not put back (`file`, its share) is lost; returns the
+    /// records so booked.
+    pub(super) fn salvage_ended(&mut self, file: u64) -> u64 {
         let n = file.min(self.salvaging_records);
         self.salvaging_records -= n;
         self.lost_to_damage_records += n;
+        n
     }
 
     /// A table's (jobs, records, bytes, raw bytes).

@@ -9,7 +9,9 @@
 //! it had), and nothing else; the intact set is computed from the damage applied, on the salvager's
 //! own map of the undamaged file (which job's value lies where). A kill -9 during a salvage loses
 //! nothing and the next start goes on where it stopped; a job tried before the damage is sent again
-//! under the key it had; a second `queue salvage` of the same file does nothing.
+//! under the key it had; a second `queue salvage` of the same file does nothing. Each life's
+//! salvage log line says the loss the counter books; a zeroed live leaf beside freed copies of
+//! delivered jobs is counted lost, and those copies, sent again, as a re-send.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -226,7 +228,8 @@ fn the_agent_salvages_a_damaged_store_at_start_up_and_delivers_each_intact_job_o
             .collect();
         assert_eq!(done.len(), 1, "{name}: {}", agent.stderr());
         assert_eq!(done[0]["records"], 500, "{name}: {}", done[0]);
-        assert_eq!(done[0]["lost_jobs"], 0, "{name}: {}", done[0]);
+        assert_eq!(done[0]["lost_records"], 0, "{name}: {}", done[0]);
+        assert_eq!(done[0]["unrestored_jobs"], 0, "{name}: {}", done[0]);
 
         // Marked salvaged, still listed; a restart salvages nothing and sends nothing again.
         let stats = queue_stats(&cfg, &[]);
@@ -683,6 +686,8 @@ struct Life {
     requests: Vec<(String, Vec<String>)>,
     stderr: String,
     took: Duration,
+    /// `queue stats --json` after it stopped, when it could be read.
+    stats: Option<Value>,
 }
 
 /// The JSON events of a stderr (lines that are not JSON, such as a caught panic's message, are
@@ -766,6 +771,7 @@ fn life_on(bytes: &[u8]) -> Life {
             requests: accepted(&rx),
             stderr: agent.stderr(),
             took: started_at.elapsed(),
+            stats: None,
         };
     }
     let admin: SocketAddr = json_events(&agent.stderr())
@@ -788,6 +794,7 @@ fn life_on(bytes: &[u8]) -> Life {
     .is_some();
     agent.signal(libc::SIGTERM);
     let status = agent.wait_exit(secs(60));
+    let stats = finish(queue(&cfg, &["stats", "--json"]), secs(60));
     Life {
         started: Ok(()),
         settled,
@@ -796,7 +803,21 @@ fn life_on(bytes: &[u8]) -> Life {
         requests: accepted(&rx),
         stderr: agent.stderr(),
         took: started_at.elapsed(),
+        stats: serde_json::from_str(&stats.stdout).ok(),
     }
+}
+
+/// The records the "salvage done" log lines of a life say were lost, summed.
+fn logged_lost_records(stderr: &str) -> u64 {
+    json_events(stderr)
+        .iter()
+        .filter(|e| field(e, "message").starts_with("salvage done"))
+        .map(|e| {
+            e["lost_records"]
+                .as_u64()
+                .expect("lost_records in the salvage log line")
+        })
+        .sum()
 }
 
 /// The requests the receiver accepted: (idempotency key, records).
@@ -851,8 +872,8 @@ fn path_taken(stderr: &str) -> String {
         .filter(|e| field(e, "message").starts_with("salvage done"))
     {
         out.push(format!(
-            "salvaged {} records, {} jobs lost",
-            e["records"], e["lost_jobs"]
+            "salvaged {} records, {} lost, {} re-sent",
+            e["records"], e["lost_records"], e["resent_records"]
         ));
     }
     let quarantined = count("job cannot be decoded");
@@ -903,6 +924,23 @@ fn check_damage(fx: &StoreFile, d: &Damage) -> Result<(), String> {
     }
     if life.started.is_ok() && life.exit != Some(0) {
         problems.push(format!("exit status {:?} after SIGTERM", life.exit));
+    }
+    // The log line and the counter say the same loss, and the identity holds.
+    if life.started.is_ok() && life.stats.is_none() {
+        problems.push("queue stats --json could not be read after the stop".to_string());
+    }
+    if let Some(stats) = &life.stats {
+        let logs = stream_stats(stats, "logs");
+        let counted = logs["counters"]["lost_to_damage_records"].as_u64();
+        let logged = logged_lost_records(&life.stderr);
+        if counted != Some(logged) {
+            problems.push(format!(
+                "the salvage log says {logged} records lost, the counter {counted:?}"
+            ));
+        }
+        if logs["balanced"] != true {
+            problems.push(format!("counters not balanced: {logs}"));
+        }
     }
     // A record sent again (its job was in flight when the file was given up on, or came back
     // from an old page of a damaged tree) must come under the key it had: a receiver that
@@ -1101,4 +1139,101 @@ fn a_store_file_cut_short_costs_at_most_the_jobs_past_the_cut() {
         ]
         .map(|at| fx.cut(at)),
     );
+}
+
+/// Issue 31 A: a zeroed live leaf in a store whose freed pages still hold jobs delivered before.
+/// The salvage finds the ready tree incomplete and takes old copies "in doubt"; those of the
+/// delivered jobs are sent again. They are counted as a re-send, not in place of the zeroed
+/// leaf's jobs: the counter books that leaf's records as lost, the report says the same, the
+/// identity holds, and what the receiver really gets is what was held, less the loss, plus the
+/// re-send.
+#[test]
+fn a_zeroed_leaf_is_counted_lost_and_old_copies_sent_again_as_a_resend() {
+    let sb = Sandbox::new();
+    let data = sb.file("data");
+    let rx = Receiver::start();
+    let cfg = pages_config(&sb, &data, &rx.url("/in"));
+    let push_seqs = |seqs: Range<u64>| {
+        let lines: String = seqs.map(|s| page_record(s) + "\n").collect();
+        let f = finish_with_stdin(
+            &sb,
+            queue(&cfg, &["push", "logs", "--batch", "40"]),
+            &lines,
+            secs(60),
+        );
+        assert_code(f.status, 0, &f.stderr);
+    };
+    // Twice as many delivered (their leaves freed, more than the next push takes again, so old
+    // copies stay in the file) as then held.
+    let delivered = 2 * RECORDS;
+    push_seqs(0..delivered);
+    let agent = Proc::run(&cfg);
+    poll(secs(60), || {
+        (rx.records().len() as u64 >= delivered).then_some(())
+    })
+    .unwrap_or_else(|| panic!("{} of {delivered} delivered", rx.records().len()));
+    crate::util::stop(agent);
+    push_seqs(delivered..delivered + RECORDS);
+    let held = stream_stats(&queue_stats(&cfg, &[]), "logs")["ready"]["records"]
+        .as_u64()
+        .expect("ready records");
+
+    // Zero a live leaf of one page, in the middle of the ready table.
+    let bytes = std::fs::read(data.join("colibri.redb")).unwrap();
+    let found = colibri::store::salvage::scan(&bytes[..], &["logs"]).expect("scan");
+    let mut leaves: BTreeMap<usize, (u64, usize)> = BTreeMap::new();
+    for j in found.jobs.iter().filter(|j| j.live) {
+        let l = leaves.entry(j.leaf as usize).or_default();
+        l.0 += j.records;
+        l.1 = l.1.max(j.at as usize + j.len - j.leaf as usize);
+    }
+    let one_page: Vec<(usize, u64)> = leaves
+        .iter()
+        .filter(|(_, (_, end))| *end <= PAGE)
+        .map(|(&leaf, &(records, _))| (leaf, records))
+        .collect();
+    assert!(one_page.len() >= 3, "several live leaves: {leaves:?}");
+    let (leaf, want_lost) = one_page[one_page.len() / 2];
+    let mut damaged = bytes.clone();
+    damaged[leaf..leaf + PAGE].fill(0);
+    let old = sb.file("colibri.redb.corrupt-1");
+    std::fs::write(&old, &damaged).unwrap();
+
+    // Salvaged into a new store, then delivered.
+    let rx2 = Receiver::start();
+    let data2 = sb.file("data2");
+    let cfg2 = pages_config(&sb, &data2, &rx2.url("/in"));
+    let f = finish(
+        queue(&cfg2, &["salvage", "--json", old.to_str().unwrap()]),
+        secs(60),
+    );
+    assert_code(f.status, 0, &f.stderr);
+    let report: Value = serde_json::from_str(&f.stdout).expect("a JSON report");
+    let resent = report["resent_records"].as_u64().expect("resent_records");
+    assert!(resent > 0, "old copies came back in doubt: {report}");
+    assert_eq!(report["lost_records"], want_lost, "{report}");
+    let stats = queue_stats(&cfg2, &[]);
+    let logs = stream_stats(&stats, "logs");
+    assert_eq!(logs["balanced"], true, "{stats}");
+    assert_eq!(
+        logs["counters"]["lost_to_damage_records"], want_lost,
+        "the zeroed leaf's records are lost, whatever came back in doubt: {stats}"
+    );
+    assert_eq!(
+        logs["counters"]["salvage_resent_records"], resent,
+        "{stats}"
+    );
+
+    let want = held - want_lost + resent;
+    let agent = Proc::run(&cfg2);
+    poll(secs(60), || {
+        (rx2.records().len() as u64 >= want).then_some(())
+    })
+    .unwrap_or_else(|| panic!("{} of {want} delivered", rx2.records().len()));
+    crate::util::stop(agent);
+    assert_eq!(rx2.records().len() as u64, want, "held - lost + re-sent");
+    let stats = queue_stats(&cfg2, &[]);
+    let logs = stream_stats(&stats, "logs");
+    assert_eq!(logs["balanced"], true, "{stats}");
+    assert_eq!(logs["ready"]["records"], 0, "{stats}");
 }

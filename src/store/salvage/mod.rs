@@ -11,7 +11,9 @@
 //! [`format::Origin`] (old store id and old id, when the old store id was read) so that a sink's
 //! idempotency key is the one a receiver saw before; the old file's counters, carried on
 //! ([`crate::store::Counters::carry_on`]: what the file held is `salvaging` until it is put back,
-//! the rest `lost_to_damage` when the salvage ends); source checkpoints, only where the live store
+//! the rest `lost_to_damage` when the salvage ends; an old copy, not live at the file's last
+//! commit, taken where a live tree was incomplete, is a re-send, `salvage_resent`, never a job
+//! filling the place of a lost one, so a loss stays counted); source checkpoints, only where the live store
 //! has none and only when nothing says data was lost (a checkpoint past lost records would skip
 //! them for good: "if in doubt keep the older position", here: the source starts as a new one).
 //! Not restored: file jobs (their spooled files are still in the spool, which the `file_move` task
@@ -53,6 +55,13 @@ pub struct SalvageReport {
     pub jobs: u64,
     pub records: u64,
     pub streams: BTreeMap<String, (u64, u64)>,
+    /// Records the file held (by its carried-on counters) that were not put back, booked as
+    /// `lost_to_damage_records` when the salvage ended: what the counter says, whether or not
+    /// the scan saw the jobs (a zeroed page holds nothing that looks like a job).
+    pub lost_records: u64,
+    /// Records of old copies put back "in doubt" (not live at the file's last commit): counted
+    /// as a re-send (`salvage_resent_records`), most of them delivered before.
+    pub resent_records: u64,
     /// Jobs whose values look like jobs but fail their checks, with no intact copy.
     pub damaged: u64,
     /// Intact jobs whose stream could not be told.
@@ -102,7 +111,18 @@ impl fmt::Display for SalvageReport {
         for (s, (j, r)) in &self.streams {
             writeln!(f, "    {s}: {j} jobs, {r} records")?;
         }
-        writeln!(f, "  lost to damage     {}", self.damaged)?;
+        writeln!(
+            f,
+            "  lost to damage     {} records ({} jobs seen damaged)",
+            self.lost_records, self.damaged
+        )?;
+        if self.resent_records > 0 {
+            writeln!(
+                f,
+                "  re-sent            {} records (old copies, most delivered before: sent again)",
+                self.resent_records
+            )?;
+        }
         writeln!(f, "  unattributable     {}", self.unattributable)?;
         for (s, n) in &self.unknown_streams {
             writeln!(
@@ -156,6 +176,8 @@ pub struct Restored {
     /// Retry: when it falls due.
     pub due: u64,
     pub value: Vec<u8>,
+    /// Live at the old file's last commit (else an old copy, put back "in doubt": a re-send).
+    pub live: bool,
     /// Its old store's id and its id there, when the old store id was read: kept in the job
     /// (see [`format::Origin`]) so its idempotency key does not change.
     pub origin: Option<format::Origin>,
@@ -193,14 +215,22 @@ pub enum Step {
     End { checkpoints: Vec<(String, Vec<u8>)> },
 }
 
+/// What a step did that the report tells: for [`Step::End`], the checkpoints saved and kept
+/// (the store had its own) and the records booked as lost to damage; else nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stepped {
+    pub checkpoints_restored: u64,
+    pub checkpoints_kept: u64,
+    pub lost_records: u64,
+}
+
 /// Where a salvage puts what it found: the store itself (`queue salvage`, tests) or the running
 /// agent's writer thread, a step per transaction.
 pub trait Restore {
     /// How far an earlier salvage under `key` went.
     fn progress(&mut self, key: &str) -> Result<Option<Progress>, StoreError>;
-    /// Does `step` and saves the progress it makes under `key`, in one transaction. For
-    /// [`Step::End`]: the checkpoints (saved, kept because the store had its own); else (0, 0).
-    fn step(&mut self, key: &str, step: Step) -> Result<(u64, u64), StoreError>;
+    /// Does `step` and saves the progress it makes under `key`, in one transaction.
+    fn step(&mut self, key: &str, step: Step) -> Result<Stepped, StoreError>;
 }
 
 /// What a file's progress is kept under: its name and old store id (an id alone could be shared
@@ -287,12 +317,16 @@ pub fn salvage(
             s.1 += records;
             report.jobs += 1;
             report.records += records;
+            if !job.live {
+                report.resent_records += records;
+            }
             bytes += value.len();
             chunk.push(Restored {
                 stream: job.stream.clone(),
                 kind: job.kind,
                 due: job.due,
                 value,
+                live: job.live,
                 // Twins (see `scan`) must not share a key, or a receiver drops one as a replay;
                 // which one had it cannot be told: both get new keys (a re-send, never a loss).
                 origin: found
@@ -311,8 +345,10 @@ pub fn salvage(
     } else {
         found.checkpoints.clone()
     };
-    (report.checkpoints_restored, report.checkpoints_kept) =
-        into.step(&key, Step::End { checkpoints })?;
+    let end = into.step(&key, Step::End { checkpoints })?;
+    report.checkpoints_restored = end.checkpoints_restored;
+    report.checkpoints_kept = end.checkpoints_kept;
+    report.lost_records = end.lost_records;
     report.bytes_read += rd.bytes_read;
     Ok(report)
 }
@@ -350,7 +386,7 @@ impl Restore for Store {
         self.salvage_progress(key)
     }
 
-    fn step(&mut self, key: &str, step: Step) -> Result<(u64, u64), StoreError> {
+    fn step(&mut self, key: &str, step: Step) -> Result<Stepped, StoreError> {
         let mut tx = self.transaction()?;
         let n = tx.salvage_step(key, step)?;
         tx.commit()?;
@@ -365,13 +401,13 @@ impl Tx<'_> {
         &mut self,
         key: &str,
         step: Step,
-    ) -> Result<(u64, u64), StoreError> {
+    ) -> Result<Stepped, StoreError> {
         let mut progress = self
             .rollback
             .store
             .salvage_progress(key)?
             .unwrap_or_default();
-        let mut counts = (0, 0);
+        let mut done = Stepped::default();
         match step {
             Step::Begin { counters } => {
                 for (stream, old) in &counters {
@@ -391,10 +427,12 @@ impl Tx<'_> {
                 progress.last = Some(last);
             }
             Step::End { checkpoints } => {
-                counts = self.restore_checkpoints(&checkpoints)?;
+                (done.checkpoints_restored, done.checkpoints_kept) =
+                    self.restore_checkpoints(&checkpoints)?;
                 for (stream, share) in &mut progress.salvaging {
                     if *share > 0 {
-                        self.stream_mut(stream)?
+                        done.lost_records += self
+                            .stream_mut(stream)?
                             .counters
                             .salvage_ended(std::mem::take(share));
                         self.dirty.insert(stream.clone());
@@ -406,7 +444,7 @@ impl Tx<'_> {
         let v = postcard::to_stdvec(&progress).expect("postcard encodes a plain struct");
         self.txn.open_table(SALVAGE)?.insert(key, v.as_slice())?;
         self.touched = true;
-        Ok(counts)
+        Ok(done)
     }
 
     /// Saves salvaged checkpoints where this store has none: (saved, kept).
@@ -424,7 +462,8 @@ impl Tx<'_> {
     }
 
     /// Appends a salvaged job to its stream's table under a new id (retry: at its old due time),
-    /// with its origin written into it; counted out of its file's share of what is being salvaged.
+    /// with its origin written into it; counted out of its file's share of what is being salvaged
+    /// when it was live there, else as a re-send ([`crate::store::Counters::salvaged`]).
     fn restore(&mut self, j: &Restored, share: &mut u64) -> Result<(), StoreError> {
         let with_origin;
         let value = match j.origin {
@@ -464,7 +503,7 @@ impl Tx<'_> {
         let size = format::size(value);
         st.counters.next_id += 1;
         st.counters.add_job(table, size);
-        st.counters.salvaged(size.records, share);
+        st.counters.salvaged(size.records, j.live, share);
         // Not counted as dead-lettered (a flow of this store's failures, which alerts watch): a
         // salvaged dead letter failed in the old file.
         self.dirty.insert(j.stream.clone());

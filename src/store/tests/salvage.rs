@@ -530,7 +530,7 @@ impl crate::store::salvage::Restore for Cut<'_> {
         &mut self,
         key: &str,
         step: crate::store::salvage::Step,
-    ) -> Result<(u64, u64), StoreError> {
+    ) -> Result<crate::store::salvage::Stepped, StoreError> {
         if matches!(step, crate::store::salvage::Step::Jobs { .. }) {
             if self.chunks_left == 0 {
                 return Err(StoreError::io("cut short"));
@@ -639,4 +639,87 @@ fn a_files_salvage_ending_books_only_its_own_remainder_as_lost() {
         c.pending_records() + c.dead_records,
         2 * (old.pending_records() + old.dead_records)
     );
+}
+
+/// A zeroed live leaf of a ready table whose other pages held delivered jobs (issue 31 A): the
+/// scan, finding the live tree incomplete, takes old copies "in doubt", and those of jobs
+/// delivered before come back. They are counted as a re-send, not as the lost leaf's jobs: the
+/// counter books the zeroed leaf's records as lost, the report says the same number, and what
+/// really arrives is what was held, less what was lost, plus what was re-sent.
+#[test]
+fn a_zeroed_leaf_is_counted_lost_even_when_old_copies_of_delivered_jobs_come_back() {
+    let d = Dir::new(vec![stream("a")]);
+    let mut store = d.open();
+    for i in 0..400usize {
+        let recs: Vec<Vec<u8>> = (0..3)
+            .map(|j| format!("a-{i}-{j}-{}", pad_text(30, i + j)).into_bytes())
+            .collect();
+        let mut tx = store.transaction().unwrap();
+        tx.append_list("a", &recs, None, T0 + i as u64).unwrap();
+        tx.commit().unwrap();
+    }
+    // Deliver the head: its leaves' old copies stay in freed pages.
+    let head = take(&mut store, "a", 120, T0);
+    for j in &head {
+        ack(&mut store, &[&j.lease]);
+    }
+    let old_counters = counters(&store, "a");
+    let path = store.path().to_path_buf();
+    drop(store);
+    let file = std::fs::read(&path).unwrap();
+
+    // A live leaf of ready jobs, not the first: its records are what zeroing it loses.
+    let found = scan(&file[..], &["a"]).unwrap();
+    let mut leaves: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
+    for j in found.jobs.iter().filter(|j| j.live) {
+        let l = leaves.entry(j.leaf).or_default();
+        l.0 += j.records;
+        l.1 = l.1.max(j.at as usize + j.len - j.leaf as usize);
+    }
+    let (&leaf, &(want_lost, _)) = leaves
+        .iter()
+        .filter(|(_, (_, end))| *end <= 4096)
+        .nth(1)
+        .expect("several live leaves of one page");
+    assert!(want_lost > 0);
+    let mut damaged = file.clone();
+    damaged[leaf as usize..leaf as usize + 4096].fill(0);
+
+    let d2 = Dir::new(vec![stream("a")]);
+    let old = d2.dir.path().join("colibri.redb.corrupt-1");
+    std::fs::write(&old, &damaged).unwrap();
+    let mut store = d2.open();
+    let report = store.salvage_from(&old).unwrap();
+    check(&store);
+    let c = counters(&store, "a");
+    assert!(c.balanced(), "{c:?}");
+    assert!(
+        report.resent_records > 0,
+        "old copies of delivered jobs came back in doubt: {report}"
+    );
+    assert_eq!(c.lost_to_damage_records, want_lost, "{report}\n{c:?}");
+    assert_eq!(report.lost_records, c.lost_to_damage_records, "{report}");
+    assert_eq!(c.salvage_resent_records, report.resent_records, "{c:?}");
+    assert!(
+        report.to_string().contains(&format!("{want_lost} records")),
+        "{report}"
+    );
+
+    // What really arrives: held, less lost, plus re-sent.
+    let jobs = take_all(&mut store, "a", u64::MAX / 2);
+    let arrived: u64 = jobs.iter().map(|j| owned(j).len() as u64).sum();
+    for j in &jobs {
+        ack(&mut store, &[&j.lease]);
+    }
+    let held = old_counters.pending_records() + old_counters.dead_records;
+    assert_eq!(arrived, held - want_lost + report.resent_records);
+    let c = counters(&store, "a");
+    assert!(c.balanced(), "{c:?}");
+    assert_eq!(c.pending_records(), 0);
+    assert_eq!(
+        c.appended_records,
+        old_counters.appended_records + report.resent_records,
+        "a re-send is appended again, never netted against the loss"
+    );
+    check(&store);
 }

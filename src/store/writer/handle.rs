@@ -367,7 +367,7 @@ impl crate::store::salvage::Restore for Restoring<'_> {
         &mut self,
         key: &str,
         step: crate::store::salvage::Step,
-    ) -> Result<(u64, u64), StoreError> {
+    ) -> Result<crate::store::salvage::Stepped, StoreError> {
         let jobs = match &step {
             crate::store::salvage::Step::Jobs { jobs, .. } => jobs.len() as u64,
             _ => 0,

@@ -137,7 +137,7 @@ enum Request {
     Salvage {
         key: String,
         step: crate::store::salvage::Step,
-        reply: Reply<Result<(u64, u64), StoreError>>,
+        reply: Reply<Result<crate::store::salvage::Stepped, StoreError>>,
     },
     /// An operator's replay or purge of dead letters, one chunk in one transaction.
     Dead {

@@ -69,11 +69,16 @@ enum Pending {
         Reply<Result<(u64, u64), StoreError>>,
         Result<(u64, u64), StoreError>,
     ),
-    /// A request applied whole or not at all (a salvage step, or a dead-letter chunk that failed
-    /// after changing something): its error keeps nothing of the transaction.
+    /// A request applied whole or not at all (a dead-letter chunk that failed after changing
+    /// something): its error keeps nothing of the transaction.
     Whole(
         Reply<Result<(u64, u64), StoreError>>,
         Result<(u64, u64), StoreError>,
+    ),
+    /// A salvage step: applied whole or not at all, as [`Pending::Whole`].
+    Salvage(
+        Reply<Result<crate::store::salvage::Stepped, StoreError>>,
+        Result<crate::store::salvage::Stepped, StoreError>,
     ),
 }
 
@@ -127,6 +132,8 @@ impl Pending {
             (Pending::AppendFile(r, _), Err(e)) => drop(r.send(Err(AppendError::Store(failed(e))))),
             (Pending::Counts(r, v) | Pending::Whole(r, v), Ok(())) => drop(r.send(v)),
             (Pending::Counts(r, _) | Pending::Whole(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
+            (Pending::Salvage(r, v), Ok(())) => drop(r.send(v)),
+            (Pending::Salvage(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
         }
     }
 }
@@ -823,7 +830,7 @@ fn run_tx(
             }
             Request::Salvage { key, step, reply } => {
                 let r = tx.salvage_step(&key, step);
-                pending.push(Pending::Whole(reply, r));
+                pending.push(Pending::Salvage(reply, r));
             }
             Request::Dead { stream, op, reply } => {
                 let r = match op {
@@ -894,6 +901,7 @@ fn run_tx(
     }
     if let Some(e) = pending.iter().find_map(|p| match p {
         Pending::Whole(_, Err(e)) => Some(e.to_string()),
+        Pending::Salvage(_, Err(e)) => Some(e.to_string()),
         _ => None,
     }) {
         // A salvage step (or a dead-letter chunk) that failed part way must not commit half of
