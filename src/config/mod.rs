@@ -220,6 +220,8 @@ pub(super) struct Problems<'p> {
     sep: &'static str,
     /// Whether the listeners' TLS files are read (see [`Unset::Warn`]).
     read_keys: bool,
+    /// The tree paths of the values `${VAR}` expansion wrote (see [`de_all`]).
+    expanded: &'p [String],
 }
 
 impl<'p> Problems<'p> {
@@ -230,7 +232,14 @@ impl<'p> Problems<'p> {
             at: String::new(),
             sep: ".",
             read_keys: true,
+            expanded: &[],
         }
+    }
+
+    /// Whether the value at `path`, relative to this part, came from `${VAR}` expansion.
+    fn expanded(&self, path: &str) -> bool {
+        let at = tree_path(&self.join(path));
+        self.expanded.contains(&at)
     }
 
     /// Whether a listener's `tls` files are read, or only named (a command that serves nothing).
@@ -252,6 +261,7 @@ impl<'p> Problems<'p> {
             at,
             sep: ".",
             read_keys: self.read_keys,
+            expanded: self.expanded,
         }
     }
 
@@ -263,6 +273,7 @@ impl<'p> Problems<'p> {
             at,
             sep: ": ",
             read_keys: self.read_keys,
+            expanded: self.expanded,
         }
     }
 
@@ -425,7 +436,9 @@ pub fn load_str_with(
         .collect();
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut compiled = Vec::new();
+    let expanded_paths: Vec<String> = expanded.expansions.iter().map(|e| e.path.clone()).collect();
     let mut problems_of_compile = Problems::new(&mut compiled);
+    problems_of_compile.expanded = &expanded_paths;
     problems_of_compile.read_keys = !matches!(
         unset,
         Unset::Warn {
@@ -601,12 +614,124 @@ fn replace_word(text: &str, word: &str, with: &str) -> String {
     out
 }
 
-pub(super) fn de_at<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, (String, String)> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let path = if path == "." { String::new() } else { path };
-        (path, e.into_inner().to_string())
-    })
+/// `value` read as `T`, with every problem in it reported under `err`, not only the first one
+/// serde stops at: the field a problem is at is reported, left out, and the rest read again, so an
+/// entry with an unknown key, a wrong type and a value out of range shows all of them (the range
+/// is the caller's check, on what is returned). `None` when what is left cannot be read (a required
+/// field was bad or missing). A number written as a string is refused (`qos: "1"`), unless the
+/// string came from `${VAR}` expansion, which can only give strings: that one is read as the
+/// number it holds.
+pub(super) fn de_all<T: serde::de::DeserializeOwned>(
+    mut value: Value,
+    err: &mut Problems<'_>,
+) -> Option<T> {
+    let mut removed: Vec<Vec<Seg>> = Vec::new();
+    // Each round removes a node or turns a string into a number, so this many rounds is enough.
+    let rounds = 2 * nodes(&value) + 1;
+    for _ in 0..rounds {
+        let e = match serde_path_to_error::deserialize::<_, T>(value.clone()) {
+            Ok(t) => return Some(t),
+            Err(e) => e,
+        };
+        let shown = e.path().to_string();
+        let shown = if shown == "." { String::new() } else { shown };
+        let mut at: Vec<Seg> = Vec::new();
+        for s in e.path() {
+            match s {
+                serde_path_to_error::Segment::Seq { index } => at.push(Seg::Index(*index)),
+                serde_path_to_error::Segment::Map { key }
+                | serde_path_to_error::Segment::Enum { variant: key } => {
+                    at.push(Seg::Key(key.clone()))
+                }
+                serde_path_to_error::Segment::Unknown => {
+                    err.add(&shown, e.into_inner().to_string());
+                    return None;
+                }
+            }
+        }
+        let message = e.into_inner().to_string();
+        if message.starts_with(units::QUOTED_NUMBER)
+            && err.expanded(&shown)
+            && to_number(&mut value, &at)
+        {
+            continue;
+        }
+        // A required field left out above: its own problem is already reported.
+        let left_out = missing_field(&message).is_some_and(|f| {
+            let mut field = at.clone();
+            field.push(Seg::Key(f.to_string()));
+            removed.contains(&field)
+        });
+        if !left_out {
+            err.add(&shown, message);
+        }
+        // An element of a list is not removed (the later ones would change index): its list is.
+        while matches!(at.last(), Some(Seg::Index(_))) {
+            at.pop();
+        }
+        if at.is_empty() || !remove(&mut value, &at) {
+            return None;
+        }
+        removed.push(at);
+    }
+    None
+}
+
+/// One step of a path into a tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+fn nodes(v: &Value) -> usize {
+    match v {
+        Value::Array(items) => 1 + items.iter().map(nodes).sum::<usize>(),
+        Value::Object(map) => 1 + map.values().map(nodes).sum::<usize>(),
+        _ => 1,
+    }
+}
+
+fn node_mut<'v>(mut v: &'v mut Value, at: &[Seg]) -> Option<&'v mut Value> {
+    for s in at {
+        v = match (s, v) {
+            (Seg::Key(k), Value::Object(map)) => map.get_mut(k)?,
+            (Seg::Index(i), Value::Array(items)) => items.get_mut(*i)?,
+            _ => return None,
+        };
+    }
+    Some(v)
+}
+
+/// Removes the mapping entry at `at` (whose last step is a key); whether there was one.
+fn remove(v: &mut Value, at: &[Seg]) -> bool {
+    let Some((Seg::Key(key), parent)) = at.split_last() else {
+        return false;
+    };
+    match node_mut(v, parent) {
+        Some(Value::Object(map)) => map.remove(key).is_some(),
+        _ => false,
+    }
+}
+
+/// Turns the string at `at` into the whole number it holds; whether it did.
+fn to_number(v: &mut Value, at: &[Seg]) -> bool {
+    let Some(node) = node_mut(v, at) else {
+        return false;
+    };
+    let Some(n) = node.as_str().and_then(|s| s.trim().parse::<u64>().ok()) else {
+        return false;
+    };
+    *node = Value::from(n);
+    true
+}
+
+/// The field serde's "missing field `x`" names.
+fn missing_field(message: &str) -> Option<&str> {
+    message
+        .strip_prefix("missing field `")?
+        .split_once('`')
+        .map(|(f, _)| f)
 }
 
 /// Validates the expanded tree and builds the runtime config. Returns `None` only when the file's top
@@ -646,23 +771,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
     }
     // Each top-level key on its own first, so one bad setting neither hides another nor stops the
     // tasks from being checked; bad keys are left out and their defaults stand in.
-    let mut good = serde_json::Map::new();
-    for (key, value) in map {
-        let single = Value::Object(std::iter::once((key.clone(), value.clone())).collect());
-        match de_at::<FileSpec>(single) {
-            Ok(_) => {
-                good.insert(key, value);
-            }
-            Err((path, message)) => problems.add(&path, message),
-        }
-    }
-    let spec: FileSpec = match de_at(Value::Object(good)) {
-        Ok(s) => s,
-        Err((path, message)) => {
-            problems.add(&path, message);
-            return None;
-        }
-    };
+    let spec: FileSpec = de_all(Value::Object(map), problems)?;
     if spec.data_dir.trim().is_empty() {
         problems.add("data_dir", "must not be empty".into());
     }
@@ -739,23 +848,21 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
                 let (kind, rest) = split_type(value, sources::SOURCE_TYPES, &mut err)?;
                 let spec = match kind.as_str() {
                     #[cfg(any(feature = "syslog", feature = "schema"))]
-                    "syslog" => de_at(rest).map(sources::SourceSpec::Syslog),
+                    "syslog" => de_all(rest, &mut err).map(sources::SourceSpec::Syslog),
                     #[cfg(not(any(feature = "syslog", feature = "schema")))]
                     "syslog" => {
                         err.add("type", sources::NO_SYSLOG.into());
                         return None;
                     }
                     #[cfg(any(feature = "mqtt", feature = "schema"))]
-                    "mqtt" => de_at(rest).map(sources::SourceSpec::Mqtt),
+                    "mqtt" => de_all(rest, &mut err).map(sources::SourceSpec::Mqtt),
                     #[cfg(not(any(feature = "mqtt", feature = "schema")))]
                     "mqtt" => {
                         err.add("type", sources::NO_MQTT.into());
                         return None;
                     }
-                    _ => de_at(rest).map(sources::SourceSpec::Tail),
-                }
-                .map_err(|(p, m)| err.add(&p, m))
-                .ok()?;
+                    _ => de_all(rest, &mut err).map(sources::SourceSpec::Tail),
+                }?;
                 sources::compile(&name, spec, base, &stream_names, &mut err)
             })
             .collect(),
@@ -890,7 +997,7 @@ pub(super) fn named_entry<'p, T: serde::de::DeserializeOwned>(
     problems: &'p mut Problems<'_>,
 ) -> (Option<T>, Problems<'p>) {
     let (value, mut err) = named(section, what, name, value, problems);
-    let spec = de_at(value).map_err(|(p, m)| err.add(&p, m)).ok();
+    let spec = de_all(value, &mut err);
     (spec, err)
 }
 

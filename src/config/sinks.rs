@@ -13,7 +13,7 @@ use serde_json::Value;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{self, Dur, Size};
-use super::{Problems, de_at, named, split_type};
+use super::{Problems, de_all, named, split_type};
 use crate::sink::{LinkConfig, Probe, SinkConfig, SinkKind, SinkRetry};
 
 #[cfg(any(feature = "mqtt", feature = "nats"))]
@@ -327,11 +327,11 @@ pub(super) fn compile_sink(
     let (value, mut err) = named("sinks", "sink", &name, value, problems);
     let (kind, rest) = split_type(value, SINK_TYPES, &mut err)?;
     let spec = match kind.as_str() {
-        "file" => de_at(rest).map(SinkSpec::File),
-        "stdout" => de_at(rest).map(SinkSpec::Stdout),
+        "file" => de_all(rest, &mut err).map(SinkSpec::File),
+        "stdout" => de_all(rest, &mut err).map(SinkSpec::Stdout),
         #[cfg(any(feature = "remote-write", feature = "schema"))]
         "prometheus_remote_write" => {
-            de_at(rest).map(|r| SinkSpec::PrometheusRemoteWrite(Box::new(r)))
+            de_all(rest, &mut err).map(|r| SinkSpec::PrometheusRemoteWrite(Box::new(r)))
         }
         #[cfg(not(any(feature = "remote-write", feature = "schema")))]
         "prometheus_remote_write" => {
@@ -339,23 +339,21 @@ pub(super) fn compile_sink(
             return None;
         }
         #[cfg(feature = "mqtt")]
-        "mqtt" => de_at(rest).map(|m| SinkSpec::Mqtt(Box::new(m))),
+        "mqtt" => de_all(rest, &mut err).map(|m| SinkSpec::Mqtt(Box::new(m))),
         #[cfg(not(feature = "mqtt"))]
         "mqtt" => {
             err.add("type", NO_MQTT.into());
             return None;
         }
         #[cfg(feature = "nats")]
-        "nats" => de_at(rest).map(|n| SinkSpec::Nats(Box::new(n))),
+        "nats" => de_all(rest, &mut err).map(|n| SinkSpec::Nats(Box::new(n))),
         #[cfg(not(feature = "nats"))]
         "nats" => {
             err.add("type", NO_NATS.into());
             return None;
         }
-        _ => de_at(rest).map(|h| SinkSpec::Http(Box::new(h))),
-    }
-    .map_err(|(p, m)| err.add(&p, m))
-    .ok()?;
+        _ => de_all(rest, &mut err).map(|h| SinkSpec::Http(Box::new(h))),
+    }?;
     let mut link = LinkConfig::default();
     let (kind, retry) = match spec {
         SinkSpec::File(FileSinkSpec { path, retry }) => {

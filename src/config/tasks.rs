@@ -17,7 +17,7 @@ use super::sinks::parse_http_url;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{self, Dur, Size};
-use super::{Problems, de_at, io_reason, stream_format, valid_name};
+use super::{Problems, de_all, io_reason, stream_format, valid_name};
 
 mod exec;
 mod modbus;
@@ -386,26 +386,27 @@ pub(super) fn compile_task(
             false
         }
     };
-    let common: Option<TaskCommon> = de_at(Value::Object(common_map))
-        .map_err(|(p, m)| err.add(&p, m))
-        .ok();
+    // A schedule written but refused is reported at its field: "needs a schedule" would be noise.
+    let timed = common_map.contains_key("schedule") || common_map.contains_key("every");
+    let common: Option<TaskCommon> = de_all(Value::Object(common_map), &mut err);
     // The type's own struct, so a problem inside it keeps its field (see `split_type`).
     let kind: Option<TaskKind> = if kind_ok {
         let mut kind_map = kind_map;
         let kind = kind_map.remove("type");
         let rest = Value::Object(kind_map);
         match kind.as_ref().and_then(Value::as_str) {
-            Some("exec") => de_at(rest).map(TaskKind::Exec),
-            Some("file_move") => de_at(rest).map(TaskKind::FileMove),
+            Some("exec") => de_all(rest, &mut err).map(TaskKind::Exec),
+            Some("file_move") => de_all(rest, &mut err).map(TaskKind::FileMove),
             #[cfg(feature = "modbus")]
-            Some("modbus") => de_at(rest).map(|s| TaskKind::Modbus(Box::new(s))),
+            Some("modbus") => de_all(rest, &mut err).map(|s| TaskKind::Modbus(Box::new(s))),
             #[cfg(not(feature = "modbus"))]
-            Some("modbus") => Err((String::from("type"), NO_MODBUS.to_string())),
+            Some("modbus") => {
+                err.add("type", NO_MODBUS.to_string());
+                None
+            }
             // Checked above: the only type left.
-            _ => de_at(rest).map(|s| TaskKind::HttpScrape(Box::new(s))),
+            _ => de_all(rest, &mut err).map(|s| TaskKind::HttpScrape(Box::new(s))),
         }
-        .map_err(|(p, m)| err.add(&p, m))
-        .ok()
     } else {
         None
     };
@@ -434,10 +435,12 @@ pub(super) fn compile_task(
             None
         }
         (None, None) => {
-            err.add(
-                "",
-                "needs a schedule (crontab expression) or every (interval)".into(),
-            );
+            if !timed {
+                err.add(
+                    "",
+                    "needs a schedule (crontab expression) or every (interval)".into(),
+                );
+            }
             None
         }
         (Some(text), None) => {

@@ -91,17 +91,26 @@ impl JsonSchema for Size {
     }
 }
 
-/// Deserializes an unsigned integer that may also be written as a string, because `${VAR}` expansion
-/// turns `workers: ${WORKERS:-4}` into the string `"4"` before the typed structs see it.
+/// How [`de_u32`]'s refusal of a number written as a string begins: `config::de_all` reads a string
+/// that `${VAR}` expansion wrote (`workers: ${WORKERS:-4}` becomes `"4"`) as its number instead.
+pub(super) const QUOTED_NUMBER: &str = "expected a whole number, found the string ";
+
+/// Deserializes an unsigned integer. A string is refused, even one holding digits: `qos: "1"` is a
+/// type error in the file as it is in the schema; `config::de_all` reads a string that came from
+/// `${VAR}` expansion as its number (it knows where the expansions are, a deserializer does not).
 pub fn de_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     let v = serde_json::Value::deserialize(d)?;
-    let n = match &v {
-        serde_json::Value::Number(n) => n.as_u64(),
-        serde_json::Value::String(s) => s.trim().parse::<u64>().ok(),
+    match &v {
+        serde_json::Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+        serde_json::Value::String(s) if s.trim().parse::<u64>().is_ok() => {
+            return Err(serde::de::Error::custom(format!(
+                "{QUOTED_NUMBER}{v} (write {} without quotes)",
+                s.trim()
+            )));
+        }
         _ => None,
-    };
-    n.and_then(|n| u32::try_from(n).ok())
-        .ok_or_else(|| serde::de::Error::custom(format!("expected a whole number, found {v}")))
+    }
+    .ok_or_else(|| serde::de::Error::custom(format!("expected a whole number, found {v}")))
 }
 
 /// Same as [`de_u32`] for optional fields.
@@ -115,7 +124,7 @@ pub fn u32_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "anyOf": [
             { "type": "integer", "minimum": 0, "maximum": u32::MAX },
-            { "type": "string", "pattern": "^([0-9]+|.*\\$\\{.*)$" }
+            { "type": "string", "pattern": "\\$\\{" }
         ]
     })
 }
@@ -125,14 +134,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn numbers_accept_expanded_strings() {
+    fn numbers_refuse_strings_of_digits() {
         #[derive(Deserialize)]
         struct T {
             #[serde(deserialize_with = "de_u32")]
             n: u32,
         }
-        let t: T = serde_json::from_str(r#"{"n":"12"}"#).unwrap();
-        assert_eq!(t.n, 12);
+        let e = serde_json::from_str::<T>(r#"{"n":"12"}"#)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.starts_with(QUOTED_NUMBER), "{e}");
         let t: T = serde_json::from_str(r#"{"n":7}"#).unwrap();
         assert_eq!(t.n, 7);
         assert!(serde_json::from_str::<T>(r#"{"n":"x"}"#).is_err());

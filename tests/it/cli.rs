@@ -432,6 +432,35 @@ tasks:
 }
 
 #[test]
+fn check_reports_every_problem_of_a_sink_and_refuses_a_quoted_number() {
+    let sb = Sandbox::new();
+    let config = sb.write_config(
+        r#"data_dir: data
+sinks:
+  up: { type: mqtt, url: "mqtt://127.0.0.1:1", topic: t, colour: red, qos: 5, keep_alive: 30 }
+  quoted: { type: mqtt, url: "mqtt://127.0.0.1:1", topic: t, qos: "1" }
+"#,
+    );
+    let mut cmd = colibri();
+    cmd.arg("check").arg("--config").arg(&config);
+    let out = finish(cmd, secs(10));
+    assert_code(out.status, 1, &out.stderr);
+    for line in [
+        "  sinks.up.colour: unknown field `colour`",
+        "  sinks.up.qos: must be 1 or 2, not 5",
+        "  sinks.up.keep_alive: duration 30 has no unit",
+        "  sinks.quoted.qos: expected a whole number, found the string \"1\"",
+    ] {
+        assert!(
+            out.stderr.lines().any(|l| l.starts_with(line)),
+            "no line {line:?}; stderr:\n{}",
+            out.stderr
+        );
+    }
+    assert!(out.stderr.contains("4 problems"), "{}", out.stderr);
+}
+
+#[test]
 fn every_example_config_is_accepted() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
     let mut files: Vec<_> = std::fs::read_dir(&dir)

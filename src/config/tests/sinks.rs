@@ -493,3 +493,41 @@ sinks:
         "{p:?}"
     );
 }
+
+#[test]
+fn every_problem_of_a_sink_is_reported_not_only_the_first() {
+    let p = problems(
+        r#"
+sinks:
+  m: { type: mqtt, url: "mqtt://127.0.0.1", topic: t, colour: red, qos: 5, keep_alive: 30 }
+  n: { type: mqtt, url: "mqtt://127.0.0.1", topic: t, qos: "1" }
+"#,
+    );
+    let expect = [
+        "sinks.m.colour: unknown field `colour`",
+        "sinks.m.keep_alive: duration 30 has no unit",
+        "sinks.m.qos: must be 1 or 2, not 5",
+        "sinks.n.qos: expected a whole number, found the string \"1\" (write 1 without quotes)",
+    ];
+    for e in expect {
+        assert!(
+            p.iter().any(|l| l.starts_with(e)),
+            "missing {e:?} in\n{}",
+            p.join("\n")
+        );
+    }
+    assert_eq!(p.len(), expect.len(), "{p:#?}");
+}
+
+#[test]
+fn a_number_from_a_variable_is_read_as_a_number_but_a_quoted_one_is_not() {
+    let env = |k: &str| (k == "QOS").then(|| "2".to_string());
+    let text = "sinks:\n  m: { type: mqtt, url: \"mqtt://127.0.0.1\", topic: t, qos: \"${QOS}\" }\nworkers: \"${W:-3}\"\n";
+    let c = load_str(text, Path::new("/etc/colibri/test.yaml"), &env).unwrap();
+    assert_eq!(c.workers, 3);
+    let p = problems("workers: \"3\"\n");
+    assert_eq!(
+        p,
+        ["workers: expected a whole number, found the string \"3\" (write 3 without quotes)"]
+    );
+}
