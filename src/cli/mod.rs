@@ -297,7 +297,8 @@ pub fn summary(c: &Config) -> String {
             Some(a) => {
                 let _ = writeln!(
                     out,
-                    "  admin           http://{}/metrics, /healthz, /readyz, POST /-/reload{}",
+                    "  admin           {}://{}/metrics, /healthz, /readyz, POST /-/reload{}",
+                    if a.tls.is_some() { "https" } else { "http" },
                     a.listen,
                     if a.token.is_some() {
                         ", bearer token required"

@@ -461,6 +461,27 @@ sinks:
 }
 
 #[test]
+fn check_summary_shows_a_tls_admin_listener_as_https() {
+    let sb = Sandbox::new();
+    let pki = crate::util::http::TestPki::generate(&sb.file(""));
+    let config = sb.write_config(&format!(
+        "data_dir: data\nadmin: {{ listen: \"127.0.0.1:9464\", tls: {{ cert_file: {cert}, key_file: {key} }} }}\nstreams:\n  logs: {{}}\n",
+        cert = crate::util::quote(pki.server_cert.display().to_string()),
+        key = crate::util::quote(pki.server_key.display().to_string()),
+    ));
+    let mut cmd = colibri();
+    cmd.arg("check").arg("--config").arg(&config);
+    let out = finish(cmd, secs(10));
+    assert_code(out.status, 0, &out.stderr);
+    assert!(
+        out.stdout
+            .contains("admin           https://127.0.0.1:9464/metrics"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
 fn every_example_config_is_accepted() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
