@@ -17,6 +17,9 @@ use hyper::StatusCode;
 use serde_json::json;
 
 use super::{AgentState, query_u64 as param};
+use crate::clock;
+use crate::config::ingest::DEFAULT_MAX_BODY;
+use crate::ingest::body;
 use crate::store::writer::DeadOp;
 use crate::store::{AppendError, RecordBuf, StoreError};
 
@@ -156,12 +159,10 @@ pub(super) async fn handle(
             }
         }
         Op::Push => {
-            let mut records = RecordBuf::new();
-            for line in body.split(|&b| b == b'\n') {
-                if !line.is_empty() {
-                    records.push(line);
-                }
-            }
+            let records = match push_records(state, stream, body) {
+                Ok(r) => r,
+                Err(refused) => return refused,
+            };
             let n = records.len();
             if n == 0 {
                 return (
@@ -182,4 +183,48 @@ pub(super) async fn handle(
             }
         }
     }
+}
+
+/// The body's lines as records of `stream`, each checked as its sink needs it by the check
+/// `queue push` and an `exec` task's output go through ([`body::line_record`]), and none larger
+/// than the ingest API's `max_body` (its default when ingest is off): every way into a stream
+/// takes the same records. A refusal (400 or 413) names the line.
+fn push_records(
+    state: &AgentState,
+    stream: &str,
+    body: &[u8],
+) -> Result<RecordBuf, (StatusCode, String)> {
+    let config = &state.live.load().config;
+    let carries = config.record_format(stream);
+    let max = config
+        .ingest
+        .as_ref()
+        .map_or(DEFAULT_MAX_BODY, |i| i.max_body);
+    let mut records = RecordBuf::new();
+    for (i, line) in body.split(|&b| b == b'\n').enumerate() {
+        if line.len() as u64 > max {
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "line {} is {} bytes, more than max_body ({max} bytes): nothing was stored",
+                    i + 1,
+                    line.len()
+                ),
+            ));
+        }
+        match body::line_record(carries, line, clock::unix_ns()) {
+            Ok(None) => {}
+            Ok(Some(r)) => records.push(&r),
+            Err(why) => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "line {} {why} (stream {stream:?}): nothing was stored",
+                        i + 1
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(records)
 }

@@ -1493,3 +1493,43 @@ fn config_problems_a_taken_port_and_an_open_listener_without_a_token() {
     expect(c.post(&path("logs"), NDJSON, &[], b"1\n"), 200);
     stop(agent);
 }
+
+#[test]
+fn admin_push_refuses_what_ingest_refuses() {
+    let sb = Sandbox::new();
+    let config = sb.write_config(
+        "data_dir: data\nlog: { format: json }\n\
+         sinks:\n  up: { type: http, url: \"http://127.0.0.1:1/\" }\n\
+         streams:\n  logs: { sink: up }\n",
+    );
+    let agent = Proc::start(&config);
+    let listening = agent.wait_for_event(secs(10), "admin endpoint listening", |e| {
+        is(e, "admin endpoint listening")
+    });
+    let admin: SocketAddr = field(&listening, "listen").parse().expect("an address");
+    let mut c = Client::new(admin);
+    let mut push = |body: &[u8]| {
+        let a = c
+            .request("POST", "/-/queues/logs/records", &[], Some(body))
+            .expect("an answer");
+        (a.status, String::from_utf8_lossy(&a.body).into_owned())
+    };
+    let joined = "{\"a\":1}".repeat(10_000);
+    let huge = format!("{{\"a\":\"{}\"}}", "x".repeat(5 << 20));
+    for (what, body, status) in [
+        ("not UTF-8", b"{\"a\":1}\n\xff\xfe\n".to_vec(), 400),
+        (
+            "concatenated objects",
+            format!("{joined}\n").into_bytes(),
+            400,
+        ),
+        ("over max_body", format!("{huge}\n").into_bytes(), 413),
+    ] {
+        let (got, text) = push(&body);
+        assert_eq!(got, status, "{what}: {text}");
+        assert!(text.contains("line "), "{what}: {text}");
+    }
+    let (got, text) = push(b"{\"a\":1}\n");
+    assert_eq!(got, 200, "{text}");
+    assert!(text.contains("\"stored\":1"), "{text}");
+}
