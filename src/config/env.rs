@@ -22,6 +22,8 @@ pub struct Expansion {
     pub value: String,
     /// Variables that were unset (without a default) and tolerated: they expanded to nothing.
     pub unset: Vec<String>,
+    /// Variables that were unset or empty and took the default the file writes after `:-`.
+    pub defaulted: Vec<String>,
 }
 
 impl Expansion {
@@ -85,6 +87,7 @@ fn walk(
                                 template: s.clone(),
                                 value: r.text.clone(),
                                 unset: r.unset,
+                                defaulted: r.defaulted,
                             });
                         }
                         *s = r.text;
@@ -126,6 +129,7 @@ struct Refs {
     /// At least one `${...}` was there (`$$` alone is not a reference).
     references: bool,
     unset: Vec<String>,
+    defaulted: Vec<String>,
 }
 
 fn expand_refs(
@@ -136,6 +140,7 @@ fn expand_refs(
     let mut out = String::with_capacity(s.len());
     let mut references = false;
     let mut unset = Vec::new();
+    let mut defaulted = Vec::new();
     let mut rest = s;
     while let Some(pos) = rest.find('$') {
         out.push_str(&rest[..pos]);
@@ -166,7 +171,10 @@ fn expand_refs(
             match (lookup(name), default) {
                 // `:-` means "unset or empty", as in the shell.
                 (Some(v), _) if !v.is_empty() || default.is_none() => out.push_str(&v),
-                (_, Some(d)) => out.push_str(d),
+                (_, Some(d)) => {
+                    out.push_str(d);
+                    defaulted.push(name.to_string());
+                }
                 (None, None) if tolerate_unset => unset.push(name.to_string()),
                 (None, None) => return Err(unset_message(name)),
                 (Some(_), None) => unreachable!("matched by the first arm"),
@@ -182,6 +190,7 @@ fn expand_refs(
         text: out,
         references,
         unset,
+        defaulted,
     })
 }
 

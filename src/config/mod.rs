@@ -473,7 +473,8 @@ pub fn load_str_with(
         let at = tree_path(&p.path);
         p.message = redact(&expanded.expansions, &at, std::mem::take(&mut p.message));
     }
-    let warnings = unset_warnings(&expanded.expansions, path);
+    let mut warnings = unset_warnings(&expanded.expansions, path);
+    warnings.extend(placeholder_warnings(&expanded.expansions, path));
     match config {
         Some(mut c) if problems.is_empty() => {
             c.warnings = warnings;
@@ -515,6 +516,49 @@ fn unset_warnings(expansions: &[env::Expansion], file: &Path) -> Vec<String> {
             )
         })
         .collect()
+}
+
+/// One warning per secret that took the default the file writes for it (`${TOKEN:-change-me}`):
+/// an example config's stand-in, which anyone who reads the file knows, is no secret. The default
+/// is still used (a quickstart must run), but the operator is told before it goes anywhere.
+fn placeholder_warnings(expansions: &[env::Expansion], file: &Path) -> Vec<String> {
+    expansions
+        .iter()
+        .filter(|e| !e.defaulted.is_empty() && is_secret_field(&e.path))
+        .map(|e| {
+            let vars: Vec<String> = e.defaulted.iter().map(|v| format!("${{{v}}}")).collect();
+            format!(
+                "{}: {} is a placeholder: {} is not set and the default written in the file stands in for a secret; set {}",
+                file.display(),
+                e.path,
+                vars.join(", "),
+                e.defaulted.join(", ")
+            )
+        })
+        .collect()
+}
+
+/// Whether a tree path names a secret: a token, a password, an API key or an Authorization
+/// header (a `key_file` names a file, not a secret).
+fn is_secret_field(path: &str) -> bool {
+    let field = path
+        .rsplit(['.', '['])
+        .next()
+        .unwrap_or(path)
+        .to_ascii_lowercase();
+    if field.ends_with("_file") {
+        return false;
+    }
+    [
+        "token",
+        "password",
+        "secret",
+        "authorization",
+        "api_key",
+        "apikey",
+    ]
+    .iter()
+    .any(|w| field.contains(w))
 }
 
 /// Whether tree path `path` is `at` or inside it (`sinks.up.url` is inside `sinks` and

@@ -482,6 +482,60 @@ fn check_summary_shows_a_tls_admin_listener_as_https() {
 }
 
 #[test]
+fn check_warns_when_a_secret_is_the_placeholder_written_in_the_file() {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/edge-chores.yaml");
+    let mut cmd = colibri();
+    cmd.arg("check").arg("--config").arg(&file);
+    for var in ["UPSTREAM_TOKEN", "INGEST_TOKEN", "MQTT_PASSWORD"] {
+        cmd.env_remove(var);
+    }
+    let out = finish(cmd, secs(10));
+    // Still accepted (an example must check), but each stand-in is named, and only those.
+    assert_code(out.status, 0, &out.stderr);
+    let warned: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("is a placeholder"))
+        .collect();
+    assert_eq!(warned.len(), 3, "{}", out.stderr);
+    assert!(
+        warned
+            .iter()
+            .any(|l| l.contains(".password") && l.contains("${MQTT_PASSWORD}")),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        warned
+            .iter()
+            .any(|l| l.contains("ingest.token") && l.contains("${INGEST_TOKEN}")),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        warned
+            .iter()
+            .any(|l| l.contains(".headers.Authorization") && l.contains("${UPSTREAM_TOKEN}")),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains("change-me"),
+        "the placeholder itself is not echoed: {}",
+        out.stderr
+    );
+    // Set, the secret is the operator's: no warning.
+    let mut cmd = colibri();
+    cmd.arg("check").arg("--config").arg(&file);
+    for var in ["UPSTREAM_TOKEN", "INGEST_TOKEN", "MQTT_PASSWORD"] {
+        cmd.env(var, "s3t-by-the-operator");
+    }
+    let out = finish(cmd, secs(10));
+    assert_code(out.status, 0, &out.stderr);
+    assert!(!out.stderr.contains("is a placeholder"), "{}", out.stderr);
+}
+
+#[test]
 fn every_example_config_is_accepted() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
     let mut files: Vec<_> = std::fs::read_dir(&dir)

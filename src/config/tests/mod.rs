@@ -537,6 +537,21 @@ fn a_byte_that_is_not_utf8_is_reported_with_its_line_and_column() {
 }
 
 #[test]
+fn a_secret_that_takes_the_files_default_is_warned_of_as_a_placeholder() {
+    let path = Path::new("/etc/colibri/test.yaml");
+    let text = "ingest: { listen: \"127.0.0.1:0\", token: \"${ITOKEN:-change-me}\" }\nsinks:\n  up: { type: http, url: \"${URL:-http://127.0.0.1:9/}\", headers: { Authorization: \"Bearer ${UPTOKEN:-x}\" } }\nstreams:\n  a: { sink: up }\n";
+    let c = load_str(text, path, &env).unwrap();
+    assert_eq!(
+        c.warnings,
+        [
+            "/etc/colibri/test.yaml: ingest.token is a placeholder: ${ITOKEN} is not set and the default written in the file stands in for a secret; set ITOKEN",
+            "/etc/colibri/test.yaml: sinks.up.headers.Authorization is a placeholder: ${UPTOKEN} is not set and the default written in the file stands in for a secret; set UPTOKEN",
+        ],
+        "a url is no secret"
+    );
+}
+
+#[test]
 fn an_unset_variable_is_a_warning_where_the_command_can_do_without_it() {
     let path = Path::new("/etc/colibri/test.yaml");
     let text = "sinks:\n  up: { type: http, url: \"http://127.0.0.1:9/\", headers: { Authorization: \"Bearer ${UPTOKEN}\", X-Also: \"${UPTOKEN}\" } }\nstreams:\n  a: { sink: up }\n";
