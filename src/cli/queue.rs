@@ -583,11 +583,22 @@ fn list_jobs(s: &Store, stream: &str, dead: bool, show: &Show) -> anyhow::Result
     // One job decoded at a time, written through a buffer (stdout alone flushes every line: a
     // write per record).
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut printed = 0u64;
     s.peek_each(stream, dead, n, |job| {
+        printed += 1;
         print_job(&mut out, &job.to_json(), show.json).map_err(anyhow::Error::from)
     })?;
     out.flush()?;
+    say_if_none(printed, stream, dead);
     Ok(())
+}
+
+/// An empty list says so (on stderr: standard output stays what a script counts lines of).
+fn say_if_none(printed: u64, stream: &str, dead: bool) {
+    if printed == 0 {
+        let what = if dead { "dead letters" } else { "jobs waiting" };
+        eprintln!("no {what} in stream {stream}");
+    }
 }
 
 /// How a list through the agent ended.
@@ -608,6 +619,7 @@ fn list_dead_via(a: &AdminClient, stream: &str, show: &Show) -> anyhow::Result<L
     };
     let mut after: Option<u64> = None;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut printed = 0u64;
     while left > 0 {
         let mut path = format!("/-/queues/{stream}/dead?limit={}", left.min(1000));
         if let Some(a) = after {
@@ -638,6 +650,7 @@ fn list_dead_via(a: &AdminClient, stream: &str, show: &Show) -> anyhow::Result<L
         {
             print_job(&mut out, job, show.json)?;
             left -= 1;
+            printed += 1;
         }
         out.flush()?;
         match v["next"].as_u64() {
@@ -648,6 +661,7 @@ fn list_dead_via(a: &AdminClient, stream: &str, show: &Show) -> anyhow::Result<L
             None => break,
         }
     }
+    say_if_none(printed, stream, true);
     Ok(Listed::Done)
 }
 

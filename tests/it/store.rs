@@ -508,6 +508,28 @@ fn kill_9_never_loses_an_acknowledged_record() {
 
 /// Inspection after a crash, with no agent running, is exactly when an operator needs it.
 #[test]
+fn an_empty_dead_list_says_there_are_none() {
+    let sb = Sandbox::new();
+    let config = write_config(&sb, "data", "{ min_free: 1MiB, max_bytes: 2GiB }");
+    create_store(&config);
+    let f = finish(queue(&config, &["dead", "list", "logs"]), secs(60));
+    assert_code(f.status, 0, &f.stderr);
+    assert_eq!(f.stdout, "", "standard output stays empty for scripts");
+    assert!(
+        f.stderr.contains("no dead letters in stream logs"),
+        "{}",
+        f.stderr
+    );
+    let f = finish(queue(&config, &["peek", "logs"]), secs(60));
+    assert_code(f.status, 0, &f.stderr);
+    assert!(
+        f.stderr.contains("no jobs waiting in stream logs"),
+        "{}",
+        f.stderr
+    );
+}
+
+#[test]
 fn stats_and_peek_work_after_a_crash_without_a_writer() {
     let sb = Sandbox::new();
     let config = write_config(&sb, "data", "{ min_free: 1MiB, max_bytes: 2GiB }");
