@@ -34,7 +34,7 @@ pub use nats::{NatsSinkSpec, NatsUrls};
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum SinkSpec {
-    /// Each job becomes one file in `path` (`<stream>-<store id>-<job id>.ndjson`, a record per line), written
+    /// Each job becomes one file in `path` (`<stream>-<store id>-<job id>.ndjson`, `.lp` or `.txt`, named by what its lines are: all JSON, all line protocol, or anything else; a record per line), written
     /// under a temporary name, fsync'd and renamed into place, so a reader never sees half a file and
     /// a job delivered twice after a crash overwrites itself. The directory must exist: colibri does
     /// not create it, so an unmounted disk is noticed instead of filled on the root filesystem.
