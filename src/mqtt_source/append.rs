@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::{MqttSourceConfig, MqttSourceStats};
@@ -52,6 +52,10 @@ pub struct Msg {
 struct GiveUp;
 
 /// Appends what the driver sends until it stops sending, and hands back the acknowledgements.
+/// Each message owed an acknowledgement takes a slot of `window` before its commit; the driver
+/// gives the slot back once the acknowledgement is written (or its connection has ended), so no
+/// more than the window is ever committed and not yet acknowledged, whatever the broker sends.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     cfg: Arc<MqttSourceConfig>,
     stats: Arc<MqttSourceStats>,
@@ -59,6 +63,7 @@ pub async fn run(
     streams: Vec<StreamConfig>,
     mut rx: mpsc::UnboundedReceiver<Msg>,
     acks: mpsc::UnboundedSender<Vec<Ack>>,
+    window: Arc<Semaphore>,
     stopping: CancellationToken,
 ) {
     let (cfg, stats) = (&*cfg, &*stats);
@@ -78,11 +83,18 @@ pub async fn run(
         }) else {
             break;
         };
+        if first.ack.is_some() {
+            // Waits for the acknowledgements the driver has yet to write.
+            let Ok(slot) = window.acquire().await else {
+                break;
+            };
+            slot.forget();
+        }
         let mut bytes = first.record.len();
         let mut batch = vec![first];
         while batch.len() < most_records {
             let Ok(m) = rx.try_recv() else { break };
-            if bytes + m.record.len() > most_bytes {
+            if bytes + m.record.len() > most_bytes || (m.ack.is_some() && !take_slot(&window)) {
                 held = Some(m);
                 break;
             }
@@ -120,6 +132,11 @@ pub async fn run(
             break;
         }
     }
+}
+
+/// A slot of the window for a message owed an acknowledgement, if one is free now.
+fn take_slot(window: &Semaphore) -> bool {
+    window.try_acquire().map(|slot| slot.forget()).is_ok()
 }
 
 /// Appends one batch to one stream, trying again while the stream is full (under `block`) or the

@@ -8,10 +8,16 @@
 //! stream (one commit) and hands the acknowledgements back, in the order the messages came. So a
 //! colibri killed at any moment leaves every message it had not acknowledged with the broker,
 //! which sends it again: nothing is lost, and what repeats is what was committed and not yet
-//! acknowledged. The session outlives colibri (`session_expiry`): what is published while
-//! colibri is down waits in the broker. Backpressure: a stream that blocks holds the appender, no
-//! acknowledgement goes out, and the broker stops at its in-flight window (`max_in_flight`, the
-//! MQTT 5 Receive Maximum) and holds the rest; QoS 0 messages (never acknowledged) that find the
+//! acknowledged. That is bounded by colibri, not by the broker: a message owed an
+//! acknowledgement takes a slot of a window of `max_in_flight` before its commit, given back only
+//! once its acknowledgement is written (or its connection has ended), so at most `max_in_flight`
+//! messages are ever committed and not acknowledged, and a kill -9 or a broken connection stores
+//! at most that many twice. The window is also the MQTT 5 Receive Maximum colibri asks for, but a
+//! broker need not keep to it (mosquitto 2.0 sends its whole queue once acknowledgements flow):
+//! what it sends beyond waits in memory, uncommitted, under the budget below. The session
+//! outlives colibri (`session_expiry`): what is published while colibri is down waits in the
+//! broker. Backpressure: a stream that blocks holds the appender, no acknowledgement goes out,
+//! and the broker holds the rest; QoS 0 messages (never acknowledged) that find the
 //! memory budget spent are dropped and counted. Owns one source's session and appender; the
 //! agent starts and stops it.
 
@@ -24,7 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::sink::Secret;
@@ -183,6 +189,7 @@ pub async fn run(
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+    let window = Arc::new(Semaphore::new(usize::from(cfg.max_in_flight)));
     let appender = tokio::spawn(append::run(
         Arc::clone(&cfg),
         Arc::clone(&stats),
@@ -190,9 +197,10 @@ pub async fn run(
         streams,
         rx,
         ack_tx,
+        Arc::clone(&window),
         stopping.clone(),
     ));
-    session::Driver::new(Arc::clone(&cfg), Arc::clone(&stats), client)
+    session::Driver::new(Arc::clone(&cfg), Arc::clone(&stats), client, window)
         .run(events, tx, ack_rx, stopping)
         .await;
     // The driver ends after the appender, or after its wait for it. An append still waiting for

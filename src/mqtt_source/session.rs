@@ -15,7 +15,7 @@
 //! made in this task, between polls, so no connection can change in between; acks queued to the
 //! client when a connection breaks are dropped by rumqttc itself.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -23,9 +23,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use rumqttc::{
-    AsyncClient, ConnectionError, Event, EventLoop, Incoming, ManualAck, PersistedAckMode,
-    PersistedSession, PubAck, PubRec, QoS, RetainForwardRule, SessionStore, SessionStoreError,
-    SessionStoreKey, SubscribeFilter, SubscribeReasonCode,
+    AsyncClient, ConnectionError, Event, EventLoop, Incoming, ManualAck, Outgoing,
+    PersistedAckMode, PersistedSession, PubAck, PubRec, QoS, RetainForwardRule, SessionStore,
+    SessionStoreError, SessionStoreKey, SubscribeFilter, SubscribeReasonCode,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
@@ -194,6 +194,12 @@ pub struct Driver {
     /// Acks for the current connection waiting for room in the client's request queue (which
     /// the event loop empties as it is polled), in order.
     unsent: VecDeque<(u64, ManualAck)>,
+    /// The appender's window: a slot per message committed (or being committed) whose ack is not
+    /// yet written, given back here when it is written or its connection has ended.
+    window: Arc<Semaphore>,
+    /// Acks handed to the client and not yet written on the current connection, by packet id
+    /// (a count, should a broker reuse an id before its ack is written).
+    unwritten: HashMap<u16, u32>,
 }
 
 impl Driver {
@@ -201,6 +207,7 @@ impl Driver {
         cfg: Arc<MqttSourceConfig>,
         stats: Arc<MqttSourceStats>,
         client: AsyncClient,
+        window: Arc<Semaphore>,
     ) -> Driver {
         Driver {
             streams: cfg.streams().into_iter().map(String::from).collect(),
@@ -218,6 +225,8 @@ impl Driver {
             drop_reported: false,
             unsent: VecDeque::new(),
             store_done: false,
+            window,
+            unwritten: HashMap::new(),
         }
     }
 
@@ -237,8 +246,11 @@ impl Driver {
         let mut acks_open = true;
         let mut polling = poll_owned(events);
         // A QoS 1 or 2 message waiting for its share of the budget; polling waits with it (the
-        // broker holds the rest), the stop does not.
+        // broker holds the rest), the stop does not. Except while acks handed to the client wait
+        // to be written (only a poll writes them, and the appender's window waits for them):
+        // messages read meanwhile (a read batch or two) wait behind it in `backlog`.
         let mut blocked: Option<Blocked> = None;
+        let mut backlog: VecDeque<rumqttc::Publish> = VecDeque::new();
         loop {
             tokio::select! {
                 biased;
@@ -246,6 +258,7 @@ impl Driver {
                     // The appender ends once it has settled what it holds.
                     tx = None;
                     blocked = None;
+                    backlog.clear();
                     stop_by = Some(Instant::now() + STOP_WAIT);
                 }
                 owed = acks.recv(), if acks_open && (self.connected || tx.is_none()) => match owed {
@@ -264,9 +277,13 @@ impl Driver {
                     msg._permit = permit;
                     if let Some(tx) = &tx {
                         let _ = tx.send(msg);
+                        while blocked.is_none() {
+                            let Some(p) = backlog.pop_front() else { break };
+                            blocked = self.message(p, tx);
+                        }
                     }
                 }
-                (mut events, polled) = &mut polling, if retry_at.is_none() && blocked.is_none() => {
+                (mut events, polled) = &mut polling, if retry_at.is_none() && (blocked.is_none() || self.acks_waiting()) => {
                     if std::mem::take(&mut self.store_done) {
                         // Needed to resume the broker's session at the first connect (see
                         // `LocalSession`); after that its checkpoints, built at every read and
@@ -279,13 +296,24 @@ impl Driver {
                         Ok(Event::Incoming(Incoming::Publish(p))) => {
                             // Stopping: not handed over, not acknowledged; the broker keeps it.
                             if let Some(tx) = &tx {
-                                blocked = self.message(p, tx);
+                                if blocked.is_some() {
+                                    backlog.push_back(p);
+                                } else {
+                                    blocked = self.message(p, tx);
+                                }
                             }
                         }
                         Ok(Event::Incoming(packet)) => self.incoming(packet),
+                        Ok(Event::Outgoing(Outgoing::PubAck(pkid) | Outgoing::PubRec(pkid))) => {
+                            self.written(pkid);
+                        }
                         Ok(_) => {}
                         Err(e) => {
                             self.failed(&e);
+                            // Read on a connection that has ended and not handed over: the broker
+                            // sends them again (acknowledged on the next connection, never here).
+                            blocked = None;
+                            backlog.clear();
                             retry_at = Some(Instant::now() + pause);
                             pause = (pause * 2).min(MAX_PAUSE);
                         }
@@ -452,7 +480,7 @@ impl Driver {
     fn acknowledge(&mut self, owed: &[Ack]) {
         for a in owed {
             if !self.connected || a.connection != self.connection {
-                self.stats.acks_lost.fetch_add(1, Relaxed);
+                self.lost_ack();
                 continue;
             }
             let ack = if a.qos == 1 {
@@ -471,19 +499,56 @@ impl Driver {
     fn send_acks(&mut self) {
         while let Some((connection, ack)) = self.unsent.front() {
             if !self.connected || *connection != self.connection {
-                self.stats.acks_lost.fetch_add(1, Relaxed);
+                self.lost_ack();
                 self.unsent.pop_front();
                 continue;
             }
             if self.client.try_manual_ack(ack.clone()).is_err() {
                 return;
             }
+            let pkid = match ack {
+                ManualAck::PubAck(a) => a.pkid,
+                ManualAck::PubRec(a) => a.pkid,
+            };
+            *self.unwritten.entry(pkid).or_default() += 1;
             self.unsent.pop_front();
         }
     }
 
+    /// Acks owed on the current connection and not yet written: polling must go on for them.
+    fn acks_waiting(&self) -> bool {
+        !self.unwritten.is_empty() || !self.unsent.is_empty()
+    }
+
+    /// rumqttc wrote an ack: its slot of the window is free. An ack rumqttc wrote of itself (a
+    /// QoS 2 message sent again after its PUBREC) held none.
+    fn written(&mut self, pkid: u16) {
+        if let Some(n) = self.unwritten.get_mut(&pkid) {
+            *n -= 1;
+            if *n == 0 {
+                self.unwritten.remove(&pkid);
+            }
+            self.window.add_permits(1);
+        }
+    }
+
+    /// An ack that cannot go out (its connection has ended): its message is sent again by the
+    /// broker and stored twice; its slot is free.
+    fn lost_ack(&mut self) {
+        self.stats.acks_lost.fetch_add(1, Relaxed);
+        self.window.add_permits(1);
+    }
+
     fn failed(&mut self, e: &ConnectionError) {
         let was_up = std::mem::replace(&mut self.connected, false);
+        // rumqttc drops the acks its queue held when a connection ends: never written.
+        let unwritten: u32 = self.unwritten.drain().map(|(_, n)| n).sum();
+        if unwritten > 0 {
+            self.stats
+                .acks_lost
+                .fetch_add(u64::from(unwritten), Relaxed);
+            self.window.add_permits(unwritten as usize);
+        }
         self.stats.connection_failures.fetch_add(1, Relaxed);
         if !self.down_reported {
             self.down_reported = true;
