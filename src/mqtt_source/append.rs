@@ -55,7 +55,10 @@ struct GiveUp;
 /// Each message owed an acknowledgement takes a slot of `window` before its commit; the driver
 /// gives the slot back once the acknowledgement is written (or its connection has ended), so no
 /// more than the window is ever committed and not yet acknowledged, whatever the broker sends.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the source's parts, each handed over once by `super::run`"
+)]
 pub async fn run(
     cfg: Arc<MqttSourceConfig>,
     stats: Arc<MqttSourceStats>,
