@@ -148,7 +148,7 @@ impl Sub {
         let sub = Sub { child, out };
         // Subscribed once its session shows in the broker's log.
         let id = format!("test-sub-{}", b.port);
-        poll(secs(10), || {
+        poll(secs(30), || {
             b.log()
                 .lines()
                 .any(|l| l.contains(&id) && l.contains(topic.trim_end_matches('#')))
