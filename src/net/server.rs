@@ -309,35 +309,34 @@ async fn refuse_plain(mut stream: TcpStream, limits: &Limits, peer: SocketAddr) 
     };
     let _ = tokio::time::timeout(REFUSAL_WRITE, write).await;
     let name = limits.name;
-    let first = summary::first(&format!("{name} plain http"), 1, SUMMARY_EVERY, || {
+    if first_of_its_kind(
+        name,
+        "plain http",
+        "plain HTTP requests on the TLS port refused",
+    ) {
+        tracing::warn!(listener = name, %peer, "{name}: plain HTTP request on the TLS port refused (this port speaks https)");
+    }
+}
+
+/// Whether this is the first of a kind of event on listener `name` within the summary interval;
+/// the rest are counted and reported once a minute as "`name`: N more `repeated` in the last Ns".
+fn first_of_its_kind(name: &'static str, kind: &str, repeated: &'static str) -> bool {
+    summary::first(&format!("{name} {kind}"), 1, SUMMARY_EVERY, || {
         move |n, _, window| {
             tracing::warn!(
                 listener = name,
                 repeated = n,
-                "{name}: {n} more plain HTTP requests on the TLS port refused in the last {}s",
+                "{name}: {n} more {repeated} in the last {}s",
                 summary::secs(window)
             )
         }
-    });
-    if first {
-        tracing::warn!(listener = name, %peer, "{name}: plain HTTP request on the TLS port refused (this port speaks https)");
-    }
+    })
 }
 
 /// One WARN, then a count per minute: a scanner or a client without the CA must not flood the log.
 fn handshake_failed(limits: &Limits, peer: SocketAddr, error: &str) {
     let name = limits.name;
-    let first = summary::first(&format!("{name} tls"), 1, SUMMARY_EVERY, || {
-        move |n, _, window| {
-            tracing::warn!(
-                listener = name,
-                repeated = n,
-                "{name}: {n} more TLS handshakes failed in the last {}s",
-                summary::secs(window)
-            )
-        }
-    });
-    if first {
+    if first_of_its_kind(name, "tls", "TLS handshakes failed") {
         tracing::warn!(listener = name, %peer, error, "{name}: TLS handshake failed");
     }
 }
