@@ -21,7 +21,7 @@ use crate::config::{self, Config};
 use crate::ingest::body;
 use crate::sink::RecordFormat;
 use crate::store::{self, OpenOptions, RecordBuf, Store, StoreError};
-use crate::units::{fmt_duration, fmt_size};
+use crate::units::fmt_duration;
 
 #[derive(Debug, Subcommand)]
 pub enum QueueCommand {
@@ -171,6 +171,9 @@ fn parse_dur(s: &str) -> Result<std::time::Duration, String> {
 }
 
 /// Jobs per transaction for long operations, so progress can be shown and memory stays bounded.
+mod stats;
+use stats::stats;
+
 const CHUNK: usize = 1000;
 
 pub fn main(cmd: QueueCommand) -> ExitCode {
@@ -663,109 +666,6 @@ fn list_dead_via(a: &AdminClient, stream: &str, show: &Show) -> anyhow::Result<L
     }
     say_if_none(printed, stream, true);
     Ok(Listed::Done)
-}
-
-fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
-    let s = open(c, Access::Read)?;
-    let now = clock::now_ms();
-    let mut rows = Vec::new();
-    for (cfg, n) in s.streams() {
-        let oldest = s.oldest_ms(&cfg.name)?;
-        rows.push(serde_json::json!({
-            "stream": cfg.name,
-            "ready": { "jobs": n.ready_jobs, "records": n.ready_records, "bytes": n.ready_bytes, "raw_bytes": n.ready_raw_bytes },
-            "retry": { "jobs": n.retry_jobs, "records": n.retry_records, "bytes": n.retry_bytes, "raw_bytes": n.retry_raw_bytes },
-            "dead": { "jobs": n.dead_jobs, "records": n.dead_records, "bytes": n.dead_bytes, "raw_bytes": n.dead_raw_bytes },
-            "oldest_age_ms": oldest.map(|o| now.saturating_sub(o)),
-            "counters": n,
-            "balanced": n.balanced(),
-        }));
-    }
-    let file_bytes = s.file_bytes();
-    let stored = s.stored_bytes();
-    let raw: u64 = s.streams().map(|(_, n)| n.raw_bytes()).sum();
-    let quarantined = s.quarantined()?;
-    let aside = s.aside_files();
-    drop(s);
-    // Read-only handles cannot see redb's free-page statistics, and a writable open here would
-    // compete with an agent starting at the same moment: report the upper bound instead.
-    let reclaimable = file_bytes.saturating_sub(stored);
-    if json {
-        let doc = serde_json::json!({
-            "file": c.data_dir.join(store::DB_FILE),
-            "file_bytes": file_bytes,
-            "stored_bytes": stored,
-            "raw_bytes": raw,
-            "reclaimable_bytes_at_most": reclaimable,
-            "quarantined_entries": quarantined,
-            "damaged_files": aside,
-            "streams": rows,
-        });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
-    }
-    println!(
-        "{}: {} on disk, {} in jobs ({} uncompressed), up to {} reclaimable by compaction, {quarantined} quarantined",
-        c.data_dir.join(store::DB_FILE).display(),
-        fmt_size(file_bytes),
-        fmt_size(stored),
-        fmt_size(raw),
-        fmt_size(reclaimable),
-    );
-    // What is in each table now (QUEUED: ready and retry on disk, RAW: the same uncompressed),
-    // then what has flowed through the stream (in records) since it began: appended, delivered,
-    // moved to the dead letters, expired (ttl) and dropped.
-    let header = format!(
-        "{:<16} {:>18} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>13} {:>8} {:>8}",
-        "STREAM",
-        "READY jobs/records",
-        "RETRY jobs",
-        "DEAD jobs",
-        "QUEUED",
-        "RAW",
-        "OLDEST",
-        "APPENDED",
-        "DELIVERED",
-        "DEAD-LETTERED",
-        "EXPIRED",
-        "DROPPED"
-    );
-    println!("{header}");
-    for r in &rows {
-        let n: store::Counters = serde_json::from_value(r["counters"].clone()).unwrap_or_default();
-        let age = r["oldest_age_ms"].as_u64().map_or("-".to_string(), |ms| {
-            fmt_duration(std::time::Duration::from_secs(ms / 1000))
-        });
-        println!(
-            "{:<16} {:>18} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>13} {:>8} {:>8}",
-            r["stream"].as_str().unwrap_or(""),
-            format!("{}/{}", n.ready_jobs, n.ready_records),
-            n.retry_jobs,
-            n.dead_jobs,
-            fmt_size(n.ready_bytes + n.retry_bytes),
-            fmt_size(n.ready_raw_bytes + n.retry_raw_bytes),
-            age,
-            n.appended_records,
-            n.delivered_records,
-            n.dead_lettered_records,
-            n.expired_records,
-            n.dropped_records(),
-        );
-    }
-    // Damaged store files the agent moved aside: they hold disk (and count against
-    // storage.max_bytes) until removed.
-    for f in &aside {
-        let moved = chrono::DateTime::from_timestamp_millis(f.moved_ms as i64)
-            .map_or("?".into(), |t| {
-                t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-            });
-        println!(
-            "damaged store moved aside {moved}: {} ({}; counts against storage.max_bytes until removed)",
-            f.path.display(),
-            fmt_size(f.bytes)
-        );
-    }
-    Ok(())
 }
 
 /// One job (as [`store::Peeked::to_json`] makes it, from the store or the agent): its JSON line,
