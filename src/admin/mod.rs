@@ -154,7 +154,7 @@ async fn handle(
     let queue_op = queues::route(&path);
     let tapped = tap::route(&path);
     let allowed = match path.as_str() {
-        "/metrics" | "/healthz" | "/readyz" | "/-/tasks" | "/-/sinks" => Method::GET,
+        "/metrics" | "/healthz" | "/readyz" | "/-/tasks" | "/-/sinks" | "/-/queues" => Method::GET,
         _ if tapped.is_some() => Method::GET,
         _ if queue_op
             .as_ref()
@@ -168,7 +168,7 @@ async fn handle(
             return text(
                 StatusCode::NOT_FOUND,
                 format!(
-                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz, /-/tasks, /-/sinks, /-/tap/STREAM, /-/queues/STREAM/dead; POST /-/reload, /-/tasks/NAME/run, /-/queues/STREAM/{{dead/replay,dead/purge,records,pause,resume}})\n"
+                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz, /-/tasks, /-/sinks, /-/queues, /-/tap/STREAM, /-/queues/STREAM/dead; POST /-/reload, /-/tasks/NAME/run, /-/queues/STREAM/{{dead/replay,dead/purge,records,pause,resume}})\n"
                 ),
             );
         }
@@ -239,6 +239,7 @@ async fn handle(
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/-/tasks" => json(StatusCode::OK, tasks::list(state)),
         "/-/sinks" => json(StatusCode::OK, sinks::list(state)),
+        "/-/queues" => json(StatusCode::OK, queues::list(state)),
         "/readyz" => match state.not_ready(STORE_ANSWER).await {
             None => text(StatusCode::OK, "ready\n".into()),
             Some(why) => text(

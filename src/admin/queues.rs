@@ -4,7 +4,9 @@
 //! chunk of at most `limit` dead letters per request, each its own commit: a long replay is many
 //! requests, shows progress and can be stopped and run again), `POST /-/queues/{stream}/records`
 //! (lines appended as records, answered once durable: `queue push`), and
-//! `POST /-/queues/{stream}/pause` / `resume` (its delivery stops taking jobs), and `GET
+//! `POST /-/queues/{stream}/pause` / `resume` (its delivery stops taking jobs), `GET /-/queues`
+//! (every stream of the running config and whether it is paused: what the store cannot tell
+//! `queue stats`), and `GET
 //! /-/queues/{stream}/dead?after=&limit=` (a page of dead letters in id order, at most 1,000 jobs
 //! and 4 MiB of records past the first, `{"jobs": [...], "next"}`, `next` the id to ask after
 //! when more follow; each job as `queue dead list --json` prints it). Answers are JSON.
@@ -59,6 +61,18 @@ pub(super) fn route(path: &str) -> Option<(String, Op)> {
         _ => return None,
     };
     (!stream.is_empty()).then(|| (stream.to_string(), op))
+}
+
+/// `GET /-/queues`: `{"streams": [{"stream", "paused"}]}`, in the running config's order.
+pub(super) fn list(state: &AgentState) -> String {
+    let live = state.live.load();
+    let streams: Vec<_> = live
+        .config
+        .streams
+        .iter()
+        .map(|s| json!({ "stream": s.name, "paused": state.paused.is(&s.name) }))
+        .collect();
+    json!({ "streams": streams }).to_string()
 }
 
 fn error(status: StatusCode, message: impl std::fmt::Display) -> (StatusCode, String) {

@@ -121,6 +121,11 @@ impl AdminClient {
         self.send(self.client.get(self.url(path)))
     }
 
+    /// A GET that gives up after `within` (a side question, not worth the default's wait).
+    pub fn get_within(&self, path: &str, within: Duration) -> Result<Answer, AdminError> {
+        self.send(self.client.get(self.url(path)).timeout(within))
+    }
+
     pub fn post(&self, path: &str, body: String) -> Result<Answer, AdminError> {
         self.send(self.client.post(self.url(path)).body(body))
     }

@@ -25,10 +25,13 @@ use crate::units::fmt_duration;
 
 #[derive(Debug, Subcommand)]
 pub enum QueueCommand {
-    /// Per stream: jobs, records and bytes in ready, retry and dead; age of the oldest job; totals
+    /// Per stream: jobs, records and bytes in ready, retry and dead; age of the oldest job; totals;
+    /// whether the running agent has it paused
     Stats {
         #[command(flatten)]
         config: super::ConfigArg,
+        #[command(flatten)]
+        admin: AdminArgs,
         /// Print JSON instead of a table
         #[arg(long)]
         json: bool,
@@ -270,7 +273,11 @@ fn known(s: &Store, stream: &str) -> anyhow::Result<()> {
 
 fn run(cmd: QueueCommand) -> anyhow::Result<()> {
     match cmd {
-        QueueCommand::Stats { config, json } => stats(&load(&config)?, json),
+        QueueCommand::Stats {
+            config,
+            admin,
+            json,
+        } => stats(&load(&config)?, &admin, json),
         QueueCommand::Peek {
             config,
             stream,

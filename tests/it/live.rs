@@ -388,6 +388,71 @@ streams:
     );
 }
 
+/// `queue stats` reads the store, but a pause lives in the running agent: the PAUSED column (and
+/// `paused` in JSON) is asked of the agent, and says `-` (null) when no agent answers.
+#[test]
+fn queue_stats_shows_which_streams_the_running_agent_has_paused() {
+    use crate::util::http::Receiver;
+    use crate::util::{queue, queue_stats, stream_stats};
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    let port = free_port();
+    let config = sb.write_config(&format!(
+        r#"data_dir: data
+log: {{format: json}}
+admin: {{ listen: "127.0.0.1:{port}", token: admin-secret }}
+sinks:
+  up: {{ type: http, url: {url} }}
+streams:
+  logs: {{ sink: up }}
+  metrics: {{ sink: up }}
+"#,
+        url = quote(rx.url("/in")),
+    ));
+    let mut agent = Proc::start(&config);
+    let paused = |stream: &str| stream_stats(&queue_stats(&config, &[]), stream)["paused"].clone();
+    let table = || {
+        let f = finish(queue(&config, &["stats"]), secs(30));
+        assert_code(f.status, 0, &f.stderr);
+        let header = f.stdout.lines().nth(1).unwrap_or("").to_string();
+        assert!(header.ends_with(" PAUSED"), "{}", f.stdout);
+        let cell = |stream: &str| {
+            let row = f
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("{stream} ")));
+            let row = row.unwrap_or_else(|| panic!("no row for {stream}:\n{}", f.stdout));
+            row.split_whitespace().last().unwrap_or("").to_string()
+        };
+        (cell("logs"), cell("metrics"), f.stdout.clone())
+    };
+    assert_eq!(
+        (paused("logs"), paused("metrics")),
+        (Value::Bool(false), Value::Bool(false))
+    );
+
+    let f = finish(queue(&config, &["pause", "logs"]), secs(30));
+    assert_code(f.status, 0, &f.stderr);
+    assert_eq!(
+        (paused("logs"), paused("metrics")),
+        (Value::Bool(true), Value::Bool(false))
+    );
+    let (logs, metrics, out) = table();
+    assert_eq!((logs.as_str(), metrics.as_str()), ("yes", "no"), "{out}");
+
+    let f = finish(queue(&config, &["resume", "logs"]), secs(30));
+    assert_code(f.status, 0, &f.stderr);
+    assert_eq!(paused("logs"), Value::Bool(false));
+
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(30)), 0, &agent.stderr());
+    // Nobody to ask: `-`, said, rather than a guess.
+    assert_eq!(paused("logs"), Value::Null);
+    let (logs, metrics, out) = table();
+    assert_eq!((logs.as_str(), metrics.as_str()), ("-", "-"), "{out}");
+    assert!(out.contains("PAUSED -: no agent answered"), "{out}");
+}
+
 /// `colibri tap` prints what is appended to a stream from when it starts, in order, and ends at
 /// `--limit`; `--delivered` prints what the sink acknowledged, nothing while its link is down;
 /// `--json` embeds each record as it is stored (its keys in their order).

@@ -1,14 +1,19 @@
 //! `colibri queue stats`: per stream what its tables hold now and what has flowed through it,
-//! read from the store (read-only, beside a running agent), as a table or as JSON. Owns only the
-//! report; opening the store is `queue`'s. Called by `queue::run`.
+//! read from the store (read-only, beside a running agent), and whether the running agent has it
+//! paused (the one column the store cannot tell: a pause lives in the agent's memory), as a table
+//! or as JSON. Owns only the report; opening the store is `queue`'s. Called by `queue::run`.
+
+use std::collections::BTreeMap;
 
 use super::{Access, open};
+use crate::cli::admin_client::{AdminArgs, AdminClient, AdminError};
 use crate::clock;
 use crate::config::Config;
 use crate::store;
 use crate::units::{fmt_duration, fmt_size};
 
-pub(super) fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
+pub(super) fn stats(c: &Config, admin: &AdminArgs, json: bool) -> anyhow::Result<()> {
+    let paused = paused(c, admin);
     let s = open(c, Access::Read)?;
     let now = clock::now_ms();
     let mut rows = Vec::new();
@@ -22,6 +27,7 @@ pub(super) fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
             "oldest_age_ms": oldest.map(|o| now.saturating_sub(o)),
             "counters": n,
             "balanced": n.balanced(),
+            "paused": paused.as_ref().and_then(|p| p.get(&cfg.name)),
         }));
     }
     let file_bytes = s.file_bytes();
@@ -59,7 +65,7 @@ pub(super) fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
     // then what has flowed through the stream (in records) since it began: appended, delivered,
     // moved to the dead letters, expired (ttl) and dropped.
     let header = format!(
-        "{:<16} {:>18} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>13} {:>8} {:>8}",
+        "{:<16} {:>18} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>13} {:>8} {:>8} {:>6}",
         "STREAM",
         "READY jobs/records",
         "RETRY jobs",
@@ -71,7 +77,8 @@ pub(super) fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
         "DELIVERED",
         "DEAD-LETTERED",
         "EXPIRED",
-        "DROPPED"
+        "DROPPED",
+        "PAUSED"
     );
     println!("{header}");
     for r in &rows {
@@ -80,7 +87,7 @@ pub(super) fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
             fmt_duration(std::time::Duration::from_secs(ms / 1000))
         });
         println!(
-            "{:<16} {:>18} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>13} {:>8} {:>8}",
+            "{:<16} {:>18} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>13} {:>8} {:>8} {:>6}",
             r["stream"].as_str().unwrap_or(""),
             format!("{}/{}", n.ready_jobs, n.ready_records),
             n.retry_jobs,
@@ -93,6 +100,16 @@ pub(super) fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
             n.dead_lettered_records,
             n.expired_records,
             n.dropped_records(),
+            match r["paused"].as_bool() {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "-",
+            },
+        );
+    }
+    if paused.is_none() {
+        println!(
+            "PAUSED -: no agent answered at its admin endpoint (a pause lives in the running agent)"
         );
     }
     // Damaged store files the agent moved aside: they hold disk (and count against
@@ -109,4 +126,47 @@ pub(super) fn stats(c: &Config, json: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// How long `stats` waits for the agent's answer: the store's figures do not wait on a hung agent.
+const ASK_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Per stream, whether the running agent has it paused; `None` when no agent answers (a stopped
+/// agent delivers nothing, and its next start delivers every stream). Asking is best effort: the
+/// store's figures are the report, so a failure to ask is said on stderr and the column left out.
+fn paused(c: &Config, admin: &AdminArgs) -> Option<BTreeMap<String, bool>> {
+    let asked = admin.admin.is_some();
+    let client = match AdminClient::new(c, admin) {
+        Ok(client) => client,
+        Err(e) => {
+            if asked {
+                eprintln!("warning: cannot ask the agent which streams are paused: {e:#}");
+            }
+            return None;
+        }
+    };
+    let answer = match client.get_within("/-/queues", ASK_WITHIN) {
+        Ok(a) if a.status == 200 => a,
+        Ok(a) => {
+            eprintln!(
+                "warning: the agent answered {} to GET /-/queues: {}",
+                a.status,
+                a.body.trim()
+            );
+            return None;
+        }
+        Err(AdminError::NotRunning(_)) => return None,
+        Err(AdminError::Other(e)) => {
+            eprintln!("warning: cannot ask the agent which streams are paused: {e:#}");
+            return None;
+        }
+    };
+    let doc: serde_json::Value = serde_json::from_str(&answer.body).ok()?;
+    let streams = doc["streams"].as_array()?;
+    Some(
+        streams
+            .iter()
+            .filter_map(|s| Some((s["stream"].as_str()?.to_string(), s["paused"].as_bool()?)))
+            .collect(),
+    )
 }
