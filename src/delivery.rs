@@ -11,7 +11,10 @@
 //! - too large (413): the job is sent in halves, recursively; delivered parts are settled in the
 //!   store as they go so a crash never re-sends them, and a single record refused as too large is
 //!   dead-lettered on its own;
-//! - never (other 4xx): straight to the dead letters with the status and the body's first bytes.
+//! - never (other 4xx): straight to the dead letters with the status and the body's first bytes;
+//! - one record never (the sink cannot send it for what it is, before anything went out): the
+//!   records before it go as a part of their own, then it alone is dead-lettered, and the rest
+//!   follows, through the same settled parts as a 413 split.
 //!
 //! With `concurrency: 1` a stream keeps strict order: jobs go one after the other, and a job waiting
 //! for its retry holds the jobs behind it (an outage creates no retry, so it never holds anything
@@ -394,13 +397,17 @@ async fn deliver_job(
     // Records before `start` are settled in the store (the stored job begins at `start`).
     let mut start = 0usize;
     let mut chunk = n.max(1);
+    // A record the sink refused for what it is: the part before it goes first, alone.
+    let mut refused: Option<usize> = None;
     loop {
         if stopping.is_cancelled() {
             // Between parts of a split job: what is left stays queued.
             store.release(job.lease);
             return Next::Go;
         }
-        let end = (start + chunk).min(n);
+        let end = (start + chunk)
+            .min(n)
+            .min(refused.filter(|&r| r > start).unwrap_or(n));
         let whole_job = start == 0 && end == n;
         let payload = match stored {
             Some(frame) if whole_job => Payload::ZstdLines(frame),
@@ -531,24 +538,43 @@ async fn deliver_job(
                     let failure = Failure::Permanent { reason };
                     return record_failure(stream, rt, store, job, 1, failure).await;
                 }
-                tracing::error!(
-                    stream,
-                    job = id,
-                    record = job.offset + start as u32,
-                    reason,
-                    "a single record is too large for the receiver; moved to the dead letters"
-                );
-                if let Err(e) = store
-                    .settle_prefix(job.lease.clone(), 1, Settle::Dead { reason })
-                    .await
-                {
-                    tracing::warn!(stream, job = id, error = %e, "cannot dead-letter the record; the job stays queued");
+                let why =
+                    "a single record is too large for the receiver; moved to the dead letters";
+                if !dead_letter_alone(stream, rt, store, &job, start, reason, why).await {
                     store.release(job.lease);
                     return Next::Go;
                 }
-                stats.dead_lettered_jobs.fetch_add(1, Relaxed);
-                stats.dead_lettered_records.fetch_add(1, Relaxed);
-                start = end;
+                start += 1;
+            }
+            Err(DeliveryError::Record { index, reason }) => {
+                // Refused before anything was sent: no request to count, nothing of the link.
+                let reason = format!("record {index} of the job {reason}");
+                stats.failed(&reason);
+                let at = index
+                    .checked_sub(job.offset)
+                    .map(|i| i as usize)
+                    .filter(|i| (start..end).contains(i));
+                match at {
+                    // Not a record of this part (the sink's mistake): the rest of the job dies.
+                    None => {
+                        let failure = Failure::Permanent { reason };
+                        return record_failure(stream, rt, store, job, n - start, failure).await;
+                    }
+                    // The records before it go first, as a part of their own.
+                    Some(i) if i > start => refused = Some(i),
+                    Some(_) if start + 1 == n => {
+                        let failure = Failure::Permanent { reason };
+                        return record_failure(stream, rt, store, job, 1, failure).await;
+                    }
+                    Some(_) => {
+                        let why = "a record cannot be sent for what it is; moved to the dead letters alone, the rest of its job is delivered";
+                        if !dead_letter_alone(stream, rt, store, &job, start, reason, why).await {
+                            store.release(job.lease);
+                            return Next::Go;
+                        }
+                        start += 1;
+                    }
+                }
             }
             Err(DeliveryError::Transient {
                 reason,
@@ -578,6 +604,38 @@ async fn deliver_job(
             }
         }
     }
+}
+
+/// Moves the job's first stored record (`start`, its position in the job as taken) to the dead
+/// letters as a job of its own with `reason`; the rest stays the job. `false`: that could not be
+/// recorded (the caller releases the job, which stays queued whole).
+async fn dead_letter_alone(
+    stream: &str,
+    rt: &SinkRuntime,
+    store: &StoreHandle,
+    job: &Job,
+    start: usize,
+    reason: String,
+    why: &'static str,
+) -> bool {
+    let id = job.lease.id;
+    tracing::error!(
+        stream,
+        job = id,
+        record = job.offset + start as u32,
+        reason,
+        "{why}"
+    );
+    if let Err(e) = store
+        .settle_prefix(job.lease.clone(), 1, Settle::Dead { reason })
+        .await
+    {
+        tracing::warn!(stream, job = id, error = %e, "cannot dead-letter the record; the job stays queued");
+        return false;
+    }
+    rt.stats.dead_lettered_jobs.fetch_add(1, Relaxed);
+    rt.stats.dead_lettered_records.fetch_add(1, Relaxed);
+    true
 }
 
 /// A job whose records cannot be read (its compressed area is damaged though its checksum held):

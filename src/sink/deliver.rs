@@ -67,6 +67,19 @@ pub enum DeliveryError {
     /// Will never succeed: the job goes to the dead letters with this reason.
     #[error("{0}")]
     Permanent(String),
+    /// One record can never be sent for what it is (it lacks the field a topic names, it is not
+    /// a sample): nothing of the request was sent; that record alone goes to the dead letters
+    /// with the reason, and the records around it are delivered. `index` is its position in the
+    /// job as first appended (as [`Batch::first`]).
+    #[error("record {index} of the job {reason}")]
+    #[cfg_attr(
+        not(any(feature = "mqtt", feature = "nats", feature = "remote-write")),
+        expect(
+            dead_code,
+            reason = "only the broker and remote-write sinks refuse a record alone"
+        )
+    )]
+    Record { index: u32, reason: String },
 }
 
 impl DeliveryError {

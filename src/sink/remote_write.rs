@@ -117,7 +117,7 @@ mod prompb {
 fn write_request<'a>(
     records: impl Iterator<Item = &'a [u8]>,
     external: &[(String, String)],
-) -> Result<prompb::WriteRequest, String> {
+) -> Result<prompb::WriteRequest, (usize, String)> {
     let mut series: Vec<prompb::TimeSeries> = Vec::new();
     // Records share label sets (a scrape's series differ by name more than by labels): each set
     // is hashed once per record, and a field finds its series by name within its set, so a label
@@ -126,10 +126,10 @@ fn write_request<'a>(
     // Per set: its labels, and its series by metric name.
     let mut by_set: Vec<(Vec<prompb::Label>, HashMap<String, usize>)> = Vec::new();
     for (i, rec) in records.enumerate() {
-        let point = lineparse::parse(rec).map_err(|e| format!("record {i}: {e}"))?;
+        let point = lineparse::parse(rec).map_err(|e| (i, format!("is not line protocol: {e}")))?;
         let timestamp = point
             .timestamp
-            .ok_or_else(|| format!("record {i} has no timestamp"))?;
+            .ok_or_else(|| (i, "has no timestamp".to_string()))?;
         // The record's tags, then `job`, then the external labels; a name already there (two tags
         // that sanitize alike, a tag named like an external label) keeps its first value, as a
         // series holds a label once (a receiver refuses a name twice). Sorted by name, once.
@@ -172,8 +172,11 @@ fn write_request<'a>(
                 Value::UInt(x) => *x as f64,
                 Value::Bool(b) => f64::from(u8::from(*b)),
                 Value::Str(_) => {
-                    return Err(format!(
-                        "record {i}: field {field:?} is a string, and remote write carries numbers only"
+                    return Err((
+                        i,
+                        format!(
+                            "has field {field:?} as a string, and remote write carries numbers only"
+                        ),
                     ));
                 }
             };
@@ -256,7 +259,10 @@ impl Deliver for RemoteWriteSink {
                 ));
             }
         }
-        .map_err(|e| DeliveryError::Permanent(format!("cannot be sent as samples: {e}")))?;
+        .map_err(|(i, reason)| DeliveryError::Record {
+            index: batch.first + i as u32,
+            reason,
+        })?;
         let proto = prost::Message::encode_to_vec(&req);
         snap::raw::Encoder::new()
             .compress_vec(&proto)
@@ -375,11 +381,11 @@ mod tests {
     #[test]
     fn a_string_field_or_a_missing_timestamp_names_the_record() {
         let recs: [&[u8]; 2] = [b"m v=1 5", b"m s=\"x\" 6"];
-        let e = write_request(recs.iter().copied(), &[]).unwrap_err();
-        assert!(e.contains("record 1") && e.contains("string"), "{e}");
+        let (i, e) = write_request(recs.iter().copied(), &[]).unwrap_err();
+        assert!(i == 1 && e.contains("string"), "{i}: {e}");
         let recs: [&[u8]; 1] = [b"m v=1"];
-        let e = write_request(recs.iter().copied(), &[]).unwrap_err();
-        assert!(e.contains("no timestamp"), "{e}");
+        let (i, e) = write_request(recs.iter().copied(), &[]).unwrap_err();
+        assert!(i == 0 && e.contains("no timestamp"), "{i}: {e}");
     }
 
     #[test]

@@ -166,8 +166,8 @@ pub struct Message {
 
 impl Template {
     /// The messages of `batch`, whose records are `body`'s lines: one per record, or (`whole`)
-    /// the body as one. A record the template cannot name (a field missing) makes the job a dead
-    /// letter that says which record and why.
+    /// the body as one. A record the template cannot name (a field missing) is refused on its own
+    /// ([`DeliveryError::Record`]): delivery dead-letters it alone and sends the rest.
     pub fn messages(
         &self,
         batch: &Batch<'_>,
@@ -205,9 +205,13 @@ impl Template {
             let index = batch.first as usize + i;
             let to = match &fixed {
                 Some(to) => to.clone(),
-                None => self.render(batch.stream, line).map_err(|why| {
-                    DeliveryError::Permanent(format!("record {index} of the job {why}"))
-                })?,
+                None => {
+                    self.render(batch.stream, line)
+                        .map_err(|reason| DeliveryError::Record {
+                            index: index as u32,
+                            reason,
+                        })?
+                }
             };
             messages.push(Message {
                 to,

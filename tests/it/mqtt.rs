@@ -22,7 +22,9 @@ use crate::remote_write::queue;
 use crate::tsdb::free_port;
 use crate::util::client::Client;
 use crate::util::http::TestPki;
-use crate::util::{Proc, Sandbox, assert_code, field, head, poll, quote, secs};
+use crate::util::{
+    Proc, Sandbox, assert_code, field, head, poll, queue_stats, quote, secs, stream_stats,
+};
 
 /// A mosquitto on a loopback port, with persistence in its own directory.
 pub(crate) struct Broker {
@@ -529,6 +531,79 @@ streams:
         "{reason}"
     );
     let _ = std::io::stdout().flush();
+}
+
+/// A topic naming `{field.kind}`: of a job of five records, the two that lack the field are
+/// dead-lettered each alone with the reason (the last one of the job too), the three others reach
+/// the broker in order, and a replay of the dead letters refuses them again without touching the
+/// rest.
+#[test]
+fn a_record_the_topic_cannot_name_is_dead_lettered_alone_and_the_rest_of_its_job_delivered() {
+    let sb = Sandbox::new();
+    let b = Broker::start(&sb.file("broker"), "allow_anonymous true");
+    let sub = Sub::start(&b, &sb.file(""), "gw/#", &[]);
+    let config = sb.write_config(&format!(
+        r#"data_dir: data
+log: {{format: json}}
+sinks:
+  broker:
+    type: mqtt
+    url: mqtt://127.0.0.1:{port}
+    topic: "gw/{{field.kind}}"
+streams:
+  m: {{ sink: broker }}
+"#,
+        port = b.port
+    ));
+    let body = "{\"seq\":0,\"kind\":\"a\"}\n{\"seq\":1}\n{\"seq\":2,\"kind\":\"a\"}\n{\"seq\":3,\"kind\":\"b\"}\n{\"seq\":4}\n";
+    // One push of five lines: one job.
+    let (code, _, err) = queue(&config, &["push", "m"], body);
+    assert_eq!(code, 0, "{err}");
+    let mut agent = Proc::run(&config);
+    agent.wait_until(secs(30), "three records delivered, two dead", || {
+        sub.messages().len() == 3
+            && stream_stats(&queue_stats(&config, &[]), "m")["dead"]["jobs"] == 2
+    });
+    let got: Vec<(String, String)> = sub
+        .messages()
+        .into_iter()
+        .map(|m| (m.topic, m.payload))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("gw/a".into(), "{\"seq\":0,\"kind\":\"a\"}".into()),
+            ("gw/a".into(), "{\"seq\":2,\"kind\":\"a\"}".into()),
+            ("gw/b".into(), "{\"seq\":3,\"kind\":\"b\"}".into()),
+        ]
+    );
+    // Listed by dead-letter id: the job's last record keeps the job's id, the one split off
+    // before it got the next; by position in the job they are records 1 and 4.
+    let mut dead = dead_letters(&config, "m");
+    dead.sort_by_key(|d| d["offset"].as_u64());
+    let records: Vec<&Value> = dead.iter().map(|d| &d["records"]).collect();
+    assert_eq!(
+        records,
+        [
+            &serde_json::json!(["{\"seq\":1}"]),
+            &serde_json::json!(["{\"seq\":4}"])
+        ],
+        "{dead:?}"
+    );
+    for (d, n) in dead.iter().zip([1, 4]) {
+        let reason = d["last_error"].as_str().unwrap_or_default();
+        assert_eq!(
+            reason,
+            format!("record {n} of the job has no field kind for the topic"),
+            "{d}"
+        );
+    }
+    let s = stream_stats(&queue_stats(&config, &[]), "m");
+    assert_eq!(s["counters"]["delivered_records"], 3, "{s}");
+    assert_eq!(s["counters"]["dead_lettered_records"], 2, "{s}");
+    assert_eq!(s["balanced"], true, "{s}");
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
 }
 
 /// `protocol: 3.1.1`: a wrong password is one WARN and delivers nothing; with the right one,

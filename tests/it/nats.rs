@@ -398,6 +398,64 @@ fn a_stream_without_the_subject_is_an_outage_that_names_it_and_loses_nothing() {
 
 /// A record over the server's `max_payload` goes to the dead letters alone, with the reason; the
 /// job's other records are delivered, each once, in order.
+/// A subject naming `{field.line}`: the record of a job that lacks it is dead-lettered alone with
+/// the reason, and the others are stored by JetStream, each once.
+#[test]
+fn a_record_the_subject_cannot_name_is_dead_lettered_alone_and_the_rest_of_its_job_delivered() {
+    let sb = Sandbox::new();
+    let nodes = cluster(&sb.file(""), 1, &[]);
+    ensure_stream(
+        &nodes[0],
+        jetstream::stream::Config {
+            name: "PLANT".into(),
+            subjects: vec!["plant.>".into()],
+            ..Default::default()
+        },
+        async_nats::ConnectOptions::new(),
+    );
+    let config = config_for(&sb, &urls(&nodes), "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace(
+            "subject: \"plant.{stream}\"",
+            "subject: \"plant.{field.line}\"",
+        ),
+    )
+    .unwrap();
+    let body =
+        "{\"seq\":0,\"line\":1}\n{\"seq\":1,\"line\":1}\n{\"seq\":9}\n{\"seq\":2,\"line\":2}\n";
+    let (code, _, err) = queue(&config, &["push", "temps"], body);
+    assert_eq!(code, 0, "{err}");
+    let mut agent = Proc::run(&config);
+    agent.wait_until(secs(30), "the three records that name a line", || {
+        stream_messages(&nodes[0], "PLANT") == 3
+    });
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
+    check_exactly_once(
+        &read_stream(&nodes[0], "PLANT", async_nats::ConnectOptions::new()),
+        3,
+        1,
+    );
+    let (code, out, err) = queue(&config, &["dead", "list", "temps", "--json"], "");
+    assert_eq!(code, 0, "{err}");
+    let dead: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(dead.len(), 1, "{out}");
+    assert_eq!(
+        dead[0]["records"],
+        serde_json::json!(["{\"seq\":9}"]),
+        "{out}"
+    );
+    assert_eq!(
+        dead[0]["last_error"], "record 2 of the job has no field line for the subject",
+        "{out}"
+    );
+}
+
 #[test]
 fn a_record_over_max_payload_is_dead_lettered_alone() {
     let sb = Sandbox::new();

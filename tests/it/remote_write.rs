@@ -321,10 +321,19 @@ sinks:
   tsdb: {{ type: prometheus_remote_write, url: {url}, retry: {{ max_attempts: 1 }} }}
 streams:
   m: {{ sink: tsdb, batch: {{ max_records: 1 }} }}
+  n: {{ sink: tsdb }}
 "#,
         url = quote(Receiver::write_url(&p)),
     ));
     let now = now_ms();
+    // One job of three: the string sample is dead-lettered alone, the two around it are stored.
+    let job = format!(
+        "tank level=1 {}\ntank state=\"x\" {}\ntank level=3 {now}\n",
+        now - 2000,
+        now - 1000
+    );
+    let (code, _, err) = queue(&config, &["push", "n"], &job);
+    assert_eq!(code, 0, "{err}");
     let lines = format!(
         "reactor,unit=1 pressure=3.5 {now}\nreactor,unit=1 pressure=2 {}\nreactor,unit=1 state=\"open\" {now}\nreactor,unit=1 pressure=4 {}\n",
         now - 600_000,
@@ -350,6 +359,30 @@ streams:
         .map(|x| x.1)
         .collect();
     assert_eq!(values, [3.5, 4.0], "the old sample is not stored");
+    let level: Vec<f64> = p
+        .samples(r#"{__name__="level"}"#)
+        .values()
+        .flatten()
+        .map(|x| x.1)
+        .collect();
+    assert_eq!(level, [1.0, 3.0], "the records around the string one");
+    let (code, out, err) = queue(&config, &["dead", "list", "n", "--json"], "");
+    assert_eq!(code, 0, "{err}");
+    let dead: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(dead.len(), 1, "{out}");
+    assert_eq!(
+        dead[0]["records"][0],
+        format!("tank state=\"x\" {}", now - 1000),
+        "{out}"
+    );
+    assert_eq!(
+        dead[0]["last_error"],
+        "record 1 of the job has field \"state\" as a string, and remote write carries numbers only",
+        "{out}"
+    );
     let (code, out, err) = queue(&config, &["dead", "list", "m", "--json"], "");
     assert_eq!(code, 0, "{err}");
     let dead: Vec<Value> = out
@@ -370,7 +403,7 @@ streams:
     assert!(
         reasons
             .iter()
-            .any(|r| r.contains("\"state\" is a string") && r.contains("record 0")),
+            .any(|r| r.contains("has field \"state\" as a string") && r.contains("record 0")),
         "{reasons:?}"
     );
 }
