@@ -1,8 +1,8 @@
 //! Sinks: where a stream's jobs are delivered. A closed set chosen by `type:` in the file, one file
 //! each: [`http`], [`file`] (a job becomes one file, written atomically), [`stdout`] and, with the
 //! `remote-write` feature, `remote_write` (Prometheus remote write over the http transport), with
-//! the `mqtt` feature, `mqtt` (an MQTT 5 or 3.1.1 broker; its connection in `mqtt_conn`, the two versions behind
-//! `mqtt_client`, its socket in `mqtt_socket`), with the `nats`
+//! the `mqtt` feature, `mqtt` (an MQTT 5 or 3.1.1 broker; a folder: its settings, connection, the two protocol
+//! versions behind one client, its socket), with the `nats`
 //! feature, `nats` (NATS JetStream; what both broker sinks share in `template` and `tls`), each
 //! implementing the contract in `deliver` ([`Batch`] in, [`DeliveryError`] out: may not reach, may
 //! pass, too large, never). This file holds the compiled settings ([`SinkConfig`], with the kind's
@@ -27,23 +27,13 @@ pub use deliver::{Batch, DeliveryError, Payload, Probe, RecordFormat, SettingErr
 mod deliver;
 // For the mqtt source, which connects to brokers as the mqtt sink does.
 #[cfg(feature = "mqtt")]
-pub use mqtt_v5::{connection_options as mqtt5_options, reason as mqtt5_failure};
+pub use mqtt::{mqtt5_failure, mqtt5_options};
 pub mod file;
 pub mod file_body;
 pub mod http;
 mod local;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
-#[cfg(feature = "mqtt")]
-mod mqtt_client;
-#[cfg(feature = "mqtt")]
-mod mqtt_conn;
-#[cfg(feature = "mqtt")]
-mod mqtt_socket;
-#[cfg(feature = "mqtt")]
-mod mqtt_v311;
-#[cfg(feature = "mqtt")]
-mod mqtt_v5;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "remote-write")]

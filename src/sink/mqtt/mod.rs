@@ -6,101 +6,34 @@
 //! while the connection is down or the broker refuses colibri's credentials or the topic, too large
 //! when a message would pass the broker's maximum packet size (the delivery worker then sends the
 //! job in halves, down to the one record, which goes to the dead letters alone). The connection
-//! itself (connect, reconnect, the status messages) is [`super::mqtt_conn`]'s. Built by
+//! itself (connect, reconnect, the status messages) is [`conn`]'s (the two protocol versions behind
+//! [`client`], in `v5` and `v311`; what both share in [`common`]; the socket in [`socket`]; the
+//! settings in [`settings`]). Built by
 //! `sink::Sink::new` from the compiled config.
 //!
 //! Under MQTT 5 every message carries the user property `idempotency-key`: for a message per record
 //! the job's key and the record's position in the job (`<store>:<stream>:<job>#<index>`, the same
 //! after a split or a crash), for a batch the job's (or part's) key as the `http` sink sends it.
-//! MQTT 3.1.1 has no place for it (`mqtt_v311` lists what else it cannot say).
+//! MQTT 3.1.1 has no place for it (`v311` lists what else it cannot say).
 
 use std::time::Duration;
 
-use super::deliver::{Batch, Deliver, DeliveryError, Probe, RecordFormat, Secret, SettingError};
-use super::http::TlsConfig;
-use super::mqtt_client::Refusal;
-use super::mqtt_conn::{Connection, Link};
-use super::template::{Message, Template};
+use crate::sink::deliver::{Batch, Deliver, DeliveryError, Probe, SettingError};
+use crate::sink::template::Message;
 use crate::store::FileJob;
+use common::Refusal;
+use conn::{Connection, Link};
+pub use settings::{MqttConfig, Protocol, Qos, Status};
 
-/// The compiled `type: mqtt` settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MqttConfig {
-    pub protocol: Protocol,
-    pub host: String,
-    pub port: u16,
-    /// `mqtts://`: TLS with these settings.
-    pub tls: Option<TlsConfig>,
-    pub topic: Template,
-    pub qos: Qos,
-    /// One message per job (the records as ndjson) instead of one per record.
-    pub batch: bool,
-    pub client_id: String,
-    pub username: Option<String>,
-    pub password: Option<Secret>,
-    /// Reconnects resume the broker's session (in-flight messages are completed, not sent anew).
-    pub persistent: bool,
-    pub session_expiry: Duration,
-    pub keep_alive: Duration,
-    pub timeout: Duration,
-    pub concurrency: usize,
-    pub replay_rate: Option<u64>,
-    pub status: Option<Status>,
-    /// The broker's largest packet as the settings give it (3.1.1 brokers do not say theirs).
-    pub max_packet: Option<u32>,
-}
-
-impl MqttConfig {
-    /// The name the broker's certificate is checked for (and SNI sent to).
-    pub fn server_name(&self) -> String {
-        self.tls
-            .as_ref()
-            .and_then(|t| t.server_name.clone())
-            .unwrap_or_else(|| self.host.clone())
-    }
-
-    /// The keep-alive in the protocol's unit (the config keeps it within 1..=65,535 s).
-    pub fn keep_alive_secs(&self) -> u16 {
-        u16::try_from(self.keep_alive.as_secs()).unwrap_or(u16::MAX)
-    }
-
-    /// A topic made from records' fields needs JSON records; otherwise any line is a payload.
-    pub fn record_format(&self) -> RecordFormat {
-        if self.topic.uses_fields() {
-            RecordFormat::Json
-        } else {
-            RecordFormat::Lines
-        }
-    }
-
-    /// For logs: the sink's type, name and broker (no credentials).
-    pub fn describe(&self, name: &str) -> String {
-        let scheme = if self.tls.is_some() { "mqtts" } else { "mqtt" };
-        format!("mqtt sink {name} ({scheme}://{}:{})", self.host, self.port)
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Qos {
-    AtLeastOnce,
-    ExactlyOnce,
-}
-
-/// The MQTT version spoken to the broker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    V5,
-    V311,
-}
-
-/// The retained status messages: `online` published at each connect, `offline` as the will the
-/// broker publishes when colibri's connection ends without a goodbye (killed, cut off, stopped).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Status {
-    pub topic: String,
-    pub online: String,
-    pub offline: String,
-}
+mod client;
+mod common;
+mod conn;
+mod settings;
+mod socket;
+mod v311;
+mod v5;
+// For the mqtt source, which connects to brokers as the mqtt sink does.
+pub use v5::{connection_options as mqtt5_options, reason as mqtt5_failure};
 
 /// The built sink: the settings and the connection (its driver starts when the sink is started).
 pub struct MqttSink {

@@ -2,8 +2,8 @@
 //! reconnects when asked or after a pause, and publishes the retained `online` status at each
 //! connect, and the connection's state as deliveries and probes see it ([`Link`]). The client
 //! options (TLS, credentials, keep-alive, the session, the `offline` will) are each protocol
-//! version's (`mqtt_v5`, `mqtt_v311`, behind `mqtt_client`); what a job's outcome is, is
-//! [`super::mqtt`]'s. Created by `MqttSink::new`; the driver starts when the agent starts the sink
+//! version's (`v5`, `v311`, behind `client`); what a job's outcome is, is the sink's
+//! ([`super`]). Created by `MqttSink::new`; the driver starts when the agent starts the sink
 //! (`Sink::start`; a sink built only to be checked never dials), or at the first delivery or
 //! probe, and ends when the sink is dropped (a reload that changed it, or the stop), closing the
 //! connection without a DISCONNECT so that the broker publishes the will.
@@ -19,9 +19,10 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
-use super::deliver::SettingError;
-use super::mqtt::MqttConfig;
-use super::mqtt_client::{Client, Events, Polled};
+use super::client::{Client, Events};
+use super::common::Polled;
+use super::settings::{MqttConfig, Status};
+use crate::sink::deliver::SettingError;
 
 /// The connection as a delivery sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +68,7 @@ impl Connection {
         // the URL's host is dialled.
         let dial =
             (spec.server_name() != spec.host).then(|| format!("{}:{}", spec.host, spec.port));
-        let (client, events) = super::mqtt_client::build(spec, dial)?;
+        let (client, events) = super::client::build(spec, dial)?;
         let (tx, state) = watch::channel(State::Connecting);
         let (kick, stop) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
         let driver = Driver {
@@ -167,7 +168,7 @@ struct Driver {
     kick: Arc<Notify>,
     stop: Arc<Notify>,
     persistent: bool,
-    status: Option<super::mqtt::Status>,
+    status: Option<Status>,
     shown: String,
 }
 

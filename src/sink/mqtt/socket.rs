@@ -1,7 +1,7 @@
 //! The TCP stream under an `mqtt` sink's connection, for both protocol versions: dialled at the
 //! URL's host (also when `tls.server_name` names another), with Nagle off and TCP_QUICKACK re-armed
 //! after every read ([`QuickAck`]). It knows nothing of MQTT packets. Given to the client as its
-//! socket connector by `mqtt_v5::build` and `mqtt_v311::build`.
+//! socket connector by `v5::build` and `v311::build`.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

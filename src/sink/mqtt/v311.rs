@@ -1,12 +1,12 @@
 //! MQTT 3.1.1 for the `mqtt` sink (`protocol: 3.1.1`; rumqttc-v4-next), for brokers without MQTT 5:
 //! the client options from the settings, the event loop's packets and errors in
-//! [`mqtt_client`](super::mqtt_client)'s words, and a record's PUBLISH. What 3.1.1 cannot say, the
+//! [`common`](super::common)'s words, and a record's PUBLISH. What 3.1.1 cannot say, the
 //! sink does without: there are no user properties (a message carries no idempotency key: a
 //! consumer recognises a re-send by its content), a CONNACK names no maximum packet size (the
 //! sink's `max_packet_size`, 256 KiB by default, stands for the broker's), and a PUBACK carries
 //! no reason (a broker that drops a message it refuses still acknowledges it, as mosquitto does
 //! for a topic its ACL denies).
-//! Called only through `mqtt_client`.
+//! Called only through `client`.
 
 use std::sync::Arc;
 
@@ -15,12 +15,12 @@ use rumqttc_v4::{
     MqttOptions, PublishNotice, PublishOptions, QoS, TlsConfiguration, Transport,
 };
 
-use super::deliver::SettingError;
-use super::mqtt::{MqttConfig, Qos, Status};
-use super::mqtt_client::{MAX_IN_FLIGHT, Polled, REQUEST_CAPACITY, Refusal, varint_len};
-use super::mqtt_socket;
-use super::template::Message;
+use super::common::{MAX_IN_FLIGHT, Polled, REQUEST_CAPACITY, Refusal, varint_len};
+use super::settings::{MqttConfig, Qos, Status};
+use super::socket;
 use crate::net::client::chain;
+use crate::sink::deliver::SettingError;
+use crate::sink::template::Message;
 
 /// The largest packet MQTT can frame (a 4-byte remaining length): the client's own bound for what
 /// it sends.
@@ -37,12 +37,12 @@ pub fn build(
         rumqttc_v4::Broker::tcp(spec.server_name(), spec.port),
     );
     if let Some(tls) = &spec.tls {
-        let config = super::tls::client_config(tls)?;
+        let config = crate::sink::tls::client_config(tls)?;
         opts.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(
             Arc::new(config),
         )));
     }
-    opts.set_socket_connector(move |addr, net| mqtt_socket::connect(dial.clone(), addr, net));
+    opts.set_socket_connector(move |addr, net| socket::connect(dial.clone(), addr, net));
     // The sink checks each PUBLISH against `max_packet_size` itself; the client's own bound stays
     // MQTT's, so a long CONNECT (a token as password, a will) is never held to it.
     opts.set_max_packet_size(MAX_INCOMING, PROTOCOL_MAX_PACKET as usize)
@@ -131,7 +131,7 @@ fn reason(shown: &str, e: &ConnectionError) -> String {
     use ConnectReturnCode as C;
     match e {
         ConnectionError::ConnectionRefused(code @ (C::BadUserNamePassword | C::NotAuthorized)) => {
-            super::mqtt_client::refused_credentials(shown, code)
+            super::common::refused_credentials(shown, code)
         }
         ConnectionError::ConnectionRefused(code) => {
             format!("{shown}: the broker refused the connection ({code:?})")

@@ -2,18 +2,15 @@
 //! are written once: the client a delivery publishes through ([`Client`]), the event loop the
 //! driver polls ([`Events`], reporting [`Polled`]), a message's wait for its acknowledgement
 //! ([`Notice`], failing with a [`Refusal`]). What each version sends and how its packets map to
-//! these words is in `mqtt_v5` and `mqtt_v311`. Built by `mqtt_conn::Connection::new` from the
-//! sink's `protocol`; used by `mqtt_conn` and `mqtt`.
+//! these words is in `v5` and `v311` (the words themselves in `common`). Built by
+//! `conn::Connection::new` from the sink's `protocol`; used by `conn` and the sink.
 
-use super::deliver::SettingError;
-use super::mqtt::{MqttConfig, Protocol, Qos, Status};
-use super::template::Message;
-use super::{mqtt_v5 as v5, mqtt_v311 as v311};
+use super::common::{Polled, Refusal};
+use super::settings::{MqttConfig, Protocol, Qos, Status};
+use super::{v5, v311};
+use crate::sink::deliver::SettingError;
+use crate::sink::template::Message;
 
-/// Requests the client queues before a publish waits: bounds what a dropped connection holds.
-pub const REQUEST_CAPACITY: usize = 256;
-/// Messages awaiting their acknowledgement at once (fewer if the broker's Receive Maximum says so).
-pub const MAX_IN_FLIGHT: u16 = 128;
 /// The client: clones share one request queue to the event loop.
 #[derive(Clone)]
 pub enum Client {
@@ -31,32 +28,6 @@ pub enum Events {
 pub enum Notice {
     V5(rumqttc::PublishNotice),
     V311(rumqttc_v4::PublishNotice),
-}
-
-/// What one poll of the event loop saw.
-pub enum Polled {
-    /// A CONNACK that accepted the connection; the broker's maximum packet size if it set one.
-    Connected {
-        max_packet: Option<u32>,
-        session_present: bool,
-    },
-    /// Any other packet in or out.
-    Other,
-    /// The connection failed or was refused: why, in words for the link's log line.
-    Failed(String),
-}
-
-/// Why a message was not acknowledged.
-#[derive(Debug)]
-pub enum Refusal {
-    /// The broker does not let colibri publish to the topic (an ACL: the sink's setting).
-    NotAuthorized(String),
-    /// The message can never be taken (its topic, or its payload's format).
-    Invalid(String),
-    /// Another refusal, which may pass.
-    Other(String),
-    /// The connection or the session ended before the answer.
-    Lost(String),
 }
 
 /// The client and its event loop for the sink's protocol; nothing is dialled. `dial`: the
@@ -128,21 +99,4 @@ impl Notice {
             Notice::V311(n) => v311::completed(n).await,
         }
     }
-}
-
-/// The MQTT remaining-length bytes for `n`.
-pub fn varint_len(n: usize) -> usize {
-    match n {
-        0..=127 => 1,
-        128..=16_383 => 2,
-        16_384..=2_097_151 => 3,
-        _ => 4,
-    }
-}
-
-/// The reason a CONNACK refused colibri's credentials gives, in both versions' words.
-pub fn refused_credentials(shown: &str, code: impl std::fmt::Debug) -> String {
-    format!(
-        "{shown}: the broker refused colibri's credentials ({code:?}); nothing goes through until they are accepted"
-    )
 }

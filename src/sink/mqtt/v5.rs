@@ -1,8 +1,8 @@
 //! MQTT 5 for the `mqtt` sink (rumqttc-v5-next): the client options from the settings, the event
-//! loop's packets and errors in [`mqtt_client`](super::mqtt_client)'s words (a CONNACK's maximum
+//! loop's packets and errors in [`common`](super::common)'s words (a CONNACK's maximum
 //! packet size; a refused CONNACK's reason), a record's PUBLISH with the `idempotency-key` user
 //! property, and the reason codes of a PUBACK, PUBREC or PUBCOMP that refuses it. Called only
-//! through `mqtt_client`.
+//! through `client`.
 
 use std::sync::Arc;
 
@@ -12,13 +12,13 @@ use rumqttc::{
     PublishProperties, QoS, TlsConfiguration, Transport,
 };
 
-use super::deliver::{Secret, SettingError};
-use super::http::TlsConfig;
-use super::mqtt::{MqttConfig, Qos, Status};
-use super::mqtt_client::{MAX_IN_FLIGHT, Polled, REQUEST_CAPACITY, Refusal, varint_len};
-use super::mqtt_socket;
-use super::template::Message;
+use super::common::{MAX_IN_FLIGHT, Polled, REQUEST_CAPACITY, Refusal, varint_len};
+use super::settings::{MqttConfig, Qos, Status};
+use super::socket;
 use crate::net::client::chain;
+use crate::sink::deliver::{Secret, SettingError};
+use crate::sink::http::TlsConfig;
+use crate::sink::template::Message;
 
 /// The user property that carries a message's idempotency key.
 const KEY: &str = "idempotency-key";
@@ -37,12 +37,12 @@ pub fn connection_options(
 ) -> Result<MqttOptions, SettingError> {
     let mut opts = MqttOptions::new(client_id, rumqttc::Broker::tcp(server_name, port));
     if let Some(tls) = tls {
-        let config = super::tls::client_config(tls)?;
+        let config = crate::sink::tls::client_config(tls)?;
         opts.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(
             Arc::new(config),
         )));
     }
-    opts.set_socket_connector(move |addr, net| mqtt_socket::connect(dial.clone(), addr, net));
+    opts.set_socket_connector(move |addr, net| socket::connect(dial.clone(), addr, net));
     let mut net = rumqttc::NetworkOptions::new();
     net.set_tcp_nodelay(true);
     opts.set_network_options(net);
@@ -175,7 +175,7 @@ pub fn reason(shown: &str, e: &ConnectionError) -> String {
             | C::NotAuthorized
             | C::Banned
             | C::BadAuthenticationMethod),
-        ) => super::mqtt_client::refused_credentials(shown, code),
+        ) => super::common::refused_credentials(shown, code),
         ConnectionError::ConnectionRefused(code) => {
             format!("{shown}: the broker refused the connection ({code:?})")
         }
