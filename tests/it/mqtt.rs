@@ -420,7 +420,7 @@ streams:
     );
     let twice = check_all_once_in_order(&sub.messages(), "gw/data/a", total);
     // Only what was in flight at each kill: the jobs of one take, whose acknowledgements are
-    // committed together (up to 16 jobs of 50 records; delivery.rs's TAKE_SEQUENTIAL).
+    // committed together (up to 16 jobs of 50 records; delivery's TAKE_SEQUENTIAL).
     assert!(twice <= 4 * 16 * 50, "{twice} records arrived twice");
     agent.signal(libc::SIGTERM);
     assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());

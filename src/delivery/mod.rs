@@ -1,0 +1,350 @@
+//! Upload workers. For every stream that has a sink, `concurrency` workers take the oldest due jobs
+//! from the store (retry jobs whose time has come, then ready ones), hand them to the sink, and settle
+//! each by the sink's classification of the outcome:
+//!
+//! - delivered: acknowledged (deleted), together with the other jobs of the same take in one commit;
+//! - no answer (transport): the job goes back untouched, no attempt spent; the failure is reported
+//!   to the sink's [`Link`], which after `down_after` in a row turns the link down, and every worker
+//!   of the sink waits until the monitor sees it answer again;
+//! - may pass (5xx, 408, 429): an attempt spent, retry after `base * 2^n * (0.5 + rand)` capped, or
+//!   the peer's `Retry-After`; dead letters after `max_attempts`;
+//! - too large (413): the job is sent in halves, recursively; delivered parts are settled in the
+//!   store as they go so a crash never re-sends them, and a single record refused as too large is
+//!   dead-lettered on its own;
+//! - never (other 4xx): straight to the dead letters with the status and the body's first bytes;
+//! - one record never (the sink cannot send it for what it is, before anything went out): the
+//!   records before it go as a part of their own, then it alone is dead-lettered, and the rest
+//!   follows, through the same settled parts as a 413 split.
+//!
+//! With `concurrency: 1` a stream keeps strict order: jobs go one after the other, and a job waiting
+//! for its retry holds the jobs behind it (an outage creates no retry, so it never holds anything
+//! beyond the outage itself). With more, requests overlap and a retry does not hold later jobs.
+//! After a link comes back (and at start-up) requests are paced by `replay_rate` until the queue is
+//! drained. With nothing to do a worker sleeps until the store signals new jobs, the earliest retry
+//! falls due, or colibri stops: an idle worker does not poll. It does not decide what a failure means
+//! (the sink does), whether the link is up (the link monitor does) nor where jobs live (the store).
+//! Started and stopped by `agent`. This file holds the workers and the sink's runtime; one job's
+//! requests and outcomes are `job`'s, the replay pacing `pacer`'s.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::now_ms;
+use crate::link::Link;
+use crate::paused::Paused;
+use crate::sink::Sink;
+use crate::store::writer::{Snapshot, StoreHandle};
+use job::deliver_job;
+use pacer::Pacer;
+
+mod job;
+mod pacer;
+
+/// Pause after the store itself failed (it reopens with its own backoff).
+const STORE_ERROR_PAUSE: Duration = Duration::from_secs(1);
+/// Jobs taken at once by a worker of a sink with concurrency 1, delivered one after the other in
+/// order and acknowledged together (one commit, whose writes are most of a drain's); fewer when
+/// they hold [`TAKE_BYTES`] (memory: 16 compressed jobs, two uncompressed ones of 256 KiB). After
+/// a crash at most these are sent again.
+const TAKE_SEQUENTIAL: usize = 16;
+const TAKE_BYTES: u64 = 512 << 10;
+/// A peer's `Retry-After` is honoured up to this.
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(24 * 3600);
+
+/// Delivery counters of one sink, for the metrics endpoint; a sink restarted by a reload keeps them.
+#[derive(Debug)]
+pub struct SinkStats {
+    /// Requests answered with 2xx.
+    pub requests_ok: AtomicU64,
+    /// Requests that got no answer (refused, reset, timed out, TLS): no attempt spent.
+    pub requests_transport: AtomicU64,
+    /// Requests answered 5xx, 408 or 429: an attempt spent.
+    pub requests_retryable: AtomicU64,
+    /// Requests answered 413: split.
+    pub requests_too_large: AtomicU64,
+    /// Requests answered with another 4xx: dead-lettered.
+    pub requests_rejected: AtomicU64,
+    /// Failed attempts that count against `max_attempts`.
+    pub attempts_failed: AtomicU64,
+    pub dead_lettered_jobs: AtomicU64,
+    pub dead_lettered_records: AtomicU64,
+    pub records_delivered: AtomicU64,
+    /// Request body bytes delivered (as sent: after compression).
+    pub bytes_delivered: AtomicU64,
+    /// Requests from the first byte sent to the answer (or the failure), whatever the outcome.
+    pub request_duration: crate::metrics::Histogram,
+    /// Link up/down transitions of earlier runtimes of this sink (before a reload restarted it).
+    pub transitions_before: AtomicU64,
+    /// The last request that failed: when (Unix ms) and why (no answer, or what the receiver
+    /// said). Taken only on a failure, so a sink that delivers never locks it.
+    pub last_error: std::sync::Mutex<Option<(u64, String)>>,
+}
+
+impl SinkStats {
+    fn failed(&self, reason: &str) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((now_ms(), reason.to_string()));
+    }
+
+    /// The last failure: when (Unix ms) and why.
+    pub fn last_error(&self) -> Option<(u64, String)> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+impl Default for SinkStats {
+    fn default() -> Self {
+        let zero = || AtomicU64::new(0);
+        SinkStats {
+            requests_ok: zero(),
+            requests_transport: zero(),
+            requests_retryable: zero(),
+            requests_too_large: zero(),
+            requests_rejected: zero(),
+            attempts_failed: zero(),
+            dead_lettered_jobs: zero(),
+            dead_lettered_records: zero(),
+            records_delivered: zero(),
+            bytes_delivered: zero(),
+            request_duration: crate::metrics::Histogram::new(crate::metrics::REQUEST_BUCKETS),
+            transitions_before: zero(),
+            last_error: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+/// A sink at run time: shared by its workers and its link monitor.
+pub struct SinkRuntime {
+    pub sink: Arc<Sink>,
+    pub link: Arc<Link>,
+    pub stats: Arc<SinkStats>,
+    /// The streams delivered to this sink.
+    pub streams: Vec<String>,
+    /// Per stream (same order): set after a link comes back (and at start) until a worker finds
+    /// that stream's queue empty: its backlog is being replayed, under `replay_rate`.
+    replaying: Vec<AtomicBool>,
+    pacer: Option<Mutex<Pacer>>,
+    /// Requests in flight, all streams of the sink together.
+    in_flight: Semaphore,
+    /// How long requests in progress may go on once colibri is stopping.
+    grace: Duration,
+    /// Set at the first look after the stop: when every request still going is abandoned.
+    give_up_at: std::sync::OnceLock<tokio::time::Instant>,
+    /// Streams an operator paused: their workers take nothing.
+    paused: Arc<Paused>,
+}
+
+impl SinkRuntime {
+    /// `stats` carries the counters of the sink's previous runtime across a reload (or starts
+    /// fresh).
+    pub fn new(
+        sink: Arc<Sink>,
+        streams: Vec<String>,
+        grace: Duration,
+        stats: Arc<SinkStats>,
+        paused: Arc<Paused>,
+    ) -> SinkRuntime {
+        // A trial must outlast a request that is slow to fail, or the link would be declared up
+        // while the trial's request is still on its way to a timeout.
+        let trial_quiet = sink
+            .timeout()
+            .saturating_mul(2)
+            .max(Duration::from_secs(30));
+        let link = Arc::new(Link::new(
+            sink.name(),
+            sink.config.link.clone(),
+            trial_quiet,
+        ));
+        SinkRuntime {
+            pacer: sink.replay_rate().map(|r| Mutex::new(Pacer::new(r))),
+            in_flight: Semaphore::new(sink.concurrency()),
+            link,
+            sink,
+            stats,
+            replaying: streams.iter().map(|_| AtomicBool::new(true)).collect(),
+            streams,
+            grace,
+            give_up_at: std::sync::OnceLock::new(),
+            paused,
+        }
+    }
+
+    /// Link transitions over the sink's life in this process, restarts included.
+    pub fn transitions(&self) -> u64 {
+        self.stats.transitions_before.load(Relaxed) + self.link.transitions.load(Relaxed)
+    }
+
+    /// The replay backlog: records waiting in this sink's streams whose backlog is being replayed
+    /// (after an outage or at start), 0 once they have been drained.
+    pub fn replay_backlog(&self, snap: &Snapshot) -> u64 {
+        snap.streams
+            .iter()
+            .filter(|(cfg, _)| {
+                self.streams
+                    .iter()
+                    .position(|s| *s == cfg.name)
+                    .is_some_and(|i| self.replaying[i].load(Relaxed))
+            })
+            .map(|(_, c)| c.pending_records())
+            .sum()
+    }
+
+    fn replaying(&self, stream: &str) -> &AtomicBool {
+        let i = self
+            .streams
+            .iter()
+            .position(|s| s == stream)
+            .expect("workers run only for the sink's own streams");
+        &self.replaying[i]
+    }
+
+    /// Resolves when requests still going must be abandoned: `grace` after the stop, the same
+    /// moment for every worker and every part of a job.
+    async fn give_up(&self, stopping: &CancellationToken) {
+        stopping.cancelled().await;
+        let at = *self
+            .give_up_at
+            .get_or_init(|| tokio::time::Instant::now() + self.grace);
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+/// Runs one worker for `stream` until `stopping` is cancelled; a request in progress at that moment
+/// gets the grace period, then its job goes back to the queue.
+pub async fn run(
+    stream: String,
+    rt: Arc<SinkRuntime>,
+    store: StoreHandle,
+    stopping: CancellationToken,
+) {
+    let Some(fed) = store.fed(&stream) else {
+        tracing::error!(stream, "no such stream in the store; delivery not started");
+        return;
+    };
+    // With one request at a time the stream keeps strict order: a job waiting for its retry holds
+    // the jobs behind it (an outage never does: it creates no retry).
+    let strict = rt.sink.concurrency() == 1;
+    let take = if strict { TAKE_SEQUENTIAL } else { 1 };
+    let replaying = rt.replaying(&stream);
+    let mut hold = if strict {
+        store.next_retry_due(&stream).await.ok().flatten()
+    } else {
+        None
+    };
+    tracing::debug!(stream, sink = %rt.sink.describe(), "delivery worker started");
+    while !stopping.is_cancelled() {
+        if rt.paused.is(&stream) {
+            tracing::info!(stream, "delivery paused by the operator");
+            tokio::select! {
+                _ = rt.paused.resumed(&stream) => tracing::info!(stream, "delivery resumed"),
+                _ = stopping.cancelled() => break,
+            }
+            continue;
+        }
+        if !rt.link.is_up() {
+            tokio::select! {
+                _ = rt.link.wait_up() => replaying.store(true, Relaxed),
+                _ = stopping.cancelled() => break,
+            }
+            continue;
+        }
+        if let Some(due) = hold.take() {
+            let now = now_ms();
+            if due > now {
+                pause(Duration::from_millis(due - now), &stopping).await;
+                continue;
+            }
+        }
+        let jobs = match store.take(&stream, take, TAKE_BYTES).await {
+            Ok(jobs) => jobs,
+            Err(e) => {
+                tracing::warn!(stream, error = %e, "cannot take jobs; trying again");
+                pause(STORE_ERROR_PAUSE, &stopping).await;
+                continue;
+            }
+        };
+        if jobs.is_empty() {
+            replaying.store(false, Relaxed);
+            // Nothing due: wait for new jobs, the next retry, or the stop.
+            let wait = match store.next_retry_due(&stream).await {
+                Ok(due) => due.map(|d| Duration::from_millis(d.saturating_sub(now_ms()))),
+                Err(_) => Some(STORE_ERROR_PAUSE),
+            };
+            tokio::select! {
+                _ = fed.notified() => {}
+                _ = sleep_or_forever(wait) => {}
+                _ = stopping.cancelled() => {}
+            }
+            continue;
+        }
+        if !strict {
+            // One signal wakes one idle worker: pass it on, so a burst gets every worker.
+            fed.notify_one();
+        }
+        let mut acks = Vec::new();
+        let mut pause_for = None;
+        let mut jobs = jobs.into_iter();
+        while let Some(job) = jobs.next() {
+            if stopping.is_cancelled() || !rt.link.is_up() || rt.paused.is(&stream) {
+                store.release(job.lease);
+                continue;
+            }
+            match deliver_job(&stream, &rt, &store, job, &stopping, &mut acks).await {
+                Next::Go | Next::Retry { .. } if !strict => continue,
+                Next::Go => continue,
+                Next::Retry { due_ms } => hold = Some(due_ms),
+                Next::Pause(p) => pause_for = Some(p),
+            }
+            // The rest keep their place at the head of the queue.
+            for j in jobs.by_ref() {
+                store.release(j.lease);
+            }
+        }
+        // Everything delivered from this take, deleted in one commit (before any pause).
+        if !acks.is_empty()
+            && let Err(e) = store.ack_many(acks.clone()).await
+        {
+            // Delivered but not deleted: delivered again (at-least-once).
+            tracing::warn!(stream, sink = rt.sink.name(), jobs = acks.len(), error = %e, "delivered, but the acknowledgement failed; what is still queued will be sent again");
+            for lease in acks {
+                store.release(lease);
+            }
+        }
+        if let Some(p) = pause_for {
+            pause(p, &stopping).await;
+        }
+    }
+    tracing::debug!(stream, "delivery worker stopped");
+}
+
+async fn pause(d: Duration, stopping: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = stopping.cancelled() => {}
+    }
+}
+
+async fn sleep_or_forever(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a worker does after one job.
+enum Next {
+    /// On to the next job.
+    Go,
+    /// The job went to retry, due then (in strict order, nothing behind it goes first).
+    Retry { due_ms: u64 },
+    /// The sink did not answer: the jobs taken with this one go back, and the worker pauses.
+    Pause(Duration),
+}
