@@ -761,6 +761,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
         }
     }
     let stream_names: Vec<&str> = declared_streams.iter().map(String::as_str).collect();
+    let data_dir = base.join(&spec.data_dir);
     let stream_formats: Vec<(&str, RecordFormat)> = stream_names
         .iter()
         .map(|&s| (s, stream_format(&streams, &sinks, s)))
@@ -789,7 +790,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
                     }
                     _ => de_all(rest, &mut err).map(sources::SourceSpec::Tail),
                 }?;
-                sources::compile(&name, spec, base, &stream_names, &mut err)
+                sources::compile(&name, spec, base, &data_dir, &stream_names, &mut err)
             })
             .collect(),
         Some(other) => {
@@ -828,7 +829,6 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
             Vec::new()
         }
     };
-    let data_dir = base.join(&spec.data_dir);
     let ctx = TaskCtx {
         base,
         grace,

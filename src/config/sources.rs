@@ -219,9 +219,13 @@ pub(super) fn compile(
     name: &str,
     spec: SourceSpec,
     base: &Path,
+    data_dir: &Path,
     streams: &[&str],
     err: &mut Problems<'_>,
 ) -> Option<Source> {
+    // Only an mqtt source's default client id is made from it.
+    #[cfg(not(feature = "mqtt"))]
+    let _ = data_dir;
     match spec {
         SourceSpec::Tail(spec) => compile_tail(name, *spec, base, streams, err)
             .map(|t| Source::Tail(std::sync::Arc::new(t))),
@@ -234,7 +238,7 @@ pub(super) fn compile(
             None
         }
         #[cfg(feature = "mqtt")]
-        SourceSpec::Mqtt(spec) => mqtt::compile(name, *spec, base, streams, err)
+        SourceSpec::Mqtt(spec) => mqtt::compile(name, *spec, base, data_dir, streams, err)
             .map(|s| Source::Mqtt(std::sync::Arc::new(s))),
         #[cfg(all(not(feature = "mqtt"), feature = "schema"))]
         SourceSpec::Mqtt(_) => {

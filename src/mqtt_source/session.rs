@@ -23,9 +23,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use rumqttc::{
-    AsyncClient, ConnectionError, Event, EventLoop, Incoming, ManualAck, Outgoing,
-    PersistedAckMode, PersistedSession, PubAck, PubRec, QoS, RetainForwardRule, SessionStore,
-    SessionStoreError, SessionStoreKey, SubscribeFilter, SubscribeReasonCode,
+    AsyncClient, ConnectionError, DisconnectReasonCode, Event, EventLoop, Incoming, ManualAck,
+    Outgoing, PersistedAckMode, PersistedSession, PubAck, PubRec, QoS, RetainForwardRule,
+    SessionStore, SessionStoreError, SessionStoreKey, SubscribeFilter, SubscribeReasonCode,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
@@ -354,6 +354,11 @@ impl Driver {
                     }
                 }
             }
+            Incoming::Disconnect(d) if d.reason_code == DisconnectReasonCode::SessionTakenOver => {
+                // Whoever took the session takes what is published for it until colibri
+                // connects again and takes it back: another agent with this client_id.
+                tracing::warn!(source = %self.cfg.name, broker = %self.cfg.shown(), client_id = %self.cfg.client_id, "another client connected with this source's client_id and took over its session (messages meant for this source may go to it): give each agent its own client_id");
+            }
             Incoming::Disconnect(d) => {
                 tracing::warn!(source = %self.cfg.name, broker = %self.cfg.shown(), reason = ?d.reason_code, "the broker closed the connection");
             }
@@ -408,7 +413,7 @@ impl Driver {
         {
             stats.unsubscribed.fetch_add(1, Relaxed);
             if stats.unsubscribed.load(Relaxed) == 1 {
-                tracing::warn!(source = %self.cfg.name, topic = %topic, "a message of no configured topic filter (a subscription an older config left in the broker's session): acknowledged and dropped, and counted");
+                tracing::warn!(source = %self.cfg.name, topic = %topic, client_id = %self.cfg.client_id, "a message of no configured topic filter: the broker's session holds a subscription this config did not make (an older config's, or another agent's that connected with this client_id): acknowledged and dropped, and counted");
             }
             // Acknowledged in its turn (QoS 0: nothing to do). At most the broker's window of
             // these wait in the channel, and they hold no record.

@@ -79,6 +79,9 @@ pub enum Auth {
     NkeyFile(PathBuf),
 }
 
+/// How a client error event's text starts.
+const CLIENT_ERROR: &str = "client error: ";
+
 /// The built sink.
 pub struct NatsSink {
     inner: Arc<Inner>,
@@ -91,6 +94,9 @@ struct Inner {
     conn: OnceCell<Result<(Client, Context), String>>,
     /// Why the connection is not up, from the client's events.
     last_error: Arc<Mutex<Option<String>>>,
+    /// Why each server's last connection attempt failed, read from the client's server pool
+    /// before each attempt (see [`attempt_failures`]); cleared at a connect.
+    attempts: Arc<Mutex<Vec<String>>>,
     /// Subjects the configured stream is known to take.
     covered: Mutex<HashSet<String>>,
     shown: String,
@@ -100,6 +106,7 @@ impl NatsSink {
     /// Reads the credentials and TLS files; nothing is dialled yet. Errors name the setting.
     pub fn new(spec: &NatsConfig) -> Result<NatsSink, SettingError> {
         let last_error: Arc<Mutex<Option<String>>> = Arc::default();
+        let attempts: Arc<Mutex<Vec<String>>> = Arc::default();
         let mut options = ConnectOptions::new()
             .name(&spec.name)
             .retry_on_initial_connect()
@@ -108,19 +115,42 @@ impl NatsSink {
             // Publishes wait in the client while it reconnects; a small buffer bounds what a
             // dropped connection holds (deliveries check the state before they publish).
             .client_capacity(1024)
+            // The client's events name only the kind of a failed connect ("IO error"); the
+            // server pool it hands this callback before each attempt keeps the cause.
+            .reconnect_to_server_callback({
+                let attempts = Arc::clone(&attempts);
+                move |servers, _| {
+                    let failures = attempt_failures(&servers);
+                    if !failures.is_empty() {
+                        *attempts
+                            .lock()
+                            .expect("never poisoned: no panics while held") = failures;
+                    }
+                    // The client's own choice of server and delay.
+                    std::future::ready(None)
+                }
+            })
             .event_callback({
                 let last = Arc::clone(&last_error);
+                let attempts = Arc::clone(&attempts);
                 move |event| {
                     let last = Arc::clone(&last);
+                    let attempts = Arc::clone(&attempts);
                     async move {
                         let mut last = last.lock().expect("never poisoned: no panics while held");
                         match event {
-                            Event::Connected => *last = None,
+                            Event::Connected => {
+                                *last = None;
+                                attempts
+                                    .lock()
+                                    .expect("never poisoned: no panics while held")
+                                    .clear();
+                            }
                             Event::Disconnected => {
                                 last.get_or_insert_with(|| "disconnected".into());
                             }
                             Event::ServerError(e) => *last = Some(format!("server error: {e}")),
-                            Event::ClientError(e) => *last = Some(format!("client error: {e}")),
+                            Event::ClientError(e) => *last = Some(format!("{CLIENT_ERROR}{e}")),
                             _ => {}
                         }
                     }
@@ -168,6 +198,7 @@ impl NatsSink {
                 options: Mutex::new(Some(options)),
                 conn: OnceCell::new(),
                 last_error,
+                attempts,
                 covered: Mutex::default(),
                 shown: spec.servers.join(", "),
             }),
@@ -202,19 +233,51 @@ impl Inner {
             .map_err(|e| DeliveryError::Unavailable(e.clone()))
     }
 
-    /// The connection when it is up; else why not.
+    /// The connection when it is up; else why not. Until the client has said why (before its
+    /// first attempt has failed, or between a failed attempt's event and the pool's cause),
+    /// waits for that, up to `timeout`, so an outage is reported with its cause.
     async fn up(&self) -> Result<&(Client, Context), DeliveryError> {
         let conn = self.conn().await?;
-        if conn.0.connection_state() == async_nats::connection::State::Connected {
-            return Ok(conn);
+        let deadline = tokio::time::Instant::now() + self.spec.timeout;
+        loop {
+            if conn.0.connection_state() == async_nats::connection::State::Connected {
+                return Ok(conn);
+            }
+            let why = self.why_down();
+            if why.1 || tokio::time::Instant::now() >= deadline {
+                return Err(DeliveryError::Unavailable(format!(
+                    "{}: {}",
+                    self.shown, why.0
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let why = self
+    }
+
+    /// Why the connection is not up, and whether that is the cause: the servers' last failed
+    /// attempts, else the client's last event. A client error event names only a kind ("nats:
+    /// IO error"), so it is not.
+    fn why_down(&self) -> (String, bool) {
+        let attempts = self
+            .attempts
+            .lock()
+            .expect("never poisoned: no panics while held")
+            .join("; ");
+        if !attempts.is_empty() {
+            return (attempts, true);
+        }
+        match self
             .last_error
             .lock()
             .expect("never poisoned: no panics while held")
             .clone()
-            .unwrap_or_else(|| "not connected".into());
-        Err(DeliveryError::Unavailable(format!("{}: {why}", self.shown)))
+        {
+            Some(e) => {
+                let known = !e.starts_with(CLIENT_ERROR);
+                (e, known)
+            }
+            None => ("not connected".into(), false),
+        }
     }
 
     /// Checks that the configured stream exists and takes `subject` (once per subject).
@@ -320,6 +383,39 @@ impl Inner {
     }
 }
 
+/// Why each server's last connection attempt failed, from the client's server pool: what
+/// happened ("connection refused (os error 111)", "timed out", "DNS error: ..."), without the
+/// client's "IO error" kind in front, which says nothing more. Each is named by its address when
+/// the pool has more than one server.
+fn attempt_failures(servers: &[async_nats::Server]) -> Vec<String> {
+    let named = servers.len() > 1;
+    servers
+        .iter()
+        .filter_map(|s| {
+            let error = s.last_error.as_deref()?;
+            let cause = error.strip_prefix("IO error: ").unwrap_or(error);
+            let cause = lowercase_word(cause);
+            Some(if named {
+                format!("{}:{}: {cause}", s.addr.host(), s.addr.port())
+            } else {
+                cause
+            })
+        })
+        .collect()
+}
+
+/// `text` with its first letter in lower case ("Connection refused" as colibri's messages
+/// write it), unless it starts an acronym ("DNS").
+fn lowercase_word(text: &str) -> String {
+    let mut chars = text.chars();
+    match (chars.next(), chars.next()) {
+        (Some(a), Some(b)) if a.is_uppercase() && !b.is_uppercase() => {
+            format!("{}{}", a.to_lowercase(), &text[a.len_utf8()..])
+        }
+        _ => text.to_string(),
+    }
+}
+
 /// Whether the subject filter `filter` (with `*` for one token and a final `>` for the rest)
 /// takes `subject`.
 fn subject_matches(filter: &str, subject: &str) -> bool {
@@ -393,6 +489,33 @@ impl Deliver for NatsSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_attempt_is_named_by_its_cause_not_its_kind() {
+        let server = |url: &str, error: Option<&str>| async_nats::Server {
+            addr: url.parse().expect("a valid server address"),
+            failed_attempts: 1,
+            did_connect: false,
+            is_discovered: false,
+            last_error: error.map(str::to_string),
+        };
+        let refused = "IO error: Connection refused (os error 111)";
+        assert_eq!(
+            attempt_failures(&[server("nats://127.0.0.1:4222", Some(refused))]),
+            ["connection refused (os error 111)"]
+        );
+        assert_eq!(
+            attempt_failures(&[
+                server("nats://a:4222", Some("timed out")),
+                server("nats://b:4223", None),
+                server("nats://c:4224", Some("DNS error: failed to lookup address")),
+            ]),
+            [
+                "a:4222: timed out",
+                "c:4224: DNS error: failed to lookup address"
+            ]
+        );
+    }
 
     #[test]
     fn subject_filters_match_as_nats_does() {

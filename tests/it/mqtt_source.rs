@@ -14,7 +14,9 @@
 //! second stream, messages published while colibri was stopped waiting in its session, a filter
 //! added by a reload subscribed in the kept session, a reload while more than the memory budget
 //! waits for room (prompt, nothing lost), and QoS 2 over TLS with a test CA after a wrong
-//! password (one WARN, nothing stored) fixed by a reload.
+//! password (one WARN, nothing stored) fixed by a reload; two agents on one host with a source of
+//! one name and no `client_id`, each with its own session and every message; and a session
+//! holding another agent's subscription named in the WARN.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -588,4 +590,106 @@ fn a_reload_while_more_than_the_budget_waits_for_room_is_prompt_and_loses_nothin
     });
     assert_eq!(unique, (0..N).collect(), "every message arrives");
     stop(agent);
+}
+
+/// An agent of its own (`data_dir` in `sb`) posting to `rx`, with a source `floor` of `plant/#` on
+/// `url` and no `client_id` unless `source` (more settings) gives one.
+fn agent_config(sb: &Sandbox, rx: &Receiver, url: &str, source: &str) -> PathBuf {
+    sb.write_config(&format!(
+        r#"data_dir: data
+shutdown_grace: 2s
+log: {{ format: json }}
+sinks:
+  up: {{ type: http, url: {rx_url}, retry: {{ base: 100ms, cap: 200ms }} }}
+streams:
+  logs: {{ sink: up, batch: {{ max_records: 100, linger: 20ms }} }}
+sources:
+  floor: {{ type: mqtt, url: "{url}", topics: ["plant/#"], stream: logs{source} }}
+"#,
+        rx_url = quote(rx.url("/in")),
+    ))
+}
+
+/// Two agents on one host, each with its own `data_dir` and a source of one name and no
+/// `client_id`, subscribed to one topic with the broker keeping their sessions: each has its own
+/// session, so each stores every message, those published while it was stopped included, and
+/// neither takes the other's. (With one default client id for both, the second agent resumed the
+/// first's session, and a message published while both were away went to whichever came back
+/// first: the other never had it.)
+#[test]
+fn two_agents_on_one_host_each_keep_their_own_session_and_messages() {
+    let (sa, sb) = (Sandbox::new(), Sandbox::new());
+    let (rxa, rxb) = (Receiver::start(), Receiver::start());
+    let b = broker(&sa, "");
+    let url = format!("mqtt://127.0.0.1:{}", b.port);
+    let (ca, cb) = (
+        agent_config(&sa, &rxa, &url, ""),
+        agent_config(&sb, &rxb, &url, ""),
+    );
+    // Each makes its session, one after the other.
+    stop(start(&ca));
+    let first_b = stop(start(&cb));
+    // Published while both are stopped: each session keeps a copy.
+    assert_eq!(send(&b, "plant/away", 0, 10), 10);
+    let a_now = start(&ca);
+    let records = wait_delivered(&rxa, &a_now, 10, secs(30));
+    assert_eq!(seqs(&records, "plant/away"), (0..10).collect::<Vec<_>>());
+    // A has taken its copy: B's is still in B's session.
+    let b_now = start(&cb);
+    let records = wait_delivered(&rxb, &b_now, 10, secs(30));
+    assert_eq!(seqs(&records, "plant/away"), (0..10).collect::<Vec<_>>());
+    // Both running: each has every message, neither throws the other off.
+    assert_eq!(send(&b, "plant/both", 0, 10), 10);
+    for (rx, agent) in [(&rxa, &a_now), (&rxb, &b_now)] {
+        let records = wait_delivered(rx, agent, 20, secs(30));
+        assert_eq!(seqs(&records, "plant/both"), (0..10).collect::<Vec<_>>());
+    }
+    let (a_now, b_now) = (stop(a_now), stop(b_now));
+    for agent in [&a_now, &b_now] {
+        let taken = agent.events_where(|e| field(e, "message").contains("took over"));
+        assert!(taken.is_empty(), "{taken:#?}");
+        let s = summary(agent);
+        assert_eq!((n(&s, "connects"), n(&s, "unsubscribed")), (1, 0), "{s}");
+        assert_eq!(n(&s, "records_appended"), 20, "{s}");
+    }
+    // B's first connect made a new session; A's was not there to resume.
+    let made = first_b
+        .events_where(|e| field(e, "message") == "mqtt source subscribed")
+        .pop()
+        .expect("subscribed");
+    assert_eq!(made["session_present"], false, "{made}");
+}
+
+/// An agent given the `client_id` another agent used (a copied config) resumes that agent's
+/// session, with the other's subscription in it: a message of that subscription is acknowledged
+/// and dropped, and the WARN says that the session holds a subscription this config did not make,
+/// perhaps another agent's, and names the client id (kept as written), so the operator can tell.
+/// (MQTT does not list a session's subscriptions, and mosquitto 2.0.11 closes the connection a
+/// newcomer takes over without a DISCONNECT saying so: such a message is the broker's sign.)
+#[test]
+fn a_session_with_another_agents_subscription_is_named_in_the_warning() {
+    let (sa, sb) = (Sandbox::new(), Sandbox::new());
+    let rx = Receiver::start();
+    let b = broker(&sa, "");
+    let url = format!("mqtt://127.0.0.1:{}", b.port);
+    let first = agent_config(&sa, &rx, &url, ", client_id: copied-gw");
+    let text = std::fs::read_to_string(&first).unwrap();
+    std::fs::write(&first, text.replace(r#"["plant/#"]"#, r#"["meters/#"]"#)).unwrap();
+    stop(start(&first));
+    let copied = start(&agent_config(&sb, &rx, &url, ", client_id: copied-gw"));
+    assert_eq!(send(&b, "meters/m1", 0, 1), 1);
+    let warned = copied.wait_for_event(secs(30), "the foreign subscription reported", |e| {
+        field(e, "message").starts_with("a message of no configured topic filter")
+    });
+    assert_eq!(field(&warned, "client_id"), "copied-gw", "{warned}");
+    assert!(
+        field(&warned, "message").contains("another agent's"),
+        "{warned}"
+    );
+    let s = summary(&stop(copied));
+    assert_eq!(
+        (n(&s, "unsubscribed"), n(&s, "records_appended")),
+        (1, 0),
+        "{s}"
+    );
 }

@@ -8,9 +8,10 @@
 //! accepted, each once (counted by `Nats-Msg-Id` and by the records' own sequence numbers), in
 //! order; a stream that does not take the subject turns the link down with a WARN naming the
 //! subject, keeps the data and delivers it once the stream takes it; a wrong password is an
-//! outage, not a dead letter.
+//! outage, not a dead letter; a refused connection is named so in the down reason.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -20,6 +21,7 @@ use serde_json::Value;
 
 use crate::remote_write::queue;
 use crate::tsdb::free_port;
+use crate::util::client::Client;
 use crate::util::{Proc, Sandbox, assert_code, field, poll, secs};
 
 /// One nats-server with JetStream.
@@ -500,4 +502,48 @@ fn a_record_over_max_payload_is_dead_lettered_alone() {
         reason.contains("record 2 of the job") && reason.contains("payload"),
         "{reason}"
     );
+}
+
+/// A server that refuses the connection is reported as such: the link's down reason (the WARN and
+/// the admin API's `GET /-/sinks`) says "connection refused", not the client's "IO error".
+#[test]
+fn a_refused_connection_is_named_in_the_down_reason() {
+    let sb = Sandbox::new();
+    // Nothing listens there: a loopback connect is refused at once.
+    let closed = free_port();
+    let admin = free_port();
+    let config = sb.write_config(&format!(
+        r#"data_dir: data
+log: {{format: json}}
+admin: {{ listen: "127.0.0.1:{admin}" }}
+sinks:
+  js: {{ type: nats, url: "nats://127.0.0.1:{closed}", subject: "plant.{{stream}}", timeout: 3s, link: {{ backoff_cap: 1s }} }}
+streams:
+  temps: {{ sink: js }}
+"#
+    ));
+    let (code, _, err) = queue(&config, &["push", "temps"], "{\"seq\":0}\n");
+    assert_eq!(code, 0, "{err}");
+    let mut agent = Proc::start(&config);
+    let down = agent.wait_for_event(secs(30), "the link down", |e| {
+        field(e, "message").starts_with("link down")
+    });
+    let logged = field(&down, "reason");
+    let mut c = Client::new(SocketAddr::from(([127, 0, 0, 1], admin)));
+    let sinks = c.request("GET", "/-/sinks", &[], None).unwrap().json();
+    let js = sinks
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["name"] == "js"))
+        .unwrap_or_else(|| panic!("js not in /-/sinks: {sinks}"));
+    assert_eq!(js["link"], "down", "{sinks}");
+    let reason = js["down_reason"].as_str().unwrap_or_default();
+    for r in [reason, logged] {
+        assert!(
+            r.contains(&format!("127.0.0.1:{closed}")) && r.contains("connection refused"),
+            "{r}"
+        );
+        assert!(!r.contains("IO error"), "{r}");
+    }
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
 }

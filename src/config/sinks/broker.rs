@@ -38,6 +38,53 @@ pub(in crate::config) fn default_client_name(sink: &str) -> String {
     format!("colibri-{host}-{sink}")
 }
 
+/// An mqtt source's client id unless the file gives one: the default name and a key of the store
+/// (`colibri-<host>-source-<name>-<8 hex digits>`). The id names the broker's session, which
+/// keeps the messages published while colibri is away and hands them to whoever connects with
+/// it next: two agents on one host (each its own `data_dir`) with a source of one name must not
+/// share it, or one resumes the other's session and takes the messages meant for it. The key is
+/// of the store's place, not of its store id, which changes when a damaged store is salvaged:
+/// the session must outlive that.
+#[cfg(feature = "mqtt")]
+pub(in crate::config) fn default_source_client_id(source: &str, data_dir: &Path) -> String {
+    format!(
+        "{}-{:08x}",
+        default_client_name(&format!("source-{source}")),
+        store_key(data_dir)
+    )
+}
+
+/// 32 bits of the FNV-1a hash of `data_dir`'s canonical path: the same for every spelling of one
+/// directory (relative, through a symlink, with `..`), before the directory exists as after.
+#[cfg(feature = "mqtt")]
+fn store_key(data_dir: &Path) -> u32 {
+    use std::os::unix::ffi::OsStrExt as _;
+    let hash = crate::tail::record::hash(canonical(data_dir).as_os_str().as_bytes());
+    (hash ^ (hash >> 32)) as u32
+}
+
+/// `path` made absolute with its symlinks resolved, as far as it exists: the part that does not
+/// exist yet (a data_dir made at the first run) is appended as written, which is what it resolves
+/// to once made.
+#[cfg(feature = "mqtt")]
+fn canonical(path: &Path) -> std::path::PathBuf {
+    let mut rest = Vec::new();
+    let mut at = path;
+    loop {
+        if let Ok(real) = std::fs::canonicalize(at) {
+            return rest.iter().rev().fold(real, |p, c| p.join(c));
+        }
+        match (at.parent(), at.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                at = parent;
+            }
+            // Nothing of it exists (a relative path's first component, `..`): as written.
+            _ => return std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+        }
+    }
+}
+
 /// `timeout` (default 10s), `concurrency` (1-64, default 1) and `replay_rate` checked.
 pub(super) fn limits(
     timeout: Option<Dur>,

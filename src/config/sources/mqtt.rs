@@ -47,7 +47,10 @@ pub struct MqttSourceSpec {
     #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub qos: Option<u32>,
     /// The client identifier, which names the broker's session for colibri. Default
-    /// `colibri-<host name>-source-<source name>`: stable across restarts.
+    /// `colibri-<host name>-source-<source name>-<8 hex digits>`, the digits a hash of the
+    /// `data_dir`'s full path: stable across restarts (and a salvaged store), and different for
+    /// each agent on one host, so none resumes another's session and takes its messages. Two
+    /// agents must not share a client_id written here.
     #[serde(default)]
     pub client_id: Option<String>,
     /// User name for the broker, e.g. `${MQTT_USER}`.
@@ -108,6 +111,7 @@ pub(super) fn compile(
     name: &str,
     spec: MqttSourceSpec,
     base: &Path,
+    data_dir: &Path,
     streams: &[&str],
     err: &mut Problems<'_>,
 ) -> Option<crate::mqtt_source::MqttSourceConfig> {
@@ -144,7 +148,7 @@ pub(super) fn compile(
     }
     let client_id = spec
         .client_id
-        .unwrap_or_else(|| broker::default_client_name(&format!("source-{name}")));
+        .unwrap_or_else(|| broker::default_source_client_id(name, data_dir));
     if client_id.is_empty() || client_id.len() > 65_535 {
         err.add("client_id", "must be 1 to 65535 bytes".into());
     }
@@ -252,8 +256,57 @@ mod tests {
         assert_eq!(s.client_id, "gw1");
         let d = load("{ type: mqtt, url: 'mqtt://broker', topics: [a], stream: logs }").unwrap();
         assert_eq!((d.port, d.qos, d.max_in_flight), (1883, 1, 1000));
-        assert!(d.client_id.starts_with("colibri-") && d.client_id.ends_with("-source-plant"));
+        let host = crate::tail::hostname().unwrap_or_else(|| "unknown".into());
+        let key = d
+            .client_id
+            .strip_prefix(&format!("colibri-{host}-source-plant-"))
+            .unwrap_or_else(|| panic!("{}", d.client_id));
+        assert!(
+            key.len() == 8 && key.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{}",
+            d.client_id
+        );
         assert_eq!(d.session_expiry, std::time::Duration::from_secs(86_400));
+    }
+
+    /// The default client id of source `plant` in a config at `dir`/colibri.yaml with this
+    /// `data_dir` (and the written `client_id`, when given).
+    fn client_id(dir: &Path, data_dir: &str, written: Option<&str>) -> String {
+        let id = written.map_or(String::new(), |w| format!(", client_id: {w}"));
+        let text = format!(
+            "data_dir: {data_dir:?}\nstreams:\n  logs: {{}}\nsources:\n  plant: {{ type: mqtt, url: 'mqtt://b', topics: [a], stream: logs{id} }}\n"
+        );
+        match load_str(&text, &dir.join("colibri.yaml"), &|_| None) {
+            Ok(c) => match &c.sources[0] {
+                Source::Mqtt(s) => s.client_id.clone(),
+                other => panic!("not an mqtt source: {other:?}"),
+            },
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn the_default_client_id_is_one_per_data_dir_and_stable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (etc, other) = (tmp.path().join("etc"), tmp.path().join("other"));
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        // Before the data_dir exists, as after: its first run makes it.
+        let first = client_id(&etc, "data", None);
+        std::fs::create_dir(etc.join("data")).unwrap();
+        assert_eq!(client_id(&etc, "data", None), first);
+        // Every spelling of one directory: absolute, with `..`, through a symlink.
+        let abs = etc.join("data");
+        assert_eq!(client_id(&other, abs.to_str().unwrap(), None), first);
+        assert_eq!(client_id(&other, "../etc/data", None), first);
+        std::os::unix::fs::symlink(&abs, tmp.path().join("link")).unwrap();
+        assert_eq!(client_id(&other, "../link", None), first);
+        // Another agent's store on this host, a source of the same name: another session.
+        assert_ne!(client_id(&other, "data", None), first);
+        assert_ne!(client_id(&etc, "data2", None), first);
+        // A written one is kept as written.
+        assert_eq!(client_id(&etc, "data", Some("gw1")), "gw1");
+        assert_eq!(client_id(&other, "data", Some("gw1")), "gw1");
     }
 
     #[test]
