@@ -719,11 +719,13 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
         _ => Vec::<String>::new(),
     };
     let (declared_sinks, declared_streams) = (declared(&sinks_value), declared(&streams_value));
+    // Before the entries: MQTT client ids are made unique per store from it.
+    let data_dir = base.join(&spec.data_dir);
     let sinks: Vec<Arc<SinkConfig>> = match sinks_value {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Object(entries)) => entries
             .into_iter()
-            .filter_map(|(name, value)| compile_sink(name, value, base, problems))
+            .filter_map(|(name, value)| compile_sink(name, value, base, &data_dir, problems))
             .map(Arc::new)
             .collect(),
         Some(other) => {
@@ -761,7 +763,6 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
         }
     }
     let stream_names: Vec<&str> = declared_streams.iter().map(String::as_str).collect();
-    let data_dir = base.join(&spec.data_dir);
     let stream_formats: Vec<(&str, RecordFormat)> = stream_names
         .iter()
         .map(|&s| (s, stream_format(&streams, &sinks, s)))

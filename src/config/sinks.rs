@@ -322,6 +322,11 @@ pub(super) fn compile_sink(
     name: String,
     value: Value,
     base: &Path,
+    #[cfg_attr(
+        not(feature = "mqtt"),
+        expect(unused_variables, reason = "only mqtt client ids are made from it")
+    )]
+    data_dir: &Path,
     problems: &mut Problems<'_>,
 ) -> Option<SinkConfig> {
     let (value, mut err) = named("sinks", "sink", &name, value, problems);
@@ -404,7 +409,10 @@ pub(super) fn compile_sink(
             let mut spec = *spec;
             link = broker_link(std::mem::take(&mut spec.link), "an mqtt", &mut err);
             let retry = std::mem::take(&mut spec.retry);
-            (mqtt::compile_mqtt(&name, spec, base, &mut err)?, retry)
+            (
+                mqtt::compile_mqtt(&name, spec, base, data_dir, &mut err)?,
+                retry,
+            )
         }
         #[cfg(feature = "nats")]
         SinkSpec::Nats(spec) => {

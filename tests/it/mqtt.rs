@@ -533,6 +533,53 @@ streams:
     let _ = std::io::stdout().flush();
 }
 
+/// Two agents on one host, each its own `data_dir`, with an mqtt sink of one name and no
+/// `client_id`: each connects under its own default id, so neither throws the other off the
+/// broker (mosquitto: "already connected, closing old connection"), and both deliver everything.
+#[test]
+fn two_agents_on_one_host_have_their_own_default_client_ids() {
+    let sb = Sandbox::new();
+    let b = Broker::start(&sb.file("broker"), "allow_anonymous true");
+    let sub = Sub::start(&b, &sb.file(""), "gw/#", &[]);
+    let config = |dir: &str| {
+        let text = format!(
+            r#"data_dir: {dir}
+log: {{format: json}}
+admin: {{ enabled: false }}
+sinks:
+  broker: {{ type: mqtt, url: "mqtt://127.0.0.1:{port}", topic: "gw/{dir}" }}
+streams:
+  m: {{ sink: broker }}
+"#,
+            port = b.port
+        );
+        let path = sb.file(&format!("{dir}.yaml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let (a, c) = (config("a"), config("c"));
+    let mut agents = Vec::new();
+    for cfg in [&a, &c] {
+        let body: String = (0..20).map(|i| format!("{{\"seq\":{i}}}\n")).collect();
+        let (code, _, err) = queue(cfg, &["push", "m"], &body);
+        assert_eq!(code, 0, "{err}");
+        agents.push(Proc::run(cfg));
+    }
+    agents[1].wait_until(secs(30), "both agents' records", || {
+        let m = sub.messages();
+        ["gw/a", "gw/c"]
+            .iter()
+            .all(|t| m.iter().filter(|x| x.topic == *t).count() >= 20)
+    });
+    for mut agent in agents {
+        agent.signal(libc::SIGTERM);
+        assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
+    }
+    // A shared id would have had the broker close one connection for the other.
+    let log = b.log();
+    assert!(!log.contains("already connected"), "{log}");
+}
+
 /// A topic naming `{field.kind}`: of a job of five records, the two that lack the field are
 /// dead-lettered each alone with the reason (the last one of the job too), the three others reach
 /// the broker in order, and a replay of the dead letters refuses them again without touching the

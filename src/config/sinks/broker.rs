@@ -38,20 +38,16 @@ pub(in crate::config) fn default_client_name(sink: &str) -> String {
     format!("colibri-{host}-{sink}")
 }
 
-/// An mqtt source's client id unless the file gives one: the default name and a key of the store
-/// (`colibri-<host>-source-<name>-<8 hex digits>`). The id names the broker's session, which
-/// keeps the messages published while colibri is away and hands them to whoever connects with
-/// it next: two agents on one host (each its own `data_dir`) with a source of one name must not
-/// share it, or one resumes the other's session and takes the messages meant for it. The key is
-/// of the store's place, not of its store id, which changes when a damaged store is salvaged:
-/// the session must outlive that.
+/// An MQTT client id unless the file gives one: the default name (`name`: the sink's, or
+/// `source-<name>` for a source) and a key of the store (`colibri-<host>-<name>-<8 hex digits>`).
+/// Two agents on one host (each its own `data_dir`) with an entry of one name must not share it:
+/// a source would resume the other's session and take the messages meant for it, and two sinks
+/// would throw each other off the broker at every reconnect. The key is of the store's place, not
+/// of its store id, which changes when a damaged store is salvaged: a source's session must
+/// outlive that.
 #[cfg(feature = "mqtt")]
-pub(in crate::config) fn default_source_client_id(source: &str, data_dir: &Path) -> String {
-    format!(
-        "{}-{:08x}",
-        default_client_name(&format!("source-{source}")),
-        store_key(data_dir)
-    )
+pub(in crate::config) fn default_mqtt_client_id(name: &str, data_dir: &Path) -> String {
+    format!("{}-{:08x}", default_client_name(name), store_key(data_dir))
 }
 
 /// 32 bits of the FNV-1a hash of `data_dir`'s canonical path: the same for every spelling of one

@@ -49,8 +49,9 @@ pub struct MqttSinkSpec {
     /// message per record. Default false. A topic with `{field...}` needs a message per record.
     #[serde(default)]
     pub batch: bool,
-    /// The client identifier. Default `colibri-<host name>-<sink name>`: stable across restarts,
-    /// different for each sink and machine.
+    /// The client identifier. Default `colibri-<host name>-<sink name>-<8 hex digits>`, the digits
+    /// a hash of the data_dir's path: stable across restarts, different for each sink, machine
+    /// and agent.
     #[serde(default)]
     pub client_id: Option<String>,
     /// User name for the broker, e.g. `${MQTT_USER}`.
@@ -138,6 +139,7 @@ pub(super) fn compile_mqtt(
     name: &str,
     spec: MqttSinkSpec,
     base: &Path,
+    data_dir: &Path,
     err: &mut Problems<'_>,
 ) -> Option<SinkKind> {
     use crate::sink::Secret;
@@ -220,7 +222,7 @@ pub(super) fn compile_mqtt(
         });
     let client_id = spec
         .client_id
-        .unwrap_or_else(|| broker::default_client_name(name));
+        .unwrap_or_else(|| broker::default_mqtt_client_id(name, data_dir));
     if client_id.is_empty() || client_id.len() > 65_535 {
         err.add("client_id", "must be 1 to 65535 bytes".into());
     }

@@ -148,7 +148,7 @@ pub(super) fn compile(
     }
     let client_id = spec
         .client_id
-        .unwrap_or_else(|| broker::default_source_client_id(name, data_dir));
+        .unwrap_or_else(|| broker::default_mqtt_client_id(&format!("source-{name}"), data_dir));
     if client_id.is_empty() || client_id.len() > 65_535 {
         err.add("client_id", "must be 1 to 65535 bytes".into());
     }

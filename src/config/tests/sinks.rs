@@ -314,7 +314,13 @@ streams:
         (m.qos, m.batch, m.persistent),
         (Qos::AtLeastOnce, false, true)
     );
-    assert!(m.client_id.starts_with("colibri-") && m.client_id.ends_with("-broker"));
+    // colibri-<host>-broker-<8 hex digits of the data_dir>: one per agent on a host.
+    let (named, key) = m.client_id.rsplit_once('-').unwrap();
+    assert!(
+        named.starts_with("colibri-") && named.ends_with("-broker") && key.len() == 8,
+        "{}",
+        m.client_id
+    );
     let s = m.status.as_ref().unwrap();
     assert_eq!(
         (s.online.as_str(), s.offline.as_str()),
