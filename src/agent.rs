@@ -106,7 +106,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         crate::admin::Handles {
             tasks: task_stats,
             sources: source_stats,
-            ingest: parts.ingest.as_ref().map(crate::ingest::Running::stats),
+            ingest: parts
+                .ingest
+                .as_ref()
+                .map(crate::source::ingest::Running::stats),
             paused: Arc::clone(&parts.paused),
         },
     ));
@@ -434,7 +437,7 @@ struct SourceGroup {
 struct Parts {
     sinks: BTreeMap<String, SinkGroup>,
     sources: BTreeMap<String, SourceGroup>,
-    ingest: Option<crate::ingest::Running>,
+    ingest: Option<crate::source::ingest::Running>,
     /// Every source's counters, by kind and name (also read by the metrics page): a source
     /// restarted by a reload, or removed and added again, goes on counting into the same ones.
     source_stats: Arc<SourceStats>,
@@ -467,7 +470,7 @@ impl Parts {
         if let Some(ingest) = &config.ingest {
             let listen = ingest.listen;
             parts.ingest = Some(
-                crate::ingest::start(ingest.clone(), store.clone(), stopping.clone())
+                crate::source::ingest::start(ingest.clone(), store.clone(), stopping.clone())
                     .await
                     .with_context(|| format!("cannot start the ingest API on {listen}"))?,
             );

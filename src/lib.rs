@@ -9,13 +9,10 @@ pub mod clock;
 pub mod config;
 pub(crate) mod delivery;
 pub(crate) mod files;
-pub(crate) mod ingest;
 pub(crate) mod link;
 pub(crate) mod logging;
 pub(crate) mod memory;
 pub(crate) mod metrics;
-#[cfg(feature = "mqtt")]
-pub(crate) mod mqtt_source;
 pub(crate) mod net;
 pub(crate) mod notify;
 pub(crate) mod paused;
@@ -26,9 +23,6 @@ pub mod scrape;
 pub(crate) mod sink;
 pub(crate) mod source;
 pub mod store;
-#[cfg(feature = "syslog")]
-pub(crate) mod syslog;
-pub(crate) mod tail;
 pub(crate) mod task;
 pub(crate) mod units;
 pub(crate) mod zone;

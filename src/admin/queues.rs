@@ -21,7 +21,7 @@ use serde_json::json;
 use super::{AgentState, query_u64 as param};
 use crate::clock;
 use crate::config::ingest::DEFAULT_MAX_BODY;
-use crate::ingest::body;
+use crate::source::ingest::body;
 use crate::store::writer::DeadOp;
 use crate::store::{AppendError, RecordBuf, StoreError};
 

@@ -18,9 +18,9 @@ use super::state::{AgentState, unix_s};
 use crate::config::Config;
 use crate::delivery::SinkRuntime;
 use crate::metrics::{Histogram, Kind, Text};
+use crate::source::tail::TailStats;
 use crate::store::Counters;
 use crate::store::writer::{Snapshot, StoreHandle};
-use crate::tail::TailStats;
 use crate::task::TaskStats;
 
 /// The whole metrics page.
@@ -596,7 +596,7 @@ fn refused_metrics(t: &mut Text, store: &StoreHandle) {
 }
 
 /// The ingest API's answers by stream and status code.
-fn ingest_metrics(t: &mut Text, ingest: &crate::ingest::IngestStats) {
+fn ingest_metrics(t: &mut Text, ingest: &crate::source::ingest::IngestStats) {
     t.family(
         "colibri_ingest_requests_total",
         Kind::Counter,
@@ -708,7 +708,7 @@ fn store_metrics(t: &mut Text, store: &StoreHandle, snap: Option<&Snapshot>, con
 }
 
 #[cfg(feature = "syslog")]
-fn syslog_metrics(t: &mut Text, stats: &[(String, Arc<crate::syslog::SyslogStats>)]) {
+fn syslog_metrics(t: &mut Text, stats: &[(String, Arc<crate::source::syslog::SyslogStats>)]) {
     let sources = Items {
         label: "source",
         items: stats.iter().map(|(n, s)| (n.as_str(), &**s)).collect(),
@@ -792,7 +792,10 @@ fn syslog_metrics(t: &mut Text, stats: &[(String, Arc<crate::syslog::SyslogStats
 }
 
 #[cfg(feature = "mqtt")]
-fn mqtt_source_metrics(t: &mut Text, stats: &[(String, Arc<crate::mqtt_source::MqttSourceStats>)]) {
+fn mqtt_source_metrics(
+    t: &mut Text,
+    stats: &[(String, Arc<crate::source::mqtt::MqttSourceStats>)],
+) {
     let sources = Items {
         label: "source",
         items: stats.iter().map(|(n, s)| (n.as_str(), &**s)).collect(),

@@ -15,11 +15,11 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Config;
 use crate::delivery::SinkRuntime;
-use crate::ingest::IngestStats;
 use crate::metrics::Registry;
 use crate::paused::Paused;
 use crate::scheduler::SchedulerHandle;
 use crate::source::SourceStats;
+use crate::source::ingest::IngestStats;
 use crate::store::writer::StoreHandle;
 use crate::task::TaskStats;
 

@@ -18,8 +18,8 @@ use clap::{Args, Subcommand};
 use super::admin_client::{AdminArgs, AdminClient, AdminError};
 use crate::clock;
 use crate::config::{self, Config};
-use crate::ingest::body;
 use crate::sink::RecordFormat;
+use crate::source::ingest::body;
 use crate::store::{self, OpenOptions, RecordBuf, Store, StoreError};
 use crate::units::fmt_duration;
 

@@ -1,5 +1,5 @@
-//! The `ingest:` section: its file shape and its compilation into [`crate::ingest::IngestConfig`].
-//! Called by `config::compile`; the server itself is `crate::ingest`.
+//! The `ingest:` section: its file shape and its compilation into [`crate::source::ingest::IngestConfig`].
+//! Called by `config::compile`; the server itself is `crate::source::ingest`.
 
 use super::Problems;
 use std::net::SocketAddr;
@@ -11,9 +11,9 @@ use super::tls::ListenerTlsSpec;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{Dur, Size, de_opt_u32};
-use crate::ingest::IngestConfig;
 use crate::net::token::Token;
 use crate::sink::RecordFormat;
+use crate::source::ingest::IngestConfig;
 use crate::units::fmt_size;
 
 /// Defaults, also named in the field docs below and in `schemas/openapi.yaml`.
@@ -25,7 +25,7 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_MEMORY: u64 = 64 << 20;
 
 /// Largest `max_body` accepted at all; in practice `max_memory` bounds it further (see
-/// [`crate::ingest::body_cost`]).
+/// [`crate::source::ingest::body_cost`]).
 const MAX_MAX_BODY: u64 = 256 << 20;
 
 /// The most `max_memory` may be: what request bodies may hold at once, with room left under the
@@ -156,7 +156,7 @@ pub(super) fn compile(
         Some(t) => Some(Token::new(t)),
     };
     let max_memory = spec.max_memory.map_or(DEFAULT_MAX_MEMORY, |s| s.0);
-    let worst = crate::ingest::body_cost(max_body, true, max_body);
+    let worst = crate::source::ingest::body_cost(max_body, true, max_body);
     if !(1 << 20..=MAX_MAX_MEMORY).contains(&max_memory) {
         err.add(
             "max_memory",

@@ -159,7 +159,7 @@ pub struct Config {
     pub sinks: Vec<Arc<SinkConfig>>,
     pub streams: Vec<StreamConfig>,
     pub tasks: Vec<Arc<TaskDef>>,
-    pub ingest: Option<crate::ingest::IngestConfig>,
+    pub ingest: Option<crate::source::ingest::IngestConfig>,
     pub sources: Vec<crate::source::Source>,
     /// `None`: switched off.
     pub admin: Option<AdminConfig>,

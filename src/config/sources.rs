@@ -1,6 +1,6 @@
 //! The `sources:` section: its file shape (a closed set chosen by `type:`: `tail` here, `syslog`
 //! in [`syslog`]) and its compilation into a [`crate::source::Source`]. Called by
-//! `config::compile`; the sources themselves live in `crate::tail` and `crate::syslog`.
+//! `config::compile`; the sources themselves live in `crate::source::tail` and `crate::source::syslog`.
 
 #[cfg(any(feature = "mqtt", feature = "schema"))]
 pub mod mqtt;
@@ -18,9 +18,9 @@ use serde::Deserialize;
 use super::units::u32_schema;
 use super::units::{Dur, Size, de_opt_u32};
 use crate::source::Source;
-use crate::tail::lines::MultilineConfig;
-use crate::tail::record::{Fields, Filter, Level};
-use crate::tail::{Exclude, Format, StartAt, TailConfig, WatchMode};
+use crate::source::tail::lines::MultilineConfig;
+use crate::source::tail::record::{Fields, Filter, Level};
+use crate::source::tail::{Exclude, Format, StartAt, TailConfig, WatchMode};
 
 /// Longest `max_line_bytes` (and `multiline.max_bytes`) accepted.
 const MAX_LINE_LIMIT: u64 = 16 << 20;
@@ -349,7 +349,7 @@ fn compile_tail(
     };
     let max_line_bytes = spec
         .max_line_bytes
-        .map_or(crate::tail::DEFAULT_MAX_LINE_BYTES, |s| s.0);
+        .map_or(crate::source::tail::DEFAULT_MAX_LINE_BYTES, |s| s.0);
     if max_line_bytes == 0 || max_line_bytes > MAX_LINE_LIMIT {
         err.add(
             "max_line_bytes",
@@ -497,7 +497,7 @@ fn compile_fields(
 #[cfg(test)]
 mod tests {
     use crate::config::{ConfigError, load_str};
-    use crate::tail::record::Fields;
+    use crate::source::tail::record::Fields;
     use std::path::Path;
 
     fn load(sources: &str) -> Result<crate::config::Config, Vec<String>> {
@@ -510,7 +510,7 @@ mod tests {
         })
     }
 
-    fn tail(c: &crate::config::Config) -> &crate::tail::TailConfig {
+    fn tail(c: &crate::config::Config) -> &crate::source::tail::TailConfig {
         match &c.sources[0] {
             crate::source::Source::Tail(t) => t,
             #[cfg(feature = "syslog")]
@@ -561,15 +561,18 @@ mod tests {
             vec!["/var/log/app/*.log", "/etc/colibri/rel/*.log"]
         );
         assert!(s.exclude[0].name_only && !s.exclude[1].name_only);
-        assert_eq!(s.start_at, crate::tail::StartAt::End);
-        assert_eq!(s.filter.min_level, Some(crate::tail::record::Level::Warn));
+        assert_eq!(s.start_at, crate::source::tail::StartAt::End);
+        assert_eq!(
+            s.filter.min_level,
+            Some(crate::source::tail::record::Level::Warn)
+        );
         assert_eq!(s.max_line_bytes, 1024);
         let m = s.multiline.as_ref().unwrap();
         assert_eq!((m.max_lines, m.max_bytes), (50, 64 << 10));
         assert_eq!(m.timeout, std::time::Duration::from_secs(2));
         assert_eq!(s.fields, Fields::ALL.without(Fields::HOST));
         assert_eq!(s.labels.len(), 2);
-        assert_eq!(s.watch, crate::tail::WatchMode::Poll);
+        assert_eq!(s.watch, crate::source::tail::WatchMode::Poll);
         assert_eq!(s.rotate_wait, std::time::Duration::from_secs(1));
         let d = s.describe();
         assert!(
@@ -586,12 +589,12 @@ mod tests {
     fn defaults() {
         let c = load("  app: { type: tail, stream: logs, paths: [/var/log/*.log] }\n").unwrap();
         let s = tail(&c);
-        assert_eq!(s.start_at, crate::tail::StartAt::Beginning);
+        assert_eq!(s.start_at, crate::source::tail::StartAt::Beginning);
         assert_eq!(s.max_line_bytes, 64 << 10);
         assert!(s.multiline.is_none() && s.filter.is_empty());
         assert_eq!(s.fields, Fields::ALL);
-        assert_eq!(s.format, crate::tail::Format::Text);
-        assert_eq!(s.watch, crate::tail::WatchMode::Auto);
+        assert_eq!(s.format, crate::source::tail::Format::Text);
+        assert_eq!(s.watch, crate::source::tail::WatchMode::Auto);
         assert_eq!(s.scan_interval, std::time::Duration::from_secs(10));
         assert_eq!(s.rotate_wait, std::time::Duration::from_secs(5));
     }
@@ -654,12 +657,15 @@ mod tests {
             let s = tail(&c);
             (s.fields, s.format)
         };
-        let text = crate::tail::Format::Text;
+        let text = crate::source::tail::Format::Text;
         assert_eq!(one(""), (Fields::ALL, text));
         assert_eq!(one(", fields: []"), (Fields::NONE, text));
         assert_eq!(
             one(", fields: [offset, host], format: json"),
-            (Fields::OFFSET.with(Fields::HOST), crate::tail::Format::Json)
+            (
+                Fields::OFFSET.with(Fields::HOST),
+                crate::source::tail::Format::Json
+            )
         );
         assert_eq!(
             one(", host: false"),

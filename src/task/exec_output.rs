@@ -4,8 +4,8 @@
 //! run leaves with `append_failed`. It does not run the program or store anything itself: `exec`
 //! captures the output and appends what this returns. Built by `config::tasks`.
 
-use crate::ingest::body;
 use crate::sink::RecordFormat;
+use crate::source::ingest::body;
 
 /// The `stream:` settings of an `exec` task.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,18 +17,7 @@ const LAYERS: &[(u8, &[&str])] = &[
         ],
     ),
     (2, &["store", "schedule"]),
-    (
-        3,
-        &[
-            "sink",
-            "tail",
-            "syslog",
-            "mqtt_source",
-            "source",
-            "ingest",
-            "task",
-        ],
-    ),
+    (3, &["sink", "source", "task"]),
     (4, &["config"]),
     (
         5,

@@ -34,7 +34,7 @@ pub(super) fn template(
 /// The name a connection has unless the file gives one: stable across restarts, different for
 /// each machine and sink (two sinks with one MQTT client id would throw each other off).
 pub(in crate::config) fn default_client_name(sink: &str) -> String {
-    let host = crate::tail::hostname().unwrap_or_else(|| "unknown".into());
+    let host = crate::source::tail::hostname().unwrap_or_else(|| "unknown".into());
     format!("colibri-{host}-{sink}")
 }
 
@@ -55,7 +55,7 @@ pub(in crate::config) fn default_mqtt_client_id(name: &str, data_dir: &Path) -> 
 #[cfg(feature = "mqtt")]
 fn store_key(data_dir: &Path) -> u32 {
     use std::os::unix::ffi::OsStrExt as _;
-    let hash = crate::tail::record::hash(canonical(data_dir).as_os_str().as_bytes());
+    let hash = crate::source::tail::record::hash(canonical(data_dir).as_os_str().as_bytes());
     (hash ^ (hash >> 32)) as u32
 }
 

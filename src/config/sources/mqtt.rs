@@ -1,7 +1,7 @@
 //! A `type: mqtt` source entry: its file shape ([`MqttSourceSpec`]) and its compilation into
-//! `mqtt_source::MqttSourceConfig` (the broker URL, TLS and credentials as the mqtt sink reads
+//! `source::mqtt::MqttSourceConfig` (the broker URL, TLS and credentials as the mqtt sink reads
 //! them, the topic filters and routes checked, the session and the window). It connects to
-//! nothing: `mqtt_source` does. Called by `config::sources`.
+//! nothing: `source::mqtt` does. Called by `config::sources`.
 
 use std::collections::BTreeMap;
 #[cfg(feature = "mqtt")]
@@ -114,8 +114,8 @@ pub(super) fn compile(
     data_dir: &Path,
     streams: &[&str],
     err: &mut Problems<'_>,
-) -> Option<crate::mqtt_source::MqttSourceConfig> {
-    use crate::mqtt_source::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, topic};
+) -> Option<crate::source::mqtt::MqttSourceConfig> {
+    use crate::source::mqtt::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, topic};
     super::check_stream(&spec.stream, streams, err);
     let broker = broker::url(&spec.url, ("mqtt", 1883), ("mqtts", 8883))
         .map_err(|m| err.add("url", m))
@@ -188,7 +188,7 @@ pub(super) fn compile(
         );
     }
     let (host, port, _) = broker?;
-    let config = crate::mqtt_source::MqttSourceConfig {
+    let config = crate::source::mqtt::MqttSourceConfig {
         name: name.to_string(),
         stream: spec.stream,
         routes: spec
@@ -212,7 +212,7 @@ pub(super) fn compile(
         labels: spec.labels.into_iter().collect(),
     };
     // Reads the TLS files: a bad CA is reported now, not at the first connection.
-    if let Err(e) = crate::mqtt_source::session::build(&config) {
+    if let Err(e) = crate::source::mqtt::session::build(&config) {
         err.add(&e.field, e.message);
     }
     Some(config)
@@ -224,7 +224,7 @@ mod tests {
     use crate::source::Source;
     use std::path::Path;
 
-    fn load(source: &str) -> Result<crate::mqtt_source::MqttSourceConfig, Vec<String>> {
+    fn load(source: &str) -> Result<crate::source::mqtt::MqttSourceConfig, Vec<String>> {
         let text = format!(
             "data_dir: /tmp/x\nstreams:\n  logs: {{}}\n  temps: {{}}\nsources:\n  plant: {source}\n"
         );
@@ -256,7 +256,7 @@ mod tests {
         assert_eq!(s.client_id, "gw1");
         let d = load("{ type: mqtt, url: 'mqtt://broker', topics: [a], stream: logs }").unwrap();
         assert_eq!((d.port, d.qos, d.max_in_flight), (1883, 1, 1000));
-        let host = crate::tail::hostname().unwrap_or_else(|| "unknown".into());
+        let host = crate::source::tail::hostname().unwrap_or_else(|| "unknown".into());
         let key = d
             .client_id
             .strip_prefix(&format!("colibri-{host}-source-plant-"))

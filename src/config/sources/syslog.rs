@@ -1,5 +1,5 @@
 //! A `type: syslog` source entry: its file shape and its compilation into
-//! [`crate::syslog::SyslogConfig`]. Called by `config::sources`.
+//! [`crate::source::syslog::SyslogConfig`]. Called by `config::sources`.
 
 use std::collections::BTreeMap;
 #[cfg(feature = "syslog")]
@@ -105,7 +105,7 @@ pub(super) fn compile(
     base: &Path,
     streams: &[&str],
     err: &mut Problems<'_>,
-) -> Option<crate::syslog::SyslogConfig> {
+) -> Option<crate::source::syslog::SyslogConfig> {
     super::check_stream(&spec.stream, streams, err);
     let addr = |field: &str, text: &Option<String>, err: &mut Problems<'_>| {
         let text = text.as_deref()?;
@@ -127,16 +127,17 @@ pub(super) fn compile(
     }
     let max_connections = spec
         .max_connections
-        .unwrap_or(crate::syslog::DEFAULT_MAX_CONNECTIONS as u32);
+        .unwrap_or(crate::source::syslog::DEFAULT_MAX_CONNECTIONS as u32);
     if max_connections == 0 || max_connections > MAX_CONNECTIONS_LIMIT {
         err.add(
             "max_connections",
             format!("must be between 1 and {MAX_CONNECTIONS_LIMIT}, not {max_connections}"),
         );
     }
-    let max_message_bytes = spec
-        .max_message_bytes
-        .map_or(crate::syslog::DEFAULT_MAX_MESSAGE_BYTES as u64, |s| s.0);
+    let max_message_bytes = spec.max_message_bytes.map_or(
+        crate::source::syslog::DEFAULT_MAX_MESSAGE_BYTES as u64,
+        |s| s.0,
+    );
     if max_message_bytes == 0 || max_message_bytes > MAX_MESSAGE_LIMIT {
         err.add(
             "max_message_bytes",
@@ -150,7 +151,7 @@ pub(super) fn compile(
     }
     let receive_buffer = spec.receive_buffer.map(|s| s.0);
     if let Some(bytes) = receive_buffer {
-        let max = crate::syslog::udp::MAX_RECEIVE_BUFFER;
+        let max = crate::source::syslog::udp::MAX_RECEIVE_BUFFER;
         if spec.udp.is_none() {
             err.add(
                 "receive_buffer",
@@ -170,12 +171,12 @@ pub(super) fn compile(
         }
         super::super::tls::compile(t, base, err).map(|t| t.config())
     });
-    let filter = crate::tail::record::Filter {
+    let filter = crate::source::tail::record::Filter {
         include: super::regexes("include_lines", &spec.include_lines, err),
         exclude: super::regexes("exclude_lines", &spec.exclude_lines, err),
         min_level: None,
     };
-    Some(crate::syslog::SyslogConfig {
+    Some(crate::source::syslog::SyslogConfig {
         name: name.to_string(),
         stream: spec.stream,
         udp,
@@ -187,7 +188,7 @@ pub(super) fn compile(
         filter,
         idle_timeout: spec
             .idle_timeout
-            .map_or(crate::syslog::DEFAULT_IDLE_TIMEOUT, |d| d.0),
+            .map_or(crate::source::syslog::DEFAULT_IDLE_TIMEOUT, |d| d.0),
         labels: spec.labels.into_iter().collect(),
         tls,
     })
@@ -199,7 +200,7 @@ mod tests {
     use crate::source::Source;
     use std::path::Path;
 
-    fn load(source: &str) -> Result<crate::syslog::SyslogConfig, Vec<String>> {
+    fn load(source: &str) -> Result<crate::source::syslog::SyslogConfig, Vec<String>> {
         let text =
             format!("data_dir: /tmp/x\nstreams:\n  logs: {{}}\nsources:\n  plant: {source}\n");
         match load_str(&text, Path::new("/etc/colibri/colibri.yaml"), &|_| None) {
@@ -232,7 +233,12 @@ mod tests {
         assert_eq!((d.max_connections, d.max_message_bytes), (256, 65536));
         assert_eq!(
             (d.udp, d.min_severity, d.idle_timeout, d.receive_buffer),
-            (None, None, crate::syslog::DEFAULT_IDLE_TIMEOUT, None)
+            (
+                None,
+                None,
+                crate::source::syslog::DEFAULT_IDLE_TIMEOUT,
+                None
+            )
         );
     }
 

@@ -1,8 +1,10 @@
 //! The sources: producers that append records to a stream on their own, a closed set with one
-//! module per kind (`tail`, `syslog`, `mqtt_source`). Owns the compiled [`Source`] (what `config` makes of a
-//! `sources:` entry and the agent starts, restarts on reload and stops) and the counters of every
-//! source by kind. Does not know YAML (`config::sources`) or how a
-//! kind reads (its module).
+//! folder per kind (`tail`, `syslog`, `mqtt`), and `ingest`, the HTTP API applications push
+//! records to (a source too, though configured once at the top of the file rather than under
+//! `sources:`: it is a listener that turns requests into appends, as `syslog` turns messages).
+//! Owns the compiled [`Source`] (what `config` makes of a `sources:` entry and the agent starts,
+//! restarts on reload and stops) and the counters of every source by kind. Does not know YAML
+//! (`config::sources`) or how a kind reads (its folder).
 
 use std::sync::Arc;
 
@@ -10,7 +12,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Registry;
 use crate::store::writer::StoreHandle;
-use crate::tail::{TailConfig, TailStats};
+use tail::{TailConfig, TailStats};
+
+pub mod ingest;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
+#[cfg(feature = "syslog")]
+pub mod syslog;
+pub mod tail;
 
 /// Every source's counters, by kind and name (kept by the agent, read by the metrics page): a
 /// source restarted by a reload, or removed and added again, goes on counting into the same ones.
@@ -18,9 +27,9 @@ use crate::tail::{TailConfig, TailStats};
 pub struct SourceStats {
     pub tail: Registry<TailStats>,
     #[cfg(feature = "syslog")]
-    pub syslog: Registry<crate::syslog::SyslogStats>,
+    pub syslog: Registry<syslog::SyslogStats>,
     #[cfg(feature = "mqtt")]
-    pub mqtt: Registry<crate::mqtt_source::MqttSourceStats>,
+    pub mqtt: Registry<mqtt::MqttSourceStats>,
 }
 
 /// A compiled `sources:` entry.
@@ -28,9 +37,9 @@ pub struct SourceStats {
 pub enum Source {
     Tail(Arc<TailConfig>),
     #[cfg(feature = "syslog")]
-    Syslog(Arc<crate::syslog::SyslogConfig>),
+    Syslog(Arc<syslog::SyslogConfig>),
     #[cfg(feature = "mqtt")]
-    Mqtt(Arc<crate::mqtt_source::MqttSourceConfig>),
+    Mqtt(Arc<mqtt::MqttSourceConfig>),
 }
 
 impl Source {
@@ -84,7 +93,7 @@ impl Source {
 #[derive(Default)]
 pub struct Sockets {
     #[cfg(feature = "syslog")]
-    syslog: crate::syslog::Bound,
+    syslog: syslog::Bound,
 }
 
 /// A socket a source listens on: `(setting, protocol, address)`, e.g. `("tcp", "tcp",
@@ -110,7 +119,7 @@ impl Source {
         match self {
             #[cfg(feature = "syslog")]
             Source::Syslog(cfg) => Ok(Sockets {
-                syslog: crate::syslog::bind(cfg)
+                syslog: syslog::bind(cfg)
                     .map_err(|e| anyhow::anyhow!("{e} (sources.{}.{})", cfg.name, e.proto))?,
             }),
             _ => Ok(Sockets::default()),
@@ -130,17 +139,17 @@ impl Source {
         match self {
             Source::Tail(cfg) => {
                 let stats = stats.tail.get(&cfg.name);
-                crate::tail::run(cfg, stats, store, stopping).await;
+                crate::source::tail::run(cfg, stats, store, stopping).await;
             }
             #[cfg(feature = "syslog")]
             Source::Syslog(cfg) => {
                 let stats = stats.syslog.get(&cfg.name);
-                crate::syslog::run(cfg, stats, store, stopping, sockets.syslog).await;
+                syslog::run(cfg, stats, store, stopping, sockets.syslog).await;
             }
             #[cfg(feature = "mqtt")]
             Source::Mqtt(cfg) => {
                 let stats = stats.mqtt.get(&cfg.name);
-                crate::mqtt_source::run(cfg, stats, store, stopping).await;
+                mqtt::run(cfg, stats, store, stopping).await;
             }
         }
     }

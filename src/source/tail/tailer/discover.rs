@@ -13,14 +13,14 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use super::{Role, Tailer, Tracked};
-use crate::tail::StartAt;
-use crate::tail::checkpoint::Entry;
-use crate::tail::identity::{
+use crate::source::tail::StartAt;
+use crate::source::tail::checkpoint::Entry;
+use crate::source::tail::identity::{
     Identity, open_as, path_from, read_head, same_content, search_dir, tail_at,
 };
-use crate::tail::lines::Assembler;
-use crate::tail::record;
-use crate::tail::watch;
+use crate::source::tail::lines::Assembler;
+use crate::source::tail::record;
+use crate::source::tail::watch;
 
 /// How `paths` patterns match: `*` stops at `/`, `**` crosses it.
 const GLOB: glob::MatchOptions = glob::MatchOptions {

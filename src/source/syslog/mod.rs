@@ -25,8 +25,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::source::tail::record::Filter;
 use crate::store::writer::StoreHandle;
-use crate::tail::record::Filter;
 
 /// `max_message_bytes` when the config does not say.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 10;
@@ -183,12 +183,12 @@ pub async fn run(
     bound: Bound,
 ) {
     let Some(stream) =
-        crate::tail::stream_settings(&store, &cfg.name, &cfg.stream, &stopping).await
+        crate::source::tail::stream_settings(&store, &cfg.name, &cfg.stream, &stopping).await
     else {
         return;
     };
     let shared = Arc::new(Shared {
-        labels: crate::tail::record::labels_field(&cfg.labels)
+        labels: crate::source::tail::record::labels_field(&cfg.labels)
             .map_or_else(String::new, |l| format!(",{l}")),
         cfg: Arc::clone(&cfg),
         stats: Arc::clone(&stats),

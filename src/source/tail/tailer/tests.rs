@@ -6,11 +6,11 @@ use super::*;
 use std::io::Write;
 use std::time::Duration;
 
-use crate::tail::batch::Limits;
-use crate::tail::identity::same_content;
-use crate::tail::lines::MultilineConfig;
-use crate::tail::record::Filter;
-use crate::tail::{Exclude, StartAt, TailConfig, WatchMode};
+use crate::source::tail::batch::Limits;
+use crate::source::tail::identity::same_content;
+use crate::source::tail::lines::MultilineConfig;
+use crate::source::tail::record::Filter;
+use crate::source::tail::{Exclude, StartAt, TailConfig, WatchMode};
 
 fn config(dir: &Path, patterns: &[&str]) -> TailConfig {
     TailConfig {
@@ -26,9 +26,9 @@ fn config(dir: &Path, patterns: &[&str]) -> TailConfig {
         filter: Filter::default(),
         max_line_bytes: 1024,
         multiline: None,
-        fields: crate::tail::record::Fields::ALL,
+        fields: crate::source::tail::record::Fields::ALL,
         labels: Vec::new(),
-        format: crate::tail::Format::Text,
+        format: crate::source::tail::Format::Text,
         watch: WatchMode::Poll,
         poll_interval: Duration::from_millis(10),
         scan_interval: Duration::from_secs(1),

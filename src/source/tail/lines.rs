@@ -65,7 +65,7 @@ pub fn split(
         let offset = base + start as u64;
         let taken = if line.len() > max_line {
             emit(
-                crate::tail::record::cut_at_char(line, max_line),
+                crate::source::tail::record::cut_at_char(line, max_line),
                 offset,
                 true,
             )
@@ -84,7 +84,7 @@ pub fn split(
     let rest = &data[start..];
     if rest.len() > max_line + 1
         && emit(
-            crate::tail::record::cut_at_char(rest, max_line),
+            crate::source::tail::record::cut_at_char(rest, max_line),
             base + start as u64,
             true,
         )
@@ -180,7 +180,7 @@ impl Assembler {
             self.pending.is_none(),
             "the caller takes the group a line completes first"
         );
-        let text = crate::tail::record::cut_at_char(line, cfg.max_bytes);
+        let text = crate::source::tail::record::cut_at_char(line, cfg.max_bytes);
         self.pending = Some(Group {
             truncated: truncated || text.len() < line.len(),
             text: text.to_vec(),

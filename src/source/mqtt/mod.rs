@@ -174,7 +174,9 @@ pub async fn run(
 ) {
     let mut streams = Vec::new();
     for name in cfg.streams() {
-        let Some(s) = crate::tail::stream_settings(&store, &cfg.name, name, &stopping).await else {
+        let Some(s) =
+            crate::source::tail::stream_settings(&store, &cfg.name, name, &stopping).await
+        else {
             return;
         };
         streams.push(s);
