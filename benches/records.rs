@@ -1,8 +1,8 @@
 //! Per-record JSON work of a tail source, measured alone: escaping a line into a JSON string (the
-//! byte-by-byte loop tail records were made with before issue 16, and `src/source/tail/json.rs`'s run-at-a-
+//! byte-by-byte loop tail records were made with before issue 16, and `src/record/json.rs`'s run-at-a-
 //! time escaping), checking the line's UTF-8, and checking that a line is a JSON object for
 //! `format: json` (serde_json with `IgnoredAny`, as the ingest API checks records, against
-//! `src/source/tail/json.rs`'s strict checker). Lines: the backlog benchmark's 200-byte JSON line, a
+//! `src/record/json.rs`'s strict checker). Lines: the backlog benchmark's 200-byte JSON line, a
 //! plain-text log line of the same length, and a line of multibyte text. Figures, not assertions:
 //! nanoseconds per line (the median of BENCH_ROUNDS rounds), see BENCHMARKS.md.
 //!
@@ -13,7 +13,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 mod common;
-#[path = "../src/source/tail/json.rs"]
+#[path = "../src/record/json.rs"]
 #[allow(dead_code, reason = "the bench uses part of the module")]
 mod json;
 

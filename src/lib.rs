@@ -16,6 +16,7 @@ pub(crate) mod metrics;
 pub(crate) mod net;
 pub(crate) mod notify;
 pub(crate) mod paused;
+pub(crate) mod record;
 pub(crate) mod reload;
 pub(crate) mod schedule;
 pub(crate) mod scheduler;

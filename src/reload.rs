@@ -372,7 +372,7 @@ tasks:
     /// precision it started with).
     #[test]
     fn a_sink_whose_records_change_kind_waits_for_the_restart_with_its_producers() {
-        use crate::sink::RecordFormat;
+        use crate::record::RecordFormat;
         let dir = tempfile::tempdir().unwrap();
         let base = format!(
             "{BASE}sources:\n  app: {{ type: tail, paths: [/var/log/a.log], stream: logs }}\n"

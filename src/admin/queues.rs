@@ -21,7 +21,6 @@ use serde_json::json;
 use super::{AgentState, query_u64 as param};
 use crate::clock;
 use crate::config::ingest::DEFAULT_MAX_BODY;
-use crate::source::ingest::body;
 use crate::store::writer::DeadOp;
 use crate::store::{AppendError, RecordBuf, StoreError};
 
@@ -226,7 +225,7 @@ fn push_records(
                 ),
             ));
         }
-        match body::line_record(carries, line, clock::unix_ns()) {
+        match crate::record::line::line_record(carries, line, clock::unix_ns()) {
             Ok(None) => {}
             Ok(Some(r)) => records.push(&r),
             Err(why) => {

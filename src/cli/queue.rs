@@ -18,8 +18,7 @@ use clap::{Args, Subcommand};
 use super::admin_client::{AdminArgs, AdminClient, AdminError};
 use crate::clock;
 use crate::config::{self, Config};
-use crate::sink::RecordFormat;
-use crate::source::ingest::body;
+use crate::record::RecordFormat;
 use crate::store::{self, OpenOptions, RecordBuf, Store, StoreError};
 use crate::units::fmt_duration;
 
@@ -767,7 +766,7 @@ fn push(c: &Config, mut via: Via, stream: &str, batch: usize) -> anyhow::Result<
         };
     for (i, line) in stdin.split(b'\n').enumerate() {
         let line = line?;
-        let record = match body::line_record(carries, &line, clock::unix_ns()) {
+        let record = match crate::record::line::line_record(carries, &line, clock::unix_ns()) {
             Ok(None) => continue,
             Ok(Some(r)) => Ok(r),
             Err(why) => Err(match carries {

@@ -12,7 +12,7 @@ use super::tls::ListenerTlsSpec;
 use super::units::u32_schema;
 use super::units::{Dur, Size, de_opt_u32};
 use crate::net::token::Token;
-use crate::sink::RecordFormat;
+use crate::record::RecordFormat;
 use crate::source::ingest::IngestConfig;
 use crate::units::fmt_size;
 

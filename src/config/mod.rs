@@ -36,7 +36,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::logging::{LogFile, LogFormat, LogLevel};
-use crate::sink::{RecordFormat, SinkConfig};
+use crate::record::RecordFormat;
+use crate::sink::SinkConfig;
 use crate::store::{AtRest, StorageConfig, StreamConfig};
 use crate::task::TaskDef;
 use admin::AdminConfig;

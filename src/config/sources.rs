@@ -17,9 +17,10 @@ use serde::Deserialize;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{Dur, Size, de_opt_u32};
+use crate::record::filter::{Filter, Level};
 use crate::source::Source;
 use crate::source::tail::lines::MultilineConfig;
-use crate::source::tail::record::{Fields, Filter, Level};
+use crate::source::tail::record::Fields;
 use crate::source::tail::{Exclude, Format, StartAt, TailConfig, WatchMode};
 
 /// Longest `max_line_bytes` (and `multiline.max_bytes`) accepted.
@@ -562,10 +563,7 @@ mod tests {
         );
         assert!(s.exclude[0].name_only && !s.exclude[1].name_only);
         assert_eq!(s.start_at, crate::source::tail::StartAt::End);
-        assert_eq!(
-            s.filter.min_level,
-            Some(crate::source::tail::record::Level::Warn)
-        );
+        assert_eq!(s.filter.min_level, Some(crate::record::filter::Level::Warn));
         assert_eq!(s.max_line_bytes, 1024);
         let m = s.multiline.as_ref().unwrap();
         assert_eq!((m.max_lines, m.max_bytes), (50, 64 << 10));

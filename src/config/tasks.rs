@@ -21,8 +21,9 @@ use super::{Problems, de_all, io_reason, stream_format, valid_name};
 
 mod exec;
 mod modbus;
+use crate::record::RecordFormat;
 use crate::schedule::{self, Offset, Schedule, Zone};
-use crate::sink::{RecordFormat, SinkConfig};
+use crate::sink::SinkConfig;
 use crate::store::{StorageConfig, StreamConfig};
 use crate::task::file_move::{FileMove, OnConflict};
 use crate::task::{Action, RetryPolicy, TaskDef};

@@ -1,40 +1,12 @@
 //! The contract between `Sink` and each kind of sink: the [`Deliver`] trait every kind's built sink
 //! implements, what passes through it ([`Batch`] in, [`DeliveryError`] out, the [`Probe`] a down
-//! link is tested by), what the records of a stream delivered by it must be ([`RecordFormat`]),
-//! and how a kind refuses a setting ([`SettingError`]). It knows no kind: `sink/mod.rs` and the
+//! link is tested by), and how a kind refuses a setting ([`SettingError`]). It knows no kind: `sink/mod.rs` and the
 //! kinds' files (`http`, `file`, `stdout`) build on it; `delivery` and `config` use its types
 //! through `sink`'s re-exports.
 
 use std::time::Duration;
 
 use crate::store::FileJob;
-
-/// What a stream's records must be for its sink to carry them; every producer (ingest, `queue
-/// push`, tail sources, scrapes) writes or checks that format, so a sink is never handed a record it
-/// would send broken (a receiver that answers 2xx and drops what it cannot read loses it silently).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordFormat {
-    /// JSON values: an `http` sink with `encoding: ndjson` or `json_array`.
-    Json,
-    /// One InfluxDB line-protocol point per record, timestamps in this precision: an `http` sink
-    /// with `encoding: influx_line`.
-    LineProtocol(crate::scrape::lineproto::Precision),
-    /// Any single line: `file` and `stdout` sinks write a record per line, and a stream without a
-    /// sink only queues. The ingest API takes JSON for these (its contract); `queue push` and
-    /// scrapes may put other lines there.
-    Lines,
-}
-
-impl RecordFormat {
-    /// For messages: what the records are.
-    pub fn describe(self) -> &'static str {
-        match self {
-            RecordFormat::Json => "JSON records",
-            RecordFormat::LineProtocol(_) => "influx line protocol",
-            RecordFormat::Lines => "lines",
-        }
-    }
-}
 
 /// How a down link is tested. File sinks check their directory whatever is set.
 #[derive(Debug, Clone, PartialEq, Eq)]

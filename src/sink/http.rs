@@ -14,8 +14,9 @@ use reqwest::header::{
 };
 use reqwest::{Client, Method, Url};
 
-use super::deliver::{Batch, Deliver, DeliveryError, Payload, Probe, RecordFormat, SettingError};
+use super::deliver::{Batch, Deliver, DeliveryError, Payload, Probe, SettingError};
 use crate::net::client::{self, BadHeader, chain, shown_url};
+use crate::record::RecordFormat;
 use crate::store::FileJob;
 
 /// How much of a refusal's body goes into the dead-letter reason and the log.

@@ -18,11 +18,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::record::RecordFormat;
 use crate::store::FileJob;
 use deliver::Deliver;
 #[cfg(any(feature = "mqtt", feature = "nats"))]
 pub use deliver::Secret;
-pub use deliver::{Batch, DeliveryError, Payload, Probe, RecordFormat, SettingError};
+pub use deliver::{Batch, DeliveryError, Payload, Probe, SettingError};
 
 mod deliver;
 // For the mqtt source, which connects to brokers as the mqtt sink does.

@@ -22,9 +22,10 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::{Client, ConnectOptions, Event};
 use tokio::sync::OnceCell;
 
-use super::deliver::{Batch, Deliver, DeliveryError, Probe, RecordFormat, Secret, SettingError};
+use super::deliver::{Batch, Deliver, DeliveryError, Probe, Secret, SettingError};
 use super::http::TlsConfig;
 use super::template::{Message, Template};
+use crate::record::RecordFormat;
 use crate::store::FileJob;
 
 /// The compiled `type: nats` settings.

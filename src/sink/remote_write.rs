@@ -22,9 +22,10 @@ use std::collections::HashMap;
 
 use reqwest::header::HeaderValue;
 
-use super::deliver::{Batch, Deliver, DeliveryError, Payload, Probe, RecordFormat, SettingError};
+use super::deliver::{Batch, Deliver, DeliveryError, Payload, Probe, SettingError};
 use super::http::{HttpConfig, HttpSink};
 use crate::net::client::shown_url;
+use crate::record::RecordFormat;
 use crate::scrape::lineparse::{self, Value};
 use crate::scrape::lineproto::Precision;
 use crate::store::FileJob;

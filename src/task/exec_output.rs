@@ -4,8 +4,7 @@
 //! run leaves with `append_failed`. It does not run the program or store anything itself: `exec`
 //! captures the output and appends what this returns. Built by `config::tasks`.
 
-use crate::sink::RecordFormat;
-use crate::source::ingest::body;
+use crate::record::RecordFormat;
 
 /// The `stream:` settings of an `exec` task.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,7 +67,7 @@ impl Output {
             OutputFormat::Lines(carries) => {
                 let mut records = Vec::new();
                 for (i, line) in out.bytes.split(|b| *b == b'\n').enumerate() {
-                    match body::line_record(carries, line, started_ns) {
+                    match crate::record::line::line_record(carries, line, started_ns) {
                         Ok(Some(r)) => records.push(r),
                         Ok(None) => {}
                         Err(why) => {

@@ -13,7 +13,7 @@ const LAYERS: &[(u8, &[&str])] = &[
         1,
         &[
             "units", "clock", "files", "backoff", "metrics", "notify", "zone", "net", "logging",
-            "scrape", "memory",
+            "scrape", "memory", "record",
         ],
     ),
     (2, &["store", "schedule"]),

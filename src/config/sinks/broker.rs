@@ -55,7 +55,7 @@ pub(in crate::config) fn default_mqtt_client_id(name: &str, data_dir: &Path) -> 
 #[cfg(feature = "mqtt")]
 fn store_key(data_dir: &Path) -> u32 {
     use std::os::unix::ffi::OsStrExt as _;
-    let hash = crate::source::tail::record::hash(canonical(data_dir).as_os_str().as_bytes());
+    let hash = crate::files::fnv1a(canonical(data_dir).as_os_str().as_bytes());
     (hash ^ (hash >> 32)) as u32
 }
 

@@ -171,7 +171,7 @@ pub(super) fn compile(
         }
         super::super::tls::compile(t, base, err).map(|t| t.config())
     });
-    let filter = crate::source::tail::record::Filter {
+    let filter = crate::record::filter::Filter {
         include: super::regexes("include_lines", &spec.include_lines, err),
         exclude: super::regexes("exclude_lines", &spec.exclude_lines, err),
         min_level: None,

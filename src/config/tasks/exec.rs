@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::super::units::Size;
 use super::super::{Problems, io_reason, stream_format};
 use super::{Scalar, TaskCtx};
-use crate::sink::RecordFormat;
+use crate::record::RecordFormat;
 use crate::task::exec::Exec;
 
 #[derive(Debug, Deserialize)]

@@ -133,8 +133,8 @@ mod compile {
     use super::super::super::{Problems, stream_format};
     use super::super::TaskCtx;
     use super::{ModbusSpec, OrderSpec, PointType, RegisterSpec, device_address};
+    use crate::record::RecordFormat;
     use crate::scrape::lineproto::{Precision, check_measurement};
-    use crate::sink::RecordFormat;
     use crate::task::modbus::points::{self, Kind, Limits, Order, Point, Table};
     use crate::task::modbus::{Modbus, Output};
 

@@ -261,7 +261,7 @@ tasks:
     assert_eq!((r.http.concurrency, r.http.headers.len()), (2, 1));
     assert_eq!(
         c.record_format("m"),
-        crate::sink::RecordFormat::LineProtocol(crate::scrape::lineproto::Precision::Ms)
+        crate::record::RecordFormat::LineProtocol(crate::scrape::lineproto::Precision::Ms)
     );
     let p = problems(
         r#"
@@ -327,7 +327,7 @@ streams:
         ("online", "offline")
     );
     // A topic made from fields needs JSON records.
-    assert_eq!(c.record_format("m"), crate::sink::RecordFormat::Json);
+    assert_eq!(c.record_format("m"), crate::record::RecordFormat::Json);
     let p = problems(
         r#"
 sinks:
@@ -461,7 +461,7 @@ streams:
     assert!(n.tls.is_none() && !n.batch && n.stream.as_deref() == Some("PLANT"));
     assert!(matches!(&n.auth, Auth::Token(_)));
     assert!(n.name.starts_with("colibri-") && n.name.ends_with("-js"));
-    assert_eq!(c.record_format("m"), crate::sink::RecordFormat::Json);
+    assert_eq!(c.record_format("m"), crate::record::RecordFormat::Json);
     let p = problems(
         r#"
 sinks:

@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use crate::sink::deliver::{RecordFormat, Secret};
+use crate::record::RecordFormat;
+use crate::sink::deliver::Secret;
 use crate::sink::http::TlsConfig;
 use crate::sink::template::Template;
 

@@ -9,8 +9,9 @@ use std::io::Read as _;
 
 use serde::de::IgnoredAny;
 
+use crate::record::RecordFormat;
+use crate::record::line::{json_error, json_record};
 use crate::scrape::lineparse;
-use crate::sink::RecordFormat;
 
 /// Records one request may carry: each costs a small allocation besides its bytes, so a body of
 /// tiny records (`1\n` over and over) stays within a few MiB of bookkeeping.
@@ -200,41 +201,6 @@ fn line_protocol(body: &[u8], stamp: i64) -> Result<Vec<Vec<u8>>, BadBody> {
     Ok(out)
 }
 
-/// One line as a record of a stream whose sink needs `carries` (for `queue push`'s stdin and an
-/// `exec` task's output, line by line as NDJSON bodies are): `None` for an empty line (or a
-/// line-protocol comment); a point without a timestamp gets `now_ns`, in the sink's precision. The
-/// error says what the line is not.
-pub fn line_record(
-    carries: RecordFormat,
-    line: &[u8],
-    now_ns: i64,
-) -> Result<Option<Vec<u8>>, String> {
-    match carries {
-        RecordFormat::Lines => {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            Ok((!line.is_empty()).then(|| line.to_vec()))
-        }
-        RecordFormat::Json => json_record(line)
-            .map(|r| r.map(<[u8]>::to_vec))
-            .map_err(|why| format!("is not JSON: {why}")),
-        RecordFormat::LineProtocol(p) => lineparse::record(line, p.from_unix_ns(now_ns))
-            .map_err(|e| format!("is not line protocol: {e}")),
-    }
-}
-
-/// Checks one line as a JSON record (for `queue push`, line by line as NDJSON bodies are):
-/// surrounding whitespace trimmed, `None` for an empty line.
-pub fn json_record(line: &[u8]) -> Result<Option<&[u8]>, String> {
-    let line = line.trim_ascii();
-    if line.is_empty() {
-        return Ok(None);
-    }
-    let text = std::str::from_utf8(line)
-        .map_err(|e| format!("not UTF-8 at byte {} of the line", e.valid_up_to() + 1))?;
-    serde_json::from_str::<IgnoredAny>(text).map_err(|e| json_error(&e))?;
-    Ok(Some(line))
-}
-
 /// Decompresses one or more gzip members, stopping one byte past `max`: a small body that inflates
 /// to gigabytes costs `max` bytes of memory, then 413.
 fn gunzip(wire: &[u8], max: u64) -> Result<Vec<u8>, BadBody> {
@@ -253,18 +219,6 @@ fn gunzip(wire: &[u8], max: u64) -> Result<Vec<u8>, BadBody> {
 }
 
 /// serde_json's message without its position, which is relative to the record, not the body.
-fn json_error(e: &serde_json::Error) -> String {
-    let text = e.to_string();
-    let what = text
-        .rsplit_once(" at line ")
-        .map_or(text.as_str(), |(w, _)| w);
-    format!(
-        "{what} (line {} column {} of the record)",
-        e.line(),
-        e.column()
-    )
-}
-
 /// One record per non-empty line (`\n`, optionally `\r\n`); surrounding whitespace is trimmed.
 fn ndjson(body: &[u8]) -> Result<Vec<Vec<u8>>, BadBody> {
     let mut out = Vec::new();
@@ -642,13 +596,5 @@ mod tests {
             line_protocol(many.as_bytes(), 0),
             Err(BadBody::TooLarge(_))
         ));
-    }
-
-    #[test]
-    fn json_records_for_queue_push() {
-        assert_eq!(json_record(b"  {\"a\":1}\r"), Ok(Some(&b"{\"a\":1}"[..])));
-        assert_eq!(json_record(b" \r"), Ok(None));
-        assert!(json_record(b"m v=1").is_err());
-        assert!(json_record(b"\"\xff\"").is_err());
     }
 }

@@ -47,7 +47,7 @@ pub struct IngestConfig {
     /// How long an append waits for room in a full stream.
     pub wait: Duration,
     /// The streams requests may name, and what their records must be (their sinks' formats).
-    pub streams: std::collections::BTreeMap<String, crate::sink::RecordFormat>,
+    pub streams: std::collections::BTreeMap<String, crate::record::RecordFormat>,
     /// HTTPS instead of HTTP.
     pub tls: Option<crate::net::tls_server::ServerTls>,
 }

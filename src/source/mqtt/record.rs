@@ -26,7 +26,7 @@ pub fn write(
     labels: &str,
 ) -> Kept {
     out.extend_from_slice(b"{\"topic\":\"");
-    crate::source::tail::json::escape_into(out, topic);
+    crate::record::json::escape_into(out, topic);
     out.extend_from_slice(b"\",\"payload\":");
     let kept = if is_json(payload) {
         let start = out.len();
@@ -39,7 +39,7 @@ pub fn write(
         Kept::Json
     } else if let Ok(text) = std::str::from_utf8(payload) {
         out.push(b'"');
-        crate::source::tail::json::escape_into(out, text);
+        crate::record::json::escape_into(out, text);
         out.push(b'"');
         Kept::Text
     } else {
@@ -96,7 +96,7 @@ mod tests {
         let mut out = Vec::new();
         let labels = format!(
             ",{}",
-            crate::source::tail::record::labels_field(&[("site".into(), "a\"b".into())]).unwrap()
+            crate::record::labels_field(&[("site".into(), "a\"b".into())]).unwrap()
         );
         let k = write(
             &mut out,

@@ -211,7 +211,7 @@ impl Driver {
     ) -> Driver {
         Driver {
             streams: cfg.streams().into_iter().map(String::from).collect(),
-            labels: crate::source::tail::record::labels_field(&cfg.labels)
+            labels: crate::record::labels_field(&cfg.labels)
                 .map_or_else(String::new, |l| format!(",{l}")),
             cfg,
             stats,

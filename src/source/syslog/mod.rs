@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::source::tail::record::Filter;
+use crate::record::filter::Filter;
 use crate::store::writer::StoreHandle;
 
 /// `max_message_bytes` when the config does not say.
@@ -188,7 +188,7 @@ pub async fn run(
         return;
     };
     let shared = Arc::new(Shared {
-        labels: crate::source::tail::record::labels_field(&cfg.labels)
+        labels: crate::record::labels_field(&cfg.labels)
             .map_or_else(String::new, |l| format!(",{l}")),
         cfg: Arc::clone(&cfg),
         stats: Arc::clone(&stats),

@@ -78,7 +78,7 @@ impl Emit<'_> {
         tail: impl FnOnce() -> u64,
     ) -> bool {
         let stats = self.stats;
-        let text = record::text(line.bytes);
+        let text = crate::record::text(line.bytes);
         match &self.settings.cfg.multiline {
             Some(ml) => {
                 let starts = ml.start.is_match(&text);
@@ -116,7 +116,7 @@ impl Emit<'_> {
 
     /// Offers a completed multiline group as one record (see [`Emit::offer`]).
     pub fn offer_group(&self, batch: &mut Batch, g: &Group, force: bool) -> bool {
-        let text = record::text(&g.text);
+        let text = crate::record::text(&g.text);
         let first = match text.find('\n') {
             Some(i) => &text[..i],
             None => &text[..],
@@ -162,7 +162,7 @@ impl Emit<'_> {
                     .record_limit
                     .saturating_sub(path_json.len() + shape.overhead())
                     / 6;
-                let text = record::text(record::cut_at_char(d.text.as_bytes(), room));
+                let text = crate::record::text(record::cut_at_char(d.text.as_bytes(), room));
                 shape.wrap(out, &text, path_json, d.offset, d.lines, true);
                 cut = !d.truncated;
             }

@@ -14,7 +14,8 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::checkpoint::Entry;
-use super::record::{FP_BYTES, hash};
+use super::record::FP_BYTES;
+use crate::files::fnv1a as hash;
 
 /// Entries of a directory looked at when searching it for a renamed file or a copy.
 const DIR_SEARCH_LIMIT: usize = 10_000;

@@ -21,7 +21,6 @@ pub mod batch;
 pub mod checkpoint;
 pub mod emit;
 pub mod identity;
-pub mod json;
 pub mod lines;
 pub mod record;
 pub mod tailer;
@@ -58,7 +57,7 @@ pub struct TailConfig {
     pub patterns: Vec<String>,
     pub exclude: Vec<Exclude>,
     pub start_at: StartAt,
-    pub filter: record::Filter,
+    pub filter: crate::record::filter::Filter,
     pub max_line_bytes: usize,
     pub multiline: Option<lines::MultilineConfig>,
     /// What records carry beyond `line` (`host` only when the host name is known).

@@ -33,8 +33,9 @@ use super::checkpoint::{self, Checkpoint, Entry};
 use super::emit::{Emit, Settings};
 use super::identity::{Identity, mtime, read_full_at, read_head, tail_at, window};
 use super::lines::{self, Assembler, Line};
-use super::record::{self, FP_BYTES, hash};
+use super::record::{self, FP_BYTES};
 use super::watch::{Event, Watcher};
+use crate::files::fnv1a as hash;
 
 /// How long a source reads nothing before it gives its read buffer back: a source that reads
 /// every few seconds keeps it.
@@ -573,7 +574,7 @@ impl Tailer {
         f.head = read_head(&f.file, size);
         f.pos = 0;
         f.seen = 0;
-        f.tail = record::hash(b"");
+        f.tail = crate::files::fnv1a(b"");
         f.skipping = false;
         f.dirty = true;
         f.idle_since = now;

@@ -19,7 +19,6 @@ use crate::source::tail::identity::{
     Identity, open_as, path_from, read_head, same_content, search_dir, tail_at,
 };
 use crate::source::tail::lines::Assembler;
-use crate::source::tail::record;
 use crate::source::tail::watch;
 
 /// How `paths` patterns match: `*` stops at `/`, `**` crosses it.
@@ -279,7 +278,7 @@ impl Tailer {
         self.stats.files_opened.fetch_add(1, Relaxed);
         self.files.push(Tracked {
             id,
-            path_json: record::json_string(&path.to_string_lossy()),
+            path_json: crate::record::json_string(&path.to_string_lossy()),
             path,
             file,
             head,

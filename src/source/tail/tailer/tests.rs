@@ -6,10 +6,10 @@ use super::*;
 use std::io::Write;
 use std::time::Duration;
 
+use crate::record::filter::Filter;
 use crate::source::tail::batch::Limits;
 use crate::source::tail::identity::same_content;
 use crate::source::tail::lines::MultilineConfig;
-use crate::source::tail::record::Filter;
 use crate::source::tail::{Exclude, StartAt, TailConfig, WatchMode};
 
 fn config(dir: &Path, patterns: &[&str]) -> TailConfig {

@@ -1,6 +1,7 @@
-//! The JSON work on a tail source's hot path: escaping a line into a JSON string (eight bytes at a
+//! The JSON work on the sources' hot path: escaping a line into a JSON string (eight bytes at a
 //! time, runs of plain bytes copied whole) and the check that a line is one JSON object
-//! (for `format: json`, whose objects become records as they are). Pure; nothing here allocates.
+//! (a tail source's `format: json`, whose objects become records as they are). Used by the tail and
+//! mqtt sources; pure, nothing here allocates.
 //!
 //! The check is strict where receivers are: a line it accepts is read by any JSON parser, so a
 //! passed-through object can never be the record that makes a receiver refuse (or silently drop)
