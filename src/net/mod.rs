@@ -3,11 +3,14 @@
 //! closed for a newcomer: the HTTP server's and the syslog source's), [`token`] (the bearer token both listeners
 //! check), [`tls_server`] (a listener's rustls settings from its `tls` block, replaceable by a
 //! reload) and [`client`] (what the `http` sink and the `http_scrape` task share: `User-Agent`,
-//! rustls' provider, header and URL handling, error chains). None of it knows what a request
-//! means or what a sink is; `ingest`, `admin`, `sink` and `task` build on it.
+//! rustls' provider, header and URL handling, error chains), and [`hostname`]. None of it knows
+//! what a request means or what a sink is; `ingest`, `admin`, `sink` and `task` build on it.
 
 pub mod client;
+mod host;
 pub mod server;
 pub mod slots;
 pub mod tls_server;
 pub mod token;
+
+pub use host::hostname;

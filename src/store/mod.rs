@@ -23,6 +23,7 @@
 //! crash at any point neither re-sends a delivered file nor loses a queued one. Start-up reads only
 //! DISPOSE (normally empty), never the list of queued files.
 
+mod append_limits;
 pub mod aside;
 mod codec;
 mod counters;
@@ -41,6 +42,7 @@ pub mod tap;
 mod tx;
 pub mod writer;
 
+pub use append_limits::AppendLimits;
 pub use counters::Counters;
 pub use error::{AppendError, FullReason, StoreError};
 pub use files::{Disposal, FileAppend, SpooledFile};

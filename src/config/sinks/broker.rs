@@ -34,7 +34,7 @@ pub(super) fn template(
 /// The name a connection has unless the file gives one: stable across restarts, different for
 /// each machine and sink (two sinks with one MQTT client id would throw each other off).
 pub(in crate::config) fn default_client_name(sink: &str) -> String {
-    let host = crate::source::tail::hostname().unwrap_or_else(|| "unknown".into());
+    let host = crate::net::hostname().unwrap_or_else(|| "unknown".into());
     format!("colibri-{host}-{sink}")
 }
 

@@ -256,7 +256,7 @@ mod tests {
         assert_eq!(s.client_id, "gw1");
         let d = load("{ type: mqtt, url: 'mqtt://broker', topics: [a], stream: logs }").unwrap();
         assert_eq!((d.port, d.qos, d.max_in_flight), (1883, 1, 1000));
-        let host = crate::source::tail::hostname().unwrap_or_else(|| "unknown".into());
+        let host = crate::net::hostname().unwrap_or_else(|| "unknown".into());
         let key = d
             .client_id
             .strip_prefix(&format!("colibri-{host}-source-plant-"))

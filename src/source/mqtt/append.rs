@@ -73,7 +73,7 @@ pub async fn run(
     // One batch is what every stream would take in one append.
     let (most_records, most_bytes) = streams
         .iter()
-        .map(|s| crate::source::tail::batch::Limits::for_stream(s).per_append())
+        .map(|s| crate::store::AppendLimits::for_stream(s).per_append())
         .fold((usize::MAX, usize::MAX), |(r, b), (sr, sb)| {
             (r.min(sr), b.min(sb))
         });

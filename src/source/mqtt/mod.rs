@@ -174,9 +174,7 @@ pub async fn run(
 ) {
     let mut streams = Vec::new();
     for name in cfg.streams() {
-        let Some(s) =
-            crate::source::tail::stream_settings(&store, &cfg.name, name, &stopping).await
-        else {
+        let Some(s) = store.stream_settings(&cfg.name, name, &stopping).await else {
             return;
         };
         streams.push(s);

@@ -74,7 +74,7 @@ pub fn budget() -> Arc<Semaphore> {
 }
 
 /// What one append may carry: the stream cuts an append into jobs of its `batch` size and refuses
-/// one with more jobs than it holds (`crate::source::tail::batch::Limits`, as a tail source).
+/// one with more jobs than it holds (`crate::store::AppendLimits`, as a tail source).
 #[derive(Debug, Clone, Copy)]
 struct Limits {
     records: usize,
@@ -83,7 +83,7 @@ struct Limits {
 
 impl Limits {
     fn of(stream: &StreamConfig) -> Limits {
-        let (records, bytes) = crate::source::tail::batch::Limits::for_stream(stream).per_append();
+        let (records, bytes) = crate::store::AppendLimits::for_stream(stream).per_append();
         Limits { records, bytes }
     }
 

@@ -182,8 +182,9 @@ pub async fn run(
     stopping: CancellationToken,
     bound: Bound,
 ) {
-    let Some(stream) =
-        crate::source::tail::stream_settings(&store, &cfg.name, &cfg.stream, &stopping).await
+    let Some(stream) = store
+        .stream_settings(&cfg.name, &cfg.stream, &stopping)
+        .await
     else {
         return;
     };

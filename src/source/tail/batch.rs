@@ -1,75 +1,14 @@
 //! What one append to the store carries: a [`Batch`] of encoded records with the checkpoint that
-//! covers them, and its [`Limits`], which follow how the store cuts an append into jobs so a
-//! batch is never refused for its size.
+//! covers them, kept within the store's [`Limits`] (how it cuts an append into jobs) so a batch is
+//! never refused for its size.
 //!
 //! It does not read files or make records (`tailer.rs` and `emit.rs` do) nor append (the driver
 //! in `mod.rs` does).
 
 use std::time::Instant;
 
+pub use crate::store::AppendLimits as Limits;
 use crate::store::RecordBuf;
-
-/// An append starts no new job past this many bytes (and holds at most twice as many): whole
-/// jobs of the stream's `batch` size where they are smaller, otherwise about this much. Each
-/// append is a commit, and a commit costs ~50 KB of writes and a fsync whatever it holds: a file
-/// read from its start in appends of 256 KiB spent a third more CPU per line than in 1 MiB
-/// ones (BENCHMARKS.md, issue 16); more costs memory for little.
-pub const APPEND_BYTES: usize = 1 << 20;
-pub const APPEND_RECORDS: usize = 8192;
-
-/// How much one append may carry. The store cuts an append into jobs of `job_records` /
-/// `job_bytes` and refuses (or, under `block`, parks) one with more jobs than the stream holds, so
-/// a batch is kept to half the stream's `max_jobs` and `max_bytes`. Past `bytes` it starts no new
-/// job; it never holds more than twice `bytes`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    pub job_records: usize,
-    pub job_bytes: usize,
-    pub jobs: usize,
-    pub records: usize,
-    pub bytes: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            job_records: 1000,
-            job_bytes: 1 << 20,
-            jobs: usize::MAX,
-            records: APPEND_RECORDS,
-            bytes: APPEND_BYTES,
-        }
-    }
-}
-
-impl Limits {
-    pub fn for_stream(s: &crate::store::StreamConfig) -> Limits {
-        Limits {
-            job_records: (s.batch.max_records as usize).max(1),
-            job_bytes: usize::try_from(s.batch.max_bytes)
-                .unwrap_or(usize::MAX)
-                .max(1),
-            jobs: usize::try_from(s.max_jobs / 2).unwrap_or(usize::MAX).max(1),
-            records: APPEND_RECORDS,
-            bytes: APPEND_BYTES.min(usize::try_from(s.max_bytes / 4).unwrap_or(usize::MAX)),
-        }
-    }
-
-    /// The records and bytes one append may carry whole: the append's own limits, and no more
-    /// jobs than the stream takes at once (for a producer without a checkpoint to cut at, such
-    /// as the syslog and mqtt sources).
-    #[cfg(any(feature = "syslog", feature = "mqtt"))]
-    pub fn per_append(&self) -> (usize, usize) {
-        (
-            self.records
-                .min(self.jobs.saturating_mul(self.job_records))
-                .max(1),
-            self.bytes
-                .min(self.jobs.saturating_mul(self.job_bytes))
-                .max(1),
-        )
-    }
-}
 
 /// Records read and not yet appended, with the checkpoint that covers them.
 #[derive(Debug, Default)]

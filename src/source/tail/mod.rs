@@ -229,18 +229,6 @@ impl TailStats {
     }
 }
 
-/// The machine's host name.
-pub fn hostname() -> Option<String> {
-    let mut buf = [0u8; 256];
-    // SAFETY: a writable buffer of the length given.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return None;
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
-}
-
 /// How long an append may wait in the writer for room in a full `block` stream before the source
 /// rebuilds itself from its checkpoint and tries again.
 const APPEND_WAIT: Duration = Duration::from_secs(3600);
@@ -260,12 +248,14 @@ pub async fn run(
     store: StoreHandle,
     stopping: CancellationToken,
 ) {
-    let Some(stream) = stream_settings(&store, &config.name, &config.stream, &stopping).await
+    let Some(stream) = store
+        .stream_settings(&config.name, &config.stream, &stopping)
+        .await
     else {
         return;
     };
     let host = if config.fields.contains(record::Fields::HOST) {
-        hostname()
+        crate::net::hostname()
     } else {
         None
     };
@@ -322,42 +312,6 @@ pub async fn run(
         restarts = s.restarts.load(Relaxed),
         "tail summary"
     );
-}
-
-/// The settings of `stream` (for every kind of source) from the writer (an unavailable store has none yet: wait; a writer
-/// that failed and is reopening answers again later). `None` once colibri stops.
-pub async fn stream_settings(
-    store: &StoreHandle,
-    source: &str,
-    stream: &str,
-    stopping: &CancellationToken,
-) -> Option<crate::store::StreamConfig> {
-    let mut attempt = 0u32;
-    loop {
-        match store.snapshot().await {
-            Ok(snap) => {
-                if let Some(s) = snap
-                    .streams
-                    .into_iter()
-                    .map(|(c, _)| c)
-                    .find(|c| c.name == stream)
-                {
-                    return Some(s);
-                }
-            }
-            Err(_) if stopping.is_cancelled() => return None,
-            Err(e) => {
-                if attempt == 0 {
-                    tracing::warn!(source, error = %e, "cannot read the stream's settings from the store; retrying");
-                }
-            }
-        }
-        tokio::select! {
-            _ = stopping.cancelled() => return None,
-            _ = tokio::time::sleep(crate::backoff::jittered(attempt, RETRY_BASE, RETRY_CAP)) => {}
-        }
-        attempt = attempt.saturating_add(1);
-    }
 }
 
 type AppendFuture = Pin<Box<dyn Future<Output = Result<Appended, AppendError>> + Send>>;

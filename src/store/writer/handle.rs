@@ -255,6 +255,45 @@ impl StoreHandle {
         rx.await.map_err(|_| gone())
     }
 
+    /// The settings of `stream`, for the source `source` that appends to it (an unavailable
+    /// store has none yet: wait; a writer that failed and is reopening answers again later).
+    /// `None` once colibri stops.
+    pub async fn stream_settings(
+        &self,
+        source: &str,
+        stream: &str,
+        stopping: &tokio_util::sync::CancellationToken,
+    ) -> Option<crate::store::StreamConfig> {
+        const RETRY_BASE: Duration = Duration::from_millis(100);
+        const RETRY_CAP: Duration = Duration::from_secs(5);
+        let mut attempt = 0u32;
+        loop {
+            match self.snapshot().await {
+                Ok(snap) => {
+                    if let Some(s) = snap
+                        .streams
+                        .into_iter()
+                        .map(|(c, _)| c)
+                        .find(|c| c.name == stream)
+                    {
+                        return Some(s);
+                    }
+                }
+                Err(_) if stopping.is_cancelled() => return None,
+                Err(e) => {
+                    if attempt == 0 {
+                        tracing::warn!(source, error = %e, "cannot read the stream's settings from the store; retrying");
+                    }
+                }
+            }
+            tokio::select! {
+                _ = stopping.cancelled() => return None,
+                _ = tokio::time::sleep(crate::backoff::jittered(attempt, RETRY_BASE, RETRY_CAP)) => {}
+            }
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
     /// The last committed checkpoint of `source` (see [`Store::checkpoint`]). Read before the
     /// transaction of the batch it arrives in: ask after the replies of your own appends.
     pub async fn checkpoint(&self, source: &str) -> Result<Option<Vec<u8>>, StoreError> {
