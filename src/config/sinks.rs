@@ -562,7 +562,7 @@ fn compile_http(
         headers: spec.headers.into_iter().collect(),
         timeout,
         concurrency,
-        tls: crate::sink::http::TlsConfig {
+        tls: crate::net::tls_client::TlsConfig {
             ca_file: file(&spec.tls.ca_file),
             client_cert: file(&spec.tls.client_cert),
             client_key: file(&spec.tls.client_key),

@@ -1,6 +1,6 @@
 //! The contract between `Sink` and each kind of sink: the [`Deliver`] trait every kind's built sink
 //! implements, what passes through it ([`Batch`] in, [`DeliveryError`] out, the [`Probe`] a down
-//! link is tested by), and how a kind refuses a setting ([`SettingError`]). It knows no kind: `sink/mod.rs` and the
+//! link is tested by); how a kind refuses a setting is `crate::setting`'s `SettingError`. It knows no kind: `sink/mod.rs` and the
 //! kinds' files (`http`, `file`, `stdout`) build on it; `delivery` and `config` use its types
 //! through `sink`'s re-exports.
 
@@ -130,36 +130,6 @@ impl Batch<'_> {
             "{:016x}:{}:{}#{index}",
             self.store_id, self.stream, self.job
         )
-    }
-}
-
-/// A password or token from the config, never shown by `Debug`.
-#[cfg(any(feature = "mqtt", feature = "nats"))]
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(pub String);
-
-#[cfg(any(feature = "mqtt", feature = "nats"))]
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<secret>")
-    }
-}
-
-/// A setting that cannot be used, and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}{}{message}", .field, if .field.is_empty() { "" } else { ": " })]
-pub struct SettingError {
-    /// The setting's path within the sink, e.g. `tls.ca_file`; empty for the sink as a whole.
-    pub field: String,
-    pub message: String,
-}
-
-impl SettingError {
-    pub(super) fn new(field: impl Into<String>, message: String) -> Self {
-        SettingError {
-            field: field.into(),
-            message,
-        }
     }
 }
 

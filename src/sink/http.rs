@@ -14,9 +14,11 @@ use reqwest::header::{
 };
 use reqwest::{Client, Method, Url};
 
-use super::deliver::{Batch, Deliver, DeliveryError, Payload, Probe, SettingError};
+use super::deliver::{Batch, Deliver, DeliveryError, Payload, Probe};
 use crate::net::client::{self, BadHeader, chain, shown_url};
+use crate::net::tls_client::TlsConfig;
 use crate::record::RecordFormat;
+use crate::setting::SettingError;
 use crate::store::FileJob;
 
 /// How much of a refusal's body goes into the dead-letter reason and the log.
@@ -125,18 +127,6 @@ pub enum Compression {
     None,
     Gzip,
     Zstd,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TlsConfig {
-    /// Trust only this CA bundle (PEM) instead of the system's roots.
-    pub ca_file: Option<std::path::PathBuf>,
-    /// Client certificate and key (PEM) for mutual TLS; both or neither.
-    pub client_cert: Option<std::path::PathBuf>,
-    pub client_key: Option<std::path::PathBuf>,
-    /// The name the server's certificate is checked against (and sent as SNI) when the URL's host
-    /// is an address or another name.
-    pub server_name: Option<String>,
 }
 
 /// A ready-to-use HTTP sink: the client (connection pool, TLS, configured headers) and the request

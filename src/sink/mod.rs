@@ -19,16 +19,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::record::RecordFormat;
+use crate::setting::SettingError;
 use crate::store::FileJob;
 use deliver::Deliver;
-#[cfg(any(feature = "mqtt", feature = "nats"))]
-pub use deliver::Secret;
-pub use deliver::{Batch, DeliveryError, Payload, Probe, SettingError};
+pub use deliver::{Batch, DeliveryError, Payload, Probe};
 
 mod deliver;
-// For the mqtt source, which connects to brokers as the mqtt sink does.
-#[cfg(feature = "mqtt")]
-pub use mqtt::{mqtt5_failure, mqtt5_options};
 pub mod file;
 pub mod file_body;
 pub mod http;
@@ -42,8 +38,6 @@ pub mod remote_write;
 pub mod stdout;
 #[cfg(any(feature = "mqtt", feature = "nats"))]
 pub mod template;
-#[cfg(any(feature = "mqtt", feature = "nats"))]
-mod tls;
 
 /// The compiled `sinks.<name>` entry: what every kind has, and the kind's own settings.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,10 +22,11 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::{Client, ConnectOptions, Event};
 use tokio::sync::OnceCell;
 
-use super::deliver::{Batch, Deliver, DeliveryError, Probe, Secret, SettingError};
-use super::http::TlsConfig;
+use super::deliver::{Batch, Deliver, DeliveryError, Probe};
 use super::template::{Message, Template};
+use crate::net::tls_client::TlsConfig;
 use crate::record::RecordFormat;
+use crate::setting::{Secret, SettingError};
 use crate::store::FileJob;
 
 /// The compiled `type: nats` settings.
@@ -191,7 +192,7 @@ impl NatsSink {
         if let Some(tls) = &spec.tls {
             options = options
                 .require_tls(true)
-                .tls_client_config(super::tls::client_config(tls)?);
+                .tls_client_config(crate::net::tls_client::client_config(tls)?);
         }
         Ok(NatsSink {
             inner: Arc::new(Inner {

@@ -22,12 +22,13 @@ use std::collections::HashMap;
 
 use reqwest::header::HeaderValue;
 
-use super::deliver::{Batch, Deliver, DeliveryError, Payload, Probe, SettingError};
+use super::deliver::{Batch, Deliver, DeliveryError, Payload, Probe};
 use super::http::{HttpConfig, HttpSink};
 use crate::net::client::shown_url;
 use crate::record::RecordFormat;
 use crate::scrape::lineparse::{self, Value};
 use crate::scrape::lineproto::Precision;
+use crate::setting::SettingError;
 use crate::store::FileJob;
 
 /// The compiled `type: prometheus_remote_write` settings: the HTTP transport's, and the labels

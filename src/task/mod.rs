@@ -4,7 +4,6 @@
 //! not parse the file. Called by `scheduler`.
 
 pub mod exec;
-pub mod exec_output;
 pub mod file_move;
 #[cfg(feature = "modbus")]
 pub mod modbus;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::super::Problems;
 use super::super::units::{Dur, Size};
 use super::TlsSpec;
-use crate::sink::http::TlsConfig;
+use crate::net::tls_client::TlsConfig;
 use crate::sink::template::{Rules, Template};
 
 /// `template` (under `field`) parsed; with `batch`, one naming a record's field is refused.

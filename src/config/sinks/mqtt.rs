@@ -142,7 +142,7 @@ pub(super) fn compile_mqtt(
     data_dir: &Path,
     err: &mut Problems<'_>,
 ) -> Option<SinkKind> {
-    use crate::sink::Secret;
+    use crate::setting::Secret;
     use crate::sink::mqtt::{MqttConfig, MqttSink, Protocol, Qos, Status};
     use crate::sink::template::MQTT_TOPIC;
     let (host, port, tls) = match broker::url(&spec.url, ("mqtt", 1883), ("mqtts", 8883)) {

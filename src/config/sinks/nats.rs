@@ -97,7 +97,7 @@ pub(super) fn compile_nats(
     base: &Path,
     err: &mut Problems<'_>,
 ) -> Option<SinkKind> {
-    use crate::sink::Secret;
+    use crate::setting::Secret;
     use crate::sink::nats::{Auth, NatsConfig, NatsSink};
     use crate::sink::template::NATS_SUBJECT;
     let urls = match spec.url {

@@ -203,7 +203,7 @@ pub(super) fn compile(
         tls,
         client_id,
         username: spec.username,
-        password: spec.password.map(crate::sink::Secret),
+        password: spec.password.map(crate::setting::Secret),
         keep_alive,
         session_expiry,
         timeout,

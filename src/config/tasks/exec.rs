@@ -151,9 +151,9 @@ fn exec_output(
     spec: &ExecSpec,
     ctx: &TaskCtx<'_>,
     err: &mut Problems<'_>,
-) -> Result<Option<crate::task::exec_output::Output>, ()> {
+) -> Result<Option<crate::task::exec::output::Output>, ()> {
     use crate::scrape::lineproto::Precision;
-    use crate::task::exec_output::{Output, OutputFormat};
+    use crate::task::exec::output::{Output, OutputFormat};
     let Some(stream) = &spec.stream else {
         let mut ok = true;
         for (set, field) in [

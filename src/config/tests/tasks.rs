@@ -299,7 +299,7 @@ tasks:
 #[test]
 fn exec_output_follows_its_stream_sink_and_every_mistake_is_named() {
     use crate::scrape::lineproto::Precision;
-    use crate::task::exec_output::OutputFormat;
+    use crate::task::exec::output::OutputFormat;
     let c = load(
         r#"
 sinks:

@@ -8,7 +8,7 @@
 use super::common::{Polled, Refusal};
 use super::settings::{MqttConfig, Protocol, Qos, Status};
 use super::{v5, v311};
-use crate::sink::deliver::SettingError;
+use crate::setting::SettingError;
 use crate::sink::template::Message;
 
 /// The client: clones share one request queue to the event loop.

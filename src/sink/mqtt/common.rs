@@ -43,10 +43,3 @@ pub fn varint_len(n: usize) -> usize {
         _ => 4,
     }
 }
-
-/// The reason a CONNACK refused colibri's credentials gives, in both versions' words.
-pub fn refused_credentials(shown: &str, code: impl std::fmt::Debug) -> String {
-    format!(
-        "{shown}: the broker refused colibri's credentials ({code:?}); nothing goes through until they are accepted"
-    )
-}

@@ -22,7 +22,7 @@ use tokio::sync::{Notify, watch};
 use super::client::{Client, Events};
 use super::common::Polled;
 use super::settings::{MqttConfig, Status};
-use crate::sink::deliver::SettingError;
+use crate::setting::SettingError;
 
 /// The connection as a delivery sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 //! when a message would pass the broker's maximum packet size (the delivery worker then sends the
 //! job in halves, down to the one record, which goes to the dead letters alone). The connection
 //! itself (connect, reconnect, the status messages) is [`conn`]'s (the two protocol versions behind
-//! [`client`], in `v5` and `v311`; what both share in [`common`]; the socket in [`socket`]; the
+//! [`client`], in `v5` and `v311`; what both share in [`common`]; the
 //! settings in [`settings`]). Built by
 //! `sink::Sink::new` from the compiled config.
 //!
@@ -18,7 +18,8 @@
 
 use std::time::Duration;
 
-use crate::sink::deliver::{Batch, Deliver, DeliveryError, Probe, SettingError};
+use crate::setting::SettingError;
+use crate::sink::deliver::{Batch, Deliver, DeliveryError, Probe};
 use crate::sink::template::Message;
 use crate::store::FileJob;
 use common::Refusal;
@@ -29,11 +30,8 @@ mod client;
 mod common;
 mod conn;
 mod settings;
-mod socket;
 mod v311;
 mod v5;
-// For the mqtt source, which connects to brokers as the mqtt sink does.
-pub use v5::{connection_options as mqtt5_options, reason as mqtt5_failure};
 
 /// The built sink: the settings and the connection (its driver starts when the sink is started).
 pub struct MqttSink {

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use crate::net::tls_client::TlsConfig;
 use crate::record::RecordFormat;
-use crate::sink::deliver::Secret;
-use crate::sink::http::TlsConfig;
+use crate::setting::Secret;
 use crate::sink::template::Template;
 
 /// The compiled `type: mqtt` settings.

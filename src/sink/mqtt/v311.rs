@@ -17,9 +17,9 @@ use rumqttc_v4::{
 
 use super::common::{MAX_IN_FLIGHT, Polled, REQUEST_CAPACITY, Refusal, varint_len};
 use super::settings::{MqttConfig, Qos, Status};
-use super::socket;
 use crate::net::client::chain;
-use crate::sink::deliver::SettingError;
+use crate::net::mqtt::socket;
+use crate::setting::SettingError;
 use crate::sink::template::Message;
 
 /// The largest packet MQTT can frame (a 4-byte remaining length): the client's own bound for what
@@ -37,7 +37,7 @@ pub fn build(
         rumqttc_v4::Broker::tcp(spec.server_name(), spec.port),
     );
     if let Some(tls) = &spec.tls {
-        let config = crate::sink::tls::client_config(tls)?;
+        let config = crate::net::tls_client::client_config(tls)?;
         opts.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(
             Arc::new(config),
         )));
@@ -131,7 +131,7 @@ fn reason(shown: &str, e: &ConnectionError) -> String {
     use ConnectReturnCode as C;
     match e {
         ConnectionError::ConnectionRefused(code @ (C::BadUserNamePassword | C::NotAuthorized)) => {
-            super::common::refused_credentials(shown, code)
+            crate::net::mqtt::refused_credentials(shown, code)
         }
         ConnectionError::ConnectionRefused(code) => {
             format!("{shown}: the broker refused the connection ({code:?})")

@@ -1,71 +1,28 @@
-//! MQTT 5 for the `mqtt` sink (rumqttc-v5-next): the client options from the settings, the event
-//! loop's packets and errors in [`common`](super::common)'s words (a CONNACK's maximum
+//! MQTT 5 for the `mqtt` sink (rumqttc-v5-next): the client options from the settings (on
+//! `net::mqtt`'s, which the mqtt source shares), the event loop's packets and errors in
+//! [`common`](super::common)'s words (a CONNACK's maximum
 //! packet size; a refused CONNACK's reason), a record's PUBLISH with the `idempotency-key` user
 //! property, and the reason codes of a PUBACK, PUBREC or PUBCOMP that refuses it. Called only
 //! through `client`.
 
-use std::sync::Arc;
-
 use rumqttc::{
-    AsyncClient, ConnectReturnCode, ConnectionError, Event, EventLoop, Incoming, LastWill,
-    MqttOptions, PubAckReason, PubRecReason, PublishNotice, PublishNoticeError, PublishOptions,
-    PublishProperties, QoS, TlsConfiguration, Transport,
+    AsyncClient, Event, EventLoop, Incoming, LastWill, PubAckReason, PubRecReason, PublishNotice,
+    PublishNoticeError, PublishOptions, PublishProperties, QoS,
 };
 
 use super::common::{MAX_IN_FLIGHT, Polled, REQUEST_CAPACITY, Refusal, varint_len};
 use super::settings::{MqttConfig, Qos, Status};
-use super::socket;
-use crate::net::client::chain;
-use crate::sink::deliver::{Secret, SettingError};
-use crate::sink::http::TlsConfig;
+use crate::setting::SettingError;
 use crate::sink::template::Message;
 
 /// The user property that carries a message's idempotency key.
 const KEY: &str = "idempotency-key";
 
-/// What every MQTT 5 connection of colibri's has (the sink's and the mqtt source's): the broker
-/// named `server_name` (the name its certificate is checked for) at `port`, dialled at `dial`
-/// (`host:port`) when that differs, TLS when set (reads its files), Nagle off, the credentials.
-pub fn connection_options(
-    client_id: &str,
-    server_name: String,
-    port: u16,
-    dial: Option<String>,
-    tls: Option<&TlsConfig>,
-    username: Option<&String>,
-    password: Option<&Secret>,
-) -> Result<MqttOptions, SettingError> {
-    let mut opts = MqttOptions::new(client_id, rumqttc::Broker::tcp(server_name, port));
-    if let Some(tls) = tls {
-        let config = crate::sink::tls::client_config(tls)?;
-        opts.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(
-            Arc::new(config),
-        )));
-    }
-    opts.set_socket_connector(move |addr, net| socket::connect(dial.clone(), addr, net));
-    let mut net = rumqttc::NetworkOptions::new();
-    net.set_tcp_nodelay(true);
-    opts.set_network_options(net);
-    match (username, password) {
-        (Some(u), Some(p)) => {
-            opts.set_credentials(u.clone(), p.0.clone().into_bytes());
-        }
-        (Some(u), None) => {
-            opts.set_username(u.clone());
-        }
-        (None, Some(p)) => {
-            opts.set_password(p.0.clone().into_bytes());
-        }
-        (None, None) => {}
-    }
-    Ok(opts)
-}
-
 pub fn build(
     spec: &MqttConfig,
     dial: Option<String>,
 ) -> Result<(AsyncClient, EventLoop), SettingError> {
-    let mut opts = connection_options(
+    let mut opts = crate::net::mqtt::connection_options(
         &spec.client_id,
         spec.server_name(),
         spec.port,
@@ -106,7 +63,7 @@ pub async fn poll(events: &mut EventLoop, shown: &str) -> Polled {
             session_present: ack.session_present,
         },
         Ok(_) => Polled::Other,
-        Err(e) => Polled::Failed(reason(shown, &e)),
+        Err(e) => Polled::Failed(crate::net::mqtt::reason(shown, &e)),
     }
 }
 
@@ -162,24 +119,6 @@ fn qos_of(qos: Qos) -> QoS {
     match qos {
         Qos::AtLeastOnce => QoS::AtLeastOnce,
         Qos::ExactlyOnce => QoS::ExactlyOnce,
-    }
-}
-
-/// Why the connection is down, for the log (the sink's link, the mqtt source) and the
-/// deliveries it refuses.
-pub fn reason(shown: &str, e: &ConnectionError) -> String {
-    use ConnectReturnCode as C;
-    match e {
-        ConnectionError::ConnectionRefused(
-            code @ (C::BadUserNamePassword
-            | C::NotAuthorized
-            | C::Banned
-            | C::BadAuthenticationMethod),
-        ) => super::common::refused_credentials(shown, code),
-        ConnectionError::ConnectionRefused(code) => {
-            format!("{shown}: the broker refused the connection ({code:?})")
-        }
-        other => format!("{shown}: {}", chain(other)),
     }
 }
 

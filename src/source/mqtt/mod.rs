@@ -33,8 +33,8 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::sink::Secret;
-use crate::sink::http::TlsConfig;
+use crate::net::tls_client::TlsConfig;
+use crate::setting::Secret;
 use crate::store::writer::StoreHandle;
 
 /// `max_in_flight` when the config does not say.

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::append::{Ack, Msg};
 use super::{BUDGET_BYTES, MqttSourceConfig, MqttSourceStats, QOS0_BUDGET_BYTES};
-use crate::sink::SettingError;
+use crate::setting::SettingError;
 
 /// The longest pause between connection attempts.
 const MAX_PAUSE: Duration = Duration::from_secs(30);
@@ -47,7 +47,7 @@ pub fn build(cfg: &MqttSourceConfig) -> Result<(AsyncClient, EventLoop), Setting
     // With `tls.server_name`, the certificate is checked for that name while the URL's host is
     // dialled.
     let dial = (cfg.server_name() != cfg.host).then(|| format!("{}:{}", cfg.host, cfg.port));
-    let mut opts = crate::sink::mqtt5_options(
+    let mut opts = crate::net::mqtt::connection_options(
         &cfg.client_id,
         cfg.server_name(),
         cfg.port,
@@ -558,7 +558,7 @@ impl Driver {
         if !self.down_reported {
             self.down_reported = true;
             let shown = self.cfg.shown();
-            let why = crate::sink::mqtt5_failure(&shown, e);
+            let why = crate::net::mqtt::reason(&shown, e);
             if was_up {
                 tracing::warn!(source = %self.cfg.name, broker = %shown, "mqtt connection lost ({why}); reconnecting (messages not yet acknowledged are sent again by the broker)");
             } else {

@@ -1,10 +1,26 @@
-//! The rustls client settings of the broker sinks (`mqtt`, `nats`), from the `tls` block they share
-//! with the `http` sink: the CA file's roots (else the system's), the client certificate and key.
-//! Errors name the setting. The `http` sink builds its own through reqwest.
+//! The client side of TLS for every outgoing connection that is not reqwest's: the settings of a
+//! `tls` block ([`TlsConfig`]: a CA bundle instead of the system's roots, a client certificate and
+//! key, the server name), shared by the `http` sink (which hands them to reqwest), the broker sinks
+//! and the mqtt source, and the rustls client settings made from them ([`client_config`], errors
+//! naming the setting). Compiled by `config`.
 
-use super::deliver::SettingError;
-use super::http::TlsConfig;
+#[cfg(any(feature = "mqtt", feature = "nats"))]
+use crate::setting::SettingError;
 
+/// A `tls` block of an outgoing connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// Trust only this CA bundle (PEM) instead of the system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Client certificate and key (PEM) for mutual TLS; both or neither.
+    pub client_cert: Option<std::path::PathBuf>,
+    pub client_key: Option<std::path::PathBuf>,
+    /// The name the server's certificate is checked against (and sent as SNI) when the URL's host
+    /// is an address or another name.
+    pub server_name: Option<String>,
+}
+
+#[cfg(any(feature = "mqtt", feature = "nats"))]
 /// rustls settings: the CA file's roots (else the system's) and the client certificate.
 pub fn client_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, SettingError> {
     use rustls::pki_types::pem::PemObject;

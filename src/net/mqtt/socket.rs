@@ -1,7 +1,7 @@
-//! The TCP stream under an `mqtt` sink's connection, for both protocol versions: dialled at the
-//! URL's host (also when `tls.server_name` names another), with Nagle off and TCP_QUICKACK re-armed
-//! after every read ([`QuickAck`]). It knows nothing of MQTT packets. Given to the client as its
-//! socket connector by `v5::build` and `v311::build`.
+//! The TCP stream under every MQTT connection (the sink's, both protocol versions, and the
+//! source's): dialled at the URL's host (also when `tls.server_name` names another), with Nagle
+//! off and TCP_QUICKACK re-armed after every read ([`QuickAck`]). It knows nothing of MQTT packets. Given to the client as its
+//! socket connector by `net::mqtt::connection_options` and the sink's 3.1.1 client.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

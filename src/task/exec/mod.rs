@@ -3,7 +3,7 @@
 //! whole group (SIGTERM, then SIGKILL after [`KILL_GRACE`]) so no grandchild outlives its run (one that
 //! left the group with `setsid` is out of reach: its hold on the output pipe is not waited for). It also
 //! owns [`ProcessGroups`], the registry of live groups that a second stop signal kills at once. With
-//! `stream:` it captures stdout (up to `max_output`) and appends the records `exec_output` makes of
+//! `stream:` it captures stdout (up to `max_output`) and appends the records `output` makes of
 //! it once the run succeeded, in one append: a run is stored whole or not at all. Called by
 //! `task::run`; it does not retry or log the run's outcome (that is `task::run`).
 
@@ -18,8 +18,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use super::exec_output::{Captured, Output};
 use super::{Attempt, Outcome, RunContext};
+use output::{Captured, Output};
+
+pub mod output;
 
 /// How long a group has between SIGTERM and SIGKILL.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
