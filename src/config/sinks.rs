@@ -587,7 +587,7 @@ fn compile_remote_write(
     base: &Path,
     err: &mut Problems<'_>,
 ) -> Option<SinkKind> {
-    use crate::sink::remote_write::{RemoteWriteConfig, valid_label_name};
+    use crate::sink::http::remote_write::{RemoteWriteConfig, valid_label_name};
     for (name, value) in &spec.external_labels {
         let problem = if !valid_label_name(name) {
             Some("is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")

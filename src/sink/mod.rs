@@ -1,18 +1,20 @@
-//! Sinks: where a stream's jobs are delivered. A closed set chosen by `type:` in the file, one file
-//! each: [`http`], [`file`] (a job becomes one file, written atomically), [`stdout`] and, with the
-//! `remote-write` feature, `remote_write` (Prometheus remote write over the http transport), with
-//! the `mqtt` feature, `mqtt` (an MQTT 5 or 3.1.1 broker; a folder: its settings, connection, the two protocol
-//! versions behind one client, its socket), with the `nats`
-//! feature, `nats` (NATS JetStream; what both broker sinks share in `template` and `tls`), each
-//! implementing the contract in `deliver` ([`Batch`] in, [`DeliveryError`] out: may not reach, may
-//! pass, too large, never). This file holds the compiled settings ([`SinkConfig`], with the kind's
-//! own in [`SinkKind`]) and [`Sink`], which builds the kind's sink and dispatches to it, so nothing
-//! outside `sink/` knows the kinds but `config` (which compiles them). Retry timing, the link
-//! state and dead letters are the delivery worker's, the link monitor's and the store's business.
-//! `agent` builds a [`Sink`] from the config and `delivery` drives it.
+//! Sinks: where a stream's jobs are delivered. A closed set chosen by `type:` in the file, a
+//! folder or file each: [`http`] (with, under the `remote-write` feature, `http::remote_write`:
+//! Prometheus remote write over the same transport), [`file`] (a job becomes one file, written
+//! atomically), [`stdout`], with the `mqtt` feature `mqtt` (an MQTT 5 or 3.1.1 broker), with the
+//! `nats` feature `nats` (NATS JetStream). What the kinds share lives here, below them: the
+//! contract in `deliver` ([`Batch`] in, [`DeliveryError`] out: may not reach, may pass, too large,
+//! never, one record never), the broker sinks' `template`, the local sinks' `local` and the
+//! streamed file body `file_body`; what they share with the sources lives lower still (`net`,
+//! `record`, `setting`). No kind imports another (`tests/it/layers.rs`). This file holds the
+//! compiled settings ([`SinkConfig`], with the kind's own in [`SinkKind`]) and [`Sink`], which
+//! builds the kind's sink and dispatches to it, so nothing outside `sink/` knows the kinds but
+//! `config` (which compiles them). Retry timing, the link state and dead letters are the delivery
+//! worker's, the link monitor's and the store's business. `agent` builds a [`Sink`] from the
+//! config and `delivery` drives it.
 //!
-//! A new kind of sink is a file here with its settings and its built sink (implementing
-//! `Deliver`), a variant in [`SinkKind`] and in `Built`, and their arms in this file.
+//! A new kind of sink is a folder (or file) here with its settings and its built sink
+//! (implementing `Deliver`), a variant in [`SinkKind`] and in `Built`, and their arms in this file.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,8 +35,6 @@ mod local;
 pub mod mqtt;
 #[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(feature = "remote-write")]
-pub mod remote_write;
 pub mod stdout;
 #[cfg(any(feature = "mqtt", feature = "nats"))]
 pub mod template;
@@ -57,7 +57,7 @@ pub enum SinkKind {
     Stdout,
     Http(Box<http::HttpConfig>),
     #[cfg(feature = "remote-write")]
-    RemoteWrite(Box<remote_write::RemoteWriteConfig>),
+    RemoteWrite(Box<http::remote_write::RemoteWriteConfig>),
     #[cfg(feature = "mqtt")]
     Mqtt(Box<mqtt::MqttConfig>),
     #[cfg(feature = "nats")]
@@ -172,7 +172,7 @@ impl Default for LinkConfig {
 enum Built {
     Http(Box<http::HttpSink>),
     #[cfg(feature = "remote-write")]
-    RemoteWrite(Box<remote_write::RemoteWriteSink>),
+    RemoteWrite(Box<http::remote_write::RemoteWriteSink>),
     #[cfg(feature = "mqtt")]
     Mqtt(Box<mqtt::MqttSink>),
     #[cfg(feature = "nats")]
@@ -213,7 +213,7 @@ impl Sink {
             }
             #[cfg(feature = "remote-write")]
             SinkKind::RemoteWrite(spec) => Built::RemoteWrite(Box::new(
-                remote_write::RemoteWriteSink::new(spec, &config.link.probe)?,
+                http::remote_write::RemoteWriteSink::new(spec, &config.link.probe)?,
             )),
             #[cfg(feature = "mqtt")]
             SinkKind::Mqtt(spec) => Built::Mqtt(Box::new(mqtt::MqttSink::new(spec)?)),

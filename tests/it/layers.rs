@@ -1,6 +1,7 @@
 //! The layer rule of ARCHITECTURE.md, read from the source: every `crate::` path in `src/` names a
 //! module on the same layer or a lower one, no two top-level modules import each other, only
-//! `store` names redb and only `config` names the YAML library. This reads text, not the compiler's
+//! `store` names redb and only `config` names the YAML library; and within the edges (`sink/`,
+//! `source/`, `task/`) no component imports another: what two share lives below both. This reads text, not the compiler's
 //! view, so a path built by a macro would escape it; none is.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -13,7 +14,7 @@ const LAYERS: &[(u8, &[&str])] = &[
         1,
         &[
             "units", "clock", "files", "backoff", "metrics", "notify", "zone", "net", "logging",
-            "scrape", "memory", "record",
+            "scrape", "memory", "record", "setting",
         ],
     ),
     (2, &["store", "schedule"]),
@@ -168,6 +169,147 @@ fn imports_point_down_the_layers_and_never_in_a_loop() {
         }
     }
     assert!(faults.is_empty(), "layer faults:\n{}", faults.join("\n"));
+}
+
+/// The edges' kinds, and per kind the modules its components share (below them all); every other
+/// module of a kind is a component (a folder, or a file), which imports only itself and these.
+const EDGES: &[(&str, &[&str])] = &[
+    (
+        "sink",
+        &["mod", "deliver", "template", "local", "file_body"],
+    ),
+    ("source", &["mod"]),
+    ("task", &["mod"]),
+];
+
+/// The module path of a file of `src/` (`src/sink/mqtt/v5.rs` -> `sink::mqtt::v5`, a `mod.rs`
+/// the folder's).
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).expect("under src");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| {
+            c.as_os_str()
+                .to_string_lossy()
+                .trim_end_matches(".rs")
+                .to_string()
+        })
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts
+}
+
+/// Every module path `code` names, absolute (`crate::a::b`) or relative (`super::b`, resolved
+/// from `here`), as far as its lower-case segments go.
+fn module_paths(code: &str, here: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for start in ["crate::", "super::"] {
+        let mut rest = code;
+        while let Some(i) = rest.find(start) {
+            let before = rest[..i].chars().last();
+            rest = &rest[i..];
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                rest = &rest[start.len()..];
+                continue;
+            }
+            let mut path: Vec<String> = if start == "crate::" {
+                rest = &rest["crate::".len()..];
+                Vec::new()
+            } else {
+                let mut base = here.to_vec();
+                while let Some(r) = rest.strip_prefix("super::") {
+                    base.pop();
+                    rest = r;
+                }
+                base
+            };
+            loop {
+                let name = ident(rest);
+                if name.is_empty() || !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+                    break;
+                }
+                rest = &rest[name.len()..];
+                path.push(name);
+                match rest.strip_prefix("::") {
+                    Some(r) => rest = r,
+                    None => break,
+                }
+            }
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// An edge's kind and component a module path lies in (`None` outside the components: a name
+/// with no file or folder of its own under the kind is an item of the kind's `mod.rs`).
+fn component(path: &[String]) -> Option<(&str, &str)> {
+    let (kind, shared) = EDGES
+        .iter()
+        .find(|(k, _)| path.first().is_some_and(|p| p == k))?;
+    let name = path.get(1)?;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(kind);
+    let exists = dir.join(format!("{name}.rs")).exists() || dir.join(name).is_dir();
+    (exists && !shared.contains(&name.as_str())).then_some((*kind, name.as_str()))
+}
+
+#[test]
+fn no_edge_imports_another_edge() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    files.sort();
+    let mut faults = Vec::new();
+    for file in &files {
+        let here = module_path(&src, file);
+        let Some((kind, own)) = component(&here) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(file).expect("read source");
+        for (line, code) in code_lines(&text) {
+            for path in module_paths(&code, &here) {
+                let other = match component(&path) {
+                    Some(c) if c != (kind, own) => format!("{}::{}", c.0, c.1),
+                    // Another kind's shared modules are another edge's too.
+                    None if path.first().is_some_and(|p| p != kind)
+                        && EDGES
+                            .iter()
+                            .any(|(k, _)| path.first().is_some_and(|p| p == k)) =>
+                    {
+                        path.join("::")
+                    }
+                    _ => continue,
+                };
+                let shown = file.strip_prefix(&src).expect("under src").display();
+                faults.push(format!("src/{shown}:{line}: {kind}::{own} imports {other}"));
+            }
+        }
+    }
+    assert!(
+        faults.is_empty(),
+        "edges importing edges:\n{}",
+        faults.join("\n")
+    );
+}
+
+#[test]
+fn the_edge_rule_finds_what_it_must_refuse() {
+    let here: Vec<String> = ["sink", "remote_write"].map(String::from).to_vec();
+    let paths = module_paths(
+        "use super::http::{HttpSink}; use crate::source::tail::x;",
+        &here,
+    );
+    assert_eq!(component(&paths[0]), Some(("source", "tail")));
+    assert_eq!(component(&paths[1]), Some(("sink", "http")));
+    let nested: Vec<String> = ["sink", "mqtt", "v5"].map(String::from).to_vec();
+    let paths = module_paths(
+        "use super::common::Polled; use super::super::template;",
+        &nested,
+    );
+    assert_eq!(component(&paths[0]), Some(("sink", "mqtt")));
+    assert_eq!(component(&paths[1]), None, "shared below the sinks");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The `prometheus_remote_write` sink (feature `remote-write`): each job (or part of one, after a
 //! 413) becomes one Prometheus remote write 1.0 request, a protobuf `WriteRequest` compressed with
 //! snappy, sent over the `http` sink's transport (client, TLS, headers, timeout, the classification
-//! of answers; see [`super::http`]). It owns the records-to-samples mapping and the request's
+//! of answers; see [`super`]). It owns the records-to-samples mapping and the request's
 //! framing; it does not scrape (the `http_scrape` task does) or retry (the delivery worker does).
 //! Built by `sink::Sink::new` from the compiled config.
 //!
@@ -22,13 +22,13 @@ use std::collections::HashMap;
 
 use reqwest::header::HeaderValue;
 
-use super::deliver::{Batch, Deliver, DeliveryError, Payload, Probe};
-use super::http::{HttpConfig, HttpSink};
+use super::{HttpConfig, HttpSink};
 use crate::net::client::shown_url;
 use crate::record::RecordFormat;
 use crate::scrape::lineparse::{self, Value};
 use crate::scrape::lineproto::Precision;
 use crate::setting::SettingError;
+use crate::sink::deliver::{Batch, Deliver, DeliveryError, Payload, Probe};
 use crate::store::FileJob;
 
 /// The compiled `type: prometheus_remote_write` settings: the HTTP transport's, and the labels

@@ -5,6 +5,9 @@
 //! business, no attempt spent), 408/429/5xx may pass (an attempt, `Retry-After` honoured), 413 asks
 //! for a split, any other 4xx never passes. It does not retry, pause or touch the store: the delivery
 //! worker does that with the classification. Built from the compiled config by `sink::Sink::new`.
+//!
+//! The folder is the HTTP transport's: [`remote_write`] (`type: prometheus_remote_write`) is this
+//! sink with a protobuf body, so it lives here rather than importing a peer.
 
 use std::io::Write as _;
 use std::time::Duration;
@@ -14,12 +17,15 @@ use reqwest::header::{
 };
 use reqwest::{Client, Method, Url};
 
-use super::deliver::{Batch, Deliver, DeliveryError, Payload, Probe};
 use crate::net::client::{self, BadHeader, chain, shown_url};
 use crate::net::tls_client::TlsConfig;
 use crate::record::RecordFormat;
 use crate::setting::SettingError;
+use crate::sink::deliver::{Batch, Deliver, DeliveryError, Payload, Probe};
 use crate::store::FileJob;
+
+#[cfg(feature = "remote-write")]
+pub mod remote_write;
 
 /// How much of a refusal's body goes into the dead-letter reason and the log.
 const BODY_PREFIX: usize = 256;
@@ -415,7 +421,7 @@ impl Deliver for HttpSink {
     /// be delivered: permanent.
     async fn send_file(&self, batch: &Batch<'_>, file: &FileJob) -> Result<(), DeliveryError> {
         let (key, path, len) = (batch.idempotency_key(), file.path.as_path(), file.len);
-        let body = match super::file_body::FileBody::open(path, len) {
+        let body = match crate::sink::file_body::FileBody::open(path, len) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(DeliveryError::Permanent(format!(
@@ -693,7 +699,7 @@ mod tests {
     async fn a_stored_zstd_frame_is_the_body_as_it_is() {
         let frame = b"(\xb5/\xfd not even decoded".as_slice();
         let recs: [&[u8]; 0] = [];
-        let mut batch = super::super::deliver::tests::batch(1, &recs);
+        let mut batch = crate::sink::deliver::tests::batch(1, &recs);
         batch.payload = Payload::ZstdLines(frame);
         for encoding in [Encoding::Ndjson, Encoding::InfluxLine] {
             let s = sink(encoding, Compression::Zstd);
