@@ -776,16 +776,16 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
                 let (value, mut err) = named("sources", "source", &name, value, problems);
                 let (kind, rest) = split_type(value, sources::SOURCE_TYPES, &mut err)?;
                 let spec = match kind.as_str() {
-                    #[cfg(any(feature = "syslog", feature = "schema"))]
+                    #[cfg(feature = "syslog")]
                     "syslog" => de_all(rest, &mut err).map(sources::SourceSpec::Syslog),
-                    #[cfg(not(any(feature = "syslog", feature = "schema")))]
+                    #[cfg(not(feature = "syslog"))]
                     "syslog" => {
                         err.add("type", sources::NO_SYSLOG.into());
                         return None;
                     }
-                    #[cfg(any(feature = "mqtt", feature = "schema"))]
+                    #[cfg(feature = "mqtt")]
                     "mqtt" => de_all(rest, &mut err).map(sources::SourceSpec::Mqtt),
-                    #[cfg(not(any(feature = "mqtt", feature = "schema")))]
+                    #[cfg(not(feature = "mqtt"))]
                     "mqtt" => {
                         err.add("type", sources::NO_MQTT.into());
                         return None;

@@ -18,13 +18,13 @@ use crate::sink::{LinkConfig, Probe, SinkConfig, SinkKind, SinkRetry};
 
 #[cfg(any(feature = "mqtt", feature = "nats"))]
 pub(super) mod broker;
-#[cfg(any(feature = "mqtt", feature = "schema"))]
+#[cfg(feature = "mqtt")]
 mod mqtt;
-#[cfg(any(feature = "mqtt", feature = "schema"))]
+#[cfg(feature = "mqtt")]
 pub use mqtt::{MqttSinkSpec, MqttStatusSpec};
-#[cfg(any(feature = "nats", feature = "schema"))]
+#[cfg(feature = "nats")]
 mod nats;
-#[cfg(any(feature = "nats", feature = "schema"))]
+#[cfg(feature = "nats")]
 pub use nats::{NatsSinkSpec, NatsUrls};
 
 /// A destination for a stream's jobs.
@@ -51,17 +51,17 @@ pub enum SinkSpec {
     /// `http_scrape` task's. Each numeric field is a sample of the series it names, labelled by
     /// the record's tags, `job` (the measurement) and `external_labels`. Built only with the
     /// `remote-write` feature (release builds have it).
-    #[cfg(any(feature = "remote-write", feature = "schema"))]
+    #[cfg(feature = "remote-write")]
     PrometheusRemoteWrite(Box<RemoteWriteSinkSpec>),
     /// Each record (or, with `batch`, each job) published to an MQTT 5 broker at QoS 1 or 2;
     /// delivered once every message is acknowledged. Every message carries the user property
     /// `idempotency-key`. Built only with the `mqtt` feature (release builds have it).
-    #[cfg(any(feature = "mqtt", feature = "schema"))]
+    #[cfg(feature = "mqtt")]
     Mqtt(Box<MqttSinkSpec>),
     /// Each record (or, with `batch`, each job) published to NATS JetStream with a `Nats-Msg-Id`
     /// JetStream deduplicates by; delivered once every PubAck is in. Built only with the `nats`
     /// feature (release builds have it).
-    #[cfg(any(feature = "nats", feature = "schema"))]
+    #[cfg(feature = "nats")]
     Nats(Box<NatsSinkSpec>),
 }
 
@@ -91,7 +91,7 @@ const NO_REMOTE_WRITE: &str =
 /// the type by name).
 // The transport's fields repeat `HttpSinkSpec`'s: serde's `flatten` would share them but turns
 // `deny_unknown_fields` off, and a misspelt key must stay an error naming it.
-#[cfg(any(feature = "remote-write", feature = "schema"))]
+#[cfg(feature = "remote-write")]
 #[derive(Debug, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
@@ -334,11 +334,11 @@ pub(super) fn compile_sink(
     let spec = match kind.as_str() {
         "file" => de_all(rest, &mut err).map(SinkSpec::File),
         "stdout" => de_all(rest, &mut err).map(SinkSpec::Stdout),
-        #[cfg(any(feature = "remote-write", feature = "schema"))]
+        #[cfg(feature = "remote-write")]
         "prometheus_remote_write" => {
             de_all(rest, &mut err).map(|r| SinkSpec::PrometheusRemoteWrite(Box::new(r)))
         }
-        #[cfg(not(any(feature = "remote-write", feature = "schema")))]
+        #[cfg(not(feature = "remote-write"))]
         "prometheus_remote_write" => {
             err.add("type", NO_REMOTE_WRITE.into());
             return None;
@@ -389,7 +389,7 @@ pub(super) fn compile_sink(
             )?;
             (SinkKind::Http(Box::new(http)), retry)
         }
-        #[cfg(any(feature = "remote-write", feature = "schema"))]
+        #[cfg(feature = "remote-write")]
         SinkSpec::PrometheusRemoteWrite(spec) => {
             let spec = *spec;
             link = compile_link(&spec.link, &spec.url, &mut err);
@@ -420,16 +420,6 @@ pub(super) fn compile_sink(
             link = broker_link(std::mem::take(&mut spec.link), "a nats", &mut err);
             let retry = std::mem::take(&mut spec.retry);
             (nats::compile_nats(&name, spec, base, &mut err)?, retry)
-        }
-        #[cfg(all(not(feature = "nats"), feature = "schema"))]
-        SinkSpec::Nats(_) => {
-            err.add("type", NO_NATS.into());
-            return None;
-        }
-        #[cfg(all(not(feature = "mqtt"), feature = "schema"))]
-        SinkSpec::Mqtt(_) => {
-            err.add("type", NO_MQTT.into());
-            return None;
         }
     };
     let retry = SinkRetry {
@@ -621,19 +611,6 @@ fn compile_remote_write(
         http,
         external_labels: spec.external_labels.into_iter().collect(),
     })))
-}
-
-/// Without the `remote-write` feature (a build with the schema generator only): refused, naming
-/// the feature.
-#[cfg(all(not(feature = "remote-write"), feature = "schema"))]
-fn compile_remote_write(
-    _spec: RemoteWriteSinkSpec,
-    _probe: &Probe,
-    _base: &Path,
-    err: &mut Problems<'_>,
-) -> Option<SinkKind> {
-    err.add("type", NO_REMOTE_WRITE.into());
-    None
 }
 
 pub(super) fn parse_http_url(s: &str) -> Result<reqwest::Url, String> {

@@ -2,9 +2,9 @@
 //! in [`syslog`]) and its compilation into a [`crate::source::Source`]. Called by
 //! `config::compile`; the sources themselves live in `crate::source::tail` and `crate::source::syslog`.
 
-#[cfg(any(feature = "mqtt", feature = "schema"))]
+#[cfg(feature = "mqtt")]
 pub mod mqtt;
-#[cfg(any(feature = "syslog", feature = "schema"))]
+#[cfg(feature = "syslog")]
 pub mod syslog;
 
 use super::Problems;
@@ -40,12 +40,12 @@ pub enum SourceSpec {
     /// Listens for syslog over UDP and TCP (RFC 6587 octet counting or newline framing) and
     /// appends each message, RFC 5424 or RFC 3164 parsed into fields, as one JSON record. Built
     /// only with the `syslog` feature (release builds have it).
-    #[cfg(any(feature = "syslog", feature = "schema"))]
+    #[cfg(feature = "syslog")]
     Syslog(Box<syslog::SyslogSpec>),
     /// Subscribes to topic filters on an MQTT 5 broker with a persistent session and appends each
     /// message as one JSON record, acknowledging it (PUBACK, or PUBREC at QoS 2) only once the
     /// stream has committed it. Built only with the `mqtt` feature (release builds have it).
-    #[cfg(any(feature = "mqtt", feature = "schema"))]
+    #[cfg(feature = "mqtt")]
     Mqtt(Box<mqtt::MqttSourceSpec>),
 }
 
@@ -233,19 +233,9 @@ pub(super) fn compile(
         #[cfg(feature = "syslog")]
         SourceSpec::Syslog(spec) => syslog::compile(name, *spec, base, streams, err)
             .map(|s| Source::Syslog(std::sync::Arc::new(s))),
-        #[cfg(all(not(feature = "syslog"), feature = "schema"))]
-        SourceSpec::Syslog(_) => {
-            err.add("type", NO_SYSLOG.into());
-            None
-        }
         #[cfg(feature = "mqtt")]
         SourceSpec::Mqtt(spec) => mqtt::compile(name, *spec, base, data_dir, streams, err)
             .map(|s| Source::Mqtt(std::sync::Arc::new(s))),
-        #[cfg(all(not(feature = "mqtt"), feature = "schema"))]
-        SourceSpec::Mqtt(_) => {
-            err.add("type", NO_MQTT.into());
-            None
-        }
     }
 }
 

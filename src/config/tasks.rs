@@ -146,7 +146,7 @@ pub enum TaskKind {
     HttpScrape(Box<HttpScrapeSpec>),
     /// Poll a Modbus TCP device: its registers, coils and inputs as one sample per run, stamped
     /// with the poll's time (built with the `modbus` cargo feature; release builds have it).
-    #[cfg(any(feature = "modbus", feature = "schema"))]
+    #[cfg(feature = "modbus")]
     Modbus(Box<ModbusSpec>),
 }
 
@@ -521,11 +521,6 @@ pub(super) fn compile_task(
         #[cfg(feature = "modbus")]
         TaskKind::Modbus(spec) => modbus::compile_modbus(*spec, &common.name, ctx, &mut err)
             .map(|m| Action::Modbus(Box::new(m))),
-        #[cfg(all(not(feature = "modbus"), feature = "schema"))]
-        TaskKind::Modbus(_) => {
-            err.add("type", NO_MODBUS.into());
-            None
-        }
     };
     Some(TaskDef {
         name: common.name,
