@@ -308,6 +308,31 @@ fn counter_key(k: &[u8]) -> Option<(&str, &str)> {
     Some((stream, name))
 }
 
+/// What the scan gathers as it goes, phase after phase.
+struct Scan<'a, R: ReadAt + ?Sized> {
+    w: Walker<'a, R>,
+    found: Found,
+    /// Every table name met, and its index in `names`.
+    names: Vec<Named>,
+    index: HashMap<Named, usize>,
+    /// The live tree's table definitions (name, root page), and whether the tree was whole.
+    live_defs: Vec<(String, Option<u64>)>,
+    tree_whole: bool,
+    /// Leaf page -> table, for the leaves the live tree leads to.
+    live_owner: HashMap<u64, usize>,
+    /// Tables whose live tree was read whole.
+    complete: HashSet<usize>,
+    /// Page -> the branch pages naming it, of every branch page found.
+    parents: HashMap<u64, Vec<u64>>,
+    /// Root page -> (table, entries its definition says it held) of every definition found.
+    roots: HashMap<u64, Vec<(usize, u64, u64)>>,
+    /// Entries under a root read as a table of a key width (`None`: not whole).
+    counts: HashMap<(u64, usize), Option<u64>>,
+}
+
+/// A candidate job attributed to a table: (stream, kind, live, leaf page, the candidate).
+type Attributed = (String, Kind, bool, u64, Cand);
+
 /// Reads the whole of `src` as a damaged colibri store. `streams`: the target store's streams.
 pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> {
     let mut w = Walker {
@@ -316,56 +341,97 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
     };
     let header = w.rd.read(0, PAGE as usize)?;
     w.geo = Geometry::from_header(&header);
-    let mut found = Found::default();
+    let mut s = Scan {
+        w,
+        found: Found::default(),
+        names: Vec::new(),
+        index: HashMap::new(),
+        live_defs: Vec::new(),
+        tree_whole: false,
+        live_owner: HashMap::new(),
+        complete: HashSet::new(),
+        parents: HashMap::new(),
+        roots: HashMap::new(),
+        counts: HashMap::new(),
+    };
+    s.live_tree(&header)?;
+    let leaves = s.pages()?;
+    let (attributed, unattributed) = s.attribute(leaves, streams)?;
+    let complete_tables = s.select(attributed, streams);
+    let tables_whole = s
+        .live_defs
+        .iter()
+        .filter_map(|(n, _)| match named(n) {
+            Named::Job(s, k) => Some((s, k)),
+            _ => None,
+        })
+        .all(|t| complete_tables.contains(&t));
+    let whole = !s.live_defs.is_empty() && s.tree_whole && tables_whole;
+    let mut found = s.found;
+    // With the live tree whole, a page it does not lead to is an old one: nothing in it is lost.
+    if !whole {
+        found.unattributable = unattributed.len() as u64;
+    }
+    found.in_doubt = !whole || found.damaged > 0 || found.unattributable > 0;
+    found.bytes_read = s.w.rd.bytes_read;
+    Ok(found)
+}
 
-    // 1. The live tree.
-    let mut names: Vec<Named> = Vec::new();
-    let mut index: HashMap<Named, usize> = HashMap::new();
-    let mut intern = |n: Named, names: &mut Vec<Named>| -> usize {
-        *index.entry(n.clone()).or_insert_with(|| {
+impl<R: ReadAt + ?Sized> Scan<'_, R> {
+    fn intern(&mut self, n: Named) -> usize {
+        let names = &mut self.names;
+        *self.index.entry(n.clone()).or_insert_with(|| {
             names.push(n);
             names.len() - 1
         })
-    };
-    let mut live_defs: Vec<(String, Option<u64>)> = Vec::new();
-    let mut tree_whole = false;
-    for slot in page::slots(&header) {
-        let mut defs = Vec::new();
-        let whole = w.walk(slot.user_root, None, None, |_, b, entries| {
-            for e in entries {
-                let name = b
-                    .get(e.key.clone())
-                    .and_then(|k| std::str::from_utf8(k).ok());
-                let def = b.get(e.value.clone()).and_then(page::table_root);
-                if let (Some(name), Some(root)) = (name, def) {
-                    defs.push((name.to_string(), root));
-                }
-            }
-        })?;
-        if !defs.is_empty() {
-            live_defs = defs;
-            tree_whole = whole;
-            break;
-        }
     }
-    let mut live_owner: HashMap<u64, usize> = HashMap::new();
-    let mut complete: HashSet<usize> = HashSet::new();
-    for (name, root) in &live_defs {
+
+    /// Phase 1, the live tree: the first header slot whose tree names tables, and every table it names
+    /// read (checkpoints, counters and the store id taken as they are read).
+    fn live_tree(&mut self, header: &[u8]) -> io::Result<()> {
+        for slot in page::slots(header) {
+            let mut defs = Vec::new();
+            let whole = self.w.walk(slot.user_root, None, None, |_, b, entries| {
+                for e in entries {
+                    let name = b
+                        .get(e.key.clone())
+                        .and_then(|k| std::str::from_utf8(k).ok());
+                    let def = b.get(e.value.clone()).and_then(page::table_root);
+                    if let (Some(name), Some(root)) = (name, def) {
+                        defs.push((name.to_string(), root));
+                    }
+                }
+            })?;
+            if !defs.is_empty() {
+                self.live_defs = defs;
+                self.tree_whole = whole;
+                break;
+            }
+        }
+        for (name, root) in self.live_defs.clone() {
+            self.live_table(&name, root)?;
+        }
+        Ok(())
+    }
+
+    /// One table of the live tree, read from `root`.
+    fn live_table(&mut self, name: &str, root: Option<u64>) -> io::Result<()> {
         let n = named(name);
         let (key_w, value_w) = match &n {
             Named::Job(_, kind) => (Some(kind.key_width()), None),
             Named::Checkpoints => (None, None),
             Named::Counters | Named::Meta => (None, Some(8)),
-            Named::Other => continue,
+            Named::Other => return Ok(()),
         };
-        let t = intern(n.clone(), &mut names);
+        let t = self.intern(n.clone());
         let Some(root) = root else {
-            complete.insert(t);
-            continue;
+            self.complete.insert(t);
+            return Ok(());
         };
         let mut leaves = Vec::new();
         let mut counters = BTreeMap::new();
-        let whole = w.walk(*root, key_w, value_w, |at, b, entries| {
+        let found = &mut self.found;
+        let whole = self.w.walk(root, key_w, value_w, |at, b, entries| {
             leaves.push(at);
             for e in entries {
                 let (Some(k), Some(v)) = (b.get(e.key.clone()), b.get(e.value.clone())) else {
@@ -393,284 +459,299 @@ pub fn scan<R: ReadAt + ?Sized>(src: &R, streams: &[&str]) -> io::Result<Found> 
             }
         })?;
         if whole {
-            found.counters.append(&mut counters);
+            self.found.counters.append(&mut counters);
+            self.complete.insert(t);
         }
         for at in leaves {
-            live_owner.insert(at, t);
+            self.live_owner.insert(at, t);
         }
-        if whole {
-            complete.insert(t);
-        }
+        Ok(())
     }
 
-    // 2. The scan.
-    let mut parents: HashMap<u64, Vec<u64>> = HashMap::new();
-    // Root page -> (table, entries its definition says it held) of every definition found.
-    let mut roots: HashMap<u64, Vec<(usize, u64, u64)>> = HashMap::new();
-    let mut leaves: Vec<JobLeaf> = Vec::new();
-    let len = w.rd.len();
-    let mut at = PAGE;
-    while at < len {
-        let first = w.rd.read(at, PAGE as usize)?;
-        let mut next = at + PAGE;
-        match first.first() {
-            Some(&page::BRANCH) => {
-                if let Some(children) = w.branch(at, 16 * PAGE)? {
-                    for c in children {
-                        if let Some(r) = w.geo.range(c) {
-                            parents.entry(r.start).or_default().push(at);
-                        }
-                    }
-                }
-            }
-            Some(&page::LEAF) => {
-                let mut job = None;
-                for width in [8, 16] {
-                    if let Some((b, entries)) = w.leaf(at, u64::MAX, Some(width), None)? {
-                        let c = cands(at, &b, &entries, width);
-                        let first_ok = entries
-                            .first()
-                            .and_then(|e| b.get(e.value.clone()))
-                            .and_then(check_job)
-                            .is_some();
-                        if c.iter().any(|c| c.ok.is_some()) && (first_ok || job.is_none()) {
-                            // The right width decodes value 0; a wrong one never can (its value
-                            // 0 would start inside the keys).
-                            let whole = (b.len() as u64).div_ceil(PAGE) * PAGE;
-                            next = next.max(at + whole);
-                            job = Some(JobLeaf {
-                                at,
-                                width: first_ok.then_some(width),
-                                cands: c,
-                            });
-                            if first_ok {
-                                break;
+    /// Phase 2, every page of the file: branch pages (who names whom), job leaves (each width tried),
+    /// and table-tree leaves, live or old copies (root page -> table).
+    fn pages(&mut self) -> io::Result<Vec<JobLeaf>> {
+        let mut leaves: Vec<JobLeaf> = Vec::new();
+        let len = self.w.rd.len();
+        let mut at = PAGE;
+        while at < len {
+            let first = self.w.rd.read(at, PAGE as usize)?;
+            let mut next = at + PAGE;
+            match first.first() {
+                Some(&page::BRANCH) => {
+                    if let Some(children) = self.w.branch(at, 16 * PAGE)? {
+                        for c in children {
+                            if let Some(r) = self.w.geo.range(c) {
+                                self.parents.entry(r.start).or_default().push(at);
                             }
                         }
                     }
                 }
-                if let Some(j) = job {
-                    leaves.push(j);
-                } else if let Some((b, entries)) = w.leaf(at, PAGE * 16, None, None)? {
-                    // A table tree leaf, live or an old copy: root page -> table.
-                    for e in &entries {
-                        let name = b
-                            .get(e.key.clone())
-                            .and_then(|k| std::str::from_utf8(k).ok());
-                        let value = b.get(e.value.clone()).unwrap_or_default();
-                        let def = page::table_root(value);
-                        if let (Some(name), Some(Some(root))) = (name, def) {
-                            let n = named(name);
-                            if matches!(n, Named::Job(..)) {
-                                let t = intern(n, &mut names);
-                                let claim = (t, page::table_len(value).unwrap_or(u64::MAX), root);
-                                if let Some(r) = w.geo.range(root) {
-                                    let ts = roots.entry(r.start).or_default();
-                                    if !ts.contains(&claim) {
-                                        ts.push(claim);
-                                    }
-                                }
-                            }
+                Some(&page::LEAF) => match self.job_leaf(at, &mut next)? {
+                    Some(j) => leaves.push(j),
+                    None => self.table_leaf(at)?,
+                },
+                _ => {}
+            }
+            at = next;
+        }
+        Ok(leaves)
+    }
+
+    /// The leaf at `at` read as a job table's (8- and 16-byte keys tried), moving `next` past it.
+    fn job_leaf(&mut self, at: u64, next: &mut u64) -> io::Result<Option<JobLeaf>> {
+        let mut job = None;
+        for width in [8, 16] {
+            if let Some((b, entries)) = self.w.leaf(at, u64::MAX, Some(width), None)? {
+                let c = cands(at, &b, &entries, width);
+                let first_ok = entries
+                    .first()
+                    .and_then(|e| b.get(e.value.clone()))
+                    .and_then(check_job)
+                    .is_some();
+                if c.iter().any(|c| c.ok.is_some()) && (first_ok || job.is_none()) {
+                    // The right width decodes value 0; a wrong one never can (its value 0 would
+                    // start inside the keys).
+                    let whole = (b.len() as u64).div_ceil(PAGE) * PAGE;
+                    *next = (*next).max(at + whole);
+                    job = Some(JobLeaf {
+                        at,
+                        width: first_ok.then_some(width),
+                        cands: c,
+                    });
+                    if first_ok {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(job)
+    }
+
+    /// The leaf at `at` read as a table tree's, live or an old copy: root page -> table.
+    fn table_leaf(&mut self, at: u64) -> io::Result<()> {
+        let Some((b, entries)) = self.w.leaf(at, PAGE * 16, None, None)? else {
+            return Ok(());
+        };
+        for e in &entries {
+            let name = b
+                .get(e.key.clone())
+                .and_then(|k| std::str::from_utf8(k).ok());
+            let value = b.get(e.value.clone()).unwrap_or_default();
+            let def = page::table_root(value);
+            if let (Some(name), Some(Some(root))) = (name, def) {
+                let n = named(name);
+                if matches!(n, Named::Job(..)) {
+                    let t = self.intern(n);
+                    let claim = (t, page::table_len(value).unwrap_or(u64::MAX), root);
+                    if let Some(r) = self.w.geo.range(root) {
+                        let ts = self.roots.entry(r.start).or_default();
+                        if !ts.contains(&claim) {
+                            ts.push(claim);
                         }
                     }
                 }
             }
-            _ => {}
         }
-        at = next;
+        Ok(())
     }
 
-    // 3. Attribution.
-    // A page freed and used again may be named as the root of several tables by definitions of
-    // different ages. Only claims that fit the leaf's key width count, and of those, when they
-    // still disagree, the ones whose entry count is what the tree under that root holds now.
-    let mut counts: HashMap<(u64, usize), Option<u64>> = HashMap::new();
-    let mut owner =
-        |w: &mut Walker<'_, R>, leaf: u64, width: Option<usize>| -> io::Result<Option<usize>> {
-            if let Some(t) = live_owner.get(&leaf) {
-                return Ok(Some(*t));
+    /// The table a job leaf belongs to. A page freed and used again may be named as the root of
+    /// several tables by definitions of different ages. Only claims that fit the leaf's key width
+    /// count, and of those, when they still disagree, the ones whose entry count is what the tree
+    /// under that root holds now.
+    fn owner(&mut self, leaf: u64, width: Option<usize>) -> io::Result<Option<usize>> {
+        if let Some(t) = self.live_owner.get(&leaf) {
+            return Ok(Some(*t));
+        }
+        // (root page number, table, entries claimed, key width)
+        let mut claims: Vec<(u64, usize, u64, usize)> = Vec::new();
+        let mut seen = HashSet::new();
+        let mut frontier = vec![leaf];
+        while let Some(p) = frontier.pop() {
+            if seen.len() > 1 << 16 || !seen.insert(p) {
+                continue;
             }
-            // (root page number, table, entries claimed, key width)
-            let mut claims: Vec<(u64, usize, u64, usize)> = Vec::new();
-            let mut seen = HashSet::new();
-            let mut frontier = vec![leaf];
-            while let Some(p) = frontier.pop() {
-                if seen.len() > 1 << 16 || !seen.insert(p) {
-                    continue;
-                }
-                for &(t, len, raw) in roots.get(&p).map(Vec::as_slice).unwrap_or_default() {
-                    if let Some(Named::Job(_, k)) = names.get(t)
-                        && width.is_none_or(|w| w == k.key_width())
-                    {
-                        claims.push((raw, t, len, k.key_width()));
-                    }
-                }
-                if let Some(ps) = parents.get(&p) {
-                    frontier.extend(ps.iter().copied());
+            for &(t, len, raw) in self.roots.get(&p).map(Vec::as_slice).unwrap_or_default() {
+                if let Some(Named::Job(_, k)) = self.names.get(t)
+                    && width.is_none_or(|w| w == k.key_width())
+                {
+                    claims.push((raw, t, len, k.key_width()));
                 }
             }
-            let one = |claims: &[(u64, usize, u64, usize)]| {
-                let mut ts = claims.iter().map(|c| c.1);
-                let first = ts.next()?;
-                ts.all(|t| t == first).then_some(first)
+            if let Some(ps) = self.parents.get(&p) {
+                frontier.extend(ps.iter().copied());
+            }
+        }
+        let one = |claims: &[(u64, usize, u64, usize)]| {
+            let mut ts = claims.iter().map(|c| c.1);
+            let first = ts.next()?;
+            ts.all(|t| t == first).then_some(first)
+        };
+        if claims.len() <= 1 || one(&claims).is_some() {
+            return Ok(one(&claims));
+        }
+        let mut fitting = Vec::new();
+        for c in &claims {
+            let (root, _, len, key_w) = *c;
+            let n = match self.counts.get(&(root, key_w)) {
+                Some(n) => *n,
+                None => {
+                    let mut n = 0u64;
+                    let whole = self
+                        .w
+                        .walk(root, Some(key_w), None, |_, _, e| n += e.len() as u64)?;
+                    let n = whole.then_some(n);
+                    self.counts.insert((root, key_w), n);
+                    n
+                }
             };
-            if claims.len() <= 1 || one(&claims).is_some() {
-                return Ok(one(&claims));
+            if n == Some(len) {
+                fitting.push(*c);
             }
-            let mut fitting = Vec::new();
-            for c in &claims {
-                let (root, _, len, key_w) = *c;
-                let n = match counts.get(&(root, key_w)) {
-                    Some(n) => *n,
-                    None => {
-                        let mut n = 0u64;
-                        let whole =
-                            w.walk(root, Some(key_w), None, |_, _, e| n += e.len() as u64)?;
-                        let n = whole.then_some(n);
-                        counts.insert((root, key_w), n);
-                        n
-                    }
-                };
-                if n == Some(len) {
-                    fitting.push(*c);
-                }
-            }
-            Ok(one(&fitting))
-        };
-    let single = match streams {
-        [s] => Some(s.to_string()),
-        _ => None,
-    };
-    // (stream, kind, live, cand) of every attributed candidate.
-    let mut attributed: Vec<(String, Kind, bool, u64, Cand)> = Vec::new();
-    let mut unattributed: HashSet<u64> = HashSet::new();
-    for leaf in leaves {
-        let live = live_owner.contains_key(&leaf.at);
-        let by_tree = owner(&mut w, leaf.at, leaf.width)?.and_then(|t| match names.get(t) {
-            Some(Named::Job(s, k)) => Some((t, s.clone(), *k)),
-            _ => None,
-        });
-        let mut found_cands = leaf.cands;
-        let (stream, fixed_kind) = match &by_tree {
-            Some((t, s, k)) => {
-                if leaf.width != Some(k.key_width()) {
-                    // Value 0 was damaged, or told another width: read the keys as the table's.
-                    found_cands = match w.leaf(leaf.at, u64::MAX, Some(k.key_width()), None)? {
-                        Some((b, entries)) => cands(leaf.at, &b, &entries, k.key_width()),
-                        None => Vec::new(),
-                    };
-                }
-                if live && found_cands.iter().any(|c| c.ok.is_none()) {
-                    complete.remove(t);
-                }
-                (s.clone(), Some(*k))
-            }
-            None => match (&single, leaf.width) {
-                (Some(s), Some(_)) => (s.clone(), None),
-                _ => {
-                    unattributed
-                        .extend(found_cands.iter().filter(|c| c.ok.is_some()).map(|c| c.id));
-                    continue;
-                }
-            },
-        };
-        for c in found_cands {
-            let kind = fixed_kind.unwrap_or(match (leaf.width, c.ok) {
-                (Some(16), _) => Kind::Retry,
-                (_, Some((_, _, _, true))) => Kind::Dead,
-                _ => Kind::Ready,
-            });
-            attributed.push((stream.clone(), kind, live, leaf.at, c));
         }
+        Ok(one(&fitting))
     }
 
-    // 4. Selection.
-    let complete_tables: HashSet<(String, Kind)> = complete
-        .iter()
-        .filter_map(|t| match names.get(*t) {
-            Some(Named::Job(s, k)) => Some((s.clone(), *k)),
+    /// Phase 3, attribution: each job leaf's candidates to a stream and kind (by the tree that leads to
+    /// it, or, with one stream only, by what they are); the ids of intact jobs that could not be.
+    fn attribute(
+        &mut self,
+        leaves: Vec<JobLeaf>,
+        streams: &[&str],
+    ) -> io::Result<(Vec<Attributed>, HashSet<u64>)> {
+        let single = match streams {
+            [s] => Some(s.to_string()),
             _ => None,
-        })
-        .collect();
-    type Best = (bool, (u32, u32, u64), FoundJob, u8);
-    let mut best: HashMap<(String, u64), Best> = HashMap::new();
-    let mut damaged: HashSet<(String, u64)> = HashSet::new();
-    // Two live values under one id: a sound tree has one per key, so a damaged key made one job
-    // look like another. Both are kept (each is a job that was queued), marked as twins below.
-    let mut live_twins: Vec<(FoundJob, u8)> = Vec::new();
-    for (stream, kind, live, leaf, c) in attributed {
-        if !live && complete_tables.contains(&(stream.clone(), kind)) {
-            continue;
-        }
-        let Some((version, records, progress, _)) = c.ok else {
-            damaged.insert((stream, c.id));
-            continue;
         };
-        let job = FoundJob {
-            stream: stream.clone(),
-            kind,
-            id: c.id,
-            due: c.due,
-            at: c.at,
-            len: c.len,
-            records,
-            live,
-            leaf,
-            twin: false,
-        };
-        let key = (stream, c.id);
-        if let Some((true, _, twin, _)) = best.get(&key)
-            && live
-            && twin.at != job.at
-        {
-            live_twins.push((job, version));
-            continue;
+        let mut attributed: Vec<Attributed> = Vec::new();
+        let mut unattributed: HashSet<u64> = HashSet::new();
+        for leaf in leaves {
+            let live = self.live_owner.contains_key(&leaf.at);
+            let by_tree = self
+                .owner(leaf.at, leaf.width)?
+                .and_then(|t| match self.names.get(t) {
+                    Some(Named::Job(s, k)) => Some((t, s.clone(), *k)),
+                    _ => None,
+                });
+            let mut found_cands = leaf.cands;
+            let (stream, fixed_kind) = match &by_tree {
+                Some((t, s, k)) => {
+                    if leaf.width != Some(k.key_width()) {
+                        // Value 0 was damaged, or told another width: read the keys as the
+                        // table's.
+                        found_cands =
+                            match self.w.leaf(leaf.at, u64::MAX, Some(k.key_width()), None)? {
+                                Some((b, entries)) => cands(leaf.at, &b, &entries, k.key_width()),
+                                None => Vec::new(),
+                            };
+                    }
+                    if live && found_cands.iter().any(|c| c.ok.is_none()) {
+                        self.complete.remove(t);
+                    }
+                    (s.clone(), Some(*k))
+                }
+                None => match (&single, leaf.width) {
+                    (Some(s), Some(_)) => (s.clone(), None),
+                    _ => {
+                        unattributed
+                            .extend(found_cands.iter().filter(|c| c.ok.is_some()).map(|c| c.id));
+                        continue;
+                    }
+                },
+            };
+            for c in found_cands {
+                let kind = fixed_kind.unwrap_or(match (leaf.width, c.ok) {
+                    (Some(16), _) => Kind::Retry,
+                    (_, Some((_, _, _, true))) => Kind::Dead,
+                    _ => Kind::Ready,
+                });
+                attributed.push((stream.clone(), kind, live, leaf.at, c));
+            }
         }
-        let better = match best.get(&key) {
-            None => true,
-            Some((l, p, _, _)) => (live, progress) > (*l, *p),
-        };
-        if better {
-            best.insert(key, (live, progress, job, version));
+        Ok((attributed, unattributed))
+    }
+
+    /// Phase 4, selection: per (stream, id) the best copy (live first, then the furthest progress),
+    /// both of two live twins, the damaged ones counted; into `found`. Returns the tables read
+    /// whole.
+    fn select(&mut self, attributed: Vec<Attributed>, streams: &[&str]) -> HashSet<(String, Kind)> {
+        let complete_tables: HashSet<(String, Kind)> = self
+            .complete
+            .iter()
+            .filter_map(|t| match self.names.get(*t) {
+                Some(Named::Job(s, k)) => Some((s.clone(), *k)),
+                _ => None,
+            })
+            .collect();
+        type Best = (bool, (u32, u32, u64), FoundJob, u8);
+        let mut best: HashMap<(String, u64), Best> = HashMap::new();
+        let mut damaged: HashSet<(String, u64)> = HashSet::new();
+        // Two live values under one id: a sound tree has one per key, so a damaged key made one
+        // job look like another. Both are kept (each is a job that was queued), marked as twins
+        // below.
+        let mut live_twins: Vec<(FoundJob, u8)> = Vec::new();
+        for (stream, kind, live, leaf, c) in attributed {
+            if !live && complete_tables.contains(&(stream.clone(), kind)) {
+                continue;
+            }
+            let Some((version, records, progress, _)) = c.ok else {
+                damaged.insert((stream, c.id));
+                continue;
+            };
+            let job = FoundJob {
+                stream: stream.clone(),
+                kind,
+                id: c.id,
+                due: c.due,
+                at: c.at,
+                len: c.len,
+                records,
+                live,
+                leaf,
+                twin: false,
+            };
+            let key = (stream, c.id);
+            if let Some((true, _, twin, _)) = best.get(&key)
+                && live
+                && twin.at != job.at
+            {
+                live_twins.push((job, version));
+                continue;
+            }
+            let better = match best.get(&key) {
+                None => true,
+                Some((l, p, _, _)) => (live, progress) > (*l, *p),
+            };
+            if better {
+                best.insert(key, (live, progress, job, version));
+            }
         }
-    }
-    found.damaged = damaged.iter().filter(|k| !best.contains_key(*k)).count() as u64;
-    let known: HashSet<&str> = streams.iter().copied().collect();
-    let mut jobs = Vec::new();
-    let found_jobs = best
-        .into_values()
-        .map(|(_, _, job, version)| (job, version))
-        .chain(live_twins);
-    for (job, version) in found_jobs {
-        if !known.contains(job.stream.as_str()) {
-            *found.unknown_streams.entry(job.stream).or_default() += 1;
-        } else if version == format::VERSION_FILE {
-            found.file_jobs += 1;
-        } else {
-            jobs.push(job);
+        let found = &mut self.found;
+        found.damaged = damaged.iter().filter(|k| !best.contains_key(*k)).count() as u64;
+        let known: HashSet<&str> = streams.iter().copied().collect();
+        let mut jobs = Vec::new();
+        let found_jobs = best
+            .into_values()
+            .map(|(_, _, job, version)| (job, version))
+            .chain(live_twins);
+        for (job, version) in found_jobs {
+            if !known.contains(job.stream.as_str()) {
+                *found.unknown_streams.entry(job.stream).or_default() += 1;
+            } else if version == format::VERSION_FILE {
+                found.file_jobs += 1;
+            } else {
+                jobs.push(job);
+            }
         }
-    }
-    jobs.sort_by(|a, b| (&a.stream, a.id, a.at).cmp(&(&b.stream, b.id, b.at)));
-    for i in 1..jobs.len() {
-        if (&jobs[i - 1].stream, jobs[i - 1].id) == (&jobs[i].stream, jobs[i].id) {
-            jobs[i - 1].twin = true;
-            jobs[i].twin = true;
+        jobs.sort_by(|a, b| (&a.stream, a.id, a.at).cmp(&(&b.stream, b.id, b.at)));
+        for i in 1..jobs.len() {
+            if (&jobs[i - 1].stream, jobs[i - 1].id) == (&jobs[i].stream, jobs[i].id) {
+                jobs[i - 1].twin = true;
+                jobs[i].twin = true;
+            }
         }
+        found.jobs = jobs;
+        complete_tables
     }
-    found.jobs = jobs;
-    let tables_whole = live_defs
-        .iter()
-        .filter_map(|(n, _)| match named(n) {
-            Named::Job(s, k) => Some((s, k)),
-            _ => None,
-        })
-        .all(|t| complete_tables.contains(&t));
-    let whole = !live_defs.is_empty() && tree_whole && tables_whole;
-    // With the live tree whole, a page it does not lead to is an old one: nothing in it is lost.
-    if !whole {
-        found.unattributable = unattributed.len() as u64;
-    }
-    found.in_doubt = !whole || found.damaged > 0 || found.unattributable > 0;
-    found.bytes_read = w.rd.bytes_read;
-    Ok(found)
 }
