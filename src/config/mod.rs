@@ -722,36 +722,15 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
     let (declared_sinks, declared_streams) = (declared(&sinks_value), declared(&streams_value));
     // Before the entries: MQTT client ids are made unique per store from it.
     let data_dir = base.join(&spec.data_dir);
-    let sinks: Vec<Arc<SinkConfig>> = match sinks_value {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Object(entries)) => entries
-            .into_iter()
-            .filter_map(|(name, value)| compile_sink(name, value, base, &data_dir, problems))
-            .map(Arc::new)
-            .collect(),
-        Some(other) => {
-            problems.add(
-                "sinks",
-                format!("expected a mapping of sink names to settings, found {other}"),
-            );
-            Vec::new()
-        }
-    };
+    let sinks: Vec<Arc<SinkConfig>> =
+        each_entry(sinks_value, "sinks", "sink", problems, |n, v, p| {
+            compile_sink(n, v, base, &data_dir, p).map(Arc::new)
+        });
     let sink_names: Vec<&str> = declared_sinks.iter().map(String::as_str).collect();
-    let mut streams: Vec<StreamConfig> = match streams_value {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Object(entries)) => entries
-            .into_iter()
-            .filter_map(|(name, value)| compile_stream(name, value, &sink_names, problems))
-            .collect(),
-        Some(other) => {
-            problems.add(
-                "streams",
-                format!("expected a mapping of stream names to settings, found {other}"),
-            );
-            Vec::new()
-        }
-    };
+    let mut streams: Vec<StreamConfig> =
+        each_entry(streams_value, "streams", "stream", problems, |n, v, p| {
+            compile_stream(n, v, &sink_names, p)
+        });
     // `compression: auto` stores every job compressed when the sink sends the stored frame as its
     // zstd body: the sink would compress it anyway.
     for st in &mut streams {
@@ -768,49 +747,85 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
         .iter()
         .map(|&s| (s, stream_format(&streams, &sinks, s)))
         .collect();
-    let sources: Vec<crate::source::Source> = match sources_value {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Object(entries)) => entries
-            .into_iter()
-            .filter_map(|(name, value)| {
-                let (value, mut err) = named("sources", "source", &name, value, problems);
-                let (kind, rest) = split_type(value, sources::SOURCE_TYPES, &mut err)?;
-                let spec = match kind.as_str() {
-                    #[cfg(feature = "syslog")]
-                    "syslog" => de_all(rest, &mut err).map(sources::SourceSpec::Syslog),
-                    #[cfg(not(feature = "syslog"))]
-                    "syslog" => {
-                        err.add("type", sources::NO_SYSLOG.into());
-                        return None;
-                    }
-                    #[cfg(feature = "mqtt")]
-                    "mqtt" => de_all(rest, &mut err).map(sources::SourceSpec::Mqtt),
-                    #[cfg(not(feature = "mqtt"))]
-                    "mqtt" => {
-                        err.add("type", sources::NO_MQTT.into());
-                        return None;
-                    }
-                    _ => de_all(rest, &mut err).map(sources::SourceSpec::Tail),
-                }?;
-                sources::compile(&name, spec, base, &data_dir, &stream_names, &mut err)
-            })
-            .collect(),
-        Some(other) => {
-            problems.add(
-                "sources",
-                format!("expected a mapping of source names to settings, found {other}"),
-            );
-            Vec::new()
-        }
-    };
+    let sources: Vec<crate::source::Source> =
+        each_entry(sources_value, "sources", "source", problems, |n, v, p| {
+            sources::compile_entry(&n, v, base, &data_dir, &stream_names, p)
+        });
     let ingest = spec
         .ingest
         .and_then(|i| ingest::compile(i, &stream_formats, base, &mut problems.under("ingest")));
+    check_source_streams(&sources, &streams, &sinks, problems);
+    let admin = admin::compile_admin(spec.admin, base, problems);
+
+    let ctx = TaskCtx {
+        base,
+        grace,
+        data_dir: &data_dir,
+        streams: &streams,
+        declared_streams: &declared_streams,
+        sinks: &sinks,
+        storage,
+    };
+    let tasks = compile_tasks(tasks_value, &ctx, problems);
+
+    Some(Config {
+        source: source.to_path_buf(),
+        data_dir,
+        workers: spec.workers as usize,
+        shutdown_grace: grace,
+        log_level: spec.log.level,
+        log_format: spec.log.format,
+        log_file,
+        storage,
+        sinks,
+        streams,
+        tasks,
+        ingest,
+        sources,
+        admin,
+        fingerprint,
+        sha256: String::new(),
+        warnings: Vec::new(),
+    })
+}
+
+/// Each entry of a top-level map (`sinks`, `streams`, `sources`) compiled by `f` (name, value,
+/// problems); anything but a map is one problem.
+fn each_entry<T>(
+    value: Option<Value>,
+    key: &str,
+    what: &str,
+    problems: &mut Problems<'_>,
+    mut f: impl FnMut(String, Value, &mut Problems<'_>) -> Option<T>,
+) -> Vec<T> {
+    match value {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(entries)) => entries
+            .into_iter()
+            .filter_map(|(name, value)| f(name, value, problems))
+            .collect(),
+        Some(other) => {
+            problems.add(
+                key,
+                format!("expected a mapping of {what} names to settings, found {other}"),
+            );
+            Vec::new()
+        }
+    }
+}
+
+/// A source's records are JSON objects: a stream delivered as line protocol cannot carry them.
+fn check_source_streams(
+    sources: &[crate::source::Source],
+    streams: &[StreamConfig],
+    sinks: &[Arc<SinkConfig>],
+    problems: &mut Problems<'_>,
+) {
     for (src, stream) in sources
         .iter()
         .flat_map(|s| s.streams().into_iter().map(move |st| (s, st)))
     {
-        if let RecordFormat::LineProtocol(_) = stream_format(&streams, &sinks, stream) {
+        if let RecordFormat::LineProtocol(_) = stream_format(streams, sinks, stream) {
             problems.add(
                 &format!("sources.{}.stream", src.name()),
                 format!(
@@ -821,8 +836,14 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
             );
         }
     }
-    let admin = admin::compile_admin(spec.admin, base, problems);
+}
 
+/// The `tasks` list, each compiled in `ctx`; a name used twice is a problem of the second.
+fn compile_tasks(
+    tasks_value: Option<Value>,
+    ctx: &TaskCtx<'_>,
+    problems: &mut Problems<'_>,
+) -> Vec<Arc<TaskDef>> {
     let task_values = match tasks_value {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) => items,
@@ -830,15 +851,6 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
             problems.add("tasks", format!("expected a list of tasks, found {other}"));
             Vec::new()
         }
-    };
-    let ctx = TaskCtx {
-        base,
-        grace,
-        data_dir: &data_dir,
-        streams: &streams,
-        declared_streams: &declared_streams,
-        sinks: &sinks,
-        storage,
     };
     let mut tasks = Vec::with_capacity(task_values.len());
     let mut seen: HashMap<String, usize> = HashMap::new();
@@ -861,30 +873,11 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
                 seen.insert(n.clone(), i);
             }
         }
-        if let Some(task) = compile_task(value, &at, &ctx, problems) {
+        if let Some(task) = compile_task(value, &at, ctx, problems) {
             tasks.push(Arc::new(task));
         }
     }
-
-    Some(Config {
-        source: source.to_path_buf(),
-        data_dir,
-        workers: spec.workers as usize,
-        shutdown_grace: grace,
-        log_level: spec.log.level,
-        log_format: spec.log.format,
-        log_file,
-        storage,
-        sinks,
-        streams,
-        tasks,
-        ingest,
-        sources,
-        admin,
-        fingerprint,
-        sha256: String::new(),
-        warnings: Vec::new(),
-    })
+    tasks
 }
 
 /// Names of tasks and streams: they appear in logs, metric labels and table names.

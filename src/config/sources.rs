@@ -215,6 +215,39 @@ pub struct MultilineSpec {
     pub timeout: Option<Dur>,
 }
 
+/// One `sources.<name>` entry: its name checked, its `type` read (the kinds' list: `tail`, the
+/// default, `syslog`, `mqtt`), its settings read as that kind's and compiled.
+pub(super) fn compile_entry(
+    name: &str,
+    value: serde_json::Value,
+    base: &Path,
+    data_dir: &Path,
+    streams: &[&str],
+    problems: &mut Problems<'_>,
+) -> Option<Source> {
+    use super::de_all::de_all;
+    let (value, mut err) = super::named("sources", "source", name, value, problems);
+    let (kind, rest) = super::split_type(value, SOURCE_TYPES, &mut err)?;
+    let spec = match kind.as_str() {
+        #[cfg(feature = "syslog")]
+        "syslog" => de_all(rest, &mut err).map(SourceSpec::Syslog),
+        #[cfg(not(feature = "syslog"))]
+        "syslog" => {
+            err.add("type", NO_SYSLOG.into());
+            return None;
+        }
+        #[cfg(feature = "mqtt")]
+        "mqtt" => de_all(rest, &mut err).map(SourceSpec::Mqtt),
+        #[cfg(not(feature = "mqtt"))]
+        "mqtt" => {
+            err.add("type", NO_MQTT.into());
+            return None;
+        }
+        _ => de_all(rest, &mut err).map(SourceSpec::Tail),
+    }?;
+    compile(name, spec, base, data_dir, streams, &mut err)
+}
+
 /// Compiles one source; problems go to `err.add(path, message)` with paths relative to the source.
 pub(super) fn compile(
     name: &str,
