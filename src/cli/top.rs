@@ -281,243 +281,321 @@ fn screen(
     wall: DateTime<Utc>,
     width: usize,
 ) -> Vec<String> {
-    let secs = before.map(|b| now.at.duration_since(b.at).as_secs_f64().max(0.001));
-    let rate = |name: &str, key: &str, item: &str| -> Option<f64> {
-        let (b, s) = (before?, secs?);
-        Some(((now.total(name, key, item) - b.total(name, key, item)) / s).max(0.0))
+    let f = Frame {
+        now,
+        before,
+        secs: before.map(|b| now.at.duration_since(b.at).as_secs_f64().max(0.001)),
+        view,
+        wall,
     };
-    let shown = |name: &str| view.filter.is_empty() || name.contains(view.filter.as_str());
-    let fmt_rate = |r: Option<f64>| r.map_or("-".to_string(), short);
-    let mut lines = Vec::new();
-    let version = now
-        .samples
-        .iter()
-        .find(|s| s.name == "colibri_build_info")
-        .map_or("?", |s| s.label("version"));
-    if let Some(a) = away {
-        lines.push(format!(
-            "AGENT AWAY since {} ({}): {}; asking every {}s",
-            a.since.format("%H:%M:%S"),
-            fmt_duration(Duration::from_secs(
-                (wall - a.since).num_seconds().max(0).unsigned_abs()
-            )),
-            cause_first(&a.reason),
-            REFRESH.as_secs(),
-        ));
-    }
-    let up = wall.timestamp() as f64 - now.single("colibri_process_start_time_seconds");
-    lines.push(format!(
-        "colibri {version}  up {}  config generation {}{}  memory {}  workers {}/{}",
-        fmt_duration(Duration::from_secs(up.max(0.0) as u64)),
-        now.single("colibri_config_generation"),
-        if now.single("colibri_config_restart_pending") > 0.0 {
-            " (restart pending)"
-        } else {
-            ""
-        },
-        fmt_size(now.single("colibri_process_resident_memory_bytes") as u64),
-        now.single("colibri_workers_busy"),
-        now.single("colibri_workers"),
-    ));
-    lines.push(format!(
-        "sort: {} (s)  filter: {}{} (/)  quit: q",
-        view.sort.label(),
-        if view.filter.is_empty() && !view.typing {
-            "-"
-        } else {
-            view.filter.as_str()
-        },
-        if view.typing { "_" } else { "" },
-    ));
-    lines.push(String::new());
-
-    // Streams.
-    let queued = |s: &str, what: &str| {
-        now.sum(what, "stream", s, |x| {
-            matches!(x.label("queue"), "ready" | "retry")
-        })
-    };
-    let mut streams: Vec<(String, f64, f64)> = now
-        .items("colibri_stream_records", "stream")
-        .into_iter()
-        .filter(|s| shown(s))
-        .map(|s| {
-            let backlog = queued(&s, "colibri_stream_records");
-            let r = rate("colibri_stream_appended_records_total", "stream", &s).unwrap_or(0.0);
-            (s, backlog, r)
-        })
-        .collect();
-    sort_rows(&mut streams, view.sort);
-    lines.push(format!(
-        "{:<16} {:>7} {:>6} {:>7} {:>7} {:>5} {:>6} {:>6} {:>5} {:>5}",
-        "STREAM", "QUEUED", "JOBS", "DISK", "RAW", "AGE", "IN/s", "OUT/s", "DEAD", "DROP"
-    ));
-    let wall_s = wall.timestamp_millis() as f64 / 1000.0;
-    let retrying = |s: &str| {
-        now.sum("colibri_stream_jobs", "stream", s, |x| {
-            x.label("queue") == "retry"
-        }) > 0.0
-    };
-    let mut any_paused = false;
-    for (s, backlog, _) in &streams {
-        // A paused stream is marked on its name: the row has no room for a word more.
-        let paused = now.total("colibri_stream_paused", "stream", s) > 0.0;
-        any_paused |= paused;
-        let head = now.total("colibri_stream_oldest_ready_timestamp_seconds", "stream", s);
-        lines.push(format!(
-            "{:<16} {:>7} {:>6} {:>7} {:>7} {:>5} {:>6} {:>6} {:>5} {:>5}",
-            if paused { format!("{s}*") } else { s.clone() },
-            short(*backlog),
-            short(queued(s, "colibri_stream_jobs")),
-            fmt_size(queued(s, "colibri_stream_bytes") as u64),
-            fmt_size(queued(s, "colibri_stream_raw_bytes") as u64),
-            // The ready queue's head; a `+` when jobs wait to be retried as well, which may be
-            // older (the metric does not walk them).
-            format!(
-                "{}{}",
-                if head > 0.0 {
-                    short_age(wall_s - head)
-                } else {
-                    "-".into()
-                },
-                if retrying(s) { "+" } else { "" }
-            ),
-            fmt_rate(rate("colibri_stream_appended_records_total", "stream", s)),
-            fmt_rate(rate("colibri_stream_delivered_records_total", "stream", s)),
-            short(
-                now.sum("colibri_stream_records", "stream", s, |x| x.label("queue")
-                    == "dead")
-            ),
-            short(now.total("colibri_stream_dropped_records_total", "stream", s)),
-        ));
-        // Drops by reason, on a line of their own when there are any.
-        let reasons: Vec<String> = now
-            .samples
-            .iter()
-            .filter(|x| {
-                x.name == "colibri_stream_dropped_records_total"
-                    && x.label("stream") == s.as_str()
-                    && x.value > 0.0
-            })
-            .map(|x| format!("{} {}", x.label("reason"), short(x.value)))
-            .collect();
-        if !reasons.is_empty() {
-            lines.push(format!("  dropped: {}", reasons.join(", ")));
-        }
-    }
-    lines.push(if any_paused {
-        "* paused: nothing delivered until `colibri queue resume`".into()
-    } else {
-        String::new()
-    });
-
-    // Sinks.
-    lines.push(format!(
-        "{:<16} {:<5} {:>12} {:>12} {:>8} {:>7} {:>6}",
-        "SINK", "LINK", "DOWN SINCE", "NEXT PROBE", "DELIV/s", "DEAD", "FAILED"
-    ));
-    for s in now
-        .items("colibri_sink_link_up", "sink")
-        .into_iter()
-        .filter(|s| shown(s))
-    {
-        let up = now.total("colibri_sink_link_up", "sink", &s) > 0.0;
-        // While up (a trial included, which is still part of the outage) neither is shown.
-        let while_down = |metric: &str| match up {
-            true => "-".to_string(),
-            false => when(now.total(metric, "sink", &s), wall),
-        };
-        lines.push(format!(
-            "{:<16} {:<5} {:>12} {:>12} {:>8} {:>7} {:>6}",
-            s,
-            if up { "up" } else { "DOWN" },
-            while_down("colibri_sink_link_down_since_timestamp_seconds"),
-            while_down("colibri_sink_link_next_probe_timestamp_seconds"),
-            fmt_rate(rate("colibri_sink_delivered_records_total", "sink", &s)),
-            short(now.total("colibri_sink_dead_lettered_records_total", "sink", &s)),
-            short(now.total("colibri_sink_failed_attempts_total", "sink", &s)),
-        ));
-        let error = now
-            .sinks
-            .iter()
-            .find(|x| x["name"] == s.as_str())
-            .map(|x| &x["last_error"])
-            .filter(|e| e.is_object());
-        if let Some(e) = error {
-            lines.push(format!(
-                "  last error {}: {}",
-                when(rfc3339(&e["at"]), wall),
-                cause_first(e["message"].as_str().unwrap_or("?")),
-            ));
-        }
-    }
-    lines.push(String::new());
-
-    // Tasks.
-    lines.push(format!(
-        "{:<16} {:<8} {:>12} {:<9} {:>8} {:>12}",
-        "TASK", "STATE", "LAST RUN", "OUTCOME", "TOOK", "NEXT RUN"
-    ));
-    let mut tasks: Vec<&Value> = now
-        .tasks
-        .iter()
-        .filter(|t| shown(t["name"].as_str().unwrap_or("")))
-        .collect();
-    if view.sort != Sort::Name {
-        tasks.sort_by(|a, b| rfc3339(&b["last"]["start"]).total_cmp(&rfc3339(&a["last"]["start"])));
-    }
-    for t in tasks {
-        let last = &t["last"];
-        lines.push(format!(
-            "{:<16} {:<8} {:>12} {:<9} {:>8} {:>12}",
-            t["name"].as_str().unwrap_or("?"),
-            if t["running"] == true {
-                "running"
-            } else {
-                "idle"
-            },
-            when(rfc3339(&last["start"]), wall),
-            last["outcome"].as_str().unwrap_or("-"),
-            last["duration_s"]
-                .as_f64()
-                .map_or("-".into(), |s| fmt_duration(Duration::from_secs_f64(
-                    s.max(0.0)
-                ))),
-            when(rfc3339(&t["next"]), wall),
-        ));
-    }
-    lines.push(String::new());
-
-    // Sources.
-    lines.push(format!(
-        "{:<16} {:<7} {:>9} {:>9} {:>8}",
-        "SOURCE", "TYPE", "RECORDS/s", "RECORDS", "LAG"
-    ));
-    for (kind, metric) in [
-        ("tail", "colibri_source_records_total"),
-        ("syslog", "colibri_syslog_records_total"),
-        ("mqtt", "colibri_mqtt_source_records_total"),
-    ] {
-        for s in now.items(metric, "source").into_iter().filter(|s| shown(s)) {
-            // Only a tail source reads at its own pace; the others take what is pushed.
-            let lag = match kind {
-                "tail" => fmt_size(now.total("colibri_source_lag_bytes", "source", &s) as u64),
-                _ => "-".into(),
-            };
-            lines.push(format!(
-                "{:<16} {:<7} {:>9} {:>9} {:>8}",
-                s,
-                kind,
-                fmt_rate(rate(metric, "source", &s)),
-                short(now.total(metric, "source", &s)),
-                lag,
-            ));
-        }
-    }
+    let mut lines = f.header(away);
+    f.streams(&mut lines);
+    f.sinks(&mut lines);
+    f.tasks(&mut lines);
+    f.sources(&mut lines);
     lines
         .into_iter()
         .map(|l| l.chars().take(width).collect())
         .collect()
+}
+
+/// What one screen is drawn from: this reading, the one before (for rates), the view, the time.
+struct Frame<'a> {
+    now: &'a Reading,
+    before: Option<&'a Reading>,
+    /// Seconds between the two readings.
+    secs: Option<f64>,
+    view: &'a View,
+    wall: DateTime<Utc>,
+}
+
+fn fmt_rate(r: Option<f64>) -> String {
+    r.map_or("-".to_string(), short)
+}
+
+impl Frame<'_> {
+    /// Per second since the reading before, of the counter `name` of `key="item"`.
+    fn rate(&self, name: &str, key: &str, item: &str) -> Option<f64> {
+        let (b, s) = (self.before?, self.secs?);
+        Some(((self.now.total(name, key, item) - b.total(name, key, item)) / s).max(0.0))
+    }
+
+    fn shown(&self, name: &str) -> bool {
+        self.view.filter.is_empty() || name.contains(self.view.filter.as_str())
+    }
+
+    /// The agent's line (and, while it is away, why), and the keys.
+    fn header(&self, away: Option<&Away>) -> Vec<String> {
+        let mut lines = Vec::new();
+        let version = self
+            .now
+            .samples
+            .iter()
+            .find(|s| s.name == "colibri_build_info")
+            .map_or("?", |s| s.label("version"));
+        if let Some(a) = away {
+            lines.push(format!(
+                "AGENT AWAY since {} ({}): {}; asking every {}s",
+                a.since.format("%H:%M:%S"),
+                fmt_duration(Duration::from_secs(
+                    (self.wall - a.since).num_seconds().max(0).unsigned_abs()
+                )),
+                cause_first(&a.reason),
+                REFRESH.as_secs(),
+            ));
+        }
+        let up =
+            self.wall.timestamp() as f64 - self.now.single("colibri_process_start_time_seconds");
+        lines.push(format!(
+            "colibri {version}  up {}  config generation {}{}  memory {}  workers {}/{}",
+            fmt_duration(Duration::from_secs(up.max(0.0) as u64)),
+            self.now.single("colibri_config_generation"),
+            if self.now.single("colibri_config_restart_pending") > 0.0 {
+                " (restart pending)"
+            } else {
+                ""
+            },
+            fmt_size(self.now.single("colibri_process_resident_memory_bytes") as u64),
+            self.now.single("colibri_workers_busy"),
+            self.now.single("colibri_workers"),
+        ));
+        lines.push(format!(
+            "sort: {} (s)  filter: {}{} (/)  quit: q",
+            self.view.sort.label(),
+            if self.view.filter.is_empty() && !self.view.typing {
+                "-"
+            } else {
+                self.view.filter.as_str()
+            },
+            if self.view.typing { "_" } else { "" },
+        ));
+        lines.push(String::new());
+        lines
+    }
+
+    /// The streams' table (a paused one marked), with drops by reason.
+    fn streams(&self, lines: &mut Vec<String>) {
+        // Streams.
+        let queued = |s: &str, what: &str| {
+            self.now.sum(what, "stream", s, |x| {
+                matches!(x.label("queue"), "ready" | "retry")
+            })
+        };
+        let mut streams: Vec<(String, f64, f64)> = self
+            .now
+            .items("colibri_stream_records", "stream")
+            .into_iter()
+            .filter(|s| self.shown(s))
+            .map(|s| {
+                let backlog = queued(&s, "colibri_stream_records");
+                let r = self
+                    .rate("colibri_stream_appended_records_total", "stream", &s)
+                    .unwrap_or(0.0);
+                (s, backlog, r)
+            })
+            .collect();
+        sort_rows(&mut streams, self.view.sort);
+        lines.push(format!(
+            "{:<16} {:>7} {:>6} {:>7} {:>7} {:>5} {:>6} {:>6} {:>5} {:>5}",
+            "STREAM", "QUEUED", "JOBS", "DISK", "RAW", "AGE", "IN/s", "OUT/s", "DEAD", "DROP"
+        ));
+        let wall_s = self.wall.timestamp_millis() as f64 / 1000.0;
+        let retrying = |s: &str| {
+            self.now.sum("colibri_stream_jobs", "stream", s, |x| {
+                x.label("queue") == "retry"
+            }) > 0.0
+        };
+        let mut any_paused = false;
+        for (s, backlog, _) in &streams {
+            // A paused stream is marked on its name: the row has no room for a word more.
+            let paused = self.now.total("colibri_stream_paused", "stream", s) > 0.0;
+            any_paused |= paused;
+            let head = self
+                .now
+                .total("colibri_stream_oldest_ready_timestamp_seconds", "stream", s);
+            lines.push(format!(
+                "{:<16} {:>7} {:>6} {:>7} {:>7} {:>5} {:>6} {:>6} {:>5} {:>5}",
+                if paused { format!("{s}*") } else { s.clone() },
+                short(*backlog),
+                short(queued(s, "colibri_stream_jobs")),
+                fmt_size(queued(s, "colibri_stream_bytes") as u64),
+                fmt_size(queued(s, "colibri_stream_raw_bytes") as u64),
+                // The ready queue's head; a `+` when jobs wait to be retried as well, which may be
+                // older (the metric does not walk them).
+                format!(
+                    "{}{}",
+                    if head > 0.0 {
+                        short_age(wall_s - head)
+                    } else {
+                        "-".into()
+                    },
+                    if retrying(s) { "+" } else { "" }
+                ),
+                fmt_rate(self.rate("colibri_stream_appended_records_total", "stream", s)),
+                fmt_rate(self.rate("colibri_stream_delivered_records_total", "stream", s)),
+                short(
+                    self.now
+                        .sum("colibri_stream_records", "stream", s, |x| x.label("queue")
+                            == "dead")
+                ),
+                short(
+                    self.now
+                        .total("colibri_stream_dropped_records_total", "stream", s)
+                ),
+            ));
+            // Drops by reason, on a line of their own when there are any.
+            let reasons: Vec<String> = self
+                .now
+                .samples
+                .iter()
+                .filter(|x| {
+                    x.name == "colibri_stream_dropped_records_total"
+                        && x.label("stream") == s.as_str()
+                        && x.value > 0.0
+                })
+                .map(|x| format!("{} {}", x.label("reason"), short(x.value)))
+                .collect();
+            if !reasons.is_empty() {
+                lines.push(format!("  dropped: {}", reasons.join(", ")));
+            }
+        }
+        lines.push(if any_paused {
+            "* paused: nothing delivered until `colibri queue resume`".into()
+        } else {
+            String::new()
+        });
+    }
+
+    /// The sinks' table, each with its last error.
+    fn sinks(&self, lines: &mut Vec<String>) {
+        // Sinks.
+        lines.push(format!(
+            "{:<16} {:<5} {:>12} {:>12} {:>8} {:>7} {:>6}",
+            "SINK", "LINK", "DOWN SINCE", "NEXT PROBE", "DELIV/s", "DEAD", "FAILED"
+        ));
+        for s in self
+            .now
+            .items("colibri_sink_link_up", "sink")
+            .into_iter()
+            .filter(|s| self.shown(s))
+        {
+            let up = self.now.total("colibri_sink_link_up", "sink", &s) > 0.0;
+            // While up (a trial included, which is still part of the outage) neither is shown.
+            let while_down = |metric: &str| match up {
+                true => "-".to_string(),
+                false => when(self.now.total(metric, "sink", &s), self.wall),
+            };
+            lines.push(format!(
+                "{:<16} {:<5} {:>12} {:>12} {:>8} {:>7} {:>6}",
+                s,
+                if up { "up" } else { "DOWN" },
+                while_down("colibri_sink_link_down_since_timestamp_seconds"),
+                while_down("colibri_sink_link_next_probe_timestamp_seconds"),
+                fmt_rate(self.rate("colibri_sink_delivered_records_total", "sink", &s)),
+                short(
+                    self.now
+                        .total("colibri_sink_dead_lettered_records_total", "sink", &s)
+                ),
+                short(
+                    self.now
+                        .total("colibri_sink_failed_attempts_total", "sink", &s)
+                ),
+            ));
+            let error = self
+                .now
+                .sinks
+                .iter()
+                .find(|x| x["name"] == s.as_str())
+                .map(|x| &x["last_error"])
+                .filter(|e| e.is_object());
+            if let Some(e) = error {
+                lines.push(format!(
+                    "  last error {}: {}",
+                    when(rfc3339(&e["at"]), self.wall),
+                    cause_first(e["message"].as_str().unwrap_or("?")),
+                ));
+            }
+        }
+        lines.push(String::new());
+    }
+
+    /// The tasks' table.
+    fn tasks(&self, lines: &mut Vec<String>) {
+        // Tasks.
+        lines.push(format!(
+            "{:<16} {:<8} {:>12} {:<9} {:>8} {:>12}",
+            "TASK", "STATE", "LAST RUN", "OUTCOME", "TOOK", "NEXT RUN"
+        ));
+        let mut tasks: Vec<&Value> = self
+            .now
+            .tasks
+            .iter()
+            .filter(|t| self.shown(t["name"].as_str().unwrap_or("")))
+            .collect();
+        if self.view.sort != Sort::Name {
+            tasks.sort_by(|a, b| {
+                rfc3339(&b["last"]["start"]).total_cmp(&rfc3339(&a["last"]["start"]))
+            });
+        }
+        for t in tasks {
+            let last = &t["last"];
+            lines.push(format!(
+                "{:<16} {:<8} {:>12} {:<9} {:>8} {:>12}",
+                t["name"].as_str().unwrap_or("?"),
+                if t["running"] == true {
+                    "running"
+                } else {
+                    "idle"
+                },
+                when(rfc3339(&last["start"]), self.wall),
+                last["outcome"].as_str().unwrap_or("-"),
+                last["duration_s"]
+                    .as_f64()
+                    .map_or("-".into(), |s| fmt_duration(Duration::from_secs_f64(
+                        s.max(0.0)
+                    ))),
+                when(rfc3339(&t["next"]), self.wall),
+            ));
+        }
+        lines.push(String::new());
+    }
+
+    /// The sources' table.
+    fn sources(&self, lines: &mut Vec<String>) {
+        // Sources.
+        lines.push(format!(
+            "{:<16} {:<7} {:>9} {:>9} {:>8}",
+            "SOURCE", "TYPE", "RECORDS/s", "RECORDS", "LAG"
+        ));
+        for (kind, metric) in [
+            ("tail", "colibri_source_records_total"),
+            ("syslog", "colibri_syslog_records_total"),
+            ("mqtt", "colibri_mqtt_source_records_total"),
+        ] {
+            for s in self
+                .now
+                .items(metric, "source")
+                .into_iter()
+                .filter(|s| self.shown(s))
+            {
+                // Only a tail source reads at its own pace; the others take what is pushed.
+                let lag = match kind {
+                    "tail" => {
+                        fmt_size(self.now.total("colibri_source_lag_bytes", "source", &s) as u64)
+                    }
+                    _ => "-".into(),
+                };
+                lines.push(format!(
+                    "{:<16} {:<7} {:>9} {:>9} {:>8}",
+                    s,
+                    kind,
+                    fmt_rate(self.rate(metric, "source", &s)),
+                    short(self.now.total(metric, "source", &s)),
+                    lag,
+                ));
+            }
+        }
+    }
 }
 
 fn sort_rows(rows: &mut [(String, f64, f64)], sort: Sort) {
