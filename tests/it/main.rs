@@ -7,6 +7,7 @@
 
 mod util;
 
+mod architecture;
 mod cli;
 mod compression;
 mod delivery;
