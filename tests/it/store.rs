@@ -599,8 +599,9 @@ impl Tmpfs {
     /// Free bytes, as colibri sees them (statvfs f_bavail).
     pub(crate) fn free(&self) -> u64 {
         let c = std::ffi::CString::new(self.dir.as_os_str().as_encoded_bytes()).expect("path");
-        // SAFETY: zeroed is a valid statvfs; `c` is NUL-terminated and outlives the call.
+        // SAFETY: all-zero bytes are a valid statvfs (integers only).
         let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is NUL-terminated and outlives the call; `s` is a writable statvfs.
         let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
         assert_eq!(rc, 0, "statvfs {}", self.dir.display());
         #[expect(
