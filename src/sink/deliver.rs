@@ -72,7 +72,7 @@ pub enum Payload<'a> {
     /// line-protocol body as it is.
     Lines(&'a [u8]),
     /// The records as lines, compressed as one zstd frame: a `Content-Encoding: zstd` body as it
-    /// is. Only handed to a sink that [`sends_zstd_lines`](Deliver::sends_zstd_lines).
+    /// is. Only handed to a sink whose settings say it sends them (`SinkConfig::sends_zstd_lines`).
     ZstdLines(&'a [u8]),
 }
 
@@ -150,10 +150,6 @@ pub(super) trait Deliver {
     /// Bytes per second while a backlog drains, if limited.
     fn replay_rate(&self) -> Option<u64> {
         None
-    }
-    /// Whether a job stored as a zstd frame of lines is sent as it is ([`Payload::ZstdLines`]).
-    fn sends_zstd_lines(&self) -> bool {
-        false
     }
     /// The body that carries `batch`, as it goes over the wire.
     async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {

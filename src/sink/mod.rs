@@ -253,7 +253,7 @@ impl Sink {
 
     /// Whether a job stored as a zstd frame of lines is sent as it is ([`Payload::ZstdLines`]).
     pub fn sends_zstd_lines(&self) -> bool {
-        on_built!(&self.built, s => s.sends_zstd_lines())
+        self.config.sends_zstd_lines()
     }
 
     /// The body that carries `batch`: encoded (and for HTTP compressed), so its size is what goes
