@@ -5,7 +5,7 @@
 # relocations at every start, which dirties 1.2 MB of pages in every process (idle RSS 6.3 MB against
 # 4.7 MB) and carries 0.9 MB of relocation entries; see BENCHMARKS.md.
 # Every upstream protocol is in (the `protocols` feature); COLIBRI_FEATURES= (empty) builds the
-# minimal binary, HTTP and files only, whose budget is 8 MB (11.55 MB with every protocol: release.sh).
+# minimal binary, HTTP and files only (its budget and the release build's: scripts/release.sh).
 # Usage: scripts/build-static.sh [target-dir]   (prints the binary's path and size)
 set -eu
 cd "$(dirname "$0")/.."

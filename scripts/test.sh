@@ -120,6 +120,10 @@ else
   echo "static binary: $size bytes (budget $budget)"
   ((size <= budget)) || { echo "error: $static_bin is $size bytes, over the $budget-byte budget" >&2; exit 1; }
 fi
+# The minimal binary (HTTP and files only) is built and checked against its own budget as well.
+echo "==> COLIBRI_FEATURES= scripts/build-static.sh target/static-min"
+COLIBRI_FEATURES= scripts/build-static.sh target/static-min
+scripts/release.sh --check-minimal target/static-min
 # cargo-deb from crates.io (~40 s to build here), like cargo-fuzz above; pinned: its asset and
 # maintainer-script handling is what scripts/package.sh checks.
 if ! command -v cargo-deb >/dev/null 2>&1; then
