@@ -37,6 +37,14 @@ impl Progress {
     }
 }
 
+/// What every step of one job's delivery works with: the stream, its sink's runtime, the store.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    stream: &'a str,
+    rt: &'a SinkRuntime,
+    store: &'a StoreHandle,
+}
+
 /// What becomes of the job after one request.
 enum Step {
     /// On to the next part.
@@ -58,6 +66,7 @@ pub(super) async fn deliver_job(
     stopping: &CancellationToken,
     acks: &mut Vec<Lease>,
 ) -> Next {
+    let cx = Ctx { stream, rt, store };
     let n = job.record_count();
     // A sink that sends zstd bodies takes a whole job stored as a zstd frame of lines as it is,
     // never decompressed; the records are read (decompressed) only when it cannot (or after a
@@ -103,9 +112,9 @@ pub(super) async fn deliver_job(
             }
             Some(Ok(body_bytes)) => {
                 tap_delivered(stream, store, &job, &opened, &listed, start, end);
-                delivered(stream, rt, store, &job, &mut at, end, body_bytes).await
+                delivered(cx, &job, &mut at, end, body_bytes).await
             }
-            Some(Err(e)) => failed(stream, rt, store, &job, &mut at, end, e).await,
+            Some(Err(e)) => failed(cx, &job, &mut at, end, e).await,
         };
         match step {
             Step::Go => {}
@@ -204,15 +213,8 @@ fn tap_delivered<'a>(
 
 /// Records `[at.start, end)` were delivered: the job is done, or the part is settled now (so
 /// neither a crash nor a later failure sends it again) and the next follows.
-async fn delivered(
-    stream: &str,
-    rt: &SinkRuntime,
-    store: &StoreHandle,
-    job: &Job,
-    at: &mut Progress,
-    end: usize,
-    body_bytes: u64,
-) -> Step {
+async fn delivered(cx: Ctx<'_>, job: &Job, at: &mut Progress, end: usize, body_bytes: u64) -> Step {
+    let Ctx { stream, rt, store } = cx;
     rt.link.answered();
     let stats = &rt.stats;
     stats.requests_ok.fetch_add(1, Relaxed);
@@ -236,15 +238,12 @@ async fn delivered(
 }
 
 /// The request for records `[at.start, end)` failed: what that means for the job.
-async fn failed(
-    stream: &str,
-    rt: &SinkRuntime,
-    store: &StoreHandle,
-    job: &Job,
-    at: &mut Progress,
-    end: usize,
-    e: DeliveryError,
-) -> Step {
+async fn failed(cx: Ctx<'_>, job: &Job, at: &mut Progress, end: usize, e: DeliveryError) -> Step {
+    let Ctx {
+        stream,
+        rt,
+        store: _,
+    } = cx;
     let stats = &rt.stats;
     let left = at.n - at.start;
     match e {
@@ -271,13 +270,13 @@ async fn failed(
             rt.link.answered();
             stats.requests_too_large.fetch_add(1, Relaxed);
             stats.failed(&reason);
-            too_large(stream, rt, store, job, at, end, reason).await
+            too_large(cx, job, at, end, reason).await
         }
         DeliveryError::Record { index, reason } => {
             // Refused before anything was sent: no request to count, nothing of the link.
             let reason = format!("record {index} of the job {reason}");
             stats.failed(&reason);
-            refused_record(stream, rt, store, job, at, end, index, reason).await
+            refused_record(cx, job, at, end, index, reason).await
         }
         DeliveryError::Transient {
             reason,
@@ -315,15 +314,12 @@ async fn failed(
 
 /// A 413 for records `[at.start, end)`: send half as many at a time, down to the one record,
 /// which the receiver refuses for its size alone: it goes to the dead letters.
-async fn too_large(
-    stream: &str,
-    rt: &SinkRuntime,
-    store: &StoreHandle,
-    job: &Job,
-    at: &mut Progress,
-    end: usize,
-    reason: String,
-) -> Step {
+async fn too_large(cx: Ctx<'_>, job: &Job, at: &mut Progress, end: usize, reason: String) -> Step {
+    let Ctx {
+        stream,
+        rt: _,
+        store: _,
+    } = cx;
     if end - at.start > 1 {
         at.chunk = (end - at.start).div_ceil(2);
         tracing::warn!(
@@ -336,19 +332,13 @@ async fn too_large(
         return Step::Go;
     }
     let why = "a single record is too large for the receiver; moved to the dead letters";
-    dead_letter_first(stream, rt, store, job, at, reason, why).await
+    dead_letter_first(cx, job, at, reason, why).await
 }
 
 /// The sink cannot send record `index` (its position in the job as first appended) for what it
 /// is: the records before it go first, then it is dead-lettered alone.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the job's state, passed on as it is"
-)]
 async fn refused_record(
-    stream: &str,
-    rt: &SinkRuntime,
-    store: &StoreHandle,
+    cx: Ctx<'_>,
     job: &Job,
     at: &mut Progress,
     end: usize,
@@ -371,7 +361,7 @@ async fn refused_record(
         }
         Some(_) => {
             let why = "a record cannot be sent for what it is; moved to the dead letters alone, the rest of its job is delivered";
-            dead_letter_first(stream, rt, store, job, at, reason, why).await
+            dead_letter_first(cx, job, at, reason, why).await
         }
     }
 }
@@ -380,14 +370,13 @@ async fn refused_record(
 /// `reason`, the rest staying the job; the job's last record is the job itself, dead-lettered as
 /// a job.
 async fn dead_letter_first(
-    stream: &str,
-    rt: &SinkRuntime,
-    store: &StoreHandle,
+    cx: Ctx<'_>,
     job: &Job,
     at: &mut Progress,
     reason: String,
     why: &'static str,
 ) -> Step {
+    let Ctx { stream, rt, store } = cx;
     if at.start + 1 == at.n {
         return Step::Fail {
             records: 1,

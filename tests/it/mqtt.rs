@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::remote_write::queue;
+use crate::remote_write::{dead_letters, queue};
 use crate::tsdb::free_port;
 use crate::util::client::Client;
 use crate::util::http::TestPki;
@@ -244,14 +244,6 @@ fn check_all_in_order(messages: &[Message], topic: &str, n: u64, keyed: bool) ->
         "first arrivals out of order: {firsts:?}"
     );
     order.len() - keys.len()
-}
-
-fn dead_letters(config: &Path, stream: &str) -> Vec<Value> {
-    let (code, out, err) = queue(config, &["dead", "list", stream, "--json"], "");
-    assert_eq!(code, 0, "{err}");
-    out.lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect()
 }
 
 fn post_records(port: u16, stream: &str, body: &str) {

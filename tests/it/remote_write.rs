@@ -307,6 +307,15 @@ pub(crate) fn queue(config: &Path, args: &[&str], input: &str) -> (i32, String, 
     )
 }
 
+/// `colibri queue dead list STREAM --json`: one JSON value per dead letter (it must succeed).
+pub(crate) fn dead_letters(config: &Path, stream: &str) -> Vec<Value> {
+    let (code, out, err) = queue(config, &["dead", "list", stream, "--json"], "");
+    assert_eq!(code, 0, "{err}");
+    out.lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
 /// A Prometheus without an out-of-order window refuses a sample older than the series' newest
 /// (400): the job is dead-lettered, and its reason says what would take it. A record that cannot
 /// be a sample (a string field) is dead-lettered naming the field; the queue goes on.
@@ -366,22 +375,17 @@ streams:
         .map(|x| x.1)
         .collect();
     assert_eq!(level, [1.0, 3.0], "the records around the string one");
-    let (code, out, err) = queue(&config, &["dead", "list", "n", "--json"], "");
-    assert_eq!(code, 0, "{err}");
-    let dead: Vec<Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(dead.len(), 1, "{out}");
+    let dead = dead_letters(&config, "n");
+    assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(
         dead[0]["records"][0],
         format!("tank state=\"x\" {}", now - 1000),
-        "{out}"
+        "{dead:?}"
     );
     assert_eq!(
         dead[0]["last_error"],
         "record 1 of the job has field \"state\" as a string, and remote write carries numbers only",
-        "{out}"
+        "{dead:?}"
     );
     let (code, out, err) = queue(&config, &["dead", "list", "m", "--json"], "");
     assert_eq!(code, 0, "{err}");
@@ -389,7 +393,7 @@ streams:
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
         .collect();
-    assert_eq!(dead.len(), 2, "{out}");
+    assert_eq!(dead.len(), 2, "{dead:?}");
     let reasons: Vec<&str> = dead
         .iter()
         .map(|d| d["last_error"].as_str().unwrap_or_default())
