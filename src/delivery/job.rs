@@ -239,11 +239,7 @@ async fn delivered(cx: Ctx<'_>, job: &Job, at: &mut Progress, end: usize, body_b
 
 /// The request for records `[at.start, end)` failed: what that means for the job.
 async fn failed(cx: Ctx<'_>, job: &Job, at: &mut Progress, end: usize, e: DeliveryError) -> Step {
-    let Ctx {
-        stream,
-        rt,
-        store: _,
-    } = cx;
+    let Ctx { stream, rt, .. } = cx;
     let stats = &rt.stats;
     let left = at.n - at.start;
     match e {
@@ -315,11 +311,7 @@ async fn failed(cx: Ctx<'_>, job: &Job, at: &mut Progress, end: usize, e: Delive
 /// A 413 for records `[at.start, end)`: send half as many at a time, down to the one record,
 /// which the receiver refuses for its size alone: it goes to the dead letters.
 async fn too_large(cx: Ctx<'_>, job: &Job, at: &mut Progress, end: usize, reason: String) -> Step {
-    let Ctx {
-        stream,
-        rt: _,
-        store: _,
-    } = cx;
+    let stream = cx.stream;
     if end - at.start > 1 {
         at.chunk = (end - at.start).div_ceil(2);
         tracing::warn!(

@@ -240,11 +240,13 @@ impl Inner {
     /// waits for that, up to `timeout`, so an outage is reported with its cause.
     async fn up(&self) -> Result<&(Client, Context), DeliveryError> {
         let conn = self.conn().await?;
+        let connected = || conn.0.connection_state() == async_nats::connection::State::Connected;
+        if connected() {
+            return Ok(conn);
+        }
+        // Only a link that is down waits (and reads the clock).
         let deadline = tokio::time::Instant::now() + self.spec.timeout;
         loop {
-            if conn.0.connection_state() == async_nats::connection::State::Connected {
-                return Ok(conn);
-            }
             let why = self.why_down();
             if why.1 || tokio::time::Instant::now() >= deadline {
                 return Err(DeliveryError::Unavailable(format!(
@@ -253,6 +255,9 @@ impl Inner {
                 )));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+            if connected() {
+                return Ok(conn);
+            }
         }
     }
 
