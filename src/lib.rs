@@ -22,6 +22,7 @@ pub(crate) mod schedule;
 pub(crate) mod scheduler;
 pub mod scrape;
 pub(crate) mod setting;
+pub(crate) mod shape;
 pub(crate) mod sink;
 pub(crate) mod source;
 pub mod store;

@@ -1,7 +1,7 @@
 //! What the compiled settings of the edges share, below them: a setting that cannot be used
 //! ([`SettingError`], which a sink or source reports when it reads its files: TLS certificates,
-//! credentials) and a secret that is never shown ([`Secret`]). Made by `config`, held by sinks
-//! and sources.
+//! credentials) and a secret that is never shown ([`Secret`]). Made by the file shape (`shape`,
+//! each component's `config.rs`), held by sinks and sources.
 
 /// A password or token from the config, never shown by `Debug`.
 #[cfg(any(feature = "mqtt", feature = "nats"))]

@@ -2,7 +2,7 @@
 //! parsing the written form and formatting a value back into it. Pure functions with no I/O and no
 //! serde, so every layer can print a duration or a size the way the config file writes it. It does not
 //! know which fields use them or which ranges are allowed there (that is `config`'s validation), nor
-//! how they are read from the file (`config::units` holds the serde and schema glue).
+//! how they are read from the file (`setting::units` holds the serde and schema glue).
 
 use std::time::Duration;
 

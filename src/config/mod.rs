@@ -14,7 +14,6 @@
 //! top level (`FileSpec`, `Config`, `Problem`), loading, and the glue the sections share.
 
 pub mod admin;
-mod de_all;
 pub mod env;
 pub mod ingest;
 pub mod log;
@@ -24,10 +23,8 @@ pub mod storage;
 pub mod streams;
 pub mod tasks;
 pub mod tls;
-pub mod units;
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,11 +34,13 @@ use serde_json::Value;
 
 use crate::logging::{LogFile, LogFormat, LogLevel};
 use crate::record::RecordFormat;
+pub use crate::shape::Problem;
+use crate::shape::problems::tree_path;
+use crate::shape::{Problems, de_all, units};
 use crate::sink::SinkConfig;
 use crate::store::{AtRest, StorageConfig, StreamConfig};
 use crate::task::TaskDef;
 use admin::AdminConfig;
-use de_all::de_all;
 use log::{LogSpec, compile_log};
 use sinks::{SinkSpec, compile_sink};
 use storage::StorageSpec;
@@ -192,101 +191,6 @@ pub(super) fn stream_format(
         .and_then(|s| s.sink.as_deref())
         .and_then(|name| sinks.iter().find(|k| k.name == name))
         .map_or(RecordFormat::Lines, |k| k.record_format())
-}
-
-/// One problem in the file: where, and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub path: String,
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "{}: {}", self.path, self.message)
-        }
-    }
-}
-
-/// The one way every check in config reports a problem: the list being collected, and the path of
-/// the part being checked, so each section names paths relative to itself and the problem still
-/// carries its full path in the file.
-pub(super) struct Problems<'p> {
-    list: &'p mut Vec<Problem>,
-    /// The part's own path; empty at the top of the file.
-    at: String,
-    /// Between `at` and a path below it: `.` in a mapping (`sinks.out.url`), `: ` after a task
-    /// (`tasks[3] "rotate": timeout`), whose name is quoted.
-    sep: &'static str,
-    /// Whether the listeners' TLS files are read (see [`Unset::Warn`]).
-    read_keys: bool,
-    /// The tree paths of the values `${VAR}` expansion wrote (see [`de_all`]).
-    expanded: &'p [String],
-}
-
-impl<'p> Problems<'p> {
-    /// Reports into `list`, paths as given (the top of the file).
-    pub(super) fn new(list: &'p mut Vec<Problem>) -> Self {
-        Problems {
-            list,
-            at: String::new(),
-            sep: ".",
-            read_keys: true,
-            expanded: &[],
-        }
-    }
-
-    /// Whether the value at `path`, relative to this part, came from `${VAR}` expansion.
-    fn expanded(&self, path: &str) -> bool {
-        let at = tree_path(&self.join(path));
-        self.expanded.contains(&at)
-    }
-
-    /// Whether a listener's `tls` files are read, or only named (a command that serves nothing).
-    pub(super) fn read_keys(&self) -> bool {
-        self.read_keys
-    }
-
-    /// One problem at `path`, relative to this part; `""` is the part itself.
-    pub(super) fn add(&mut self, path: &str, message: String) {
-        let path = self.join(path);
-        self.list.push(Problem { path, message });
-    }
-
-    /// A reporter for the mapping entry at `path` (`sinks.out`): paths below it follow a `.`.
-    pub(super) fn under(&mut self, path: &str) -> Problems<'_> {
-        let at = self.join(path);
-        Problems {
-            list: &mut *self.list,
-            at,
-            sep: ".",
-            read_keys: self.read_keys,
-            expanded: self.expanded,
-        }
-    }
-
-    /// A reporter for the task shown as `at` (`tasks[3] "rotate"`): paths below it follow a `: `.
-    pub(super) fn under_task(&mut self, at: &str) -> Problems<'_> {
-        let at = self.join(at);
-        Problems {
-            list: &mut *self.list,
-            at,
-            sep: ": ",
-            read_keys: self.read_keys,
-            expanded: self.expanded,
-        }
-    }
-
-    fn join(&self, path: &str) -> String {
-        match (self.at.is_empty(), path.is_empty()) {
-            (true, _) => path.to_string(),
-            (false, true) => self.at.clone(),
-            (false, false) => format!("{}{}{path}", self.at, self.sep),
-        }
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -440,15 +344,14 @@ pub fn load_str_with(
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut compiled = Vec::new();
     let expanded_paths: Vec<String> = expanded.expansions.iter().map(|e| e.path.clone()).collect();
-    let mut problems_of_compile = Problems::new(&mut compiled);
-    problems_of_compile.expanded = &expanded_paths;
-    problems_of_compile.read_keys = !matches!(
+    let read_keys = !matches!(
         unset,
         Unset::Warn {
             read_keys: false,
             ..
         }
     );
+    let mut problems_of_compile = Problems::of_file(&mut compiled, &expanded_paths, read_keys);
     let config = compile(root, path, &base, &mut problems_of_compile).map(|mut c| {
         let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
         c.sha256 = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
@@ -571,32 +474,6 @@ fn under(path: &str, at: &str) -> bool {
         || path
             .strip_prefix(at)
             .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
-}
-
-/// The tree path (as `env` records them) of a problem's path: task problems are shown as
-/// `tasks[3] "rotate": schedule`, everything else is shown as its tree path already.
-fn tree_path(shown: &str) -> String {
-    let Some(rest) = shown.strip_prefix("tasks[") else {
-        return shown.to_string();
-    };
-    let Some(close) = rest.find(']') else {
-        return shown.to_string();
-    };
-    let (index, mut rest) = (&rest[..close], &rest[close + 1..]);
-    // The name, Debug-quoted: skip to its closing quote.
-    if let Some(quoted) = rest.strip_prefix(" \"") {
-        let mut escaped = false;
-        let end = quoted.char_indices().find_map(|(i, c)| {
-            let close = c == '"' && !escaped;
-            escaped = c == '\\' && !escaped;
-            close.then_some(i)
-        });
-        rest = end.map_or("", |i| &quoted[i + 1..]);
-    }
-    match rest.strip_prefix(": ") {
-        Some(field) if !field.is_empty() => format!("tasks[{index}].{field}"),
-        _ => format!("tasks[{index}]"),
-    }
 }
 
 /// `message`, a problem at tree path `at`, with every value that came from `${...}` at or inside

@@ -14,6 +14,8 @@ use serde_json::Value;
 use super::units::u32_schema;
 use super::units::{self, Dur, Size};
 use super::{Problems, de_all, named, split_type};
+use crate::shape::tls::TlsSpec;
+use crate::shape::url::http as parse_http_url;
 use crate::sink::{LinkConfig, Probe, SinkConfig, SinkKind, SinkRetry};
 
 #[cfg(any(feature = "mqtt", feature = "nats"))]
@@ -240,25 +242,6 @@ pub enum CompressionSpec {
     None,
     Gzip,
     Zstd,
-}
-
-/// TLS for `https://` URLs (rustls; the system's roots unless `ca_file` is set).
-#[derive(Debug, Default, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct TlsSpec {
-    /// PEM bundle of the CAs to trust instead of the system's. Relative to the config file.
-    #[serde(default)]
-    pub ca_file: Option<String>,
-    /// PEM client certificate for mutual TLS (with `client_key`).
-    #[serde(default)]
-    pub client_cert: Option<String>,
-    /// PEM private key of `client_cert`.
-    #[serde(default)]
-    pub client_key: Option<String>,
-    /// The name the server certificate must carry (and the SNI sent), when the URL's host differs.
-    #[serde(default)]
-    pub server_name: Option<String>,
 }
 
 /// When the destination counts as unreachable and how it is probed until it answers.
@@ -531,7 +514,6 @@ fn compile_http(
             "must be positive (leave it out for unlimited)".into(),
         );
     }
-    let file = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
     let http = crate::sink::http::HttpConfig {
         url,
         method: match spec.method {
@@ -552,12 +534,7 @@ fn compile_http(
         headers: spec.headers.into_iter().collect(),
         timeout,
         concurrency,
-        tls: crate::net::tls_client::TlsConfig {
-            ca_file: file(&spec.tls.ca_file),
-            client_cert: file(&spec.tls.client_cert),
-            client_key: file(&spec.tls.client_key),
-            server_name: spec.tls.server_name,
-        },
+        tls: crate::shape::tls::files(spec.tls, base),
         replay_rate: spec.replay_rate.map(|r| r.0),
     };
     // Building the client reads and parses the TLS files: a bad CA is reported now, not at the
@@ -611,20 +588,6 @@ fn compile_remote_write(
         http,
         external_labels: spec.external_labels.into_iter().collect(),
     })))
-}
-
-pub(super) fn parse_http_url(s: &str) -> Result<reqwest::Url, String> {
-    let url = reqwest::Url::parse(s).map_err(|e| format!("{s:?} is not a valid URL: {e}"))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!(
-            "{s:?}: the scheme must be http or https, not {}",
-            url.scheme()
-        ));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(format!("{s:?} has no host"));
-    }
-    Ok(url)
 }
 
 /// A broker sink's link: probed by connecting (only the broker's answer proves it takes messages),

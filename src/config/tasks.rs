@@ -13,11 +13,11 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use super::sinks::parse_http_url;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{self, Dur, Size};
 use super::{Problems, de_all, io_reason, stream_format, valid_name};
+use crate::shape::url::http as parse_http_url;
 
 mod exec;
 mod modbus;

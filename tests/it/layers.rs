@@ -17,7 +17,7 @@ const LAYERS: &[(u8, &[&str])] = &[
             "scrape", "memory", "record", "setting",
         ],
     ),
-    (2, &["store", "schedule"]),
+    (2, &["store", "schedule", "shape"]),
     (3, &["sink", "source", "task"]),
     (4, &["config"]),
     (

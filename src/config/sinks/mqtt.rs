@@ -17,7 +17,8 @@ use super::super::units::u32_schema;
 use super::super::units::{self, Dur, Size};
 #[cfg(feature = "mqtt")]
 use super::broker;
-use super::{LinkSpec, RetrySpec, TlsSpec};
+use super::{LinkSpec, RetrySpec};
+use crate::shape::tls::TlsSpec;
 #[cfg(feature = "mqtt")]
 use crate::sink::SinkKind;
 
@@ -145,14 +146,15 @@ pub(super) fn compile_mqtt(
     use crate::setting::Secret;
     use crate::sink::mqtt::{MqttConfig, MqttSink, Protocol, Qos, Status};
     use crate::sink::template::MQTT_TOPIC;
-    let (host, port, tls) = match broker::url(&spec.url, ("mqtt", 1883), ("mqtts", 8883)) {
-        Ok(b) => b,
-        Err(m) => {
-            err.add("url", m);
-            return None;
-        }
-    };
-    let tls = broker::tls(spec.tls, tls, "mqtts", base, err);
+    let (host, port, tls) =
+        match crate::shape::url::broker(&spec.url, ("mqtt", 1883), ("mqtts", 8883)) {
+            Ok(b) => b,
+            Err(m) => {
+                err.add("url", m);
+                return None;
+            }
+        };
+    let tls = crate::shape::tls::client(spec.tls, tls, "mqtts", base, err);
     let topic = broker::template("topic", &spec.topic, MQTT_TOPIC, spec.batch, err);
     let qos = match spec.qos.unwrap_or(1) {
         1 => Qos::AtLeastOnce,
@@ -222,7 +224,7 @@ pub(super) fn compile_mqtt(
         });
     let client_id = spec
         .client_id
-        .unwrap_or_else(|| broker::default_mqtt_client_id(name, data_dir));
+        .unwrap_or_else(|| crate::shape::client_name::default_mqtt_client_id(name, data_dir));
     if client_id.is_empty() || client_id.len() > 65_535 {
         err.add("client_id", "must be 1 to 65535 bytes".into());
     }

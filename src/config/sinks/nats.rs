@@ -15,7 +15,8 @@ use super::super::units::u32_schema;
 use super::super::units::{self, Dur, Size};
 #[cfg(feature = "nats")]
 use super::broker;
-use super::{LinkSpec, RetrySpec, TlsSpec};
+use super::{LinkSpec, RetrySpec};
+use crate::shape::tls::TlsSpec;
 #[cfg(feature = "nats")]
 use crate::sink::SinkKind;
 
@@ -116,7 +117,7 @@ pub(super) fn compile_nats(
         } else {
             format!("url[{i}]")
         };
-        match broker::url(u, ("nats", 4222), ("tls", 4222)) {
+        match crate::shape::url::broker(u, ("nats", 4222), ("tls", 4222)) {
             Ok((host, port, tls)) => {
                 schemes.insert(tls);
                 let host = if host.contains(':') {
@@ -138,7 +139,7 @@ pub(super) fn compile_nats(
             "mixes nats:// and tls://: the servers of one cluster are reached one way".into(),
         );
     }
-    let tls = broker::tls(spec.tls, schemes.contains(&true), "tls", base, err);
+    let tls = crate::shape::tls::client(spec.tls, schemes.contains(&true), "tls", base, err);
     let subject = broker::template("subject", &spec.subject, NATS_SUBJECT, spec.batch, err);
     if let Some(s) = &spec.stream
         && (s.is_empty() || s.contains(['.', '*', '>', ' ', '/', '\\']))
@@ -204,7 +205,7 @@ pub(super) fn compile_nats(
         auth,
         name: spec
             .name
-            .unwrap_or_else(|| broker::default_client_name(name)),
+            .unwrap_or_else(|| crate::shape::client_name::default_client_name(name)),
         timeout,
         concurrency,
         replay_rate,

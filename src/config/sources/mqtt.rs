@@ -13,12 +13,10 @@ use serde::Deserialize;
 
 #[cfg(feature = "mqtt")]
 use super::super::Problems;
-#[cfg(feature = "mqtt")]
-use super::super::sinks::broker;
 #[cfg(feature = "schema")]
 use super::super::units::u32_schema;
 use super::super::units::{Dur, Size, de_opt_u32};
-use crate::config::sinks::TlsSpec;
+use crate::shape::tls::TlsSpec;
 
 /// `type: mqtt` source settings.
 #[derive(Debug, Deserialize)]
@@ -117,12 +115,12 @@ pub(super) fn compile(
 ) -> Option<crate::source::mqtt::MqttSourceConfig> {
     use crate::source::mqtt::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, topic};
     super::check_stream(&spec.stream, streams, err);
-    let broker = broker::url(&spec.url, ("mqtt", 1883), ("mqtts", 8883))
+    let broker = crate::shape::url::broker(&spec.url, ("mqtt", 1883), ("mqtts", 8883))
         .map_err(|m| err.add("url", m))
         .ok();
     let tls = broker
         .as_ref()
-        .and_then(|(_, _, tls)| broker::tls(spec.tls, *tls, "mqtts", base, err));
+        .and_then(|(_, _, tls)| crate::shape::tls::client(spec.tls, *tls, "mqtts", base, err));
     if spec.topics.is_empty() {
         err.add("topics", "at least one topic filter is needed".into());
     }
@@ -146,9 +144,9 @@ pub(super) fn compile(
     if qos > 2 {
         err.add("qos", format!("must be 0, 1 or 2, not {qos}"));
     }
-    let client_id = spec
-        .client_id
-        .unwrap_or_else(|| broker::default_mqtt_client_id(&format!("source-{name}"), data_dir));
+    let client_id = spec.client_id.unwrap_or_else(|| {
+        crate::shape::client_name::default_mqtt_client_id(&format!("source-{name}"), data_dir)
+    });
     if client_id.is_empty() || client_id.len() > 65_535 {
         err.add("client_id", "must be 1 to 65535 bytes".into());
     }

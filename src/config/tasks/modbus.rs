@@ -145,7 +145,7 @@ mod compile {
         err: &mut Problems<'_>,
     ) -> Option<Modbus> {
         // Every check reports and goes on; any problem leaves the task out.
-        let before = err.list.len();
+        let before = err.count();
         let mut stream_broken = false;
         let address = match device_address(&spec.address) {
             Ok(a) => a,
@@ -325,7 +325,7 @@ mod compile {
                 tags: p.tags.into_iter().collect(),
             });
         }
-        if err.list.len() > before || stream_broken {
+        if err.count() > before || stream_broken {
             return None;
         }
         let reads = points::plan(&points, limits);

@@ -14,7 +14,7 @@ use super::{Problems, units};
 /// field was bad or missing). A number written as a string is refused (`qos: "1"`), unless the
 /// string came from `${VAR}` expansion, which can only give strings: that one is read as the
 /// number it holds.
-pub(in crate::config) fn de_all<T: serde::de::DeserializeOwned>(
+pub fn de_all<T: serde::de::DeserializeOwned>(
     mut value: Value,
     err: &mut Problems<'_>,
 ) -> Option<T> {

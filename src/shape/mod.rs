@@ -1,0 +1,17 @@
+//! The file shape's toolkit, below the edges: what every component's `config.rs` reads its entry
+//! with. The problem reporter ([`Problems`]), durations and sizes as written ([`units`]), every
+//! problem of an entry at once ([`de_all`]), the `tls` block ([`tls`]), URLs ([`url`]) and a broker
+//! connection's default name ([`client_name`]). It knows no component and no YAML: `config` parses
+//! the file and hands each component its entry as a JSON value; the compiled values it makes are
+//! the layers' below (`net`, `setting`).
+
+#[cfg(any(feature = "mqtt", feature = "nats"))]
+pub mod client_name;
+pub mod de_all;
+pub mod problems;
+pub mod tls;
+pub mod units;
+pub mod url;
+
+pub use de_all::de_all;
+pub use problems::{Problem, Problems};
