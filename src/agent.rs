@@ -642,8 +642,8 @@ async fn run_sink(
         stop.clone(),
     ))];
     for stream in &rt.streams {
-        tracing::info!(stream, sink = %rt.sink.describe(), concurrency = rt.sink.concurrency(), "delivery started");
-        for _ in 0..rt.sink.concurrency() {
+        tracing::info!(stream, sink = %rt.sink.describe(), concurrency = rt.sink.config.concurrency, "delivery started");
+        for _ in 0..rt.sink.config.concurrency {
             tasks.push(tokio::spawn(crate::delivery::run(
                 stream.clone(),
                 Arc::clone(&rt),

@@ -155,7 +155,8 @@ impl SinkRuntime {
         // A trial must outlast a request that is slow to fail, or the link would be declared up
         // while the trial's request is still on its way to a timeout.
         let trial_quiet = sink
-            .timeout()
+            .config
+            .timeout
             .saturating_mul(2)
             .max(Duration::from_secs(30));
         let link = Arc::new(Link::new(
@@ -164,8 +165,8 @@ impl SinkRuntime {
             trial_quiet,
         ));
         SinkRuntime {
-            pacer: sink.replay_rate().map(|r| Mutex::new(Pacer::new(r))),
-            in_flight: Semaphore::new(sink.concurrency()),
+            pacer: sink.config.replay_rate.map(|r| Mutex::new(Pacer::new(r))),
+            in_flight: Semaphore::new(sink.config.concurrency),
             link,
             sink,
             stats,
@@ -231,7 +232,7 @@ pub async fn run(
     };
     // With one request at a time the stream keeps strict order: a job waiting for its retry holds
     // the jobs behind it (an outage never does: it creates no retry).
-    let strict = rt.sink.concurrency() == 1;
+    let strict = rt.sink.config.concurrency == 1;
     let take = if strict { TAKE_SEQUENTIAL } else { 1 };
     let replaying = rt.replaying(&stream);
     let mut hold = if strict {

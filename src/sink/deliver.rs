@@ -44,13 +44,6 @@ pub enum DeliveryError {
     /// with the reason, and the records around it are delivered. `index` is its position in the
     /// job as first appended (as [`Batch::first`]).
     #[error("record {index} of the job {reason}")]
-    #[cfg_attr(
-        not(any(feature = "mqtt", feature = "nats", feature = "remote-write")),
-        expect(
-            dead_code,
-            reason = "only the broker and remote-write sinks refuse a record alone"
-        )
-    )]
     Record { index: u32, reason: String },
 }
 
@@ -135,22 +128,13 @@ impl Batch<'_> {
 
 /// What every kind of built sink does; `Sink` calls it on the kind it was built as. The defaults
 /// are a local sink's: one write at a time, never paced, a record per line.
-pub(super) trait Deliver {
+#[expect(
+    async_fn_in_trait,
+    reason = "implemented and awaited only inside this crate, on one runtime: no caller needs a Send bound spelled out"
+)]
+pub trait Deliver {
     /// Starts what the sink runs on its own (see `Sink::start`); most sinks run nothing.
     fn start(&self) {}
-    /// Requests in flight at once.
-    fn concurrency(&self) -> usize {
-        1
-    }
-    /// The longest a request may take (for a local write, only what the link's trial waits for:
-    /// such writes have no timeout of their own).
-    fn timeout(&self) -> Duration {
-        Duration::from_secs(10)
-    }
-    /// Bytes per second while a backlog drains, if limited.
-    fn replay_rate(&self) -> Option<u64> {
-        None
-    }
     /// The body that carries `batch`, as it goes over the wire.
     async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
         batch.payload.lines()

@@ -1,22 +1,23 @@
-//! Sinks: where a stream's jobs are delivered. A closed set chosen by `type:` in the file, a
-//! folder or file each: [`http`] (with, under the `remote-write` feature, `http::remote_write`:
-//! Prometheus remote write over the same transport), [`file`] (a job becomes one file, written
-//! atomically), [`stdout`], with the `mqtt` feature `mqtt` (an MQTT 5 or 3.1.1 broker), with the
+//! Sinks: where a stream's jobs are delivered. A closed set chosen by `type:` in the file, listed
+//! once below (`sink_kinds!`), a folder each with its file shape (`config.rs`), its compiled
+//! settings and its built sink: `http` (with, under the `remote-write` feature, `http::remote_write`:
+//! Prometheus remote write over the same transport), `file` (a job becomes one file, written
+//! atomically), `stdout`, with the `mqtt` feature `mqtt` (an MQTT 5 or 3.1.1 broker), with the
 //! `nats` feature `nats` (NATS JetStream). What the kinds share lives here, below them: the
 //! contract in `deliver` ([`Batch`] in, [`DeliveryError`] out: may not reach, may pass, too large,
-//! never, one record never), the broker sinks' `template`, the local sinks' `local` and the
-//! streamed file body `file_body`; what they share with the sources lives lower still (`net`,
-//! `record`, `setting`). No kind imports another (`tests/it/layers.rs`). This file holds the
-//! compiled settings ([`SinkConfig`], with the kind's own in [`SinkKind`]) and [`Sink`], which
-//! builds the kind's sink and dispatches to it, so nothing outside `sink/` knows the kinds but
-//! `config` (which compiles them). Retry timing, the link state and dead letters are the delivery
-//! worker's, the link monitor's and the store's business. `agent` builds a [`Sink`] from the
-//! config and `delivery` drives it.
+//! never, one record never), what a kind provides to the list in `kind`, the file shape every kind
+//! shares in `config` (`retry`, `link`), the broker sinks' `template`, the local sinks' `local` and
+//! the streamed file body `file_body`; what they share with the sources lives lower still (`net`,
+//! `record`, `setting`, `shape`). No kind imports another (`tests/it/layers.rs`). This file holds
+//! the list, the compiled settings every sink has ([`SinkConfig`]: `retry`, `link`, `timeout`,
+//! `concurrency`, `replay_rate`, with the kind's own in [`SinkKind`]) and [`Sink`], which builds
+//! the kind's sink and dispatches to it. Retry timing, the link state and dead letters are the
+//! delivery worker's, the link monitor's and the store's business. `config` compiles an entry with
+//! [`compile_kind`], `agent` builds a [`Sink`] and `delivery` drives it.
 //!
-//! A new kind of sink is a folder (or file) here with its settings and its built sink
-//! (implementing `Deliver`), a variant in [`SinkKind`] and in `Built`, and their arms in this file.
+//! A new kind of sink is a folder here (its `Spec` implementing `kind::KindSpec`, its compiled
+//! settings `kind::KindConfig`, its built sink `Deliver`) and one entry in the list below.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,19 +26,56 @@ use crate::setting::SettingError;
 use crate::store::FileJob;
 use deliver::Deliver;
 pub use deliver::{Batch, DeliveryError, Payload, Probe};
+pub use kind::Compile;
 
+pub mod config;
 mod deliver;
-pub mod file;
 pub mod file_body;
-pub mod http;
+#[macro_use]
+mod kind;
 mod local;
+#[cfg(any(feature = "mqtt", feature = "nats"))]
+pub mod template;
+
+pub mod file;
+pub mod http;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 #[cfg(feature = "nats")]
 pub mod nats;
 pub mod stdout;
-#[cfg(any(feature = "mqtt", feature = "nats"))]
-pub mod template;
+
+sink_kinds! {
+    /// Each job becomes one file in `path` (`<stream>-<store id>-<job id>.ndjson`, `.lp` or `.txt`, named by what its lines are: all JSON, all line protocol, or anything else; a record per line), written
+    /// under a temporary name, fsync'd and renamed into place, so a reader never sees half a file and
+    /// a job delivered twice after a crash overwrites itself. The directory must exist: colibri does
+    /// not create it, so an unmounted disk is noticed instead of filled on the root filesystem.
+    File(file) = "file";
+    /// Each job's records are written to colibri's stdout, a record per line.
+    Stdout(stdout) = "stdout";
+    /// Each job is one HTTP request (a job refused with 413 is sent in halves). Every request carries
+    /// an `Idempotency-Key` (store, stream, job and, for a part, its record range) and a
+    /// `User-Agent: colibri/<version>`.
+    Http(http) = "http";
+    /// Prometheus remote write 1.0 (a snappy protobuf `WriteRequest` per job) to Prometheus
+    /// (`--web.enable-remote-write-receiver`), VictoriaMetrics (`/api/v1/write`), Mimir, Thanos
+    /// and the like. The stream's records are line-protocol samples timestamped in ms: an
+    /// `http_scrape` task's. Each numeric field is a sample of the series it names, labelled by
+    /// the record's tags, `job` (the measurement) and `external_labels`. Built only with the
+    /// `remote-write` feature (release builds have it).
+    #[feature = "remote-write"]
+    PrometheusRemoteWrite(http::remote_write) = "prometheus_remote_write";
+    /// Each record (or, with `batch`, each job) published to an MQTT 5 broker at QoS 1 or 2;
+    /// delivered once every message is acknowledged. Every message carries the user property
+    /// `idempotency-key`. Built only with the `mqtt` feature (release builds have it).
+    #[feature = "mqtt"]
+    Mqtt(mqtt) = "mqtt";
+    /// Each record (or, with `batch`, each job) published to NATS JetStream with a `Nats-Msg-Id`
+    /// JetStream deduplicates by; delivered once every PubAck is in. Built only with the `nats`
+    /// feature (release builds have it).
+    #[feature = "nats"]
+    Nats(nats) = "nats";
+}
 
 /// The compiled `sinks.<name>` entry: what every kind has, and the kind's own settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,67 +84,31 @@ pub struct SinkConfig {
     pub kind: SinkKind,
     pub retry: SinkRetry,
     pub link: LinkConfig,
-}
-
-/// Each kind's own compiled settings (its file in `sink/` says what they mean).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SinkKind {
-    File {
-        dir: PathBuf,
-    },
-    Stdout,
-    Http(Box<http::HttpConfig>),
-    #[cfg(feature = "remote-write")]
-    RemoteWrite(Box<http::remote_write::RemoteWriteConfig>),
-    #[cfg(feature = "mqtt")]
-    Mqtt(Box<mqtt::MqttConfig>),
-    #[cfg(feature = "nats")]
-    Nats(Box<nats::NatsConfig>),
+    /// The longest a request (for a broker: a job's publishes and their acknowledgements) may take;
+    /// for a local write (`file`, `stdout`), which has no timeout of its own, only what the link's
+    /// trial waits for.
+    pub timeout: Duration,
+    /// Requests in flight at once, 1-64; 1 keeps strict order.
+    pub concurrency: usize,
+    /// Bytes per second while a backlog drains; `None` is unlimited.
+    pub replay_rate: Option<u64>,
 }
 
 impl SinkConfig {
     /// What the records of a stream delivered here must be.
     pub fn record_format(&self) -> RecordFormat {
-        match &self.kind {
-            SinkKind::Http(h) => h.record_format(),
-            #[cfg(feature = "remote-write")]
-            SinkKind::RemoteWrite(r) => r.record_format(),
-            #[cfg(feature = "mqtt")]
-            SinkKind::Mqtt(m) => m.record_format(),
-            #[cfg(feature = "nats")]
-            SinkKind::Nats(n) => n.record_format(),
-            SinkKind::File { .. } | SinkKind::Stdout => RecordFormat::Lines,
-        }
+        self.kind.settings().record_format()
     }
 
     /// Whether the sink sends a job stored as a zstd frame of lines as it is (so its streams store
     /// every job compressed under `compression: auto`).
     pub fn sends_zstd_lines(&self) -> bool {
-        match &self.kind {
-            SinkKind::Http(h) => h.sends_zstd_lines(),
-            #[cfg(feature = "remote-write")]
-            SinkKind::RemoteWrite(_) => false,
-            #[cfg(feature = "mqtt")]
-            SinkKind::Mqtt(_) => false,
-            #[cfg(feature = "nats")]
-            SinkKind::Nats(_) => false,
-            SinkKind::File { .. } | SinkKind::Stdout => false,
-        }
+        self.kind.settings().sends_zstd_lines()
     }
 
     /// For logs: the sink's type and target (never header values).
     pub fn describe(&self) -> String {
-        match &self.kind {
-            SinkKind::Http(h) => h.describe(&self.name),
-            #[cfg(feature = "remote-write")]
-            SinkKind::RemoteWrite(r) => r.describe(&self.name),
-            #[cfg(feature = "mqtt")]
-            SinkKind::Mqtt(m) => m.describe(&self.name),
-            #[cfg(feature = "nats")]
-            SinkKind::Nats(n) => n.describe(&self.name),
-            SinkKind::File { dir } => file::describe(&self.name, dir),
-            SinkKind::Stdout => stdout::describe(&self.name),
-        }
+        self.kind.settings().describe(&self.name)
     }
 }
 
@@ -168,36 +170,6 @@ impl Default for LinkConfig {
     }
 }
 
-/// The built sink of each kind.
-enum Built {
-    Http(Box<http::HttpSink>),
-    #[cfg(feature = "remote-write")]
-    RemoteWrite(Box<http::remote_write::RemoteWriteSink>),
-    #[cfg(feature = "mqtt")]
-    Mqtt(Box<mqtt::MqttSink>),
-    #[cfg(feature = "nats")]
-    Nats(Box<nats::NatsSink>),
-    File(file::FileSink),
-    Stdout(stdout::StdoutSink),
-}
-
-/// `$call` on the built sink, whatever its kind (`$s` names it).
-macro_rules! on_built {
-    ($built:expr, $s:ident => $call:expr) => {
-        match $built {
-            Built::Http($s) => $call,
-            #[cfg(feature = "remote-write")]
-            Built::RemoteWrite($s) => $call,
-            #[cfg(feature = "mqtt")]
-            Built::Mqtt($s) => $call,
-            #[cfg(feature = "nats")]
-            Built::Nats($s) => $call,
-            Built::File($s) => $call,
-            Built::Stdout($s) => $call,
-        }
-    };
-}
-
 /// A sink ready to deliver: its settings and its kind's built sink (for HTTP, the client).
 pub struct Sink {
     pub config: Arc<SinkConfig>,
@@ -207,21 +179,7 @@ pub struct Sink {
 impl Sink {
     /// Builds the sink (for HTTP: reads TLS files, builds the client). Errors name the setting.
     pub fn new(config: Arc<SinkConfig>) -> Result<Sink, SettingError> {
-        let built = match &config.kind {
-            SinkKind::Http(spec) => {
-                Built::Http(Box::new(http::HttpSink::new(spec, &config.link.probe)?))
-            }
-            #[cfg(feature = "remote-write")]
-            SinkKind::RemoteWrite(spec) => Built::RemoteWrite(Box::new(
-                http::remote_write::RemoteWriteSink::new(spec, &config.link.probe)?,
-            )),
-            #[cfg(feature = "mqtt")]
-            SinkKind::Mqtt(spec) => Built::Mqtt(Box::new(mqtt::MqttSink::new(spec)?)),
-            #[cfg(feature = "nats")]
-            SinkKind::Nats(spec) => Built::Nats(Box::new(nats::NatsSink::new(spec)?)),
-            SinkKind::File { dir } => Built::File(file::FileSink::new(&config.name, dir)),
-            SinkKind::Stdout => Built::Stdout(stdout::StdoutSink::new(&config.name)),
-        };
+        let built = config.kind.build(&config)?;
         Ok(Sink { config, built })
     }
 
@@ -233,22 +191,7 @@ impl Sink {
     /// then a built sink holds no connection, so one built only to be checked (a reload that is
     /// refused later) never dials. Idempotent.
     pub fn start(&self) {
-        on_built!(&self.built, s => s.start())
-    }
-
-    /// Requests in flight at once.
-    pub fn concurrency(&self) -> usize {
-        on_built!(&self.built, s => s.concurrency())
-    }
-
-    /// The longest a request may take.
-    pub fn timeout(&self) -> Duration {
-        on_built!(&self.built, s => s.timeout())
-    }
-
-    /// Bytes per second while a backlog drains, if limited.
-    pub fn replay_rate(&self) -> Option<u64> {
-        on_built!(&self.built, s => s.replay_rate())
+        self.built.start()
     }
 
     /// Whether a job stored as a zstd frame of lines is sent as it is ([`Payload::ZstdLines`]).
@@ -259,22 +202,22 @@ impl Sink {
     /// The body that carries `batch`: encoded (and for HTTP compressed), so its size is what goes
     /// over the wire and what `replay_rate` paces.
     pub async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
-        on_built!(&self.built, s => s.body(batch).await)
+        self.built.body(batch).await
     }
 
     /// Delivers `body` (made by [`Sink::body`] for `batch`).
     pub async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
-        on_built!(&self.built, s => s.send(batch, body).await)
+        self.built.send(batch, body).await
     }
 
     /// Delivers the file of a file job (`batch.file`), streamed from disk.
     pub async fn send_file(&self, batch: &Batch<'_>, file: &FileJob) -> Result<(), DeliveryError> {
-        on_built!(&self.built, s => s.send_file(batch, file).await)
+        self.built.send_file(batch, file).await
     }
 
     /// Whether the destination can be reached again, for the link monitor.
     pub async fn probe(&self) -> Result<(), String> {
-        on_built!(&self.built, s => s.probe(&self.config.link.probe).await)
+        self.built.probe(&self.config.link.probe).await
     }
 
     /// For logs: the sink's type and target.
@@ -297,15 +240,18 @@ mod tests {
     fn file_sink(dir: &Path) -> Sink {
         let cfg = SinkConfig {
             name: "out".into(),
-            kind: SinkKind::File {
+            kind: SinkKind::File(Box::new(file::FileConfig {
                 dir: dir.to_path_buf(),
-            },
+            })),
             retry: SinkRetry {
                 base: Duration::from_secs(1),
                 cap: Duration::from_secs(1),
                 max_attempts: 1,
             },
             link: LinkConfig::default(),
+            timeout: Duration::from_secs(10),
+            concurrency: 1,
+            replay_rate: None,
         };
         Sink::new(std::sync::Arc::new(cfg)).unwrap()
     }

@@ -176,7 +176,15 @@ fn imports_point_down_the_layers_and_never_in_a_loop() {
 const EDGES: &[(&str, &[&str])] = &[
     (
         "sink",
-        &["mod", "deliver", "template", "local", "file_body"],
+        &[
+            "mod",
+            "deliver",
+            "kind",
+            "config",
+            "template",
+            "local",
+            "file_body",
+        ],
     ),
     ("source", &["mod"]),
     ("task", &["mod"]),

@@ -21,9 +21,9 @@ streams:
     let out = c.sinks.iter().find(|s| s.name == "out").unwrap();
     assert_eq!(
         out.kind,
-        SinkKind::File {
+        SinkKind::File(Box::new(crate::sink::file::FileConfig {
             dir: dir.path().join("outbox")
-        }
+        }))
     );
     assert_eq!(
         out.retry,
@@ -104,9 +104,9 @@ sinks:
     assert_eq!(h.method, HttpMethod::Post);
     assert_eq!(h.encoding, Encoding::Ndjson);
     assert_eq!(h.compression, Compression::None);
-    assert_eq!(h.timeout, Duration::from_secs(10));
-    assert_eq!(h.concurrency, 1);
-    assert_eq!(h.replay_rate, None);
+    assert_eq!(up.timeout, Duration::from_secs(10));
+    assert_eq!(up.concurrency, 1);
+    assert_eq!(up.replay_rate, None);
     assert_eq!(up.link, LinkConfig::default());
     let full = c.sinks.iter().find(|s| s.name == "full").unwrap();
     let SinkKind::Http(h) = &full.kind else {
@@ -119,10 +119,10 @@ sinks:
         h.headers,
         vec![("Authorization".into(), "Bearer s3cret".into())]
     );
-    assert_eq!(h.concurrency, 4);
+    assert_eq!(full.concurrency, 4);
     assert_eq!(h.tls.ca_file, Some(dir.path().join("ca.pem")));
     assert_eq!(h.tls.server_name.as_deref(), Some("collector.example"));
-    assert_eq!(h.replay_rate, Some(256 * 1024));
+    assert_eq!(full.replay_rate, Some(256 * 1024));
     assert_eq!(full.retry.max_attempts, 5);
     assert_eq!(full.link.down_after, 2);
     assert_eq!(
@@ -248,7 +248,7 @@ tasks:
 "#,
     )
     .unwrap();
-    let SinkKind::RemoteWrite(r) = &c.sinks[0].kind else {
+    let SinkKind::PrometheusRemoteWrite(r) = &c.sinks[0].kind else {
         panic!("{:?}", c.sinks[0].kind)
     };
     assert_eq!(
@@ -258,7 +258,7 @@ tasks:
             ("region".to_string(), "eu".to_string())
         ]
     );
-    assert_eq!((r.http.concurrency, r.http.headers.len()), (2, 1));
+    assert_eq!((c.sinks[0].concurrency, r.http.headers.len()), (2, 1));
     assert_eq!(
         c.record_format("m"),
         crate::record::RecordFormat::LineProtocol(crate::scrape::lineproto::Precision::Ms)

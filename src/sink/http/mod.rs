@@ -4,7 +4,8 @@
 //! `User-Agent`, and classifies the outcome: no response at all is a transport failure (the link's
 //! business, no attempt spent), 408/429/5xx may pass (an attempt, `Retry-After` honoured), 413 asks
 //! for a split, any other 4xx never passes. It does not retry, pause or touch the store: the delivery
-//! worker does that with the classification. Built from the compiled config by `sink::Sink::new`.
+//! worker does that with the classification. Its file shape is [`config`]'s. Built from the
+//! compiled config by `sink::Sink::new`.
 //!
 //! The folder is the HTTP transport's: [`remote_write`] (`type: prometheus_remote_write`) is this
 //! sink with a protobuf body, so it lives here rather than importing a peer.
@@ -21,9 +22,14 @@ use crate::net::client::{self, BadHeader, chain, shown_url};
 use crate::net::tls_client::TlsConfig;
 use crate::record::RecordFormat;
 use crate::setting::SettingError;
+use crate::sink::SinkConfig;
 use crate::sink::deliver::{Batch, Deliver, DeliveryError, Payload, Probe};
+use crate::sink::kind::{KindConfig, Settings};
 use crate::store::FileJob;
 
+pub use config::HttpSinkSpec as Spec;
+
+mod config;
 #[cfg(feature = "remote-write")]
 pub mod remote_write;
 
@@ -47,12 +53,7 @@ pub struct HttpConfig {
     pub compression: Compression,
     /// Extra request headers. Values may hold credentials: never logged, redacted in `Debug`.
     pub headers: Vec<(String, String)>,
-    pub timeout: Duration,
-    /// Requests in flight at once; 1 keeps strict order.
-    pub concurrency: u32,
     pub tls: TlsConfig,
-    /// Bytes per second while a backlog drains; `None` is unlimited.
-    pub replay_rate: Option<u64>,
 }
 
 impl std::fmt::Debug for HttpConfig {
@@ -69,17 +70,14 @@ impl std::fmt::Debug for HttpConfig {
             .field("precision", &self.precision)
             .field("compression", &self.compression)
             .field("headers", &headers)
-            .field("timeout", &self.timeout)
-            .field("concurrency", &self.concurrency)
             .field("tls", &self.tls)
-            .field("replay_rate", &self.replay_rate)
             .finish()
     }
 }
 
-impl HttpConfig {
+impl Settings for HttpConfig {
     /// What the records of a stream delivered here must be.
-    pub fn record_format(&self) -> RecordFormat {
+    fn record_format(&self) -> RecordFormat {
         match self.encoding {
             Encoding::Ndjson | Encoding::JsonArray => RecordFormat::Json,
             Encoding::InfluxLine => RecordFormat::LineProtocol(
@@ -91,13 +89,21 @@ impl HttpConfig {
 
     /// Whether a job stored as a zstd frame of lines is this sink's body as it is: NDJSON and
     /// line protocol are the stored lines, and the frame is a `Content-Encoding: zstd` body.
-    pub fn sends_zstd_lines(&self) -> bool {
+    fn sends_zstd_lines(&self) -> bool {
         zstd_lines(self.compression, self.encoding)
     }
 
     /// For logs: the sink's type, name and URL (never header values, no credentials).
-    pub fn describe(&self, name: &str) -> String {
+    fn describe(&self, name: &str) -> String {
         format!("http sink {name} ({})", shown_url(&self.url))
+    }
+}
+
+impl KindConfig for HttpConfig {
+    type Built = HttpSink;
+
+    fn build(&self, sink: &SinkConfig) -> Result<HttpSink, SettingError> {
+        HttpSink::new(self, &sink.link.probe, sink.timeout, sink.concurrency)
     }
 }
 
@@ -151,16 +157,21 @@ pub struct HttpSink {
     probe_addr: (String, u16),
     /// With `tls.server_name`: (the URL's original host, the name it is reached by).
     renamed: Option<(String, String)>,
+    /// The longest wait for a request's answer (the sink's `timeout`).
     timeout: Duration,
-    concurrency: usize,
-    replay_rate: Option<u64>,
 }
 
 impl HttpSink {
     /// Builds the client: reads the CA and client certificate files, checks the headers. Errors name
     /// the setting at fault. `probe` is the sink's link probe: with the URL, it says whether the
-    /// client ever makes a TLS connection.
-    pub fn new(spec: &HttpConfig, probe: &Probe) -> Result<HttpSink, SettingError> {
+    /// client ever makes a TLS connection; `timeout` bounds a request, `concurrency` (requests in
+    /// flight at once) sizes the connection pool.
+    pub fn new(
+        spec: &HttpConfig,
+        probe: &Probe,
+        timeout: Duration,
+        concurrency: usize,
+    ) -> Result<HttpSink, SettingError> {
         let mut url = spec.url.clone();
         let host = url
             .host_str()
@@ -172,72 +183,15 @@ impl HttpSink {
             .port_or_known_default()
             .ok_or_else(|| SettingError::new("url", format!("{} has no port", spec.url)))?;
         let mut b = client::builder()
-            .timeout(spec.timeout)
-            .connect_timeout(spec.timeout.min(Duration::from_secs(10)))
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
             // A redirect would re-send the body somewhere nobody configured: treated as a failure.
             .redirect(reqwest::redirect::Policy::none())
-            .pool_max_idle_per_host(spec.concurrency as usize)
+            .pool_max_idle_per_host(concurrency)
             .pool_idle_timeout(Duration::from_secs(60))
             .tcp_nodelay(true);
+        b = with_tls(b, spec, probe)?;
         let tls = &spec.tls;
-        if let Some(ca) = &tls.ca_file {
-            let bad =
-                |m: String| SettingError::new("tls.ca_file", format!("{}: {m}", ca.display()));
-            let pem = std::fs::read(ca).map_err(|e| bad(format!("cannot read: {e}")))?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| bad(format!("not a PEM certificate bundle: {}", chain(&e))))?;
-            if certs.is_empty() {
-                return Err(bad("holds no PEM certificate".into()));
-            }
-            b = b.tls_certs_only(certs);
-        } else if !uses_tls(&spec.url, probe) {
-            // Requests and probes go to `http://` URLs and redirects are refused: no TLS
-            // connection is ever made, so the system's roots (reading /etc/ssl/certs and parsing
-            // ~150 certificates at each start, ~100 KB kept by the client) are not loaded.
-            b = b.tls_certs_only([]);
-        }
-        match (&tls.client_cert, &tls.client_key) {
-            (Some(cert), Some(key)) => {
-                let mut pem = std::fs::read(cert).map_err(|e| {
-                    SettingError::new(
-                        "tls.client_cert",
-                        format!("{}: cannot read: {e}", cert.display()),
-                    )
-                })?;
-                pem.push(b'\n');
-                pem.extend(std::fs::read(key).map_err(|e| {
-                    SettingError::new(
-                        "tls.client_key",
-                        format!("{}: cannot read: {e}", key.display()),
-                    )
-                })?);
-                let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
-                    SettingError::new(
-                        "tls.client_cert",
-                        format!(
-                            "{} with tls.client_key {}: not a usable PEM certificate and key: {}",
-                            cert.display(),
-                            key.display(),
-                            chain(&e)
-                        ),
-                    )
-                })?;
-                b = b.identity(id);
-            }
-            (None, None) => {}
-            (Some(_), None) => {
-                return Err(SettingError::new(
-                    "tls.client_key",
-                    "missing: tls.client_cert needs it".into(),
-                ));
-            }
-            (None, Some(_)) => {
-                return Err(SettingError::new(
-                    "tls.client_cert",
-                    "missing: tls.client_key needs it".into(),
-                ));
-            }
-        }
         let renamed = tls.server_name.clone().map(|n| (host.clone(), n));
         if let Some(name) = &tls.server_name {
             // Connect to the URL's host but verify (and send SNI for) `name`: the URL is rewritten
@@ -283,9 +237,7 @@ impl HttpSink {
             compression: spec.compression,
             probe_addr: (host, port),
             renamed,
-            timeout: spec.timeout,
-            concurrency: spec.concurrency.max(1) as usize,
-            replay_rate: spec.replay_rate,
+            timeout,
         })
     }
 
@@ -364,19 +316,75 @@ impl HttpSink {
     }
 }
 
+/// `b` with the TLS of `spec`: its CA bundle (or none at all when no TLS connection is ever made)
+/// and its client certificate. Reads the files; errors name the setting.
+fn with_tls(
+    mut b: reqwest::ClientBuilder,
+    spec: &HttpConfig,
+    probe: &Probe,
+) -> Result<reqwest::ClientBuilder, SettingError> {
+    let tls = &spec.tls;
+    if let Some(ca) = &tls.ca_file {
+        let bad = |m: String| SettingError::new("tls.ca_file", format!("{}: {m}", ca.display()));
+        let pem = std::fs::read(ca).map_err(|e| bad(format!("cannot read: {e}")))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| bad(format!("not a PEM certificate bundle: {}", chain(&e))))?;
+        if certs.is_empty() {
+            return Err(bad("holds no PEM certificate".into()));
+        }
+        b = b.tls_certs_only(certs);
+    } else if !uses_tls(&spec.url, probe) {
+        // Requests and probes go to `http://` URLs and redirects are refused: no TLS
+        // connection is ever made, so the system's roots (reading /etc/ssl/certs and parsing
+        // ~150 certificates at each start, ~100 KB kept by the client) are not loaded.
+        b = b.tls_certs_only([]);
+    }
+    match (&tls.client_cert, &tls.client_key) {
+        (Some(cert), Some(key)) => {
+            let mut pem = std::fs::read(cert).map_err(|e| {
+                SettingError::new(
+                    "tls.client_cert",
+                    format!("{}: cannot read: {e}", cert.display()),
+                )
+            })?;
+            pem.push(b'\n');
+            pem.extend(std::fs::read(key).map_err(|e| {
+                SettingError::new(
+                    "tls.client_key",
+                    format!("{}: cannot read: {e}", key.display()),
+                )
+            })?);
+            let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
+                SettingError::new(
+                    "tls.client_cert",
+                    format!(
+                        "{} with tls.client_key {}: not a usable PEM certificate and key: {}",
+                        cert.display(),
+                        key.display(),
+                        chain(&e)
+                    ),
+                )
+            })?;
+            b = b.identity(id);
+        }
+        (None, None) => {}
+        (Some(_), None) => {
+            return Err(SettingError::new(
+                "tls.client_key",
+                "missing: tls.client_cert needs it".into(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(SettingError::new(
+                "tls.client_cert",
+                "missing: tls.client_key needs it".into(),
+            ));
+        }
+    }
+    Ok(b)
+}
+
 impl Deliver for HttpSink {
-    fn concurrency(&self) -> usize {
-        self.concurrency
-    }
-
-    fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    fn replay_rate(&self) -> Option<u64> {
-        self.replay_rate
-    }
-
     /// The request body for the batch's records, encoded and compressed (a stored zstd frame of
     /// lines goes as it is).
     async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
@@ -679,12 +687,11 @@ mod tests {
                 precision: None,
                 compression,
                 headers: Vec::new(),
-                timeout: Duration::from_secs(1),
-                concurrency: 1,
                 tls: TlsConfig::default(),
-                replay_rate: None,
             },
             &Probe::Tcp,
+            Duration::from_secs(1),
+            1,
         )
         .unwrap()
     }

@@ -5,6 +5,8 @@
 //! these words is in `v5` and `v311` (the words themselves in `common`). Built by
 //! `conn::Connection::new` from the sink's `protocol`; used by `conn` and the sink.
 
+use std::time::Duration;
+
 use super::common::{Polled, Refusal};
 use super::settings::{MqttConfig, Protocol, Qos, Status};
 use super::{v5, v311};
@@ -30,16 +32,21 @@ pub enum Notice {
     V311(rumqttc_v4::PublishNotice),
 }
 
-/// The client and its event loop for the sink's protocol; nothing is dialled. `dial`: the
-/// `host:port` to connect to when the TLS server name differs from the URL's host.
-pub fn build(spec: &MqttConfig, dial: Option<String>) -> Result<(Client, Events), SettingError> {
+/// The client and its event loop for the sink's protocol; nothing is dialled. `timeout`: the
+/// longest a connect may take; `dial`: the `host:port` to connect to when the TLS server name
+/// differs from the URL's host.
+pub fn build(
+    spec: &MqttConfig,
+    timeout: Duration,
+    dial: Option<String>,
+) -> Result<(Client, Events), SettingError> {
     Ok(match spec.protocol {
         Protocol::V5 => {
-            let (c, e) = v5::build(spec, dial)?;
+            let (c, e) = v5::build(spec, timeout, dial)?;
             (Client::V5(c), Events::V5(Box::new(e)))
         }
         Protocol::V311 => {
-            let (c, e) = v311::build(spec, dial)?;
+            let (c, e) = v311::build(spec, timeout, dial)?;
             (Client::V311(c), Events::V311(Box::new(e)))
         }
     })

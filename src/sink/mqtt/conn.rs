@@ -56,8 +56,9 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// The client options from the settings; reads the TLS files. Nothing is dialled.
-    pub fn new(spec: &MqttConfig) -> Result<Connection, SettingError> {
+    /// The client options from the settings (a connect takes at most `timeout`); reads the TLS
+    /// files. Nothing is dialled.
+    pub fn new(spec: &MqttConfig, timeout: Duration) -> Result<Connection, SettingError> {
         let shown = format!(
             "{}://{}:{}",
             if spec.tls.is_some() { "mqtts" } else { "mqtt" },
@@ -68,7 +69,7 @@ impl Connection {
         // the URL's host is dialled.
         let dial =
             (spec.server_name() != spec.host).then(|| format!("{}:{}", spec.host, spec.port));
-        let (client, events) = super::client::build(spec, dial)?;
+        let (client, events) = super::client::build(spec, timeout, dial)?;
         let (tx, state) = watch::channel(State::Connecting);
         let (kick, stop) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
         let driver = Driver {

@@ -8,7 +8,7 @@
 //! job in halves, down to the one record, which goes to the dead letters alone). The connection
 //! itself (connect, reconnect, the status messages) is [`conn`]'s (the two protocol versions behind
 //! [`client`], in `v5` and `v311`; what both share in [`common`]; the
-//! settings in [`settings`]). Built by
+//! settings in [`settings`], their file shape in [`config`]). Built by
 //! `sink::Sink::new` from the compiled config.
 //!
 //! Under MQTT 5 every message carries the user property `idempotency-key`: for a message per record
@@ -19,15 +19,19 @@
 use std::time::Duration;
 
 use crate::setting::SettingError;
+use crate::sink::SinkConfig;
 use crate::sink::deliver::{Batch, Deliver, DeliveryError, Probe};
+use crate::sink::kind::KindConfig;
 use crate::sink::template::Message;
 use crate::store::FileJob;
 use common::Refusal;
+pub use config::MqttSinkSpec as Spec;
 use conn::{Connection, Link};
 pub use settings::{MqttConfig, Protocol, Qos, Status};
 
 mod client;
 mod common;
+mod config;
 mod conn;
 mod settings;
 mod v311;
@@ -36,16 +40,20 @@ mod v5;
 /// The built sink: the settings and the connection (its driver starts when the sink is started).
 pub struct MqttSink {
     spec: MqttConfig,
+    /// The longest a connect, or a job's publishes and their acknowledgements, may take (the
+    /// sink's `timeout`).
+    timeout: Duration,
     conn: Connection,
 }
 
 impl MqttSink {
     /// Reads the TLS files and prepares the connection; nothing is dialled yet. Errors name the
     /// setting.
-    pub fn new(spec: &MqttConfig) -> Result<MqttSink, SettingError> {
+    pub fn new(spec: &MqttConfig, timeout: Duration) -> Result<MqttSink, SettingError> {
         Ok(MqttSink {
-            conn: Connection::new(spec)?,
+            conn: Connection::new(spec, timeout)?,
             spec: spec.clone(),
+            timeout,
         })
     }
 
@@ -70,7 +78,7 @@ impl MqttSink {
                 }
             }
         }
-        let deadline = tokio::time::Instant::now() + self.spec.timeout;
+        let deadline = tokio::time::Instant::now() + self.timeout;
         let mut notices = Vec::with_capacity(messages.len());
         for m in messages {
             let topic = m.to.clone();
@@ -96,7 +104,7 @@ impl MqttSink {
         DeliveryError::Unavailable(format!(
             "{}: no acknowledgement within {:?}",
             self.conn.shown(),
-            self.spec.timeout
+            self.timeout
         ))
     }
 }
@@ -122,25 +130,21 @@ fn classify(topic: &str, e: Refusal, conn: &Connection) -> DeliveryError {
     }
 }
 
+impl KindConfig for MqttConfig {
+    type Built = MqttSink;
+
+    fn build(&self, sink: &SinkConfig) -> Result<MqttSink, SettingError> {
+        MqttSink::new(self, sink.timeout)
+    }
+}
+
 impl Deliver for MqttSink {
     fn start(&self) {
         self.conn.start();
     }
 
-    fn concurrency(&self) -> usize {
-        self.spec.concurrency
-    }
-
-    fn timeout(&self) -> Duration {
-        self.spec.timeout
-    }
-
-    fn replay_rate(&self) -> Option<u64> {
-        self.spec.replay_rate
-    }
-
     async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
-        let max_packet = match self.conn.up(self.spec.timeout).await {
+        let max_packet = match self.conn.up(self.timeout).await {
             // The smaller of the broker's limit and the one the settings give.
             Link::Up { max_packet } => max_packet.into_iter().chain(self.spec.max_packet).min(),
             Link::Down(reason) => return Err(DeliveryError::Unavailable(reason)),
@@ -159,7 +163,7 @@ impl Deliver for MqttSink {
     /// Connects (or waits for the connection being made) whatever `link.probe` says: only a
     /// CONNACK proves the broker takes colibri's messages.
     async fn probe(&self, _how: &Probe) -> Result<(), String> {
-        match self.conn.connect_now(self.spec.timeout).await {
+        match self.conn.connect_now(self.timeout).await {
             Link::Up { .. } => Ok(()),
             Link::Down(reason) => Err(reason),
         }

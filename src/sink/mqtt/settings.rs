@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::net::tls_client::TlsConfig;
 use crate::record::RecordFormat;
 use crate::setting::Secret;
+use crate::sink::kind::Settings;
 use crate::sink::template::Template;
 
 /// The compiled `type: mqtt` settings.
@@ -29,9 +30,6 @@ pub struct MqttConfig {
     pub persistent: bool,
     pub session_expiry: Duration,
     pub keep_alive: Duration,
-    pub timeout: Duration,
-    pub concurrency: usize,
-    pub replay_rate: Option<u64>,
     pub status: Option<Status>,
     /// The broker's largest packet as the settings give it (3.1.1 brokers do not say theirs).
     pub max_packet: Option<u32>,
@@ -50,9 +48,11 @@ impl MqttConfig {
     pub fn keep_alive_secs(&self) -> u16 {
         u16::try_from(self.keep_alive.as_secs()).unwrap_or(u16::MAX)
     }
+}
 
+impl Settings for MqttConfig {
     /// A topic made from records' fields needs JSON records; otherwise any line is a payload.
-    pub fn record_format(&self) -> RecordFormat {
+    fn record_format(&self) -> RecordFormat {
         if self.topic.uses_fields() {
             RecordFormat::Json
         } else {
@@ -61,7 +61,7 @@ impl MqttConfig {
     }
 
     /// For logs: the sink's type, name and broker (no credentials).
-    pub fn describe(&self, name: &str) -> String {
+    fn describe(&self, name: &str) -> String {
         let scheme = if self.tls.is_some() { "mqtts" } else { "mqtt" };
         format!("mqtt sink {name} ({scheme}://{}:{})", self.host, self.port)
     }

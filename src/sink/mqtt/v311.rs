@@ -9,6 +9,7 @@
 //! Called only through `client`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use rumqttc_v4::{
     AsyncClient, ConnectReturnCode, ConnectionError, Event, EventLoop, Incoming, LastWill,
@@ -30,6 +31,7 @@ const MAX_INCOMING: usize = 64 * 1024;
 
 pub fn build(
     spec: &MqttConfig,
+    timeout: Duration,
     dial: Option<String>,
 ) -> Result<(AsyncClient, EventLoop), SettingError> {
     let mut opts = MqttOptions::new(
@@ -74,7 +76,7 @@ pub fn build(
         .build();
     let mut net = rumqttc_v4::NetworkOptions::new();
     net.set_tcp_nodelay(true);
-    net.set_connection_timeout(spec.timeout.as_secs().max(1));
+    net.set_connection_timeout(timeout.as_secs().max(1));
     events.set_network_options(net);
     Ok((client, events))
 }

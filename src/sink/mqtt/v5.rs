@@ -5,6 +5,8 @@
 //! property, and the reason codes of a PUBACK, PUBREC or PUBCOMP that refuses it. Called only
 //! through `client`.
 
+use std::time::Duration;
+
 use rumqttc::{
     AsyncClient, Event, EventLoop, Incoming, LastWill, PubAckReason, PubRecReason, PublishNotice,
     PublishNoticeError, PublishOptions, PublishProperties, QoS,
@@ -20,6 +22,7 @@ const KEY: &str = "idempotency-key";
 
 pub fn build(
     spec: &MqttConfig,
+    timeout: Duration,
     dial: Option<String>,
 ) -> Result<(AsyncClient, EventLoop), SettingError> {
     let mut opts = crate::net::mqtt::connection_options(
@@ -36,7 +39,7 @@ pub fn build(
         // (65,535 slots unless the broker sets a smaller Receive Maximum: 16 MB of memory).
         .set_outgoing_inflight_upper_limit(MAX_IN_FLIGHT);
     opts.set_keep_alive(spec.keep_alive_secs())
-        .set_connect_timeout(spec.timeout)
+        .set_connect_timeout(timeout)
         .set_clean_start(true);
     if spec.persistent {
         let expiry = u32::try_from(spec.session_expiry.as_secs()).unwrap_or(u32::MAX);

@@ -1,26 +1,22 @@
 //! The `type: mqtt` sink entry: its file shape ([`MqttSinkSpec`]) and its compilation into
-//! `sink::mqtt::MqttConfig` (the broker URL, the topic template, QoS, the session, credentials,
-//! TLS and the status messages checked, each problem under its field). It connects to nothing:
-//! `sink::mqtt` does. Called by `sinks::compile_sink` for `type: mqtt`.
+//! [`MqttConfig`] (the broker URL, the topic template, QoS, the session, credentials, TLS and the
+//! status messages checked, each problem under its field). It connects to nothing: the sink does.
+//! Called through the sinks' list (`sink::compile_kind`) for `type: mqtt`.
 
-#[cfg(feature = "mqtt")]
-use std::path::Path;
-#[cfg(feature = "mqtt")]
 use std::time::Duration;
 
 use serde::Deserialize;
 
-#[cfg(feature = "mqtt")]
-use super::super::Problems;
-#[cfg(feature = "schema")]
-use super::super::units::u32_schema;
-use super::super::units::{self, Dur, Size};
-#[cfg(feature = "mqtt")]
-use super::broker;
-use super::{LinkSpec, RetrySpec};
+use super::{MqttConfig, MqttSink, Protocol, Qos, Status};
+use crate::setting::Secret;
+use crate::shape::Problems;
 use crate::shape::tls::TlsSpec;
-#[cfg(feature = "mqtt")]
-use crate::sink::SinkKind;
+#[cfg(feature = "schema")]
+use crate::shape::units::u32_schema;
+use crate::shape::units::{self, Dur, Size};
+use crate::sink::config::{LinkSpec, RetrySpec, broker_link, template};
+use crate::sink::kind::{Compile, KindSpec};
+use crate::sink::template::MQTT_TOPIC;
 
 /// `type: mqtt` settings.
 #[derive(Debug, Deserialize)]
@@ -134,29 +130,72 @@ pub struct MqttStatusSpec {
     pub offline: Option<String>,
 }
 
-/// An `mqtt` entry compiled; `None` when a problem stops it (each one reported).
-#[cfg(feature = "mqtt")]
-pub(super) fn compile_mqtt(
-    name: &str,
-    spec: MqttSinkSpec,
-    base: &Path,
-    data_dir: &Path,
-    err: &mut Problems<'_>,
-) -> Option<SinkKind> {
-    use crate::setting::Secret;
-    use crate::sink::mqtt::{MqttConfig, MqttSink, Protocol, Qos, Status};
-    use crate::sink::template::MQTT_TOPIC;
-    let (host, port, tls) =
-        match crate::shape::url::broker(&spec.url, ("mqtt", 1883), ("mqtts", 8883)) {
-            Ok(b) => b,
-            Err(m) => {
-                err.add("url", m);
-                return None;
-            }
+impl KindSpec for MqttSinkSpec {
+    type Config = MqttConfig;
+
+    /// An `mqtt` entry compiled; `None` when a problem stops it (each one reported).
+    fn compile(mut self, cx: &mut Compile<'_, '_>) -> Option<MqttConfig> {
+        cx.link = broker_link(std::mem::take(&mut self.link), "an mqtt", cx.err);
+        cx.retry = std::mem::take(&mut self.retry);
+        let mut spec = self;
+        let err = &mut *cx.err;
+        let (host, port, tls) =
+            match crate::shape::url::broker(&spec.url, ("mqtt", 1883), ("mqtts", 8883)) {
+                Ok(b) => b,
+                Err(m) => {
+                    err.add("url", m);
+                    return None;
+                }
+            };
+        let tls =
+            crate::shape::tls::client(std::mem::take(&mut spec.tls), tls, "mqtts", cx.base, err);
+        let topic = template("topic", &spec.topic, MQTT_TOPIC, spec.batch, err);
+        let qos = qos(spec.qos, err);
+        let protocol = protocol(spec.protocol.as_ref(), err);
+        v311_checks(&spec, protocol, err);
+        let max_packet = max_packet(spec.max_packet_size, protocol, err);
+        let client_id = spec.client_id.take().unwrap_or_else(|| {
+            crate::shape::client_name::default_mqtt_client_id(cx.name, cx.data_dir)
+        });
+        if client_id.is_empty() || client_id.len() > 65_535 {
+            err.add("client_id", "must be 1 to 65535 bytes".into());
+        }
+        let keep_alive = spec.keep_alive.map_or(Duration::from_secs(30), |d| d.0);
+        if !(Duration::from_secs(1)..=Duration::from_secs(65_535)).contains(&keep_alive) {
+            err.add("keep_alive", "must be between 1s and 18h12m15s".into());
+        }
+        cx.limits(spec.timeout, spec.concurrency, spec.replay_rate);
+        let status = status(spec.status, cx.err);
+        let config = MqttConfig {
+            protocol,
+            host,
+            port,
+            tls,
+            topic: topic?,
+            qos,
+            batch: spec.batch,
+            client_id,
+            username: spec.username,
+            password: spec.password.map(Secret),
+            persistent: !spec.clean_session.unwrap_or(false),
+            session_expiry: spec
+                .session_expiry
+                .map_or(Duration::from_secs(3600), |d| d.0),
+            keep_alive,
+            status,
+            max_packet,
         };
-    let tls = crate::shape::tls::client(spec.tls, tls, "mqtts", base, err);
-    let topic = broker::template("topic", &spec.topic, MQTT_TOPIC, spec.batch, err);
-    let qos = match spec.qos.unwrap_or(1) {
+        // Reads the TLS files: a bad CA is reported now, not at the first delivery.
+        if let Err(e) = MqttSink::new(&config, cx.timeout) {
+            cx.err.add(&e.field, e.message);
+        }
+        Some(config)
+    }
+}
+
+/// `qos` (default 1): 0 is refused, as nothing would acknowledge it.
+fn qos(qos: Option<u32>, err: &mut Problems<'_>) -> Qos {
+    match qos.unwrap_or(1) {
         1 => Qos::AtLeastOnce,
         2 => Qos::ExactlyOnce,
         0 => {
@@ -171,8 +210,12 @@ pub(super) fn compile_mqtt(
             err.add("qos", format!("must be 1 or 2, not {n}"));
             Qos::AtLeastOnce
         }
-    };
-    let protocol = match &spec.protocol {
+    }
+}
+
+/// `protocol`: 5 (default) or 3.1.1, however YAML typed it.
+fn protocol(protocol: Option<&MqttVersion>, err: &mut Problems<'_>) -> Protocol {
+    match protocol {
         None | Some(MqttVersion::Number(5)) => Protocol::V5,
         Some(MqttVersion::Float(f)) if *f == 5.0 => Protocol::V5,
         Some(MqttVersion::Float(f)) => {
@@ -189,7 +232,11 @@ pub(super) fn compile_mqtt(
             err.add("protocol", format!("must be 5 or 3.1.1, not {t:?}"));
             Protocol::V5
         }
-    };
+    }
+}
+
+/// What MQTT 3.1.1 cannot do: a password without a user name, a session expiry.
+fn v311_checks(spec: &MqttSinkSpec, protocol: Protocol, err: &mut Problems<'_>) {
     if protocol == Protocol::V311 && spec.password.is_some() && spec.username.is_none() {
         err.add(
             "password",
@@ -202,39 +249,31 @@ pub(super) fn compile_mqtt(
             "applies to MQTT 5 only (a 3.1.1 broker keeps a session as long as it decides)".into(),
         );
     }
+}
+
+/// The largest packet the broker takes as the settings give it (for 3.1.1, 256 KiB unless set).
+fn max_packet(set: Option<Size>, protocol: Protocol, err: &mut Problems<'_>) -> Option<u32> {
     const MAX_PACKET: u64 = 268_435_455;
     // A 3.1.1 broker does not say its limit and drops the connection at a packet over it: without
     // a stated limit, Azure IoT Hub's and many brokers' 256 KiB, so a larger record is
     // dead-lettered instead of dropping the connection again and again.
     let default_packet = (protocol == Protocol::V311).then_some(256 << 10);
-    let max_packet = spec
-        .max_packet_size
-        .map(|s| s.0)
-        .or(default_packet)
-        .and_then(|s| {
-            if (128..=MAX_PACKET).contains(&s) {
-                u32::try_from(s).ok()
-            } else {
-                err.add(
-                    "max_packet_size",
-                    format!("must be between 128 and {MAX_PACKET} bytes (MQTT's limit)"),
-                );
-                None
-            }
-        });
-    let client_id = spec
-        .client_id
-        .unwrap_or_else(|| crate::shape::client_name::default_mqtt_client_id(name, data_dir));
-    if client_id.is_empty() || client_id.len() > 65_535 {
-        err.add("client_id", "must be 1 to 65535 bytes".into());
-    }
-    let keep_alive = spec.keep_alive.map_or(Duration::from_secs(30), |d| d.0);
-    if !(Duration::from_secs(1)..=Duration::from_secs(65_535)).contains(&keep_alive) {
-        err.add("keep_alive", "must be between 1s and 18h12m15s".into());
-    }
-    let (timeout, concurrency, replay_rate) =
-        broker::limits(spec.timeout, spec.concurrency, spec.replay_rate, err);
-    let status = spec.status.map(|s| {
+    set.map(|s| s.0).or(default_packet).and_then(|s| {
+        if (128..=MAX_PACKET).contains(&s) {
+            u32::try_from(s).ok()
+        } else {
+            err.add(
+                "max_packet_size",
+                format!("must be between 128 and {MAX_PACKET} bytes (MQTT's limit)"),
+            );
+            None
+        }
+    })
+}
+
+/// The `status` messages, their topic checked.
+fn status(status: Option<MqttStatusSpec>, err: &mut Problems<'_>) -> Option<Status> {
+    status.map(|s| {
         if s.topic.is_empty() || s.topic.contains(['+', '#', '\0', '{', '}']) {
             err.add(
                 "status.topic",
@@ -249,32 +288,5 @@ pub(super) fn compile_mqtt(
             online: s.online.unwrap_or_else(|| "online".into()),
             offline: s.offline.unwrap_or_else(|| "offline".into()),
         }
-    });
-    let config = MqttConfig {
-        protocol,
-        host,
-        port,
-        tls,
-        topic: topic?,
-        qos,
-        batch: spec.batch,
-        client_id,
-        username: spec.username,
-        password: spec.password.map(Secret),
-        persistent: !spec.clean_session.unwrap_or(false),
-        session_expiry: spec
-            .session_expiry
-            .map_or(Duration::from_secs(3600), |d| d.0),
-        keep_alive,
-        timeout,
-        concurrency,
-        replay_rate,
-        status,
-        max_packet,
-    };
-    // Reads the TLS files: a bad CA is reported now, not at the first delivery.
-    if let Err(e) = MqttSink::new(&config) {
-        err.add(&e.field, e.message);
-    }
-    Some(SinkKind::Mqtt(Box::new(config)))
+    })
 }

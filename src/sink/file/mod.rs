@@ -2,18 +2,46 @@
 //! appears whole or not at all and survives a power cut; a replay of the same records writes the
 //! same name again. The directory is never created: a missing one (an unmounted disk) is an outage
 //! and the link's probe waits for it. It does not retry or touch the store (the delivery worker
-//! does). Built by `sink::Sink::new` from `SinkKind::File`.
+//! does). Its file shape is [`config`]'s. Built by `sink::Sink::new`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use super::SinkConfig;
 use super::deliver::{Batch, Deliver, DeliveryError, Probe};
+use super::kind::{KindConfig, Settings};
 use super::local;
 use crate::scrape::lineparse;
+use crate::setting::SettingError;
 use crate::store::FileJob;
 
+pub use config::FileSinkSpec as Spec;
+
+mod config;
+
+/// The compiled `type: file` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileConfig {
+    /// Where each job becomes a file; never created by colibri.
+    pub dir: PathBuf,
+}
+
+impl Settings for FileConfig {
+    fn describe(&self, name: &str) -> String {
+        describe(name, &self.dir)
+    }
+}
+
+impl KindConfig for FileConfig {
+    type Built = FileSink;
+
+    fn build(&self, sink: &SinkConfig) -> Result<FileSink, SettingError> {
+        Ok(FileSink::new(&sink.name, &self.dir))
+    }
+}
+
 /// For logs: the sink's type, name and directory.
-pub fn describe(name: &str, dir: &Path) -> String {
+fn describe(name: &str, dir: &Path) -> String {
     format!("file sink {name} ({})", dir.display())
 }
 

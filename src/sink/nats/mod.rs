@@ -8,8 +8,8 @@
 //! PubAck is in (a `duplicate` one too); unreachable (no attempt spent) while no server is
 //! connected, when no stream takes the subject (no responders) or when the configured `stream`
 //! is missing or lacks the subject; too large over the server's `max_payload` (the delivery worker
-//! splits the job, down to the one record, which goes to the dead letters alone). Built by
-//! `sink::Sink::new`; the connection is opened by `Sink::start` or the first delivery or probe.
+//! splits the job, down to the one record, which goes to the dead letters alone). Its file shape is
+//! [`config`]'s. Built by `sink::Sink::new`; the connection is opened by `Sink::start` or the first delivery or probe.
 
 use std::collections::HashSet;
 use std::future::IntoFuture as _;
@@ -22,12 +22,17 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::{Client, ConnectOptions, Event};
 use tokio::sync::OnceCell;
 
+use super::SinkConfig;
 use super::deliver::{Batch, Deliver, DeliveryError, Probe};
+use super::kind::{KindConfig, Settings};
 use super::template::{Message, Template};
 use crate::net::tls_client::TlsConfig;
 use crate::record::RecordFormat;
 use crate::setting::{Secret, SettingError};
 use crate::store::FileJob;
+pub use config::NatsSinkSpec as Spec;
+
+mod config;
 
 /// The compiled `type: nats` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,14 +50,11 @@ pub struct NatsConfig {
     pub auth: Auth,
     /// The connection's name, as the server's monitoring shows it.
     pub name: String,
-    pub timeout: Duration,
-    pub concurrency: usize,
-    pub replay_rate: Option<u64>,
 }
 
-impl NatsConfig {
+impl Settings for NatsConfig {
     /// A subject made from records' fields needs JSON records; otherwise any line is a payload.
-    pub fn record_format(&self) -> RecordFormat {
+    fn record_format(&self) -> RecordFormat {
         if self.subject.uses_fields() {
             RecordFormat::Json
         } else {
@@ -61,8 +63,16 @@ impl NatsConfig {
     }
 
     /// For logs: the sink's type, name and servers (no credentials).
-    pub fn describe(&self, name: &str) -> String {
+    fn describe(&self, name: &str) -> String {
         format!("nats sink {name} ({})", self.servers.join(", "))
+    }
+}
+
+impl KindConfig for NatsConfig {
+    type Built = NatsSink;
+
+    fn build(&self, sink: &SinkConfig) -> Result<NatsSink, SettingError> {
+        NatsSink::new(self, sink.timeout)
     }
 }
 
@@ -91,6 +101,8 @@ pub struct NatsSink {
 
 struct Inner {
     spec: NatsConfig,
+    /// The longest wait for a connection and for a job's PubAcks (the sink's `timeout`).
+    timeout: Duration,
     /// Taken by the first connect.
     options: Mutex<Option<ConnectOptions>>,
     conn: OnceCell<Result<(Client, Context), String>>,
@@ -106,14 +118,14 @@ struct Inner {
 
 impl NatsSink {
     /// Reads the credentials and TLS files; nothing is dialled yet. Errors name the setting.
-    pub fn new(spec: &NatsConfig) -> Result<NatsSink, SettingError> {
+    pub fn new(spec: &NatsConfig, timeout: Duration) -> Result<NatsSink, SettingError> {
         let last_error: Arc<Mutex<Option<String>>> = Arc::default();
         let attempts: Arc<Mutex<Vec<String>>> = Arc::default();
         let mut options = ConnectOptions::new()
             .name(&spec.name)
             .retry_on_initial_connect()
-            .connection_timeout(spec.timeout)
-            .request_timeout(Some(spec.timeout))
+            .connection_timeout(timeout)
+            .request_timeout(Some(timeout))
             // Publishes wait in the client while it reconnects; a small buffer bounds what a
             // dropped connection holds (deliveries check the state before they publish).
             .client_capacity(1024)
@@ -197,6 +209,7 @@ impl NatsSink {
         Ok(NatsSink {
             inner: Arc::new(Inner {
                 spec: spec.clone(),
+                timeout,
                 options: Mutex::new(Some(options)),
                 conn: OnceCell::new(),
                 last_error,
@@ -226,7 +239,7 @@ impl Inner {
                     .await
                     .map_err(|e| format!("{}: {e}", self.shown))?;
                 let js = async_nats::jetstream::ContextBuilder::new()
-                    .timeout(self.spec.timeout)
+                    .timeout(self.timeout)
                     .build(client.clone());
                 Ok((client, js))
             })
@@ -245,7 +258,7 @@ impl Inner {
             return Ok(conn);
         }
         // Only a link that is down waits (and reads the clock).
-        let deadline = tokio::time::Instant::now() + self.spec.timeout;
+        let deadline = tokio::time::Instant::now() + self.timeout;
         loop {
             let why = self.why_down();
             if why.1 || tokio::time::Instant::now() >= deadline {
@@ -326,11 +339,11 @@ impl Inner {
     }
 
     async fn publish(&self, js: &Context, messages: Vec<Message>) -> Result<(), DeliveryError> {
-        let deadline = tokio::time::Instant::now() + self.spec.timeout;
+        let deadline = tokio::time::Instant::now() + self.timeout;
         let no_answer = || {
             DeliveryError::Unavailable(format!(
                 "{}: no PubAck within {:?}",
-                self.shown, self.spec.timeout
+                self.shown, self.timeout
             ))
         };
         let mut acks = Vec::with_capacity(messages.len());
@@ -446,18 +459,6 @@ impl Deliver for NatsSink {
         });
     }
 
-    fn concurrency(&self) -> usize {
-        self.inner.spec.concurrency
-    }
-
-    fn timeout(&self) -> Duration {
-        self.inner.spec.timeout
-    }
-
-    fn replay_rate(&self) -> Option<u64> {
-        self.inner.spec.replay_rate
-    }
-
     async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
         let inner = &self.inner;
         let (_, js) = inner.up().await?;
@@ -476,7 +477,7 @@ impl Deliver for NatsSink {
     async fn probe(&self, _how: &Probe) -> Result<(), String> {
         let inner = &self.inner;
         // The client reconnects on its own: the probe gives it up to the timeout.
-        let deadline = tokio::time::Instant::now() + inner.spec.timeout;
+        let deadline = tokio::time::Instant::now() + inner.timeout;
         let (_, js) = loop {
             match inner.up().await {
                 Ok(conn) => break conn,

@@ -3,7 +3,7 @@
 //! snappy, sent over the `http` sink's transport (client, TLS, headers, timeout, the classification
 //! of answers; see [`super`]). It owns the records-to-samples mapping and the request's
 //! framing; it does not scrape (the `http_scrape` task does) or retry (the delivery worker does).
-//! Built by `sink::Sink::new` from the compiled config.
+//! Its file shape is [`config`]'s. Built by `sink::Sink::new` from the compiled config.
 //!
 //! The mapping, from the line-protocol records an `http_scrape` task writes
 //! (`<measurement>,<labels> <metric>=<value> <time in ms>`): every numeric field is one sample of the
@@ -28,8 +28,13 @@ use crate::record::RecordFormat;
 use crate::scrape::lineparse::{self, Value};
 use crate::scrape::lineproto::Precision;
 use crate::setting::SettingError;
+use crate::sink::SinkConfig;
 use crate::sink::deliver::{Batch, Deliver, DeliveryError, Payload, Probe};
+use crate::sink::kind::{KindConfig, Settings};
 use crate::store::FileJob;
+pub use config::RemoteWriteSinkSpec as Spec;
+
+mod config;
 
 /// The compiled `type: prometheus_remote_write` settings: the HTTP transport's, and the labels
 /// added to every series.
@@ -40,18 +45,26 @@ pub struct RemoteWriteConfig {
     pub external_labels: Vec<(String, String)>,
 }
 
-impl RemoteWriteConfig {
+impl Settings for RemoteWriteConfig {
     /// Line-protocol samples timestamped in milliseconds, as remote write carries them.
-    pub fn record_format(&self) -> RecordFormat {
+    fn record_format(&self) -> RecordFormat {
         RecordFormat::LineProtocol(Precision::Ms)
     }
 
     /// For logs: the sink's type, name and URL (no credentials).
-    pub fn describe(&self, name: &str) -> String {
+    fn describe(&self, name: &str) -> String {
         format!(
             "prometheus_remote_write sink {name} ({})",
             shown_url(&self.http.url)
         )
+    }
+}
+
+impl KindConfig for RemoteWriteConfig {
+    type Built = RemoteWriteSink;
+
+    fn build(&self, sink: &SinkConfig) -> Result<RemoteWriteSink, SettingError> {
+        RemoteWriteSink::new(self, sink)
     }
 }
 
@@ -217,10 +230,14 @@ pub struct RemoteWriteSink {
 }
 
 impl RemoteWriteSink {
-    /// Builds the HTTP client (reads TLS files). Errors name the setting.
-    pub fn new(spec: &RemoteWriteConfig, probe: &Probe) -> Result<RemoteWriteSink, SettingError> {
+    /// Builds the HTTP client (reads TLS files) with the settings every sink has (`sink`). Errors
+    /// name the setting.
+    pub fn new(
+        spec: &RemoteWriteConfig,
+        sink: &SinkConfig,
+    ) -> Result<RemoteWriteSink, SettingError> {
         Ok(RemoteWriteSink {
-            http: HttpSink::new(&spec.http, probe)?,
+            http: HttpSink::new(&spec.http, &sink.link.probe, sink.timeout, sink.concurrency)?,
             external: spec.external_labels.clone(),
         })
     }
@@ -231,18 +248,6 @@ const OUT_OF_ORDER_HINT: &str = "; samples older than the receiver's newest are 
      without storage.tsdb.out_of_order_time_window: a backlog needs that window (or VictoriaMetrics)";
 
 impl Deliver for RemoteWriteSink {
-    fn concurrency(&self) -> usize {
-        self.http.concurrency()
-    }
-
-    fn timeout(&self) -> std::time::Duration {
-        self.http.timeout()
-    }
-
-    fn replay_rate(&self) -> Option<u64> {
-        self.http.replay_rate()
-    }
-
     /// The `WriteRequest`, snappy-compressed (the block format, as remote write requires).
     async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {
         let req = match batch.payload {

@@ -1,16 +1,40 @@
 //! The `stdout` sink: records written to colibri's standard output, a record per line (a spooled
 //! file as its bytes), flushed before the job counts as delivered. For trying a pipeline out and for
-//! a supervisor that reads the output; nothing to probe. Built by `sink::Sink::new` from
-//! `SinkKind::Stdout`.
+//! a supervisor that reads the output; nothing to probe. Its file shape is [`config`]'s. Built by
+//! `sink::Sink::new`.
 
 use std::io::Write;
 
+use super::SinkConfig;
 use super::deliver::{Batch, Deliver, DeliveryError, Probe};
+use super::kind::{KindConfig, Settings};
 use super::local;
+use crate::setting::SettingError;
 use crate::store::FileJob;
+pub use config::StdoutSinkSpec as Spec;
+
+mod config;
+
+/// The compiled `type: stdout` settings: there are none of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StdoutConfig;
+
+impl Settings for StdoutConfig {
+    fn describe(&self, name: &str) -> String {
+        describe(name)
+    }
+}
+
+impl KindConfig for StdoutConfig {
+    type Built = StdoutSink;
+
+    fn build(&self, sink: &SinkConfig) -> Result<StdoutSink, SettingError> {
+        Ok(StdoutSink::new(&sink.name))
+    }
+}
 
 /// For logs: the sink's type and name.
-pub fn describe(name: &str) -> String {
+fn describe(name: &str) -> String {
     format!("stdout sink {name}")
 }
 

@@ -1,24 +1,23 @@
 //! The `type: nats` sink entry: its file shape ([`NatsSinkSpec`]) and its compilation into
-//! `sink::nats::NatsConfig` (the servers, the subject template, the stream, one way to
-//! authenticate, TLS), each problem under its field. It connects to nothing: `sink::nats` does.
-//! Called by `sinks::compile_sink` for `type: nats`.
+//! [`NatsConfig`] (the servers, the subject template, the stream, one way to authenticate, TLS),
+//! each problem under its field. It connects to nothing: the sink does. Called through the sinks'
+//! list (`sink::compile_kind`) for `type: nats`.
 
-#[cfg(feature = "nats")]
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde::Deserialize;
 
-#[cfg(feature = "nats")]
-use super::super::Problems;
-#[cfg(feature = "schema")]
-use super::super::units::u32_schema;
-use super::super::units::{self, Dur, Size};
-#[cfg(feature = "nats")]
-use super::broker;
-use super::{LinkSpec, RetrySpec};
+use super::{Auth, NatsConfig, NatsSink};
+use crate::setting::Secret;
+use crate::shape::Problems;
 use crate::shape::tls::TlsSpec;
-#[cfg(feature = "nats")]
-use crate::sink::SinkKind;
+#[cfg(feature = "schema")]
+use crate::shape::units::u32_schema;
+use crate::shape::units::{self, Dur, Size};
+use crate::sink::config::{LinkSpec, RetrySpec, broker_link, template};
+use crate::sink::kind::{Compile, KindSpec};
+use crate::sink::template::NATS_SUBJECT;
 
 /// `type: nats` settings.
 #[derive(Debug, Deserialize)]
@@ -90,18 +89,60 @@ pub enum NatsUrls {
     Many(Vec<String>),
 }
 
-/// A `nats` entry compiled; `None` when a problem stops it (each one reported).
-#[cfg(feature = "nats")]
-pub(super) fn compile_nats(
-    name: &str,
-    spec: NatsSinkSpec,
-    base: &Path,
-    err: &mut Problems<'_>,
-) -> Option<SinkKind> {
-    use crate::setting::Secret;
-    use crate::sink::nats::{Auth, NatsConfig, NatsSink};
-    use crate::sink::template::NATS_SUBJECT;
-    let urls = match spec.url {
+impl KindSpec for NatsSinkSpec {
+    type Config = NatsConfig;
+
+    /// A `nats` entry compiled; `None` when a problem stops it (each one reported).
+    fn compile(mut self, cx: &mut Compile<'_, '_>) -> Option<NatsConfig> {
+        cx.link = broker_link(std::mem::take(&mut self.link), "a nats", cx.err);
+        cx.retry = std::mem::take(&mut self.retry);
+        let err = &mut *cx.err;
+        let (servers, tls) = servers(self.url, err)?;
+        let tls = crate::shape::tls::client(self.tls, tls, "tls", cx.base, err);
+        let subject = template("subject", &self.subject, NATS_SUBJECT, self.batch, err);
+        if let Some(s) = &self.stream
+            && (s.is_empty() || s.contains(['.', '*', '>', ' ', '/', '\\']))
+        {
+            err.add(
+                "stream",
+                format!("{s:?} is not a JetStream stream name (no . * > / \\ or spaces)"),
+            );
+        }
+        let auth = auth(
+            Ways {
+                username: self.username,
+                password: self.password,
+                token: self.token,
+                credentials_file: self.credentials_file,
+                nkey_file: self.nkey_file,
+            },
+            cx.base,
+            err,
+        );
+        cx.limits(self.timeout, self.concurrency, self.replay_rate);
+        let config = NatsConfig {
+            servers,
+            tls,
+            subject: subject?,
+            stream: self.stream,
+            batch: self.batch,
+            auth,
+            name: self
+                .name
+                .unwrap_or_else(|| crate::shape::client_name::default_client_name(cx.name)),
+        };
+        // Reads the credentials and TLS files: a bad one is reported now, not at the first delivery.
+        if let Err(e) = NatsSink::new(&config, cx.timeout) {
+            cx.err.add(&e.field, e.message);
+        }
+        Some(config)
+    }
+}
+
+/// The servers of `url` (`nats://` or `tls://`, the same for all) and whether they use TLS;
+/// `None` when there is none.
+fn servers(url: NatsUrls, err: &mut Problems<'_>) -> Option<(Vec<String>, bool)> {
+    let urls = match url {
         NatsUrls::One(u) => vec![u],
         NatsUrls::Many(u) => u,
     };
@@ -110,7 +151,7 @@ pub(super) fn compile_nats(
         return None;
     }
     let mut servers = Vec::new();
-    let mut schemes = std::collections::BTreeSet::new();
+    let mut schemes = BTreeSet::new();
     for (i, u) in urls.iter().enumerate() {
         let field = if urls.len() == 1 {
             "url".to_string()
@@ -139,16 +180,21 @@ pub(super) fn compile_nats(
             "mixes nats:// and tls://: the servers of one cluster are reached one way".into(),
         );
     }
-    let tls = crate::shape::tls::client(spec.tls, schemes.contains(&true), "tls", base, err);
-    let subject = broker::template("subject", &spec.subject, NATS_SUBJECT, spec.batch, err);
-    if let Some(s) = &spec.stream
-        && (s.is_empty() || s.contains(['.', '*', '>', ' ', '/', '\\']))
-    {
-        err.add(
-            "stream",
-            format!("{s:?} is not a JetStream stream name (no . * > / \\ or spaces)"),
-        );
-    }
+    Some((servers, schemes.contains(&true)))
+}
+
+/// The ways to authenticate an entry gives (at most one may be set).
+struct Ways {
+    username: Option<String>,
+    password: Option<String>,
+    token: Option<String>,
+    credentials_file: Option<String>,
+    nkey_file: Option<String>,
+}
+
+/// The one way to authenticate `ways` gives; two ways, or half of user and password, refused.
+fn auth(ways: Ways, base: &Path, err: &mut Problems<'_>) -> Auth {
+    let spec = ways;
     let file = |p: String| base.join(p);
     let mut ways = Vec::new();
     if spec.username.is_some() || spec.password.is_some() {
@@ -169,7 +215,7 @@ pub(super) fn compile_nats(
             format!("set with {}: give one way to authenticate", ways[0]),
         );
     }
-    let auth = match (spec.username, spec.password) {
+    match (spec.username, spec.password) {
         (Some(user), Some(password)) => Auth::UserPassword {
             user,
             password: Secret(password),
@@ -193,26 +239,5 @@ pub(super) fn compile_nats(
                 Auth::None
             }
         }
-    };
-    let (timeout, concurrency, replay_rate) =
-        broker::limits(spec.timeout, spec.concurrency, spec.replay_rate, err);
-    let config = NatsConfig {
-        servers,
-        tls,
-        subject: subject?,
-        stream: spec.stream,
-        batch: spec.batch,
-        auth,
-        name: spec
-            .name
-            .unwrap_or_else(|| crate::shape::client_name::default_client_name(name)),
-        timeout,
-        concurrency,
-        replay_rate,
-    };
-    // Reads the credentials and TLS files: a bad one is reported now, not at the first delivery.
-    if let Err(e) = NatsSink::new(&config) {
-        err.add(&e.field, e.message);
     }
-    Some(SinkKind::Nats(Box::new(config)))
 }
