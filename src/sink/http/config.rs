@@ -28,10 +28,10 @@ pub struct HttpSinkSpec {
     pub url: String,
     /// `post` (default) or `put`.
     #[serde(default)]
-    pub method: Option<HttpMethodSpec>,
+    pub method: Option<HttpMethod>,
     /// How records become a body; they are passed through as stored. Default `ndjson`.
     #[serde(default)]
-    pub encoding: Option<EncodingSpec>,
+    pub encoding: Option<Encoding>,
     /// With `encoding: influx_line`: the unit of the records' timestamps, sent as the request's
     /// `precision` parameter (`u` for microseconds on `/write`, as InfluxDB 1.x and VictoriaMetrics
     /// expect; `us` on `/api/v2/write`). `http_scrape` tasks writing to a stream of this sink
@@ -40,7 +40,7 @@ pub struct HttpSinkSpec {
     pub precision: Option<PrecisionSpec>,
     /// Body compression (`Content-Encoding`). Default `none`.
     #[serde(default)]
-    pub compression: Option<CompressionSpec>,
+    pub compression: Option<Compression>,
     /// Extra request headers, e.g. `Authorization: "Bearer ${TOKEN}"`. Values are never logged.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
@@ -66,28 +66,6 @@ pub struct HttpSinkSpec {
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
-pub enum HttpMethodSpec {
-    Post,
-    Put,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum EncodingSpec {
-    /// A record per line, `application/x-ndjson`: the stream's records are JSON values.
-    Ndjson,
-    /// One JSON array of the records, `application/json`: the stream's records are JSON values.
-    JsonArray,
-    /// A record per line, `text/plain` (InfluxDB / VictoriaMetrics `/write`): the stream's records
-    /// are line-protocol points (ingest takes `text/plain` for it, `queue push` checks each line;
-    /// tail sources and `format: raw` scrapes cannot feed it).
-    InfluxLine,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
 pub enum PrecisionSpec {
     Ns,
     Us,
@@ -105,15 +83,6 @@ impl PrecisionSpec {
             PrecisionSpec::S => Precision::S,
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum CompressionSpec {
-    None,
-    Gzip,
-    Zstd,
 }
 
 impl KindSpec for HttpSinkSpec {
@@ -152,21 +121,10 @@ pub(super) fn compile_http(spec: HttpSinkSpec, cx: &mut Compile<'_, '_>) -> Opti
     cx.limits(spec.timeout, spec.concurrency, spec.replay_rate);
     let http = HttpConfig {
         url,
-        method: match spec.method {
-            None | Some(HttpMethodSpec::Post) => HttpMethod::Post,
-            Some(HttpMethodSpec::Put) => HttpMethod::Put,
-        },
-        encoding: match spec.encoding {
-            None | Some(EncodingSpec::Ndjson) => Encoding::Ndjson,
-            Some(EncodingSpec::JsonArray) => Encoding::JsonArray,
-            Some(EncodingSpec::InfluxLine) => Encoding::InfluxLine,
-        },
+        method: spec.method.unwrap_or(HttpMethod::Post),
+        encoding: spec.encoding.unwrap_or(Encoding::Ndjson),
         precision,
-        compression: match spec.compression {
-            None | Some(CompressionSpec::None) => Compression::None,
-            Some(CompressionSpec::Gzip) => Compression::Gzip,
-            Some(CompressionSpec::Zstd) => Compression::Zstd,
-        },
+        compression: spec.compression.unwrap_or(Compression::None),
         headers: spec.headers.into_iter().collect(),
         tls: crate::shape::tls::files(spec.tls, cx.base),
     };
@@ -185,7 +143,7 @@ fn precision(
     url: &mut reqwest::Url,
     err: &mut Problems<'_>,
 ) -> Option<Precision> {
-    let influx = matches!(spec.encoding, Some(EncodingSpec::InfluxLine));
+    let influx = matches!(spec.encoding, Some(Encoding::InfluxLine));
     let precision = match (influx, spec.precision) {
         (false, Some(_)) => {
             err.add("precision", "only applies to encoding: influx_line".into());

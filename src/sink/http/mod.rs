@@ -107,20 +107,31 @@ impl KindConfig for HttpConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// The runtime types below are their own file shape (`method`, `encoding`, `compression`): the
+// schema keeps the names they had as separate file types.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(rename = "HttpMethodSpec"))]
+#[serde(rename_all = "snake_case")]
 pub enum HttpMethod {
     Post,
     Put,
 }
 
-/// How records become a request body. Records are passed through as they were stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// How records become a request body. Records are passed through as they were stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(rename = "EncodingSpec"))]
+#[serde(rename_all = "snake_case")]
 pub enum Encoding {
-    /// A record per line (`application/x-ndjson`).
+    /// A record per line, `application/x-ndjson`: the stream's records are JSON values.
     Ndjson,
-    /// `[r1,r2,...]` (`application/json`); records must be JSON values.
+    /// One JSON array of the records, `application/json`: the stream's records are JSON values.
     JsonArray,
-    /// A record per line (`text/plain`), as InfluxDB and VictoriaMetrics `/write` expect.
+    /// A record per line, `text/plain` (InfluxDB / VictoriaMetrics `/write`): the stream's records
+    /// are line-protocol points (ingest takes `text/plain` for it, `queue push` checks each line;
+    /// tail sources and `format: raw` scrapes cannot feed it).
     InfluxLine,
 }
 
@@ -134,7 +145,10 @@ impl Encoding {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(rename = "CompressionSpec"))]
+#[serde(rename_all = "snake_case")]
 pub enum Compression {
     None,
     Gzip,
