@@ -8,10 +8,10 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
-use super::tls::ListenerTlsSpec;
 use super::yes;
 use crate::net::tls_server::ServerTls;
 use crate::net::token::Token;
+use crate::shape::listener_tls::ListenerTlsSpec;
 
 /// Where the admin endpoint listens when `admin.listen` is not set.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
@@ -93,7 +93,7 @@ pub(super) fn compile_admin(
     }
     let tls = spec
         .tls
-        .and_then(|t| super::tls::compile(t, base, &mut err.under("admin")));
+        .and_then(|t| crate::shape::listener_tls::compile(t, base, &mut err.under("admin")));
     Some(AdminConfig {
         listen,
         token: spec.token.filter(|t| !t.is_empty()).map(Token::new),

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::tls::ListenerTlsSpec;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{Dur, Size, de_opt_u32};
 use crate::net::token::Token;
 use crate::record::RecordFormat;
+use crate::shape::listener_tls::ListenerTlsSpec;
 use crate::source::ingest::IngestConfig;
 use crate::units::fmt_size;
 
@@ -208,7 +208,9 @@ pub(super) fn compile(
                 .into(),
         );
     }
-    let tls = spec.tls.and_then(|t| super::tls::compile(t, base, err));
+    let tls = spec
+        .tls
+        .and_then(|t| crate::shape::listener_tls::compile(t, base, err));
     let listen = spec.listen.filter(|l| !l.trim().is_empty())?;
     let listen: SocketAddr = match listen.trim().parse() {
         Ok(addr) => addr,

@@ -22,7 +22,6 @@ pub mod sources;
 pub mod storage;
 pub mod streams;
 pub mod tasks;
-pub mod tls;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -96,7 +95,7 @@ pub struct FileSpec {
     pub admin: Option<admin::AdminSpec>,
     /// Producers of records that run on their own (log tailing), by name.
     #[serde(default)]
-    pub sources: BTreeMap<String, sources::SourceSpec>,
+    pub sources: BTreeMap<String, crate::source::SourceSpec>,
 }
 
 pub(super) fn yes() -> bool {

@@ -8,6 +8,7 @@
 #[cfg(any(feature = "mqtt", feature = "nats"))]
 pub mod client_name;
 pub mod de_all;
+pub mod listener_tls;
 pub mod problems;
 pub mod tls;
 pub mod units;

@@ -1,18 +1,27 @@
-//! The sources: producers that append records to a stream on their own, a closed set with one
-//! folder per kind (`tail`, `syslog`, `mqtt`), and `ingest`, the HTTP API applications push
+//! The sources: producers that append records to a stream on their own, a closed set listed once
+//! below (`source_kinds!`), a folder each with its file shape (`config.rs`), its compiled settings
+//! and how it runs (`tail`, `syslog`, `mqtt`); and `ingest`, the HTTP API applications push
 //! records to (a source too, though configured once at the top of the file rather than under
 //! `sources:`: it is a listener that turns requests into appends, as `syslog` turns messages).
-//! Owns the compiled [`Source`] (what `config` makes of a `sources:` entry and the agent starts,
-//! restarts on reload and stops) and the counters of every source by kind. Does not know YAML
-//! (`config::sources`) or how a kind reads (its folder).
+//! What the kinds share lives here, below them: what a kind provides to the list (`kind`) and the
+//! file shape every kind shares (`config`). This file holds the list, from which the compiled
+//! [`Source`] (what `config` makes of a `sources:` entry and the agent starts, restarts on reload
+//! and stops) and the counters of every source by kind ([`SourceStats`]) are made. Does not know
+//! YAML (`config` hands each entry to [`compile_kind`]) or how a kind reads (its folder).
+//!
+//! A new kind of source is a folder here (its `Spec` implementing `kind::KindSpec`, its compiled
+//! settings `kind::KindConfig`) and one entry in the list below.
 
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Registry;
 use crate::store::writer::StoreHandle;
-use tail::{TailConfig, TailStats};
+pub use kind::Compile;
+
+pub mod config;
+#[macro_use]
+mod kind;
 
 pub mod ingest;
 #[cfg(feature = "mqtt")]
@@ -21,69 +30,48 @@ pub mod mqtt;
 pub mod syslog;
 pub mod tail;
 
-/// Every source's counters, by kind and name (kept by the agent, read by the metrics page): a
-/// source restarted by a reload, or removed and added again, goes on counting into the same ones.
-#[derive(Default)]
-pub struct SourceStats {
-    pub tail: Registry<TailStats>,
-    #[cfg(feature = "syslog")]
-    pub syslog: Registry<syslog::SyslogStats>,
-    #[cfg(feature = "mqtt")]
-    pub mqtt: Registry<mqtt::MqttSourceStats>,
-}
-
-/// A compiled `sources:` entry.
-#[derive(Debug, Clone)]
-pub enum Source {
-    Tail(Arc<TailConfig>),
-    #[cfg(feature = "syslog")]
-    Syslog(Arc<syslog::SyslogConfig>),
-    #[cfg(feature = "mqtt")]
-    Mqtt(Arc<mqtt::MqttSourceConfig>),
+source_kinds! {
+    /// Follows log files: each line (or multiline group) becomes one JSON record
+    /// `{"line":..., "path":..., "offset":..., "host":..., "labels":{...}}` (the fields as `fields`
+    /// names them; with `format: json`, a line that is a JSON object is the record itself).
+    /// Rotation by rename or by copy-truncate is followed; what was read is checkpointed with the
+    /// records, so a crash neither loses nor repeats a line.
+    Tail(tail) = "tail";
+    /// Listens for syslog over UDP and TCP (RFC 6587 octet counting or newline framing) and
+    /// appends each message, RFC 5424 or RFC 3164 parsed into fields, as one JSON record. Built
+    /// only with the `syslog` feature (release builds have it).
+    #[feature = "syslog"]
+    Syslog(syslog) = "syslog";
+    /// Subscribes to topic filters on an MQTT 5 broker with a persistent session and appends each
+    /// message as one JSON record, acknowledging it (PUBACK, or PUBREC at QoS 2) only once the
+    /// stream has committed it. Built only with the `mqtt` feature (release builds have it).
+    #[feature = "mqtt"]
+    Mqtt(mqtt) = "mqtt";
 }
 
 impl Source {
     pub fn name(&self) -> &str {
-        match self {
-            Source::Tail(t) => &t.name,
-            #[cfg(feature = "syslog")]
-            Source::Syslog(s) => &s.name,
-            #[cfg(feature = "mqtt")]
-            Source::Mqtt(m) => &m.name,
-        }
+        self.settings().name()
     }
 
     /// The streams its records go to (an mqtt source's routes may name more than one).
     pub fn streams(&self) -> Vec<&str> {
-        match self {
-            Source::Tail(t) => vec![&t.stream],
-            #[cfg(feature = "syslog")]
-            Source::Syslog(s) => vec![&s.stream],
-            #[cfg(feature = "mqtt")]
-            Source::Mqtt(m) => m.streams(),
-        }
+        self.settings().streams()
     }
 
     /// For `colibri check`.
     pub fn describe(&self) -> String {
-        match self {
-            Source::Tail(t) => t.describe(),
-            #[cfg(feature = "syslog")]
-            Source::Syslog(s) => s.describe(),
-            #[cfg(feature = "mqtt")]
-            Source::Mqtt(m) => m.describe(),
-        }
+        self.settings().describe()
     }
 
-    /// The kind, as `type:` names it.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Source::Tail(_) => "tail",
-            #[cfg(feature = "syslog")]
-            Source::Syslog(_) => "syslog",
-            #[cfg(feature = "mqtt")]
-            Source::Mqtt(_) => "mqtt",
-        }
+    /// The addresses the source listens on (what `colibri check --bind` tries).
+    pub fn listens(&self) -> Vec<Listen> {
+        self.settings().listens()
+    }
+
+    /// Binds the source's sockets now (inside the runtime); the error names the address.
+    pub fn bind(&self) -> anyhow::Result<Sockets> {
+        self.settings().bind()
     }
 }
 
@@ -99,58 +87,3 @@ pub struct Sockets {
 /// A socket a source listens on: `(setting, protocol, address)`, e.g. `("tcp", "tcp",
 /// 127.0.0.1:514)`.
 pub type Listen = (&'static str, &'static str, std::net::SocketAddr);
-
-impl Source {
-    /// The addresses the source listens on (what `colibri check --bind` tries).
-    pub fn listens(&self) -> Vec<Listen> {
-        match self {
-            #[cfg(feature = "syslog")]
-            Source::Syslog(cfg) => {
-                let udp = cfg.udp.map(|a| ("udp", "udp", a));
-                let tcp = cfg.tcp.map(|a| ("tcp", "tcp", a));
-                udp.into_iter().chain(tcp).collect()
-            }
-            _ => Vec::new(),
-        }
-    }
-
-    /// Binds the source's sockets now (inside the runtime); the error names the address.
-    pub fn bind(&self) -> anyhow::Result<Sockets> {
-        match self {
-            #[cfg(feature = "syslog")]
-            Source::Syslog(cfg) => Ok(Sockets {
-                syslog: syslog::bind(cfg)
-                    .map_err(|e| anyhow::anyhow!("{e} (sources.{}.{})", cfg.name, e.proto))?,
-            }),
-            _ => Ok(Sockets::default()),
-        }
-    }
-
-    /// Runs the source until `stopping` (the agent's task for it), on `sockets` when bound.
-    pub async fn run(
-        self,
-        stats: &SourceStats,
-        store: StoreHandle,
-        stopping: CancellationToken,
-        sockets: Sockets,
-    ) {
-        // Only a syslog source takes sockets (without that kind built in, none does).
-        let _ = &sockets;
-        match self {
-            Source::Tail(cfg) => {
-                let stats = stats.tail.get(&cfg.name);
-                crate::source::tail::run(cfg, stats, store, stopping).await;
-            }
-            #[cfg(feature = "syslog")]
-            Source::Syslog(cfg) => {
-                let stats = stats.syslog.get(&cfg.name);
-                syslog::run(cfg, stats, store, stopping, sockets.syslog).await;
-            }
-            #[cfg(feature = "mqtt")]
-            Source::Mqtt(cfg) => {
-                let stats = stats.mqtt.get(&cfg.name);
-                mqtt::run(cfg, stats, store, stopping).await;
-            }
-        }
-    }
-}

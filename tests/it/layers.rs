@@ -186,7 +186,7 @@ const EDGES: &[(&str, &[&str])] = &[
             "file_body",
         ],
     ),
-    ("source", &["mod"]),
+    ("source", &["mod", "kind", "config"]),
     ("task", &["mod"]),
 ];
 

@@ -26,6 +26,10 @@ pub mod record;
 pub mod session;
 pub mod topic;
 
+pub use config::MqttSourceSpec as Spec;
+
+mod config;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -161,6 +165,34 @@ pub struct MqttSourceStats {
     pub connection_failures: AtomicU64,
     /// Topic filters the broker refused to subscribe colibri to.
     pub subscriptions_refused: AtomicU64,
+}
+
+impl crate::source::kind::Settings for MqttSourceConfig {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn streams(&self) -> Vec<&str> {
+        MqttSourceConfig::streams(self)
+    }
+
+    fn describe(&self) -> String {
+        MqttSourceConfig::describe(self)
+    }
+}
+
+impl crate::source::kind::KindConfig for MqttSourceConfig {
+    type Stats = MqttSourceStats;
+
+    fn run(
+        self: Arc<Self>,
+        stats: Arc<MqttSourceStats>,
+        store: StoreHandle,
+        stopping: CancellationToken,
+        _sockets: crate::source::Sockets,
+    ) -> impl std::future::Future<Output = ()> + Send {
+        run(self, stats, store, stopping)
+    }
 }
 
 /// Runs one source until `stopping`: connects (retrying; a refusal is logged once per outage),

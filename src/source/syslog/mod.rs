@@ -17,6 +17,10 @@ pub mod listen;
 pub mod parse;
 pub mod udp;
 
+pub use config::SyslogSpec as Spec;
+
+mod config;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -64,8 +68,29 @@ pub struct SyslogConfig {
     pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
-impl SyslogConfig {
-    pub fn describe(&self) -> String {
+impl crate::source::kind::Settings for SyslogConfig {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn streams(&self) -> Vec<&str> {
+        vec![&self.stream]
+    }
+
+    fn listens(&self) -> Vec<crate::source::Listen> {
+        let udp = self.udp.map(|a| ("udp", "udp", a));
+        let tcp = self.tcp.map(|a| ("tcp", "tcp", a));
+        udp.into_iter().chain(tcp).collect()
+    }
+
+    fn bind(&self) -> anyhow::Result<crate::source::Sockets> {
+        Ok(crate::source::Sockets {
+            syslog: bind(self)
+                .map_err(|e| anyhow::anyhow!("{e} (sources.{}.{})", self.name, e.proto))?,
+        })
+    }
+
+    fn describe(&self) -> String {
         let mut on = Vec::new();
         if let Some(a) = self.udp {
             match self.receive_buffer {
@@ -170,6 +195,20 @@ pub fn bind(cfg: &SyslogConfig) -> Result<Bound, BindError> {
         .map(|a| crate::net::server::bind(a).map_err(failed("tcp", a)))
         .transpose()?;
     Ok(Bound { udp, tcp })
+}
+
+impl crate::source::kind::KindConfig for SyslogConfig {
+    type Stats = SyslogStats;
+
+    fn run(
+        self: Arc<Self>,
+        stats: Arc<SyslogStats>,
+        store: StoreHandle,
+        stopping: CancellationToken,
+        sockets: crate::source::Sockets,
+    ) -> impl std::future::Future<Output = ()> + Send {
+        run(self, stats, store, stopping, sockets.syslog)
+    }
 }
 
 /// Runs one source until `stopping`: takes its sockets from `bound` (at colibri's start) or binds

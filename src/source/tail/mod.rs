@@ -26,6 +26,10 @@ pub mod record;
 pub mod tailer;
 pub mod watch;
 
+pub use config::TailSpec as Spec;
+
+mod config;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -102,9 +106,17 @@ pub enum WatchMode {
     Poll,
 }
 
-impl TailConfig {
+impl crate::source::kind::Settings for TailConfig {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn streams(&self) -> Vec<&str> {
+        vec![&self.stream]
+    }
+
     /// For `colibri check`.
-    pub fn describe(&self) -> String {
+    fn describe(&self) -> String {
         let mut out = format!("tail {}", self.paths.join(", "));
         if !self.exclude.is_empty() {
             let ex: Vec<&str> = self.exclude.iter().map(|e| e.text.as_str()).collect();
@@ -240,6 +252,20 @@ const STOP_WAIT: Duration = Duration::from_secs(2);
 const RETRY_BASE: Duration = Duration::from_millis(100);
 const RETRY_CAP: Duration = Duration::from_secs(5);
 const RESTART_CAP: Duration = Duration::from_secs(10);
+
+impl crate::source::kind::KindConfig for TailConfig {
+    type Stats = TailStats;
+
+    fn run(
+        self: Arc<Self>,
+        stats: Arc<TailStats>,
+        store: StoreHandle,
+        stopping: CancellationToken,
+        _sockets: crate::source::Sockets,
+    ) -> impl Future<Output = ()> + Send {
+        run(self, stats, store, stopping)
+    }
+}
 
 /// Follows the files of one source until `stopping`.
 pub async fn run(

@@ -4,19 +4,19 @@
 //! nothing: `source::mqtt` does. Called by `config::sources`.
 
 use std::collections::BTreeMap;
-#[cfg(feature = "mqtt")]
 use std::path::Path;
-#[cfg(feature = "mqtt")]
 use std::time::Duration;
 
 use serde::Deserialize;
 
-#[cfg(feature = "mqtt")]
-use super::super::Problems;
-#[cfg(feature = "schema")]
-use super::super::units::u32_schema;
-use super::super::units::{Dur, Size, de_opt_u32};
+use super::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, MqttSourceConfig, topic};
+use crate::shape::Problems;
 use crate::shape::tls::TlsSpec;
+#[cfg(feature = "schema")]
+use crate::shape::units::u32_schema;
+use crate::shape::units::{Dur, Size, de_opt_u32};
+use crate::source::config::check_stream;
+use crate::source::kind::{Compile, KindSpec};
 
 /// `type: mqtt` source settings.
 #[derive(Debug, Deserialize)]
@@ -100,46 +100,33 @@ pub struct MqttRouteSpec {
 }
 
 /// Longest `max_message_bytes` accepted.
-#[cfg(feature = "mqtt")]
 const MAX_MESSAGE_LIMIT: u64 = 16 << 20;
 
+impl KindSpec for MqttSourceSpec {
+    type Config = MqttSourceConfig;
+
+    fn compile(self, cx: &mut Compile<'_, '_>) -> Option<MqttSourceConfig> {
+        compile(cx.name, self, cx.base, cx.data_dir, cx.streams, cx.err)
+    }
+}
+
 /// Compiles one mqtt source; problems go to `err` with paths relative to the source.
-#[cfg(feature = "mqtt")]
-pub(super) fn compile(
+fn compile(
     name: &str,
     spec: MqttSourceSpec,
     base: &Path,
     data_dir: &Path,
     streams: &[&str],
     err: &mut Problems<'_>,
-) -> Option<crate::source::mqtt::MqttSourceConfig> {
-    use crate::source::mqtt::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, topic};
-    super::check_stream(&spec.stream, streams, err);
+) -> Option<MqttSourceConfig> {
+    check_stream(&spec.stream, streams, err);
     let broker = crate::shape::url::broker(&spec.url, ("mqtt", 1883), ("mqtts", 8883))
         .map_err(|m| err.add("url", m))
         .ok();
     let tls = broker
         .as_ref()
         .and_then(|(_, _, tls)| crate::shape::tls::client(spec.tls, *tls, "mqtts", base, err));
-    if spec.topics.is_empty() {
-        err.add("topics", "at least one topic filter is needed".into());
-    }
-    for (i, t) in spec.topics.iter().enumerate() {
-        if let Some(why) = topic::check(t) {
-            err.add(&format!("topics[{i}]"), why);
-        }
-    }
-    for (i, r) in spec.routes.iter().enumerate() {
-        if let Some(why) = topic::check(&r.topic) {
-            err.add(&format!("routes[{i}].topic"), why);
-        }
-        if !streams.contains(&r.stream.as_str()) {
-            err.add(
-                &format!("routes[{i}].stream"),
-                format!("stream {:?} is not defined under streams:", r.stream),
-            );
-        }
-    }
+    check_topics(&spec.topics, &spec.routes, streams, err);
     let qos = spec.qos.unwrap_or(1);
     if qos > 2 {
         err.add("qos", format!("must be 0, 1 or 2, not {qos}"));
@@ -186,7 +173,7 @@ pub(super) fn compile(
         );
     }
     let (host, port, _) = broker?;
-    let config = crate::source::mqtt::MqttSourceConfig {
+    let config = MqttSourceConfig {
         name: name.to_string(),
         stream: spec.stream,
         routes: spec
@@ -216,7 +203,35 @@ pub(super) fn compile(
     Some(config)
 }
 
-#[cfg(all(test, feature = "mqtt"))]
+/// The topic filters (at least one) and the routes' filters and streams.
+fn check_topics(
+    topics: &[String],
+    routes: &[MqttRouteSpec],
+    streams: &[&str],
+    err: &mut Problems<'_>,
+) {
+    if topics.is_empty() {
+        err.add("topics", "at least one topic filter is needed".into());
+    }
+    for (i, t) in topics.iter().enumerate() {
+        if let Some(why) = topic::check(t) {
+            err.add(&format!("topics[{i}]"), why);
+        }
+    }
+    for (i, r) in routes.iter().enumerate() {
+        if let Some(why) = topic::check(&r.topic) {
+            err.add(&format!("routes[{i}].topic"), why);
+        }
+        if !streams.contains(&r.stream.as_str()) {
+            err.add(
+                &format!("routes[{i}].stream"),
+                format!("stream {:?} is not defined under streams:", r.stream),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use crate::config::{ConfigError, load_str};
     use crate::source::Source;

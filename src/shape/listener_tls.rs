@@ -29,11 +29,7 @@ pub struct ListenerTlsSpec {
 
 /// Reads the block's files (relative to `base`); problems go to `tls.<field>` under `err`. For a
 /// command that serves nothing the files are only named ([`ServerTls::unread`]).
-pub(super) fn compile(
-    spec: ListenerTlsSpec,
-    base: &Path,
-    err: &mut Problems<'_>,
-) -> Option<ServerTls> {
+pub fn compile(spec: ListenerTlsSpec, base: &Path, err: &mut Problems<'_>) -> Option<ServerTls> {
     let files = TlsFiles {
         cert_file: base.join(&spec.cert_file),
         key_file: base.join(&spec.key_file),

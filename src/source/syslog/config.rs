@@ -1,25 +1,23 @@
-//! A `type: syslog` source entry: its file shape and its compilation into
-//! [`crate::source::syslog::SyslogConfig`]. Called by `config::sources`.
+//! A `type: syslog` source entry: its file shape ([`SyslogSpec`]) and its compilation into
+//! [`SyslogConfig`]. Called through the sources' list (`source::compile_kind`).
 
 use std::collections::BTreeMap;
-#[cfg(feature = "syslog")]
 use std::net::SocketAddr;
-#[cfg(feature = "syslog")]
 use std::path::Path;
 
 use serde::Deserialize;
 
-#[cfg(feature = "syslog")]
-use super::super::Problems;
+use super::SyslogConfig;
+use crate::shape::Problems;
 #[cfg(feature = "schema")]
-use super::super::units::u32_schema;
-use super::super::units::{Dur, Size, de_opt_u32};
+use crate::shape::units::u32_schema;
+use crate::shape::units::{Dur, Size, de_opt_u32};
+use crate::source::config::{check_stream, regexes};
+use crate::source::kind::{Compile, KindSpec};
 
 /// Longest `max_message_bytes` accepted.
-#[cfg(feature = "syslog")]
 const MAX_MESSAGE_LIMIT: u64 = 16 << 20;
 /// Most `max_connections` accepted.
-#[cfg(feature = "syslog")]
 const MAX_CONNECTIONS_LIMIT: u32 = 65_536;
 
 #[derive(Debug, Deserialize)]
@@ -80,7 +78,7 @@ pub struct SyslogSpec {
     /// TLS on the TCP listener (RFC 5425, syslog over TLS: rsyslog's `gtls`/`ossl` stream drivers
     /// send octet-counted frames). Without it TCP is plain.
     #[serde(default)]
-    pub tls: Option<super::super::tls::ListenerTlsSpec>,
+    pub tls: Option<crate::shape::listener_tls::ListenerTlsSpec>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -97,16 +95,23 @@ pub enum SeveritySpec {
     Debug,
 }
 
+impl KindSpec for SyslogSpec {
+    type Config = SyslogConfig;
+
+    fn compile(self, cx: &mut Compile<'_, '_>) -> Option<SyslogConfig> {
+        compile(cx.name, self, cx.base, cx.streams, cx.err)
+    }
+}
+
 /// Compiles one syslog source; problems go to `err` with paths relative to the source.
-#[cfg(feature = "syslog")]
-pub(super) fn compile(
+fn compile(
     name: &str,
     spec: SyslogSpec,
     base: &Path,
     streams: &[&str],
     err: &mut Problems<'_>,
-) -> Option<crate::source::syslog::SyslogConfig> {
-    super::check_stream(&spec.stream, streams, err);
+) -> Option<SyslogConfig> {
+    check_stream(&spec.stream, streams, err);
     let addr = |field: &str, text: &Option<String>, err: &mut Problems<'_>| {
         let text = text.as_deref()?;
         match text.parse::<SocketAddr>() {
@@ -169,14 +174,14 @@ pub(super) fn compile(
             err.add("tls", "TLS is for the TCP listener: set `tcp` too".into());
             return None;
         }
-        super::super::tls::compile(t, base, err).map(|t| t.config())
+        crate::shape::listener_tls::compile(t, base, err).map(|t| t.config())
     });
     let filter = crate::record::filter::Filter {
-        include: super::regexes("include_lines", &spec.include_lines, err),
-        exclude: super::regexes("exclude_lines", &spec.exclude_lines, err),
+        include: regexes("include_lines", &spec.include_lines, err),
+        exclude: regexes("exclude_lines", &spec.exclude_lines, err),
         min_level: None,
     };
-    Some(crate::source::syslog::SyslogConfig {
+    Some(SyslogConfig {
         name: name.to_string(),
         stream: spec.stream,
         udp,
@@ -194,7 +199,7 @@ pub(super) fn compile(
     })
 }
 
-#[cfg(all(test, feature = "syslog"))]
+#[cfg(test)]
 mod tests {
     use crate::config::{ConfigError, load_str};
     use crate::source::Source;
