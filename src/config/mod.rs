@@ -35,7 +35,7 @@ use crate::logging::{LogFile, LogFormat, LogLevel};
 use crate::record::RecordFormat;
 pub use crate::shape::Problem;
 use crate::shape::problems::tree_path;
-use crate::shape::{Problems, de_all, units};
+use crate::shape::{Problems, de_all, io_reason, units};
 use crate::sink::SinkConfig;
 use crate::sink::SinkSpec;
 use crate::store::{AtRest, StorageConfig, StreamConfig};
@@ -845,14 +845,6 @@ pub(super) fn split_type(
             );
             None
         }
-    }
-}
-
-pub(super) fn io_reason(e: &std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => "no such file".into(),
-        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
-        _ => e.to_string(),
     }
 }
 

@@ -1,9 +1,10 @@
-//! The `tasks:` section: the fields every task has (`TaskCommon`), the shape of each task type
-//! (file_move, http_scrape here; exec and modbus in `tasks/`) and `compile_task`, which checks an entry against the rest of the
-//! file (streams, sinks, shutdown grace) and builds the `task::TaskDef` the scheduler runs. It does
-//! not run tasks (`task` and `scheduler` do). Called by `config::compile`.
+//! The `tasks:` section: the fields every task has (`TaskCommon`: name, schedule, timeout,
+//! retries) and `compile_task`, which splits them from the type's own, checks them against the
+//! rest of the file (shutdown grace) and hands the type's own fields to its file shape through the
+//! tasks' list (`task::read_kind`, `TaskKind::compile`, beside each handler in `task/`), building
+//! the `task::TaskDef` the scheduler runs. It does not run tasks (`task` and `scheduler` do).
+//! Called by `config::compile`.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,20 +16,13 @@ use serde_json::Value;
 
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
-use super::units::{self, Dur, Size};
-use super::{Problems, de_all, io_reason, stream_format, valid_name};
-use crate::shape::url::http as parse_http_url;
+use super::units::{self, Dur};
+use super::{Problems, de_all, stream_format, valid_name};
 
-mod exec;
-mod modbus;
-use crate::record::RecordFormat;
 use crate::schedule::{self, Offset, Schedule, Zone};
 use crate::sink::SinkConfig;
 use crate::store::{StorageConfig, StreamConfig};
-use crate::task::file_move::{FileMove, OnConflict};
-use crate::task::{Action, RetryPolicy, TaskDef};
-pub use exec::{ExecFormatSpec, ExecSpec};
-pub use modbus::{ModbusSpec, OrderSpec, PointSpec, PointType, RegisterSpec};
+use crate::task::{RetryPolicy, TASK_TYPES, TaskDef, TaskKind, read_kind};
 
 /// One scheduled task: the fields every task has, plus those of its `type`.
 // `compile_task` reads the two halves separately so each can reject unknown keys, which `flatten`
@@ -129,193 +123,6 @@ impl JsonSchema for OffsetSpec {
     }
 }
 
-/// The task types. A closed set: each variant is a handler in `task::`.
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum TaskKind {
-    /// Run a program. No shell is involved unless the command names one (`["sh", "-c", "..."]`).
-    Exec(ExecSpec),
-    /// Move settled files from one directory to another: rename(2) on one filesystem; across
-    /// filesystems copy, fsync, rename into place, then remove the source. Or, with `to_stream`,
-    /// ship them upstream.
-    FileMove(FileMoveSpec),
-    /// GET a (local) endpoint and turn the answer into records of a stream, each carrying the
-    /// scrape's time: Prometheus text (a line-protocol record per sample, labels as tags), JSON
-    /// (line-protocol records through a mapping), or the raw body.
-    HttpScrape(Box<HttpScrapeSpec>),
-    /// Poll a Modbus TCP device: its registers, coils and inputs as one sample per run, stamped
-    /// with the poll's time (built with the `modbus` cargo feature; release builds have it).
-    #[cfg(feature = "modbus")]
-    Modbus(Box<ModbusSpec>),
-}
-
-const TASK_TYPES: &str = "exec, file_move, http_scrape, modbus";
-
-/// What a build without the task says of `type: modbus`.
-#[cfg(not(feature = "modbus"))]
-const NO_MODBUS: &str = "this colibri was built without the modbus task (cargo feature modbus)";
-
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct HttpScrapeSpec {
-    /// What to GET: an `http://` or `https://` URL.
-    pub url: String,
-    /// How the answer becomes records: `prometheus` (text exposition format: each sample becomes an
-    /// InfluxDB line-protocol record `<measurement>,<labels> <metric>=<value> <time>`), `json`
-    /// (line-protocol records through `json:`), or `raw` (one JSON record per answer:
-    /// `{"time_ms", "task", "url", "status", "body"}`).
-    pub format: ScrapeFormatSpec,
-    /// The stream the records go to. Line-protocol timestamps are written in the `precision` of
-    /// the stream's sink (ns when it has none).
-    pub stream: String,
-    /// Extra request headers, e.g. `Authorization: "Bearer ${TOKEN}"`. Values are never logged.
-    #[serde(default)]
-    pub headers: BTreeMap<String, String>,
-    /// The line-protocol measurement (`prometheus`, `json`). Default: the task's name.
-    #[serde(default)]
-    pub measurement: Option<String>,
-    /// Tags added to every line-protocol record; they win over labels of the same name.
-    #[serde(default)]
-    pub tags: BTreeMap<String, String>,
-    /// Answers larger than this fail the scrape. Default 16MiB.
-    #[serde(default)]
-    pub max_body: Option<Size>,
-    /// With `format: json`: which parts of the document become records, fields and tags.
-    #[serde(default)]
-    pub json: Option<JsonMappingSpec>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum ScrapeFormatSpec {
-    Prometheus,
-    Json,
-    Raw,
-}
-
-/// How a JSON answer becomes line-protocol records. Pointers are RFC 6901 (`/data/items`, `~1` for a
-/// `/` in a key).
-#[derive(Debug, Default, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct JsonMappingSpec {
-    /// Pointer to an array (one record per element) or to one object. Default: the whole document
-    /// is one record.
-    #[serde(default)]
-    pub records: Option<String>,
-    /// Field name -> pointer within a record. Numbers (always written as floats), booleans and
-    /// strings. Default: every top-level number and boolean of the record.
-    #[serde(default)]
-    pub fields: BTreeMap<String, String>,
-    /// Tag name -> pointer within a record (strings, or numbers and booleans as text).
-    #[serde(default)]
-    pub tags: BTreeMap<String, String>,
-    /// Pointer to the record's own timestamp. Default: the scrape's time.
-    #[serde(default)]
-    pub time: Option<String>,
-    /// The unit of `time`: `s`, `ms` (default), `ns` or `rfc3339`.
-    #[serde(default)]
-    pub time_unit: Option<TimeUnitSpec>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum TimeUnitSpec {
-    S,
-    Ms,
-    Ns,
-    Rfc3339,
-}
-
-const DEFAULT_SCRAPE_MAX_BODY: u64 = 16 << 20;
-
-#[derive(Debug, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct FileMoveSpec {
-    /// The directory files are taken from (not recursive). Must exist when the config is loaded.
-    /// Relative paths are read from the config file's directory.
-    pub from: String,
-    /// Globs on the file name (`*.csv`, `scan-??.pdf`); a file matching any of them is taken. A name
-    /// starting with `.` only matches a pattern that starts with `.`, so writers' hidden temporary
-    /// files are left alone.
-    pub pattern: Vec<String>,
-    /// Globs on the file name that are never taken, even when `pattern` matches.
-    #[serde(default)]
-    pub exclude: Vec<String>,
-    /// The directory files are moved into. Must exist when the config is loaded and differ from
-    /// `from`. Relative paths are read from the config file's directory. Either this or
-    /// `to_stream`.
-    #[serde(default)]
-    pub to: Option<String>,
-    /// Instead of `to`: ship each file upstream through this stream. The file is moved into the
-    /// data directory's spool (`spool/<task>/`, counted in the stream's and the store's byte
-    /// bounds) and queued as one job; its sink uploads it whole as the request body, streamed from
-    /// disk, with its name in `Content-Disposition`. After delivery it is deleted, or moved to
-    /// `archive`. A full stream leaves files in `from`.
-    #[serde(default)]
-    pub to_stream: Option<String>,
-    /// With `to_stream`: delivered files are moved into this directory (a name already there gets
-    /// a number) instead of being deleted. Must exist when the config is loaded.
-    #[serde(default)]
-    pub archive: Option<String>,
-    /// Only files whose modification time is at least this old are moved, so a file still being
-    /// written is never taken. Default 30s.
-    #[serde(default)]
-    pub settle: Option<Dur>,
-    /// When the name already exists in `to` (not used with `to_stream`): `rename` (default) moves the file as `name.1.ext`,
-    /// `name.2.ext`, ...; `overwrite` replaces the existing file; `skip` leaves the file in `from`.
-    #[serde(default)]
-    pub on_conflict: Option<OnConflictSpec>,
-    /// At most this many files per run (oldest first); the rest wait for the next run. Default 1000.
-    #[serde(default, deserialize_with = "units::de_opt_u32")]
-    #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
-    pub max_files: Option<u32>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum OnConflictSpec {
-    Rename,
-    Overwrite,
-    Skip,
-}
-
-const DEFAULT_SETTLE: Duration = Duration::from_secs(30);
-const DEFAULT_MAX_FILES: u32 = 1000;
-
-/// A string that may be written as a YAML number or boolean (`command: [sleep, 5]`).
-#[derive(Debug, Clone)]
-pub struct Scalar(pub String);
-
-impl<'de> Deserialize<'de> for Scalar {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match Value::deserialize(d)? {
-            Value::String(s) => Ok(Scalar(s)),
-            Value::Number(n) => Ok(Scalar(n.to_string())),
-            Value::Bool(b) => Ok(Scalar(b.to_string())),
-            other => Err(serde::de::Error::custom(format!(
-                "expected a string, number or boolean, found {other}"
-            ))),
-        }
-    }
-}
-
-#[cfg(feature = "schema")]
-impl JsonSchema for Scalar {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "Scalar".into()
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({ "type": ["string", "number", "boolean"] })
-    }
-}
-
 /// What a task's checks need from the rest of the file.
 pub(super) struct TaskCtx<'a> {
     /// The config file's directory.
@@ -329,34 +136,12 @@ pub(super) struct TaskCtx<'a> {
     pub(super) storage: StorageConfig,
 }
 
-impl TaskCtx<'_> {
-    /// The stream `name`. `Err(None)`: it is declared but has problems of its own, already
-    /// reported; `Err(Some(..))`: it is not defined.
-    fn stream(&self, name: &str) -> Result<&StreamConfig, Option<String>> {
-        if let Some(s) = self.streams.iter().find(|s| s.name == name) {
-            return Ok(s);
-        }
-        if self.declared_streams.iter().any(|s| s == name) {
-            return Err(None);
-        }
-        Err(Some(format!(
-            "stream {name:?} is not defined under streams: (defined: {})",
-            if self.declared_streams.is_empty() {
-                "none".to_string()
-            } else {
-                self.declared_streams.join(", ")
-            }
-        )))
-    }
-}
-
 pub(super) fn compile_task(
     value: Value,
     at: &str,
     ctx: &TaskCtx<'_>,
     problems: &mut Problems<'_>,
 ) -> Option<TaskDef> {
-    let grace = ctx.grace;
     let mut err = problems.under_task(at);
     let Value::Object(map) = value else {
         err.add(
@@ -366,60 +151,68 @@ pub(super) fn compile_task(
         return None;
     };
     // Split the shared fields from the type's own, so each half can reject unknown keys.
-    let (common_map, kind_map): (serde_json::Map<_, _>, serde_json::Map<_, _>) = map
+    let (common_map, mut kind_map): (serde_json::Map<_, _>, serde_json::Map<_, _>) = map
         .into_iter()
         .partition(|(k, _)| COMMON_KEYS.contains(&k.as_str()));
-    let kind_ok = match kind_map.get("type") {
-        None => {
-            err.add("", format!("missing field `type` (one of: {TASK_TYPES})"));
-            false
-        }
-        Some(Value::String(t)) if !TASK_TYPES.split(", ").any(|k| k == t) => {
-            err.add("type", format!("unknown type {t:?} (one of: {TASK_TYPES})"));
-            false
-        }
-        Some(Value::String(_)) => true,
-        Some(other) => {
-            err.add(
-                "type",
-                format!("expected one of: {TASK_TYPES}, found {other}"),
-            );
-            false
-        }
-    };
+    let kind_name = kind_of(kind_map.remove("type"), &mut err);
     // A schedule written but refused is reported at its field: "needs a schedule" would be noise.
     let timed = common_map.contains_key("schedule") || common_map.contains_key("every");
     let common: Option<TaskCommon> = de_all(Value::Object(common_map), &mut err);
     // The type's own struct, so a problem inside it keeps its field (see `split_type`).
-    let kind: Option<TaskKind> = if kind_ok {
-        let mut kind_map = kind_map;
-        let kind = kind_map.remove("type");
-        let rest = Value::Object(kind_map);
-        match kind.as_ref().and_then(Value::as_str) {
-            Some("exec") => de_all(rest, &mut err).map(TaskKind::Exec),
-            Some("file_move") => de_all(rest, &mut err).map(TaskKind::FileMove),
-            #[cfg(feature = "modbus")]
-            Some("modbus") => de_all(rest, &mut err).map(|s| TaskKind::Modbus(Box::new(s))),
-            #[cfg(not(feature = "modbus"))]
-            Some("modbus") => {
-                err.add("type", NO_MODBUS.to_string());
-                None
-            }
-            // Checked above: the only type left.
-            _ => de_all(rest, &mut err).map(|s| TaskKind::HttpScrape(Box::new(s))),
-        }
-    } else {
-        None
-    };
+    let kind = kind_name.and_then(|k| read_kind(&k, Value::Object(kind_map), &mut err));
     let common = common?;
-
     if !valid_name(&common.name) {
         err.add(
             "name",
             format!("{:?} must be 1-64 letters, digits, -, _ or .", common.name),
         );
     }
+    let schedule = schedule(&common, timed, &mut err);
+    let timeout = timeout(&common, ctx.grace, &mut err);
+    let retry = retry(&common, &mut err);
+    let format = |stream: &str| stream_format(ctx.streams, ctx.sinks, stream);
+    let cx = crate::task::Compile {
+        task: &common.name,
+        base: ctx.base,
+        data_dir: ctx.data_dir,
+        streams: ctx.streams,
+        declared_streams: ctx.declared_streams,
+        format: &format,
+        storage: &ctx.storage,
+    };
+    let action = kind?.compile(&cx, &mut err);
+    Some(TaskDef {
+        name: common.name,
+        schedule: schedule?,
+        timeout,
+        retry,
+        action: action?,
+    })
+}
 
+/// The task's `type`, one of the tasks' list; `None` (reported) when missing or unknown.
+fn kind_of(kind: Option<Value>, err: &mut Problems<'_>) -> Option<String> {
+    let one_of = TASK_TYPES.join(", ");
+    match kind {
+        None => {
+            err.add("", format!("missing field `type` (one of: {one_of})"));
+            None
+        }
+        Some(Value::String(t)) if !TASK_TYPES.contains(&t.as_str()) => {
+            err.add("type", format!("unknown type {t:?} (one of: {one_of})"));
+            None
+        }
+        Some(Value::String(t)) => Some(t),
+        Some(other) => {
+            err.add("type", format!("expected one of: {one_of}, found {other}"));
+            None
+        }
+    }
+}
+
+/// `schedule` (a crontab expression in `tz`) or `every` (an interval with its `offset`); `timed`:
+/// one of them was written, so a missing one is not reported again.
+fn schedule(common: &TaskCommon, timed: bool, err: &mut Problems<'_>) -> Option<Schedule> {
     let zone = match &common.tz {
         None => Zone::Local,
         Some(tz) => match crate::zone::NamedZone::load(tz) {
@@ -430,7 +223,7 @@ pub(super) fn compile_task(
             }
         },
     };
-    let schedule = match (&common.schedule, common.every) {
+    match (&common.schedule, common.every) {
         (Some(_), Some(_)) => {
             err.add("", "has both schedule and every; use one".into());
             None
@@ -471,8 +264,11 @@ pub(super) fn compile_task(
                 Some(Schedule::Every { period, offset })
             }
         }
-    };
+    }
+}
 
+/// `timeout` (default 10s), shorter than `shutdown_grace` so a stop can let the run finish.
+fn timeout(common: &TaskCommon, grace: Duration, err: &mut Problems<'_>) -> Duration {
     let timeout = common.timeout.map_or(DEFAULT_TIMEOUT, |d| d.0);
     if timeout.is_zero() {
         err.add("timeout", "must be positive".into());
@@ -491,6 +287,11 @@ pub(super) fn compile_task(
             ),
         );
     }
+    timeout
+}
+
+/// `max_retry`, `retry_base` and `retry_cap`.
+fn retry(common: &TaskCommon, err: &mut Problems<'_>) -> RetryPolicy {
     let retry = RetryPolicy {
         max_retry: common.max_retry.unwrap_or(0),
         base: common.retry_base.map_or(DEFAULT_RETRY_BASE, |d| d.0),
@@ -510,339 +311,5 @@ pub(super) fn compile_task(
         );
     }
 
-    let action = match kind? {
-        TaskKind::Exec(spec) => exec::compile_exec(spec, ctx, &mut err).map(Action::Exec),
-        TaskKind::FileMove(spec) => {
-            compile_file_move(spec, &common.name, ctx, &mut err).map(Action::FileMove)
-        }
-        TaskKind::HttpScrape(spec) => {
-            compile_scrape(*spec, &common.name, ctx, &mut err).map(Action::HttpScrape)
-        }
-        #[cfg(feature = "modbus")]
-        TaskKind::Modbus(spec) => modbus::compile_modbus(*spec, &common.name, ctx, &mut err)
-            .map(|m| Action::Modbus(Box::new(m))),
-    };
-    Some(TaskDef {
-        name: common.name,
-        schedule: schedule?,
-        timeout,
-        retry,
-        action: action?,
-    })
-}
-
-pub(super) fn compile_file_move(
-    spec: FileMoveSpec,
-    task: &str,
-    ctx: &TaskCtx<'_>,
-    err: &mut Problems<'_>,
-) -> Option<FileMove> {
-    let base = ctx.base;
-    let mut ok = true;
-    let dir = |field: &str, text: &str, err: &mut Problems<'_>| {
-        if text.is_empty() {
-            err.add(field, "must name a directory".into());
-            return None;
-        }
-        let path = base.join(text);
-        match std::fs::metadata(&path) {
-            Err(e) => {
-                err.add(field, format!("{}: {}", path.display(), io_reason(&e)));
-                None
-            }
-            Ok(m) if !m.is_dir() => {
-                err.add(field, format!("{} is not a directory", path.display()));
-                None
-            }
-            Ok(_) => Some(path),
-        }
-    };
-    let from = dir("from", &spec.from, err);
-    let (to, ship) = match (&spec.to, &spec.to_stream) {
-        (Some(_), Some(_)) => {
-            err.add("to_stream", "is instead of to; set one of them".into());
-            (None, None)
-        }
-        (None, None) => {
-            err.add(
-                "",
-                "needs to (a directory) or to_stream (a stream to ship the files through)".into(),
-            );
-            (None, None)
-        }
-        (Some(to), None) => {
-            if spec.archive.is_some() {
-                err.add("archive", "only applies to to_stream".into());
-                ok = false;
-            }
-            (dir("to", to, err), None)
-        }
-        (None, Some(stream)) => {
-            if spec.on_conflict.is_some() {
-                err.add(
-                    "on_conflict",
-                    "only applies to to; spooled files get unique names".into(),
-                );
-                ok = false;
-            }
-            let max_bytes = match ctx.stream(stream) {
-                Ok(s) => s.max_bytes.min(ctx.storage.max_bytes),
-                Err(m) => {
-                    if let Some(m) = m {
-                        err.add("to_stream", m);
-                    }
-                    ok = false;
-                    0
-                }
-            };
-            let archive = match &spec.archive {
-                None => None,
-                Some(a) => {
-                    let d = dir("archive", a, err);
-                    if d.is_none() {
-                        ok = false;
-                    }
-                    d
-                }
-            };
-            let spool_rel = crate::store::spool::task_dir(task);
-            let spool_dir = ctx.data_dir.join(&spool_rel);
-            let ship = crate::task::file_move::Ship {
-                stream: stream.clone(),
-                spool_dir: spool_dir.clone(),
-                spool_rel,
-                archive,
-                min_free: ctx.storage.min_free,
-                max_bytes,
-                recovered: Default::default(),
-            };
-            (Some(spool_dir), Some(ship))
-        }
-    };
-    if let (Some(f), Some(t)) = (&from, &to)
-        && ship.is_none()
-    {
-        let same = match (std::fs::canonicalize(f), std::fs::canonicalize(t)) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => f == t,
-        };
-        if same {
-            err.add(
-                "to",
-                format!("{} is the same directory as from", t.display()),
-            );
-            ok = false;
-        }
-    }
-    let mut globs = |field: &str, list: &[String], err: &mut Problems<'_>| {
-        let mut out = Vec::with_capacity(list.len());
-        for (i, g) in list.iter().enumerate() {
-            if g.is_empty() || g.contains('/') {
-                err.add(
-                    &format!("{field}[{i}]"),
-                    format!("{g:?} must be a non-empty glob on the file name, without /"),
-                );
-                ok = false;
-                continue;
-            }
-            match glob::Pattern::new(g) {
-                Ok(p) => out.push(p),
-                Err(e) => {
-                    err.add(&format!("{field}[{i}]"), format!("{g:?}: {e}"));
-                    ok = false;
-                }
-            }
-        }
-        out
-    };
-    let pattern = globs("pattern", &spec.pattern, err);
-    let exclude = globs("exclude", &spec.exclude, err);
-    if spec.pattern.is_empty() {
-        err.add(
-            "pattern",
-            "must list at least one glob, e.g. [\"*.csv\"]".into(),
-        );
-        ok = false;
-    }
-    let settle = spec.settle.map_or(DEFAULT_SETTLE, |d| d.0);
-    if settle.is_zero() {
-        err.add(
-            "settle",
-            "must be positive, so a file still being written is never taken".into(),
-        );
-        ok = false;
-    }
-    let max_files = spec.max_files.unwrap_or(DEFAULT_MAX_FILES);
-    if max_files == 0 {
-        err.add("max_files", "must be at least 1".into());
-        ok = false;
-    }
-    let on_conflict = match spec.on_conflict.unwrap_or(OnConflictSpec::Rename) {
-        OnConflictSpec::Rename => OnConflict::Rename,
-        OnConflictSpec::Overwrite => OnConflict::Overwrite,
-        OnConflictSpec::Skip => OnConflict::Skip,
-    };
-    let (from, to) = (from?, to?);
-    ok.then_some(FileMove {
-        from,
-        to,
-        ship,
-        pattern,
-        exclude,
-        settle,
-        on_conflict,
-        max_files: max_files as usize,
-    })
-}
-
-pub(super) fn compile_scrape(
-    spec: HttpScrapeSpec,
-    task: &str,
-    ctx: &TaskCtx<'_>,
-    err: &mut Problems<'_>,
-) -> Option<crate::task::scrape::Scrape> {
-    use crate::scrape::json::{JsonMapping, TimeUnit, check_pointer};
-    use crate::scrape::lineproto::Precision;
-    use crate::task::scrape::{Format, Scrape, ScrapeConfig};
-    let mut ok = true;
-    let url = match parse_http_url(&spec.url) {
-        Ok(u) => Some(u),
-        Err(m) => {
-            err.add("url", m);
-            None
-        }
-    };
-    // The precision of the stream's sink, so timestamps mean what the write URL says.
-    let precision = match ctx.stream(&spec.stream) {
-        Err(m) => {
-            if let Some(m) = m {
-                err.add("stream", m);
-            }
-            ok = false;
-            Precision::Ns
-        }
-        // What the sink says its records are (an influx_line http sink's precision; ms for
-        // prometheus_remote_write).
-        Ok(_) => match stream_format(ctx.streams, ctx.sinks, &spec.stream) {
-            RecordFormat::LineProtocol(p) => p,
-            _ => Precision::Ns,
-        },
-    };
-    let measurement = spec.measurement.unwrap_or_else(|| task.to_string());
-    let line_protocol = !matches!(spec.format, ScrapeFormatSpec::Raw);
-    // What the scrape writes must be what the stream's sink sends.
-    let carries = stream_format(ctx.streams, ctx.sinks, &spec.stream);
-    let refused = match (line_protocol, carries) {
-        (false, RecordFormat::LineProtocol(_)) => Some(
-            "format: raw writes JSON records, but the stream's sink sends influx line protocol (encoding: influx_line): use format: prometheus or json, or a stream with a JSON sink",
-        ),
-        (true, RecordFormat::Json) => Some(
-            "this format writes influx line protocol, but the stream's sink sends JSON (encoding: ndjson or json_array): use format: raw, or a stream whose sink has encoding: influx_line",
-        ),
-        _ => None,
-    };
-    if let Some(why) = refused {
-        err.add("stream", format!("{:?}: {why}", spec.stream));
-        ok = false;
-    }
-    if line_protocol && let Err(m) = crate::scrape::lineproto::check_measurement(&measurement) {
-        err.add("measurement", m);
-        ok = false;
-    }
-    if !line_protocol && !spec.tags.is_empty() {
-        err.add(
-            "tags",
-            "only apply to line protocol (format: prometheus or json)".into(),
-        );
-        ok = false;
-    }
-    let mut headers = Vec::with_capacity(spec.headers.len());
-    for (k, v) in spec.headers {
-        if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
-            err.add(&format!("headers.{k}"), "is not a valid header name".into());
-            ok = false;
-        } else if reqwest::header::HeaderValue::from_str(&v).is_err() {
-            err.add(
-                &format!("headers.{k}"),
-                "the value has characters a header cannot carry (control characters or non-ASCII)"
-                    .into(),
-            );
-            ok = false;
-        }
-        headers.push((k, v));
-    }
-    let max_body = spec.max_body.map_or(DEFAULT_SCRAPE_MAX_BODY, |s| s.0);
-    if max_body == 0 {
-        err.add("max_body", "must be positive".into());
-        ok = false;
-    }
-    let format = match (spec.format, spec.json) {
-        (ScrapeFormatSpec::Json, j) => {
-            let j = j.unwrap_or_default();
-            let mut pointer = |field: &str, p: &str| {
-                if let Err(m) = check_pointer(p) {
-                    err.add(field, format!("{p:?}: {m}"));
-                    ok = false;
-                }
-            };
-            if let Some(r) = &j.records {
-                pointer("json.records", r);
-            }
-            for (name, p) in &j.fields {
-                pointer(&format!("json.fields.{name}"), p);
-            }
-            for (name, p) in &j.tags {
-                pointer(&format!("json.tags.{name}"), p);
-            }
-            if let Some(t) = &j.time {
-                pointer("json.time", t);
-            }
-            if j.time.is_none() && j.time_unit.is_some() {
-                err.add("json.time_unit", "only applies with json.time".into());
-                ok = false;
-            }
-            let unit = match j.time_unit.unwrap_or(TimeUnitSpec::Ms) {
-                TimeUnitSpec::S => TimeUnit::S,
-                TimeUnitSpec::Ms => TimeUnit::Ms,
-                TimeUnitSpec::Ns => TimeUnit::Ns,
-                TimeUnitSpec::Rfc3339 => TimeUnit::Rfc3339,
-            };
-            Format::Json(JsonMapping {
-                records: j.records,
-                measurement: measurement.clone(),
-                fields: j.fields.into_iter().collect(),
-                tags: j.tags.into_iter().collect(),
-                time: j.time.map(|t| (t, unit)),
-            })
-        }
-        (f, Some(_)) => {
-            err.add(
-                "json",
-                format!(
-                    "only applies to format: json (this task is format: {})",
-                    match f {
-                        ScrapeFormatSpec::Prometheus => "prometheus",
-                        _ => "raw",
-                    }
-                ),
-            );
-            ok = false;
-            Format::Raw
-        }
-        (ScrapeFormatSpec::Prometheus, None) => Format::Prometheus,
-        (ScrapeFormatSpec::Raw, None) => Format::Raw,
-    };
-    let url = url?;
-    ok.then(|| {
-        Scrape::new(ScrapeConfig {
-            url,
-            headers,
-            format,
-            stream: spec.stream,
-            measurement,
-            tags: spec.tags.into_iter().collect(),
-            precision,
-            max_body,
-        })
-    })
+    retry
 }

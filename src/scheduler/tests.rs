@@ -20,12 +20,12 @@ fn def_cmd(name: &str, schedule: Schedule, argv: &[&str]) -> Arc<TaskDef> {
             base: S,
             cap: S,
         },
-        action: Action::Exec(Exec {
+        action: Action::Exec(Box::new(Exec {
             argv: argv.iter().map(|s| s.to_string()).collect(),
             env: vec![],
             cwd: None,
             output: None,
-        }),
+        })),
     })
 }
 

@@ -10,9 +10,19 @@ pub mod client_name;
 pub mod de_all;
 pub mod listener_tls;
 pub mod problems;
+pub mod scalar;
 pub mod tls;
 pub mod units;
 pub mod url;
 
 pub use de_all::de_all;
 pub use problems::{Problem, Problems};
+
+/// An I/O error in words for a problem: the common kinds plainly, the rest as the system says.
+pub fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => e.to_string(),
+    }
+}

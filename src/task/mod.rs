@@ -3,11 +3,16 @@
 //! logs exactly one event for it. It does not decide when a task runs (that is the scheduler) and does
 //! not parse the file. Called by `scheduler`.
 
+#[macro_use]
+mod kind;
+
 pub mod exec;
 pub mod file_move;
 #[cfg(feature = "modbus")]
 pub mod modbus;
 pub mod scrape;
+
+pub use kind::Compile;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -38,70 +43,40 @@ pub struct RetryPolicy {
     pub cap: Duration,
 }
 
-/// What a task does. A closed set chosen by `type:` in the file.
-#[derive(Debug)]
-pub enum Action {
-    Exec(exec::Exec),
-    FileMove(file_move::FileMove),
-    HttpScrape(scrape::Scrape),
-    #[cfg(feature = "modbus")]
-    Modbus(Box<modbus::Modbus>),
+task_kinds! {
+    /// Run a program. No shell is involved unless the command names one (`["sh", "-c", "..."]`).
+    Exec(exec) = "exec";
+    /// Move settled files from one directory to another: rename(2) on one filesystem; across
+    /// filesystems copy, fsync, rename into place, then remove the source. Or, with `to_stream`,
+    /// ship them upstream.
+    FileMove(file_move) = "file_move";
+    /// GET a (local) endpoint and turn the answer into records of a stream, each carrying the
+    /// scrape's time: Prometheus text (a line-protocol record per sample, labels as tags), JSON
+    /// (line-protocol records through a mapping), or the raw body.
+    HttpScrape(scrape) = "http_scrape";
+    /// Poll a Modbus TCP device: its registers, coils and inputs as one sample per run, stamped
+    /// with the poll's time (built with the `modbus` cargo feature; release builds have it).
+    #[feature = "modbus"]
+    Modbus(modbus) = "modbus";
 }
 
 impl Action {
-    /// Reads a target into records each run (`http_scrape`, `modbus`): a scrape, with an `up`.
+    /// Whether it samples an endpoint into a stream.
     pub fn is_scrape(&self) -> bool {
-        match self {
-            Action::HttpScrape(_) => true,
-            #[cfg(feature = "modbus")]
-            Action::Modbus(_) => true,
-            Action::Exec(_) | Action::FileMove(_) => false,
-        }
+        self.settings().is_scrape()
     }
 
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Action::Exec(_) => "exec",
-            Action::FileMove(_) => "file_move",
-            Action::HttpScrape(_) => "http_scrape",
-            #[cfg(feature = "modbus")]
-            Action::Modbus(_) => "modbus",
-        }
-    }
-
-    /// Why an attempt that ran out of its `timeout` failed, as the handler's user sees it: only an
-    /// exec has a process (group) to terminate.
+    /// What a run that took longer than `timeout` says.
     pub fn timed_out(&self, timeout: Duration) -> String {
-        let t = crate::units::fmt_duration(timeout);
-        match self {
-            Action::Exec(_) => "timed out; process group terminated".into(),
-            Action::FileMove(_) => format!("timed out after {t}"),
-            Action::HttpScrape(s) => format!(
-                "GET {}: no complete answer within the timeout ({t})",
-                crate::net::client::shown_url(&s.url)
-            ),
-            #[cfg(feature = "modbus")]
-            Action::Modbus(m) => format!(
-                "{} unit {}: no answer within the timeout ({t})",
-                m.address, m.unit
-            ),
-        }
+        self.settings().timed_out(timeout)
     }
 
-    /// What the task relies on beyond its own entry (for `reload` to hold or re-make it).
+    /// What a run needs from its surroundings.
     pub fn needs(&self) -> Needs<'_> {
-        match self {
-            Action::Exec(e) => e.needs(),
-            Action::FileMove(m) => m.needs(),
-            Action::HttpScrape(s) => s.needs(),
-            #[cfg(feature = "modbus")]
-            Action::Modbus(m) => m.needs(),
-        }
+        self.settings().needs()
     }
 }
 
-/// What a task relies on outside its own entry in the file: a reload holds it while one of these
-/// waits for a restart, and re-makes it when its stream's sink changes under it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Needs<'a> {
     /// The stream it appends to: it must be running.
@@ -334,13 +309,7 @@ pub async fn run(
     let running = Running::new(stats);
     let mut attempt_no: u32 = 0;
     let last = loop {
-        let attempt = match &def.action {
-            Action::Exec(e) => e.run(&def.name, due, def.timeout, ctx).await,
-            Action::FileMove(m) => m.run(def.timeout, ctx).await,
-            Action::HttpScrape(s) => s.run(&def.name, def.timeout, ctx).await,
-            #[cfg(feature = "modbus")]
-            Action::Modbus(m) => m.run(&def.name, def.timeout, ctx).await,
-        };
+        let attempt = def.action.attempt(&def.name, due, def.timeout, ctx).await;
         let retryable = matches!(attempt.outcome, Outcome::Failed(_) | Outcome::TimedOut);
         if !retryable || attempt_no >= def.retry.max_retry || ctx.stopping.is_cancelled() {
             break attempt;

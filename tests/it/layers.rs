@@ -187,7 +187,7 @@ const EDGES: &[(&str, &[&str])] = &[
         ],
     ),
     ("source", &["mod", "kind", "config"]),
-    ("task", &["mod"]),
+    ("task", &["mod", "kind"]),
 ];
 
 /// The module path of a file of `src/` (`src/sink/mqtt/v5.rs` -> `sink::mqtt::v5`, a `mod.rs`

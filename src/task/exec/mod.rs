@@ -22,6 +22,9 @@ use super::{Attempt, Outcome, RunContext};
 use output::{Captured, Output};
 
 pub mod output;
+pub use config::ExecSpec as Spec;
+
+mod config;
 
 /// How long a group has between SIGTERM and SIGKILL.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -94,16 +97,34 @@ fn signal_group(pgid: i32, signal: i32) -> bool {
     unsafe { libc::kill(-pgid, signal) == 0 }
 }
 
-impl Exec {
+impl crate::task::kind::Settings for Exec {
+    fn timed_out(&self, _timeout: Duration) -> String {
+        "timed out; process group terminated".into()
+    }
+
     /// With `stream:`, its stream and its sink's settings (the records' format).
-    pub fn needs(&self) -> super::Needs<'_> {
+    fn needs(&self) -> super::Needs<'_> {
         super::Needs {
             stream: self.output.as_ref().map(|o| o.stream.as_str()),
             spool: None,
             sink_settings: self.output.is_some(),
         }
     }
+}
 
+impl crate::task::kind::Handler for Exec {
+    fn run(
+        &self,
+        task: &str,
+        due: chrono::DateTime<chrono::Utc>,
+        timeout: Duration,
+        ctx: &RunContext,
+    ) -> impl std::future::Future<Output = Attempt> + Send {
+        Exec::run(self, task, due, timeout, ctx)
+    }
+}
+
+impl Exec {
     /// Runs one attempt.
     pub async fn run(
         &self,

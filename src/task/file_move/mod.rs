@@ -26,6 +26,9 @@ use std::time::{Duration, SystemTime};
 use super::{Attempt, Needs, Outcome, RunContext};
 use crate::files::{copy_to_temp, exists, fsync_dir, is_copy_of, place_numbered, rename_noreplace};
 use crate::store::writer::StoreHandle;
+pub use config::FileMoveSpec as Spec;
+
+mod config;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnConflict {
@@ -101,16 +104,30 @@ struct Report {
     no_room: Option<String>,
 }
 
-impl FileMove {
+impl crate::task::kind::Settings for FileMove {
     /// With `to_stream`: its stream and its spool.
-    pub fn needs(&self) -> Needs<'_> {
+    fn needs(&self) -> Needs<'_> {
         Needs {
             stream: self.ship.as_ref().map(|ship| ship.stream.as_str()),
             spool: self.ship.as_ref().map(|ship| ship.spool_dir.as_path()),
             sink_settings: false,
         }
     }
+}
 
+impl crate::task::kind::Handler for FileMove {
+    fn run(
+        &self,
+        _task: &str,
+        _due: chrono::DateTime<chrono::Utc>,
+        timeout: Duration,
+        ctx: &RunContext,
+    ) -> impl std::future::Future<Output = Attempt> + Send {
+        FileMove::run(self, timeout, ctx)
+    }
+}
+
+impl FileMove {
     /// Runs one attempt: the file work on the blocking pool, stopped between files on timeout or
     /// abort (the attempt then waits for the file in progress to finish or be rolled back).
     pub async fn run(&self, timeout: Duration, ctx: &RunContext) -> Attempt {

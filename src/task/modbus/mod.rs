@@ -17,6 +17,9 @@ use tokio_modbus::slave::Slave;
 use self::points::{Answer, Point, Read, Table, Value};
 use super::{Attempt, Needs, RunContext};
 use crate::scrape::lineproto::{self, FieldValue, Precision};
+pub use config::ModbusSpec as Spec;
+
+mod config;
 
 /// The compiled `modbus` settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,16 +46,43 @@ pub enum Output {
     Json,
 }
 
-impl Modbus {
+impl crate::task::kind::Settings for Modbus {
+    fn is_scrape(&self) -> bool {
+        true
+    }
+
+    fn timed_out(&self, timeout: Duration) -> String {
+        format!(
+            "{} unit {}: no answer within the timeout ({})",
+            self.address,
+            self.unit,
+            crate::units::fmt_duration(timeout)
+        )
+    }
+
     /// Its stream, and its sink's settings (the samples' format and precision).
-    pub fn needs(&self) -> Needs<'_> {
+    fn needs(&self) -> Needs<'_> {
         Needs {
             stream: Some(&self.stream),
             spool: None,
             sink_settings: true,
         }
     }
+}
 
+impl crate::task::kind::Handler for Modbus {
+    fn run(
+        &self,
+        task: &str,
+        _due: chrono::DateTime<chrono::Utc>,
+        timeout: Duration,
+        ctx: &RunContext,
+    ) -> impl std::future::Future<Output = Attempt> + Send {
+        Modbus::run(self, task, timeout, ctx)
+    }
+}
+
+impl Modbus {
     /// One poll within `timeout`, until colibri aborts runs.
     pub async fn run(&self, task: &str, timeout: Duration, ctx: &RunContext) -> Attempt {
         Attempt::of_records(timeout, ctx, &self.stream, |_| self.poll(task)).await

@@ -14,6 +14,9 @@ use crate::net::client::{self, BadHeader, chain, shown_url};
 use crate::scrape::json::JsonMapping;
 use crate::scrape::lineproto::Precision;
 use crate::scrape::{json, prometheus};
+pub use config::HttpScrapeSpec as Spec;
+
+mod config;
 
 /// How an answer becomes records.
 #[derive(Debug, Clone)]
@@ -55,20 +58,46 @@ impl std::ops::Deref for Scrape {
     }
 }
 
+impl crate::task::kind::Settings for Scrape {
+    fn is_scrape(&self) -> bool {
+        true
+    }
+
+    fn timed_out(&self, timeout: Duration) -> String {
+        format!(
+            "GET {}: no complete answer within the timeout ({})",
+            shown_url(&self.url),
+            crate::units::fmt_duration(timeout)
+        )
+    }
+
+    /// Its stream, and its sink's `precision` it stamps records in.
+    fn needs(&self) -> Needs<'_> {
+        Needs {
+            stream: Some(&self.stream),
+            spool: None,
+            sink_settings: true,
+        }
+    }
+}
+
+impl crate::task::kind::Handler for Scrape {
+    fn run(
+        &self,
+        task: &str,
+        _due: chrono::DateTime<chrono::Utc>,
+        timeout: Duration,
+        ctx: &RunContext,
+    ) -> impl std::future::Future<Output = Attempt> + Send {
+        Scrape::run(self, task, timeout, ctx)
+    }
+}
+
 impl Scrape {
     pub fn new(config: ScrapeConfig) -> Scrape {
         Scrape {
             config,
             client: OnceLock::new(),
-        }
-    }
-
-    /// Its stream, and its sink's `precision` it stamps records in.
-    pub fn needs(&self) -> Needs<'_> {
-        Needs {
-            stream: Some(&self.stream),
-            spool: None,
-            sink_settings: true,
         }
     }
 

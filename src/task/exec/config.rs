@@ -1,7 +1,7 @@
 //! The `type: exec` task entry: its file shape ([`ExecSpec`], with `stream:` and what it takes)
 //! and its compilation into `task::exec::Exec`: the program checked (an absolute one must exist and
 //! be executable), `cwd`, `env`, and the output's format against the stream's sink. It runs
-//! nothing. Called by `tasks::compile_task` for `type: exec`.
+//! nothing. Called through the tasks' list (`task::compile_kind`) for `type: exec`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -9,11 +9,12 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::super::units::Size;
-use super::super::{Problems, io_reason, stream_format};
-use super::{Scalar, TaskCtx};
+use super::Exec;
 use crate::record::RecordFormat;
-use crate::task::exec::Exec;
+use crate::shape::scalar::Scalar;
+use crate::shape::units::Size;
+use crate::shape::{Problems, io_reason};
+use crate::task::kind::{Compile, KindSpec};
 
 #[derive(Debug, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -70,11 +71,15 @@ const DEFAULT_MAX_OUTPUT: u64 = 1 << 20;
 /// append that stores it.
 const MAX_OUTPUT_LIMIT: u64 = 64 << 20;
 
-pub(super) fn compile_exec(
-    spec: ExecSpec,
-    ctx: &TaskCtx<'_>,
-    err: &mut Problems<'_>,
-) -> Option<Exec> {
+impl KindSpec for ExecSpec {
+    type Handler = Exec;
+
+    fn compile(self, cx: &Compile<'_>, err: &mut Problems<'_>) -> Option<Exec> {
+        compile_exec(self, cx, err)
+    }
+}
+
+fn compile_exec(spec: ExecSpec, ctx: &Compile<'_>, err: &mut Problems<'_>) -> Option<Exec> {
     let base = ctx.base;
     let output = exec_output(&spec, ctx, err);
     let mut argv: Vec<String> = spec.command.into_iter().map(|s| s.0).collect();
@@ -149,7 +154,7 @@ pub(super) fn compile_exec(
 /// is reported.
 fn exec_output(
     spec: &ExecSpec,
-    ctx: &TaskCtx<'_>,
+    ctx: &Compile<'_>,
     err: &mut Problems<'_>,
 ) -> Result<Option<crate::task::exec::output::Output>, ()> {
     use crate::scrape::lineproto::Precision;
@@ -174,7 +179,7 @@ fn exec_output(
         }
         return Err(());
     }
-    let carries = stream_format(ctx.streams, ctx.sinks, stream);
+    let carries = ctx.format(stream);
     let spec_format = spec.format.unwrap_or(ExecFormatSpec::Lines);
     let format = match (spec_format, carries) {
         (ExecFormatSpec::Lines, c) => Ok(OutputFormat::Lines(c)),

@@ -1,16 +1,16 @@
-//! The `type: modbus` task entry (feature `modbus`; the schema knows it in every build): its file
+//! The `type: modbus` task entry (feature `modbus`): its file
 //! shape ([`ModbusSpec`], [`PointSpec`]) and its compilation into `task::modbus::Modbus`: the
 //! device's address, the points' types, orders and addresses checked, the reads planned, and the
-//! samples' format taken from the stream's sink. It talks to no device. Called by
-//! `tasks::compile_task` for `type: modbus`.
+//! samples' format taken from the stream's sink. It talks to no device. Called through the tasks'
+//! list (`task::compile_kind`) for `type: modbus`.
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::super::units::de_opt_u32;
+use crate::shape::units::de_opt_u32;
 #[cfg(feature = "schema")]
-use super::super::units::u32_schema;
+use crate::shape::units::u32_schema;
 
 /// `type: modbus` settings.
 #[derive(Debug, Deserialize)]
@@ -61,7 +61,7 @@ pub struct PointSpec {
     /// `holding` or `input` (16-bit registers), `coil` or `discrete` (bits).
     pub register: RegisterSpec,
     /// The first register's (or bit's) address as on the wire, from 0.
-    #[serde(deserialize_with = "super::super::units::de_u32")]
+    #[serde(deserialize_with = "crate::shape::units::de_u32")]
     #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub address: u32,
     /// `u16` (the default for registers), `i16`, `u32`, `i32`, `u64`, `f32`, `f64`, `bool` (the
@@ -125,23 +125,27 @@ pub enum OrderSpec {
     Little,
 }
 
-#[cfg(feature = "modbus")]
-pub(super) use compile::compile_modbus;
-
-#[cfg(feature = "modbus")]
 mod compile {
-    use super::super::super::{Problems, stream_format};
-    use super::super::TaskCtx;
     use super::{ModbusSpec, OrderSpec, PointType, RegisterSpec, device_address};
     use crate::record::RecordFormat;
     use crate::scrape::lineproto::{Precision, check_measurement};
+    use crate::shape::Problems;
+    use crate::task::kind::{Compile, KindSpec};
     use crate::task::modbus::points::{self, Kind, Limits, Order, Point, Table};
     use crate::task::modbus::{Modbus, Output};
 
-    pub(in super::super) fn compile_modbus(
+    impl KindSpec for ModbusSpec {
+        type Handler = Modbus;
+
+        fn compile(self, cx: &Compile<'_>, err: &mut Problems<'_>) -> Option<Modbus> {
+            compile_modbus(self, cx.task, cx, err)
+        }
+    }
+
+    fn compile_modbus(
         spec: ModbusSpec,
         task: &str,
-        ctx: &TaskCtx<'_>,
+        ctx: &Compile<'_>,
         err: &mut Problems<'_>,
     ) -> Option<Modbus> {
         // Every check reports and goes on; any problem leaves the task out.
@@ -168,7 +172,7 @@ mod compile {
                 }
                 Output::Json
             }
-            Ok(_) => match stream_format(ctx.streams, ctx.sinks, &spec.stream) {
+            Ok(_) => match ctx.format(&spec.stream) {
                 RecordFormat::LineProtocol(p) => Output::LineProtocol(p),
                 RecordFormat::Json => Output::Json,
                 // A sink that takes any line (file, stdout, none): line protocol in ns.
