@@ -1,6 +1,7 @@
 //! The layer rule of ARCHITECTURE.md, read from the source: every `crate::` path in `src/` names a
 //! module on the same layer or a lower one, no two top-level modules import each other, only
-//! `store` names redb and only `config` names the YAML library; and within the edges (`sink/`,
+//! `store` names redb and only `config` names the YAML library (it parses the file; the components'
+//! file shapes read their entries as JSON values with serde); and within the edges (`sink/`,
 //! `source/`, `task/`) no component imports another: what two share lives below both. This reads text, not the compiler's
 //! view, so a path built by a macro would escape it; none is.
 
