@@ -311,66 +311,12 @@ fn compile_tail(
     err: &mut Problems<'_>,
 ) -> Option<TailConfig> {
     check_stream(&spec.stream, streams, err);
-    if spec.paths.is_empty() {
-        err.add("paths", "at least one glob pattern is needed".into());
-    }
     // Relative patterns are read from the config file's directory, whose name may hold glob
     // characters of its own: those are escaped.
     let base_pattern = glob::Pattern::escape(&base.to_string_lossy());
-    let absolute = |p: &str| -> String {
-        if p.starts_with('/') || base_pattern.is_empty() {
-            p.to_string()
-        } else {
-            format!("{}/{p}", base_pattern.trim_end_matches('/'))
-        }
-    };
-    let mut patterns = Vec::new();
-    for (i, p) in spec.paths.iter().enumerate() {
-        let at = format!("paths[{i}]");
-        if p.trim().is_empty() {
-            err.add(&at, "must not be empty".into());
-            continue;
-        }
-        if p.ends_with('/') {
-            err.add(
-                &at,
-                format!("{p:?} names a directory; match the files in it, e.g. \"{p}*.log\""),
-            );
-            continue;
-        }
-        let abs = absolute(p);
-        match glob::Pattern::new(&abs) {
-            Ok(_) => patterns.push(abs),
-            Err(e) => err.add(&at, format!("bad glob {p:?}: {e}")),
-        }
-    }
-    let mut exclude = Vec::new();
-    for (i, p) in spec.exclude.iter().enumerate() {
-        let at = format!("exclude[{i}]");
-        let name_only = !p.contains('/');
-        let text = if name_only { p.clone() } else { absolute(p) };
-        match glob::Pattern::new(&text) {
-            Ok(pattern) if !p.is_empty() => exclude.push(Exclude {
-                pattern,
-                name_only,
-                text: p.clone(),
-            }),
-            Ok(_) => err.add(&at, "must not be empty".into()),
-            Err(e) => err.add(&at, format!("bad glob {p:?}: {e}")),
-        }
-    }
-    let filter = Filter {
-        include: regexes("include_lines", &spec.include_lines, err),
-        exclude: regexes("exclude_lines", &spec.exclude_lines, err),
-        min_level: spec.min_level.map(|l| match l {
-            LevelSpec::Trace => Level::Trace,
-            LevelSpec::Debug => Level::Debug,
-            LevelSpec::Info => Level::Info,
-            LevelSpec::Warn => Level::Warn,
-            LevelSpec::Error => Level::Error,
-            LevelSpec::Fatal => Level::Fatal,
-        }),
-    };
+    let patterns = compile_paths(&spec.paths, &base_pattern, err);
+    let exclude = compile_exclude(&spec.exclude, &base_pattern, err);
+    let filter = compile_filter(&spec, err);
     let max_line_bytes = spec
         .max_line_bytes
         .map_or(crate::source::tail::DEFAULT_MAX_LINE_BYTES, |s| s.0);
@@ -380,68 +326,23 @@ fn compile_tail(
             format!("must be between 1 byte and 16MiB, not {max_line_bytes} bytes"),
         );
     }
-    let multiline = spec.multiline.and_then(|m| {
-        let start = match regex_lite::Regex::new(&m.start) {
-            Ok(re) => Some(re),
-            Err(e) => {
-                err.add(
-                    "multiline.start",
-                    format!("bad regex {:?}: {e}", m.start),
-                );
-                None
-            }
-        };
-        let max_lines = m.max_lines.unwrap_or(500);
-        if max_lines == 0 {
-            err.add("multiline.max_lines", "must be at least 1".into());
-        }
-        let max_bytes = m.max_bytes.map_or(1 << 20, |s| s.0);
-        if max_bytes > MAX_LINE_LIMIT {
-            err.add("multiline.max_bytes", "must be at most 16MiB".into());
-        } else if max_bytes < max_line_bytes {
-            err.add(
-                "multiline.max_bytes",
-                format!(
-                    "{max_bytes} bytes is less than max_line_bytes ({max_line_bytes}): one line must fit in a record"
-                ),
-            );
-        }
-        let timeout = m.timeout.map_or(Duration::from_secs(1), |d| d.0);
-        if timeout.is_zero() {
-            err.add("multiline.timeout", "must be positive".into());
-        }
-        Some(MultilineConfig {
-            start: start?,
-            max_lines,
-            max_bytes: max_bytes as usize,
-            timeout,
-        })
-    });
+    let multiline = spec
+        .multiline
+        .and_then(|m| compile_multiline(m, max_line_bytes, err));
     let fields = compile_fields(spec.fields.as_deref(), spec.host, err);
     for key in spec.labels.keys() {
         if key.is_empty() {
             err.add("labels", "a label name must not be empty".into());
         }
     }
-    let positive =
-        |field: &str, d: Option<Dur>, default: Duration, min: Duration, err: &mut Problems<'_>| {
-            let d = d.map_or(default, |d| d.0);
-            if d < min {
-                err.add(
-                    field,
-                    format!("must be at least {}", crate::units::fmt_duration(min)),
-                );
-            }
-            d
-        };
-    let poll_interval = positive(
+    let poll_interval = at_least(
         "poll_interval",
         spec.poll_interval,
         Duration::from_secs(1),
         Duration::from_millis(10),
         err,
     );
-    let scan_interval = positive(
+    let scan_interval = at_least(
         "scan_interval",
         spec.scan_interval,
         Duration::from_secs(10),
@@ -476,6 +377,143 @@ fn compile_tail(
         scan_interval,
         rotate_wait,
     })
+}
+
+/// `p` made absolute: a relative pattern is read from `base_pattern`, the config file's
+/// directory (glob-escaped).
+fn absolute(base_pattern: &str, p: &str) -> String {
+    if p.starts_with('/') || base_pattern.is_empty() {
+        p.to_string()
+    } else {
+        format!("{}/{p}", base_pattern.trim_end_matches('/'))
+    }
+}
+
+/// `paths`: at least one, each a glob of files (not a directory), made absolute.
+fn compile_paths(paths: &[String], base_pattern: &str, err: &mut Problems<'_>) -> Vec<String> {
+    if paths.is_empty() {
+        err.add("paths", "at least one glob pattern is needed".into());
+    }
+    let mut patterns = Vec::new();
+    for (i, p) in paths.iter().enumerate() {
+        let at = format!("paths[{i}]");
+        if p.trim().is_empty() {
+            err.add(&at, "must not be empty".into());
+            continue;
+        }
+        if p.ends_with('/') {
+            err.add(
+                &at,
+                format!("{p:?} names a directory; match the files in it, e.g. \"{p}*.log\""),
+            );
+            continue;
+        }
+        let abs = absolute(base_pattern, p);
+        match glob::Pattern::new(&abs) {
+            Ok(_) => patterns.push(abs),
+            Err(e) => err.add(&at, format!("bad glob {p:?}: {e}")),
+        }
+    }
+    patterns
+}
+
+/// `exclude`: a pattern without a `/` matches file names, one with a `/` whole (absolute) paths.
+fn compile_exclude(exclude: &[String], base_pattern: &str, err: &mut Problems<'_>) -> Vec<Exclude> {
+    let mut out = Vec::new();
+    for (i, p) in exclude.iter().enumerate() {
+        let at = format!("exclude[{i}]");
+        let name_only = !p.contains('/');
+        let text = if name_only {
+            p.clone()
+        } else {
+            absolute(base_pattern, p)
+        };
+        match glob::Pattern::new(&text) {
+            Ok(pattern) if !p.is_empty() => out.push(Exclude {
+                pattern,
+                name_only,
+                text: p.clone(),
+            }),
+            Ok(_) => err.add(&at, "must not be empty".into()),
+            Err(e) => err.add(&at, format!("bad glob {p:?}: {e}")),
+        }
+    }
+    out
+}
+
+/// Which records are kept: `include_lines`, `exclude_lines` and `min_level`.
+fn compile_filter(spec: &TailSpec, err: &mut Problems<'_>) -> Filter {
+    Filter {
+        include: regexes("include_lines", &spec.include_lines, err),
+        exclude: regexes("exclude_lines", &spec.exclude_lines, err),
+        min_level: spec.min_level.map(|l| match l {
+            LevelSpec::Trace => Level::Trace,
+            LevelSpec::Debug => Level::Debug,
+            LevelSpec::Info => Level::Info,
+            LevelSpec::Warn => Level::Warn,
+            LevelSpec::Error => Level::Error,
+            LevelSpec::Fatal => Level::Fatal,
+        }),
+    }
+}
+
+/// `multiline`, defaulted; `None` when its `start` is not a regex. Its `max_bytes` must hold one
+/// line of `max_line_bytes`.
+fn compile_multiline(
+    m: MultilineSpec,
+    max_line_bytes: u64,
+    err: &mut Problems<'_>,
+) -> Option<MultilineConfig> {
+    let start = match regex_lite::Regex::new(&m.start) {
+        Ok(re) => Some(re),
+        Err(e) => {
+            err.add("multiline.start", format!("bad regex {:?}: {e}", m.start));
+            None
+        }
+    };
+    let max_lines = m.max_lines.unwrap_or(500);
+    if max_lines == 0 {
+        err.add("multiline.max_lines", "must be at least 1".into());
+    }
+    let max_bytes = m.max_bytes.map_or(1 << 20, |s| s.0);
+    if max_bytes > MAX_LINE_LIMIT {
+        err.add("multiline.max_bytes", "must be at most 16MiB".into());
+    } else if max_bytes < max_line_bytes {
+        err.add(
+            "multiline.max_bytes",
+            format!(
+                "{max_bytes} bytes is less than max_line_bytes ({max_line_bytes}): one line must fit in a record"
+            ),
+        );
+    }
+    let timeout = m.timeout.map_or(Duration::from_secs(1), |d| d.0);
+    if timeout.is_zero() {
+        err.add("multiline.timeout", "must be positive".into());
+    }
+    Some(MultilineConfig {
+        start: start?,
+        max_lines,
+        max_bytes: max_bytes as usize,
+        timeout,
+    })
+}
+
+/// Interval `field`, `default` when unset; shorter than `min` is a problem.
+fn at_least(
+    field: &str,
+    d: Option<Dur>,
+    default: Duration,
+    min: Duration,
+    err: &mut Problems<'_>,
+) -> Duration {
+    let d = d.map_or(default, |d| d.0);
+    if d < min {
+        err.add(
+            field,
+            format!("must be at least {}", crate::units::fmt_duration(min)),
+        );
+    }
+    d
 }
 
 /// `fields` (default: all) and `host` (the older way to leave the host out) as one set.
