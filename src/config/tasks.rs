@@ -356,7 +356,6 @@ pub(super) fn compile_task(
     ctx: &TaskCtx<'_>,
     problems: &mut Problems<'_>,
 ) -> Option<TaskDef> {
-    let grace = ctx.grace;
     let mut err = problems.under_task(at);
     let Value::Object(map) = value else {
         err.add(
@@ -369,7 +368,39 @@ pub(super) fn compile_task(
     let (common_map, kind_map): (serde_json::Map<_, _>, serde_json::Map<_, _>) = map
         .into_iter()
         .partition(|(k, _)| COMMON_KEYS.contains(&k.as_str()));
-    let kind_ok = match kind_map.get("type") {
+    let kind_ok = check_type(kind_map.get("type"), &mut err);
+    // A schedule written but refused is reported at its field: "needs a schedule" would be noise.
+    let timed = common_map.contains_key("schedule") || common_map.contains_key("every");
+    let common: Option<TaskCommon> = de_all(Value::Object(common_map), &mut err);
+    let kind = if kind_ok {
+        read_kind(kind_map, &mut err)
+    } else {
+        None
+    };
+    let common = common?;
+
+    if !valid_name(&common.name) {
+        err.add(
+            "name",
+            format!("{:?} must be 1-64 letters, digits, -, _ or .", common.name),
+        );
+    }
+    let schedule = compile_schedule(&common, timed, &mut err);
+    let timeout = compile_timeout(common.timeout, ctx.grace, &mut err);
+    let retry = compile_retry(&common, &mut err);
+    let action = compile_action(kind?, &common.name, ctx, &mut err);
+    Some(TaskDef {
+        name: common.name,
+        schedule: schedule?,
+        timeout,
+        retry,
+        action: action?,
+    })
+}
+
+/// Whether the task's `type` is one of [`TASK_TYPES`]; when not, that is reported.
+fn check_type(kind: Option<&Value>, err: &mut Problems<'_>) -> bool {
+    match kind {
         None => {
             err.add("", format!("missing field `type` (one of: {TASK_TYPES})"));
             false
@@ -386,51 +417,37 @@ pub(super) fn compile_task(
             );
             false
         }
-    };
-    // A schedule written but refused is reported at its field: "needs a schedule" would be noise.
-    let timed = common_map.contains_key("schedule") || common_map.contains_key("every");
-    let common: Option<TaskCommon> = de_all(Value::Object(common_map), &mut err);
-    // The type's own struct, so a problem inside it keeps its field (see `split_type`).
-    let kind: Option<TaskKind> = if kind_ok {
-        let mut kind_map = kind_map;
-        let kind = kind_map.remove("type");
-        let rest = Value::Object(kind_map);
-        match kind.as_ref().and_then(Value::as_str) {
-            Some("exec") => de_all(rest, &mut err).map(TaskKind::Exec),
-            Some("file_move") => de_all(rest, &mut err).map(TaskKind::FileMove),
-            #[cfg(feature = "modbus")]
-            Some("modbus") => de_all(rest, &mut err).map(|s| TaskKind::Modbus(Box::new(s))),
-            #[cfg(not(feature = "modbus"))]
-            Some("modbus") => {
-                err.add("type", NO_MODBUS.to_string());
-                None
-            }
-            // Checked above: the only type left.
-            _ => de_all(rest, &mut err).map(|s| TaskKind::HttpScrape(Box::new(s))),
-        }
-    } else {
-        None
-    };
-    let common = common?;
-
-    if !valid_name(&common.name) {
-        err.add(
-            "name",
-            format!("{:?} must be 1-64 letters, digits, -, _ or .", common.name),
-        );
     }
+}
 
-    let zone = match &common.tz {
-        None => Zone::Local,
-        Some(tz) => match crate::zone::NamedZone::load(tz) {
-            Ok(z) => Zone::Named(z),
-            Err(m) => {
-                err.add("tz", m);
-                Zone::Local
-            }
-        },
-    };
-    let schedule = match (&common.schedule, common.every) {
+/// The type's own fields, read as its own struct so a problem inside it keeps its field (see
+/// `split_type`). `kind_map`'s `type` has passed [`check_type`].
+fn read_kind(
+    mut kind_map: serde_json::Map<String, Value>,
+    err: &mut Problems<'_>,
+) -> Option<TaskKind> {
+    let kind = kind_map.remove("type");
+    let rest = Value::Object(kind_map);
+    match kind.as_ref().and_then(Value::as_str) {
+        Some("exec") => de_all(rest, err).map(TaskKind::Exec),
+        Some("file_move") => de_all(rest, err).map(TaskKind::FileMove),
+        #[cfg(feature = "modbus")]
+        Some("modbus") => de_all(rest, err).map(|s| TaskKind::Modbus(Box::new(s))),
+        #[cfg(not(feature = "modbus"))]
+        Some("modbus") => {
+            err.add("type", NO_MODBUS.to_string());
+            None
+        }
+        // Checked by `check_type`: the only type left.
+        _ => de_all(rest, err).map(|s| TaskKind::HttpScrape(Box::new(s))),
+    }
+}
+
+/// `schedule` or `every` (exactly one), with the settings that apply to each: `tz` to a
+/// schedule, `offset` to an interval. `timed`: one was written but refused, already reported.
+fn compile_schedule(common: &TaskCommon, timed: bool, err: &mut Problems<'_>) -> Option<Schedule> {
+    let zone = compile_zone(common.tz.as_deref(), err);
+    match (&common.schedule, common.every) {
         (Some(_), Some(_)) => {
             err.add("", "has both schedule and every; use one".into());
             None
@@ -471,9 +488,27 @@ pub(super) fn compile_task(
                 Some(Schedule::Every { period, offset })
             }
         }
-    };
+    }
+}
 
-    let timeout = common.timeout.map_or(DEFAULT_TIMEOUT, |d| d.0);
+/// `tz`: the machine's local zone when unset or not loadable (then reported).
+fn compile_zone(tz: Option<&str>, err: &mut Problems<'_>) -> Zone {
+    match tz {
+        None => Zone::Local,
+        Some(tz) => match crate::zone::NamedZone::load(tz) {
+            Ok(z) => Zone::Named(z),
+            Err(m) => {
+                err.add("tz", m);
+                Zone::Local
+            }
+        },
+    }
+}
+
+/// `timeout`, defaulted: positive and shorter than `grace`, so a stop can let the run finish.
+fn compile_timeout(timeout: Option<Dur>, grace: Duration, err: &mut Problems<'_>) -> Duration {
+    let written = timeout.is_some();
+    let timeout = timeout.map_or(DEFAULT_TIMEOUT, |d| d.0);
     if timeout.is_zero() {
         err.add("timeout", "must be positive".into());
     } else if timeout >= grace {
@@ -482,15 +517,16 @@ pub(super) fn compile_task(
             format!(
                 "{}{} must be shorter than shutdown_grace ({}), so a stop can let the run finish",
                 crate::units::fmt_duration(timeout),
-                if common.timeout.is_none() {
-                    " (the default)"
-                } else {
-                    ""
-                },
+                if written { "" } else { " (the default)" },
                 crate::units::fmt_duration(grace)
             ),
         );
     }
+    timeout
+}
+
+/// `max_retry`, `retry_base` and `retry_cap`, defaulted; the cap may not be below the base.
+fn compile_retry(common: &TaskCommon, err: &mut Problems<'_>) -> RetryPolicy {
     let retry = RetryPolicy {
         max_retry: common.max_retry.unwrap_or(0),
         base: common.retry_base.map_or(DEFAULT_RETRY_BASE, |d| d.0),
@@ -509,26 +545,25 @@ pub(super) fn compile_task(
             ),
         );
     }
+    retry
+}
 
-    let action = match kind? {
-        TaskKind::Exec(spec) => exec::compile_exec(spec, ctx, &mut err).map(Action::Exec),
-        TaskKind::FileMove(spec) => {
-            compile_file_move(spec, &common.name, ctx, &mut err).map(Action::FileMove)
-        }
-        TaskKind::HttpScrape(spec) => {
-            compile_scrape(*spec, &common.name, ctx, &mut err).map(Action::HttpScrape)
-        }
+/// What the task does, compiled by its type's own step.
+fn compile_action(
+    kind: TaskKind,
+    task: &str,
+    ctx: &TaskCtx<'_>,
+    err: &mut Problems<'_>,
+) -> Option<Action> {
+    match kind {
+        TaskKind::Exec(spec) => exec::compile_exec(spec, ctx, err).map(Action::Exec),
+        TaskKind::FileMove(spec) => compile_file_move(spec, task, ctx, err).map(Action::FileMove),
+        TaskKind::HttpScrape(spec) => compile_scrape(*spec, task, ctx, err).map(Action::HttpScrape),
         #[cfg(feature = "modbus")]
-        TaskKind::Modbus(spec) => modbus::compile_modbus(*spec, &common.name, ctx, &mut err)
-            .map(|m| Action::Modbus(Box::new(m))),
-    };
-    Some(TaskDef {
-        name: common.name,
-        schedule: schedule?,
-        timeout,
-        retry,
-        action: action?,
-    })
+        TaskKind::Modbus(spec) => {
+            modbus::compile_modbus(*spec, task, ctx, err).map(|m| Action::Modbus(Box::new(m)))
+        }
+    }
 }
 
 pub(super) fn compile_file_move(
