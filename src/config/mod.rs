@@ -688,13 +688,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
     let sinks = compile_sinks(sections.sinks, base, &data_dir, problems);
     let streams = compile_streams(sections.streams, &declared_sinks, &sinks, problems);
     let stream_names: Vec<&str> = declared_streams.iter().map(String::as_str).collect();
-    let sources: Vec<crate::source::Source> = each_entry(
-        sections.sources,
-        "sources",
-        "source",
-        problems,
-        |n, v, p| sources::compile_entry(&n, v, base, &data_dir, &stream_names, p),
-    );
+    let sources = compile_sources(sections.sources, base, &data_dir, &stream_names, problems);
     let ingest = compile_ingest(spec.ingest, &stream_names, &streams, &sinks, base, problems);
     check_source_streams(&sources, &streams, &sinks, problems);
     let admin = admin::compile_admin(spec.admin, base, problems);
@@ -840,6 +834,20 @@ fn compile_streams(
         }
     }
     streams
+}
+
+/// The `sources:` map, each entry compiled by [`sources::compile_entry`] against the declared
+/// stream names.
+fn compile_sources(
+    value: Option<Value>,
+    base: &Path,
+    data_dir: &Path,
+    stream_names: &[&str],
+    problems: &mut Problems<'_>,
+) -> Vec<crate::source::Source> {
+    each_entry(value, "sources", "source", problems, |n, v, p| {
+        sources::compile_entry(&n, v, base, data_dir, stream_names, p)
+    })
 }
 
 /// The `ingest:` section, with the record format each declared stream is delivered in.
