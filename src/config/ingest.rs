@@ -128,110 +128,17 @@ pub(super) fn compile(
     base: &std::path::Path,
     err: &mut Problems<'_>,
 ) -> Option<IngestConfig> {
-    let max_body = spec.max_body.map_or(DEFAULT_MAX_BODY, |s| s.0);
-    if !(1024..=MAX_MAX_BODY).contains(&max_body) {
-        err.add(
-            "max_body",
-            format!("{max_body} bytes is out of range 1KiB-256MiB"),
-        );
-    }
-    let token = match spec.token {
-        None => None,
-        Some(t) if t.is_empty() => {
-            // An empty `${TOKEN:-}` must not quietly turn authentication off.
-            err.add(
-                "token",
-                "must not be empty (leave the field out to accept requests without a token)".into(),
-            );
-            None
-        }
-        Some(t) if !t.bytes().all(|b| b.is_ascii_graphic()) => {
-            // Not the value: it is a secret.
-            err.add(
-                "token",
-                "must be printable ASCII without spaces (it travels in an HTTP header)".into(),
-            );
-            None
-        }
-        Some(t) => Some(Token::new(t)),
-    };
-    let max_memory = spec.max_memory.map_or(DEFAULT_MAX_MEMORY, |s| s.0);
-    let worst = crate::source::ingest::body_cost(max_body, true, max_body);
-    if !(1 << 20..=MAX_MAX_MEMORY).contains(&max_memory) {
-        err.add(
-            "max_memory",
-            format!(
-                "{} is out of range 1MiB-192MiB (the packaged unit caps all of colibri at MemoryMax=256M)",
-                fmt_size(max_memory)
-            ),
-        );
-    } else if (1024..=MAX_MAX_BODY).contains(&max_body) && worst > max_memory {
-        err.add(
-            "max_body",
-            format!(
-                "a request of max_body ({}) may hold up to {} while it is read and stored (twice its decompressed size, plus its records), more than ingest.max_memory ({}): lower max_body or raise max_memory",
-                fmt_size(max_body),
-                fmt_size(worst),
-                fmt_size(max_memory)
-            ),
-        );
-    }
-    let max_connections = spec.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
-    if !(1..=65_536).contains(&max_connections) {
-        err.add(
-            "max_connections",
-            format!("{max_connections} is out of range 1-65536"),
-        );
-    }
-    let max_requests = spec.max_requests.unwrap_or(DEFAULT_MAX_REQUESTS);
-    if !(1..=4096).contains(&max_requests) {
-        err.add(
-            "max_requests",
-            format!("{max_requests} is out of range 1-4096"),
-        );
-    }
-    let read_timeout = spec.read_timeout.map_or(DEFAULT_READ_TIMEOUT, |d| d.0);
-    if read_timeout.is_zero() {
-        err.add("read_timeout", "must be positive".into());
-    } else if read_timeout > MAX_READ_TIMEOUT {
-        err.add(
-            "read_timeout",
-            "must be at most 60s (a stop waits up to read_timeout + wait for requests in progress)"
-                .into(),
-        );
-    }
-    let wait = spec.wait.map_or(DEFAULT_WAIT, |d| d.0);
-    if wait > MAX_WAIT {
-        err.add(
-            "wait",
-            "must be at most 60s (the client waits that long for its answer, and a stop waits for it)"
-                .into(),
-        );
-    }
+    let max_body = compile_max_body(spec.max_body, err);
+    let token = compile_token(spec.token, err);
+    let max_memory = compile_max_memory(spec.max_memory, max_body, err);
+    let (max_connections, max_requests) =
+        compile_concurrency(spec.max_connections, spec.max_requests, err);
+    let read_timeout = compile_read_timeout(spec.read_timeout, err);
+    let wait = compile_wait(spec.wait, err);
     let tls = spec
         .tls
         .and_then(|t| crate::shape::listener_tls::compile(t, base, err));
-    let listen = spec.listen.filter(|l| !l.trim().is_empty())?;
-    let listen: SocketAddr = match listen.trim().parse() {
-        Ok(addr) => addr,
-        Err(_) => {
-            err.add(
-                "listen",
-                format!(
-                    "{listen:?} is not an address:port (write e.g. 127.0.0.1:9465 or [::1]:9465; host names are not resolved)"
-                ),
-            );
-            return None;
-        }
-    };
-    if !listen.ip().is_loopback() && token.is_none() && !spec.allow_remote {
-        err.add(
-            "listen",
-            format!(
-                "{listen} is not a loopback address and there is no token: anyone who can reach it could append records; set ingest.token, or ingest.allow_remote: true to accept that"
-            ),
-        );
-    }
+    let listen = compile_listen(spec.listen, token.is_some(), spec.allow_remote, err)?;
     if streams.is_empty() {
         err.add(
             "listen",
@@ -251,6 +158,157 @@ pub(super) fn compile(
         streams: streams.iter().map(|&(s, f)| (s.to_string(), f)).collect(),
         tls,
     })
+}
+
+/// `max_body`, defaulted; out of range is reported and the value still returned, so that
+/// `max_memory` is checked against what was written.
+fn compile_max_body(max_body: Option<Size>, err: &mut Problems<'_>) -> u64 {
+    let max_body = max_body.map_or(DEFAULT_MAX_BODY, |s| s.0);
+    if !max_body_in_range(max_body) {
+        err.add(
+            "max_body",
+            format!("{max_body} bytes is out of range 1KiB-256MiB"),
+        );
+    }
+    max_body
+}
+
+fn max_body_in_range(max_body: u64) -> bool {
+    (1024..=MAX_MAX_BODY).contains(&max_body)
+}
+
+/// `token`: `None` when unset or unusable (then reported).
+fn compile_token(token: Option<String>, err: &mut Problems<'_>) -> Option<Token> {
+    match token {
+        None => None,
+        Some(t) if t.is_empty() => {
+            // An empty `${TOKEN:-}` must not quietly turn authentication off.
+            err.add(
+                "token",
+                "must not be empty (leave the field out to accept requests without a token)".into(),
+            );
+            None
+        }
+        Some(t) if !t.bytes().all(|b| b.is_ascii_graphic()) => {
+            // Not the value: it is a secret.
+            err.add(
+                "token",
+                "must be printable ASCII without spaces (it travels in an HTTP header)".into(),
+            );
+            None
+        }
+        Some(t) => Some(Token::new(t)),
+    }
+}
+
+/// `max_memory`, defaulted, and whether one request of `max_body` fits in it. The fit is only
+/// judged when both are in range, so one mistake is not reported twice.
+fn compile_max_memory(max_memory: Option<Size>, max_body: u64, err: &mut Problems<'_>) -> u64 {
+    let max_memory = max_memory.map_or(DEFAULT_MAX_MEMORY, |s| s.0);
+    let worst = crate::source::ingest::body_cost(max_body, true, max_body);
+    if !(1 << 20..=MAX_MAX_MEMORY).contains(&max_memory) {
+        err.add(
+            "max_memory",
+            format!(
+                "{} is out of range 1MiB-192MiB (the packaged unit caps all of colibri at MemoryMax=256M)",
+                fmt_size(max_memory)
+            ),
+        );
+    } else if max_body_in_range(max_body) && worst > max_memory {
+        err.add(
+            "max_body",
+            format!(
+                "a request of max_body ({}) may hold up to {} while it is read and stored (twice its decompressed size, plus its records), more than ingest.max_memory ({}): lower max_body or raise max_memory",
+                fmt_size(max_body),
+                fmt_size(worst),
+                fmt_size(max_memory)
+            ),
+        );
+    }
+    max_memory
+}
+
+/// `max_connections` and `max_requests`, defaulted and range-checked.
+fn compile_concurrency(
+    max_connections: Option<u32>,
+    max_requests: Option<u32>,
+    err: &mut Problems<'_>,
+) -> (u32, u32) {
+    let max_connections = max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+    if !(1..=65_536).contains(&max_connections) {
+        err.add(
+            "max_connections",
+            format!("{max_connections} is out of range 1-65536"),
+        );
+    }
+    let max_requests = max_requests.unwrap_or(DEFAULT_MAX_REQUESTS);
+    if !(1..=4096).contains(&max_requests) {
+        err.add(
+            "max_requests",
+            format!("{max_requests} is out of range 1-4096"),
+        );
+    }
+    (max_connections, max_requests)
+}
+
+/// `read_timeout`, defaulted: positive, and short enough for a stop to wait for it.
+fn compile_read_timeout(read_timeout: Option<Dur>, err: &mut Problems<'_>) -> Duration {
+    let read_timeout = read_timeout.map_or(DEFAULT_READ_TIMEOUT, |d| d.0);
+    if read_timeout.is_zero() {
+        err.add("read_timeout", "must be positive".into());
+    } else if read_timeout > MAX_READ_TIMEOUT {
+        err.add(
+            "read_timeout",
+            "must be at most 60s (a stop waits up to read_timeout + wait for requests in progress)"
+                .into(),
+        );
+    }
+    read_timeout
+}
+
+/// `wait`, defaulted: short enough for a client and a stop to wait for it.
+fn compile_wait(wait: Option<Dur>, err: &mut Problems<'_>) -> Duration {
+    let wait = wait.map_or(DEFAULT_WAIT, |d| d.0);
+    if wait > MAX_WAIT {
+        err.add(
+            "wait",
+            "must be at most 60s (the client waits that long for its answer, and a stop waits for it)"
+                .into(),
+        );
+    }
+    wait
+}
+
+/// `listen`: `None` when unset or empty (ingest off) or not an address. An address other than
+/// loopback without a token is reported unless `allow_remote` accepts it.
+fn compile_listen(
+    listen: Option<String>,
+    has_token: bool,
+    allow_remote: bool,
+    err: &mut Problems<'_>,
+) -> Option<SocketAddr> {
+    let listen = listen.filter(|l| !l.trim().is_empty())?;
+    let listen: SocketAddr = match listen.trim().parse() {
+        Ok(addr) => addr,
+        Err(_) => {
+            err.add(
+                "listen",
+                format!(
+                    "{listen:?} is not an address:port (write e.g. 127.0.0.1:9465 or [::1]:9465; host names are not resolved)"
+                ),
+            );
+            return None;
+        }
+    };
+    if !listen.ip().is_loopback() && !has_token && !allow_remote {
+        err.add(
+            "listen",
+            format!(
+                "{listen} is not a loopback address and there is no token: anyone who can reach it could append records; set ingest.token, or ingest.allow_remote: true to accept that"
+            ),
+        );
+    }
+    Some(listen)
 }
 
 #[cfg(test)]

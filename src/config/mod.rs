@@ -548,89 +548,25 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
         );
         return None;
     };
-    let tasks_value = map.remove("tasks");
-    let streams_value = map.remove("streams");
-    let sinks_value = map.remove("sinks");
-    let sources_value = map.remove("sources");
-    let entries = |v: &Option<Value>| match v {
-        Some(Value::Object(m)) => m.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
-        _ => BTreeMap::new(),
-    };
-    let mut fingerprint = Fingerprint {
-        top: map
-            .iter()
-            .map(|(k, v)| (k.clone(), v.to_string()))
-            .collect(),
-        tasks: BTreeMap::new(),
-        sinks: entries(&sinks_value),
-        streams: entries(&streams_value),
-        sources: entries(&sources_value),
-    };
-    if let Some(Value::Array(items)) = &tasks_value {
-        for v in items {
-            if let Some(name) = v.get("name").and_then(Value::as_str) {
-                fingerprint.tasks.insert(name.to_string(), v.to_string());
-            }
-        }
-    }
+    let sections = Sections::take(&mut map);
+    let fingerprint = fingerprint(&map, &sections);
     // Each top-level key on its own first, so one bad setting neither hides another nor stops the
     // tasks from being checked; bad keys are left out and their defaults stand in.
     let spec: FileSpec = de_all(Value::Object(map), problems)?;
-    if spec.data_dir.trim().is_empty() {
-        problems.add("data_dir", "must not be empty".into());
-    }
-    if spec.workers == 0 {
-        problems.add("workers", "must be at least 1".into());
-    }
-    let grace = spec.shutdown_grace.0;
-    if grace.is_zero() {
-        problems.add("shutdown_grace", "must be positive".into());
-    }
+    let grace = check_top_level(&spec, problems);
 
     let log_file = compile_log(&spec.log, base, problems);
 
     let storage = storage::compile(&spec.storage, problems);
-    // Every name the file declares, compiled or not: an entry with a problem of its own is still
-    // known to the entries that refer to it, which must not add a false "not defined".
-    let declared = |v: &Option<Value>| match v {
-        Some(Value::Object(m)) => m.keys().cloned().collect(),
-        _ => Vec::<String>::new(),
-    };
-    let (declared_sinks, declared_streams) = (declared(&sinks_value), declared(&streams_value));
+    let declared_sinks = declared_names(sections.sinks.as_ref());
+    let declared_streams = declared_names(sections.streams.as_ref());
     // Before the entries: MQTT client ids are made unique per store from it.
     let data_dir = base.join(&spec.data_dir);
-    let sinks: Vec<Arc<SinkConfig>> =
-        each_entry(sinks_value, "sinks", "sink", problems, |n, v, p| {
-            compile_sink(n, v, base, &data_dir, p).map(Arc::new)
-        });
-    let sink_names: Vec<&str> = declared_sinks.iter().map(String::as_str).collect();
-    let mut streams: Vec<StreamConfig> =
-        each_entry(streams_value, "streams", "stream", problems, |n, v, p| {
-            compile_stream(n, v, &sink_names, p)
-        });
-    // `compression: auto` stores every job compressed when the sink sends the stored frame as its
-    // zstd body: the sink would compress it anyway.
-    for st in &mut streams {
-        if st.compression == AtRest::Waiting
-            && sinks
-                .iter()
-                .any(|k| Some(&k.name) == st.sink.as_ref() && k.sends_zstd_lines())
-        {
-            st.compression = AtRest::Always;
-        }
-    }
+    let sinks = compile_sinks(sections.sinks, base, &data_dir, problems);
+    let streams = compile_streams(sections.streams, &declared_sinks, &sinks, problems);
     let stream_names: Vec<&str> = declared_streams.iter().map(String::as_str).collect();
-    let stream_formats: Vec<(&str, RecordFormat)> = stream_names
-        .iter()
-        .map(|&s| (s, stream_format(&streams, &sinks, s)))
-        .collect();
-    let sources: Vec<crate::source::Source> =
-        each_entry(sources_value, "sources", "source", problems, |n, v, p| {
-            sources::compile_entry(&n, v, base, &data_dir, &stream_names, p)
-        });
-    let ingest = spec
-        .ingest
-        .and_then(|i| ingest::compile(i, &stream_formats, base, &mut problems.under("ingest")));
+    let sources = compile_sources(sections.sources, base, &data_dir, &stream_names, problems);
+    let ingest = compile_ingest(spec.ingest, &stream_names, &streams, &sinks, base, problems);
     check_source_streams(&sources, &streams, &sinks, problems);
     let admin = admin::compile_admin(spec.admin, base, problems);
 
@@ -643,7 +579,7 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
         sinks: &sinks,
         storage,
     };
-    let tasks = compile_tasks(tasks_value, &ctx, problems);
+    let tasks = compile_tasks(sections.tasks, &ctx, problems);
 
     Some(Config {
         source: source.to_path_buf(),
@@ -664,6 +600,147 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
         sha256: String::new(),
         warnings: Vec::new(),
     })
+}
+
+/// The top-level keys compiled entry by entry (each entry's problems under its own path) instead
+/// of being deserialized with the rest of the file.
+struct Sections {
+    tasks: Option<Value>,
+    streams: Option<Value>,
+    sinks: Option<Value>,
+    sources: Option<Value>,
+}
+
+impl Sections {
+    /// Takes the sections off the file's top level; what is left are its single settings.
+    fn take(map: &mut serde_json::Map<String, Value>) -> Self {
+        Self {
+            tasks: map.remove("tasks"),
+            streams: map.remove("streams"),
+            sinks: map.remove("sinks"),
+            sources: map.remove("sources"),
+        }
+    }
+}
+
+/// What a reload compares: each top-level setting of `top` and each entry of the sections, as
+/// written (after expansion); tasks by their name.
+fn fingerprint(top: &serde_json::Map<String, Value>, sections: &Sections) -> Fingerprint {
+    let entries = |v: &Option<Value>| match v {
+        Some(Value::Object(m)) => m.iter().map(|(k, v)| (k.clone(), v.to_string())).collect(),
+        _ => BTreeMap::new(),
+    };
+    let mut tasks = BTreeMap::new();
+    if let Some(Value::Array(items)) = &sections.tasks {
+        for v in items {
+            if let Some(name) = v.get("name").and_then(Value::as_str) {
+                tasks.insert(name.to_string(), v.to_string());
+            }
+        }
+    }
+    Fingerprint {
+        top: top
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect(),
+        tasks,
+        sinks: entries(&sections.sinks),
+        streams: entries(&sections.streams),
+        sources: entries(&sections.sources),
+    }
+}
+
+/// The checks of `data_dir`, `workers` and `shutdown_grace`; returns the grace.
+fn check_top_level(spec: &FileSpec, problems: &mut Problems<'_>) -> Duration {
+    if spec.data_dir.trim().is_empty() {
+        problems.add("data_dir", "must not be empty".into());
+    }
+    if spec.workers == 0 {
+        problems.add("workers", "must be at least 1".into());
+    }
+    let grace = spec.shutdown_grace.0;
+    if grace.is_zero() {
+        problems.add("shutdown_grace", "must be positive".into());
+    }
+    grace
+}
+
+/// Every name a section declares, compiled or not: an entry with a problem of its own is still
+/// known to the entries that refer to it, which must not add a false "not defined".
+fn declared_names(section: Option<&Value>) -> Vec<String> {
+    match section {
+        Some(Value::Object(m)) => m.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The `sinks:` map, each entry compiled by [`compile_sink`].
+fn compile_sinks(
+    value: Option<Value>,
+    base: &Path,
+    data_dir: &Path,
+    problems: &mut Problems<'_>,
+) -> Vec<Arc<SinkConfig>> {
+    each_entry(value, "sinks", "sink", problems, |n, v, p| {
+        compile_sink(n, v, base, data_dir, p).map(Arc::new)
+    })
+}
+
+/// The `streams:` map, each entry compiled by [`compile_stream`] against the declared sink names,
+/// then its `compression: auto` settled by its sink.
+fn compile_streams(
+    value: Option<Value>,
+    declared_sinks: &[String],
+    sinks: &[Arc<SinkConfig>],
+    problems: &mut Problems<'_>,
+) -> Vec<StreamConfig> {
+    let sink_names: Vec<&str> = declared_sinks.iter().map(String::as_str).collect();
+    let mut streams: Vec<StreamConfig> =
+        each_entry(value, "streams", "stream", problems, |n, v, p| {
+            compile_stream(n, v, &sink_names, p)
+        });
+    // `compression: auto` stores every job compressed when the sink sends the stored frame as its
+    // zstd body: the sink would compress it anyway.
+    for st in &mut streams {
+        if st.compression == AtRest::Waiting
+            && sinks
+                .iter()
+                .any(|k| Some(&k.name) == st.sink.as_ref() && k.sends_zstd_lines())
+        {
+            st.compression = AtRest::Always;
+        }
+    }
+    streams
+}
+
+/// The `sources:` map, each entry compiled by [`sources::compile_entry`] against the declared
+/// stream names.
+fn compile_sources(
+    value: Option<Value>,
+    base: &Path,
+    data_dir: &Path,
+    stream_names: &[&str],
+    problems: &mut Problems<'_>,
+) -> Vec<crate::source::Source> {
+    each_entry(value, "sources", "source", problems, |n, v, p| {
+        sources::compile_entry(&n, v, base, data_dir, stream_names, p)
+    })
+}
+
+/// The `ingest:` section, with the record format each declared stream is delivered in.
+fn compile_ingest(
+    spec: Option<ingest::IngestSpec>,
+    stream_names: &[&str],
+    streams: &[StreamConfig],
+    sinks: &[Arc<SinkConfig>],
+    base: &Path,
+    problems: &mut Problems<'_>,
+) -> Option<crate::source::ingest::IngestConfig> {
+    let stream_formats: Vec<(&str, RecordFormat)> = stream_names
+        .iter()
+        .map(|&s| (s, stream_format(streams, sinks, s)))
+        .collect();
+    spec.and_then(|i| ingest::compile(i, &stream_formats, base, &mut problems.under("ingest")))
 }
 
 /// Each entry of a top-level map (`sinks`, `streams`, `sources`) compiled by `f` (name, value,

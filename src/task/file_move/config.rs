@@ -3,11 +3,12 @@
 //! destination means, and with `to_stream` the spool and its bounds. It moves nothing. Called
 //! through the tasks' list (`task::compile_kind`) for `type: file_move`.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{FileMove, OnConflict};
+use super::{FileMove, OnConflict, Ship};
 #[cfg(feature = "schema")]
 use crate::shape::units::u32_schema;
 use crate::shape::units::{self, Dur};
@@ -84,126 +85,21 @@ fn compile_file_move(
     ctx: &Compile<'_>,
     err: &mut Problems<'_>,
 ) -> Option<FileMove> {
-    let base = ctx.base;
     let mut ok = true;
-    let dir = |field: &str, text: &str, err: &mut Problems<'_>| {
-        if text.is_empty() {
-            err.add(field, "must name a directory".into());
-            return None;
-        }
-        let path = base.join(text);
-        match std::fs::metadata(&path) {
-            Err(e) => {
-                err.add(field, format!("{}: {}", path.display(), io_reason(&e)));
-                None
-            }
-            Ok(m) if !m.is_dir() => {
-                err.add(field, format!("{} is not a directory", path.display()));
-                None
-            }
-            Ok(_) => Some(path),
-        }
-    };
-    let from = dir("from", &spec.from, err);
-    let (to, ship) = match (&spec.to, &spec.to_stream) {
-        (Some(_), Some(_)) => {
-            err.add("to_stream", "is instead of to; set one of them".into());
-            (None, None)
-        }
-        (None, None) => {
-            err.add(
-                "",
-                "needs to (a directory) or to_stream (a stream to ship the files through)".into(),
-            );
-            (None, None)
-        }
-        (Some(to), None) => {
-            if spec.archive.is_some() {
-                err.add("archive", "only applies to to_stream".into());
-                ok = false;
-            }
-            (dir("to", to, err), None)
-        }
-        (None, Some(stream)) => {
-            if spec.on_conflict.is_some() {
-                err.add(
-                    "on_conflict",
-                    "only applies to to; spooled files get unique names".into(),
-                );
-                ok = false;
-            }
-            let max_bytes = match ctx.stream(stream) {
-                Ok(s) => s.max_bytes.min(ctx.storage.max_bytes),
-                Err(m) => {
-                    if let Some(m) = m {
-                        err.add("to_stream", m);
-                    }
-                    ok = false;
-                    0
-                }
-            };
-            let archive = match &spec.archive {
-                None => None,
-                Some(a) => {
-                    let d = dir("archive", a, err);
-                    if d.is_none() {
-                        ok = false;
-                    }
-                    d
-                }
-            };
-            let spool_rel = crate::store::spool::task_dir(task);
-            let spool_dir = ctx.data_dir.join(&spool_rel);
-            let ship = crate::task::file_move::Ship {
-                stream: stream.clone(),
-                spool_dir: spool_dir.clone(),
-                spool_rel,
-                archive,
-                min_free: ctx.storage.min_free,
-                max_bytes,
-                recovered: Default::default(),
-            };
-            (Some(spool_dir), Some(ship))
-        }
-    };
+    let from = existing_dir(ctx.base, "from", &spec.from, err);
+    let (to, ship) = compile_destination(&spec, task, ctx, err, &mut ok);
     if let (Some(f), Some(t)) = (&from, &to)
         && ship.is_none()
+        && same_dir(f, t)
     {
-        let same = match (std::fs::canonicalize(f), std::fs::canonicalize(t)) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => f == t,
-        };
-        if same {
-            err.add(
-                "to",
-                format!("{} is the same directory as from", t.display()),
-            );
-            ok = false;
-        }
+        err.add(
+            "to",
+            format!("{} is the same directory as from", t.display()),
+        );
+        ok = false;
     }
-    let mut globs = |field: &str, list: &[String], err: &mut Problems<'_>| {
-        let mut out = Vec::with_capacity(list.len());
-        for (i, g) in list.iter().enumerate() {
-            if g.is_empty() || g.contains('/') {
-                err.add(
-                    &format!("{field}[{i}]"),
-                    format!("{g:?} must be a non-empty glob on the file name, without /"),
-                );
-                ok = false;
-                continue;
-            }
-            match glob::Pattern::new(g) {
-                Ok(p) => out.push(p),
-                Err(e) => {
-                    err.add(&format!("{field}[{i}]"), format!("{g:?}: {e}"));
-                    ok = false;
-                }
-            }
-        }
-        out
-    };
-    let pattern = globs("pattern", &spec.pattern, err);
-    let exclude = globs("exclude", &spec.exclude, err);
+    let pattern = file_globs("pattern", &spec.pattern, err, &mut ok);
+    let exclude = file_globs("exclude", &spec.exclude, err, &mut ok);
     if spec.pattern.is_empty() {
         err.add(
             "pattern",
@@ -240,4 +136,142 @@ fn compile_file_move(
         on_conflict,
         max_files: max_files as usize,
     })
+}
+
+/// Directory setting `field` read from the config file's directory `base`; it must exist.
+fn existing_dir(base: &Path, field: &str, text: &str, err: &mut Problems<'_>) -> Option<PathBuf> {
+    if text.is_empty() {
+        err.add(field, "must name a directory".into());
+        return None;
+    }
+    let path = base.join(text);
+    match std::fs::metadata(&path) {
+        Err(e) => {
+            err.add(field, format!("{}: {}", path.display(), io_reason(&e)));
+            None
+        }
+        Ok(m) if !m.is_dir() => {
+            err.add(field, format!("{} is not a directory", path.display()));
+            None
+        }
+        Ok(_) => Some(path),
+    }
+}
+
+/// Where the files go: the directory `to`, or with `to_stream` the task's spool and how its
+/// files ship; exactly one of the two, each with only the settings that apply to it.
+fn compile_destination(
+    spec: &FileMoveSpec,
+    task: &str,
+    ctx: &Compile<'_>,
+    err: &mut Problems<'_>,
+    ok: &mut bool,
+) -> (Option<PathBuf>, Option<Ship>) {
+    match (&spec.to, &spec.to_stream) {
+        (Some(_), Some(_)) => {
+            err.add("to_stream", "is instead of to; set one of them".into());
+            (None, None)
+        }
+        (None, None) => {
+            err.add(
+                "",
+                "needs to (a directory) or to_stream (a stream to ship the files through)".into(),
+            );
+            (None, None)
+        }
+        (Some(to), None) => {
+            if spec.archive.is_some() {
+                err.add("archive", "only applies to to_stream".into());
+                *ok = false;
+            }
+            (existing_dir(ctx.base, "to", to, err), None)
+        }
+        (None, Some(stream)) => {
+            if spec.on_conflict.is_some() {
+                err.add(
+                    "on_conflict",
+                    "only applies to to; spooled files get unique names".into(),
+                );
+                *ok = false;
+            }
+            let ship = compile_ship(stream, spec.archive.as_deref(), task, ctx, err, ok);
+            (Some(ship.spool_dir.clone()), Some(ship))
+        }
+    }
+}
+
+/// How a `to_stream` task ships: its spool under the data directory, its `archive`, and the
+/// byte bound of its stream and the store.
+fn compile_ship(
+    stream: &str,
+    archive: Option<&str>,
+    task: &str,
+    ctx: &Compile<'_>,
+    err: &mut Problems<'_>,
+    ok: &mut bool,
+) -> Ship {
+    let max_bytes = match ctx.stream(stream) {
+        Ok(s) => s.max_bytes.min(ctx.storage.max_bytes),
+        Err(m) => {
+            if let Some(m) = m {
+                err.add("to_stream", m);
+            }
+            *ok = false;
+            0
+        }
+    };
+    let archive = archive.and_then(|a| {
+        let d = existing_dir(ctx.base, "archive", a, err);
+        if d.is_none() {
+            *ok = false;
+        }
+        d
+    });
+    let spool_rel = crate::store::spool::task_dir(task);
+    Ship {
+        stream: stream.to_string(),
+        spool_dir: ctx.data_dir.join(&spool_rel),
+        spool_rel,
+        archive,
+        min_free: ctx.storage.min_free,
+        max_bytes,
+        recovered: Default::default(),
+    }
+}
+
+/// Whether `from` and `to` are one directory: compared resolved when both resolve, as written
+/// otherwise.
+fn same_dir(from: &Path, to: &Path) -> bool {
+    match (std::fs::canonicalize(from), std::fs::canonicalize(to)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => from == to,
+    }
+}
+
+/// `list`, globs on a file name (no `/`), compiled; each bad one is reported as `field[i]`.
+fn file_globs(
+    field: &str,
+    list: &[String],
+    err: &mut Problems<'_>,
+    ok: &mut bool,
+) -> Vec<glob::Pattern> {
+    let mut out = Vec::with_capacity(list.len());
+    for (i, g) in list.iter().enumerate() {
+        if g.is_empty() || g.contains('/') {
+            err.add(
+                &format!("{field}[{i}]"),
+                format!("{g:?} must be a non-empty glob on the file name, without /"),
+            );
+            *ok = false;
+            continue;
+        }
+        match glob::Pattern::new(g) {
+            Ok(p) => out.push(p),
+            Err(e) => {
+                err.add(&format!("{field}[{i}]"), format!("{g:?}: {e}"));
+                *ok = false;
+            }
+        }
+    }
+    out
 }

@@ -126,7 +126,9 @@ pub enum OrderSpec {
 }
 
 mod compile {
-    use super::{ModbusSpec, OrderSpec, PointType, RegisterSpec, device_address};
+    use std::collections::BTreeMap;
+
+    use super::{ModbusSpec, OrderSpec, PointSpec, PointType, RegisterSpec, device_address};
     use crate::record::RecordFormat;
     use crate::scrape::lineproto::{Precision, check_measurement};
     use crate::shape::Problems;
@@ -150,7 +152,6 @@ mod compile {
     ) -> Option<Modbus> {
         // Every check reports and goes on; any problem leaves the task out.
         let before = err.count();
-        let mut stream_broken = false;
         let address = match device_address(&spec.address) {
             Ok(a) => a,
             Err(m) => {
@@ -163,175 +164,25 @@ mod compile {
             err.add("unit", format!("must be 0 to 255, not {unit}"));
             0
         });
-        let output = match ctx.stream(&spec.stream) {
-            Err(m) => {
-                // `None`: the stream has problems of its own, already reported.
-                stream_broken = true;
-                if let Some(m) = m {
-                    err.add("stream", m);
-                }
-                Output::Json
-            }
-            Ok(_) => match ctx.format(&spec.stream) {
-                RecordFormat::LineProtocol(p) => Output::LineProtocol(p),
-                RecordFormat::Json => Output::Json,
-                // A sink that takes any line (file, stdout, none): line protocol in ns.
-                RecordFormat::Lines => Output::LineProtocol(Precision::Ns),
-            },
-        };
+        let output = compile_output(&spec.stream, ctx, err);
         let measurement = spec.measurement.unwrap_or_else(|| task.to_string());
         if let Err(m) = check_measurement(&measurement) {
             err.add("measurement", m);
         }
-        for (k, v) in &spec.tags {
-            if k.is_empty() || v.is_empty() {
-                err.add(
-                    &format!("tags.{k}"),
-                    "keys and values must not be empty".into(),
-                );
-            }
-        }
-        let limit = |field: &str, v: Option<u32>, max: u32, err: &mut Problems<'_>| -> u16 {
-            let v = v.unwrap_or(max);
-            if (1..=max).contains(&v) {
-                u16::try_from(v).expect("at most 2000")
-            } else {
-                err.add(field, format!("must be 1 to {max}, not {v}"));
-                1
-            }
-        };
-        let limits = Limits {
-            registers: limit("max_registers", spec.max_registers, 125, err),
-            bits: limit("max_bits", spec.max_bits, 2000, err),
-            max_gap: u16::try_from(spec.max_gap.unwrap_or(0).min(65_535)).expect("clamped"),
-        };
+        check_tags(&spec.tags, err);
+        let limits = compile_limits(spec.max_registers, spec.max_bits, spec.max_gap, err);
         if spec.points.is_empty() {
             err.add("points", "must name at least one point".into());
         }
         let mut points = Vec::with_capacity(spec.points.len());
         for (i, p) in spec.points.into_iter().enumerate() {
-            let at = |f: &str| format!("points[{i}].{f}");
-            if p.name.is_empty() {
-                err.add(&at("name"), "must not be empty".into());
-            } else if points.iter().any(|q: &Point| q.name == p.name) {
-                err.add(&at("name"), format!("{:?} is named twice", p.name));
-            }
-            let table = match p.register {
-                RegisterSpec::Holding => Table::Holding,
-                RegisterSpec::Input => Table::Input,
-                RegisterSpec::Coil => Table::Coil,
-                RegisterSpec::Discrete => Table::Discrete,
-            };
-            let kind = match (p.kind, table.bits()) {
-                (None, true) | (Some(PointType::Bool), _) => Kind::Bool,
-                (Some(_), true) => {
-                    err.add(&at("type"), "coils and discrete inputs are bool".into());
-                    Kind::Bool
-                }
-                (None | Some(PointType::U16), false) => Kind::U16,
-                (Some(PointType::I16), _) => Kind::I16,
-                (Some(PointType::U32), _) => Kind::U32,
-                (Some(PointType::I32), _) => Kind::I32,
-                (Some(PointType::U64), _) => Kind::U64,
-                (Some(PointType::F32), _) => Kind::F32,
-                (Some(PointType::F64), _) => Kind::F64,
-                (Some(PointType::String), _) => match p.length {
-                    Some(n @ 1..=125) => Kind::Str(u16::try_from(n).expect("at most 125")),
-                    Some(n) => {
-                        err.add(
-                            &at("length"),
-                            format!("must be 1 to 125 registers, not {n}"),
-                        );
-                        Kind::Str(1)
-                    }
-                    None => {
-                        err.add(
-                            &at("length"),
-                            "a string needs its length in registers".into(),
-                        );
-                        Kind::Str(1)
-                    }
-                },
-            };
-            if p.length.is_some() && !matches!(kind, Kind::Str(_)) {
-                err.add(&at("length"), "applies to type: string only".into());
-            }
-            let end = u64::from(p.address) + u64::from(kind.width()) - 1;
-            if end > 65_535 {
-                err.add(
-                    &at("address"),
-                    format!(
-                        "{} and the {} after it pass 65535",
-                        p.address,
-                        kind.width() - 1
-                    ),
-                );
-            }
-            let width_limit = if table.bits() {
-                limits.bits
-            } else {
-                limits.registers
-            };
-            if kind.width() > width_limit {
-                let field = if matches!(kind, Kind::Str(_)) {
-                    "length"
-                } else {
-                    "type"
-                };
-                err.add(
-                    &at(field),
-                    format!(
-                        "{} registers do not fit one request (max_registers {width_limit})",
-                        kind.width()
-                    ),
-                );
-            }
-            let number = !matches!(kind, Kind::Bool | Kind::Str(_));
-            for (set, field) in [(p.scale, "scale"), (p.offset, "offset")] {
-                match set {
-                    Some(_) if !number => err.add(&at(field), "applies to numbers only".into()),
-                    Some(v) if !v.is_finite() => {
-                        err.add(&at(field), "must be a finite number".into());
-                    }
-                    _ => {}
-                }
-            }
-            if p.word_order.is_some() && kind.width() < 2 {
-                err.add(
-                    &at("word_order"),
-                    "applies to values of two registers or more".into(),
-                );
-            }
-            if p.byte_order.is_some() && table.bits() {
-                err.add(&at("byte_order"), "applies to registers only".into());
-            }
-            for (k, v) in &p.tags {
-                if k.is_empty() || v.is_empty() {
-                    err.add(
-                        &at(&format!("tags.{k}")),
-                        "keys and values must not be empty".into(),
-                    );
-                }
-            }
-            let order = |o: Option<OrderSpec>| match o {
-                Some(OrderSpec::Little) => Order::Little,
-                None | Some(OrderSpec::Big) => Order::Big,
-            };
-            points.push(Point {
-                name: p.name,
-                table,
-                address: u16::try_from(p.address).unwrap_or(0),
-                kind,
-                word_order: order(p.word_order),
-                byte_order: order(p.byte_order),
-                scale: p.scale.unwrap_or(1.0),
-                offset: p.offset.unwrap_or(0.0),
-                tags: p.tags.into_iter().collect(),
-            });
+            let point = compile_point(p, limits, &points, &mut err.under(&format!("points[{i}]")));
+            points.push(point);
         }
-        if err.count() > before || stream_broken {
+        if err.count() > before {
             return None;
         }
+        let output = output?;
         let reads = points::plan(&points, limits);
         Some(Modbus {
             address,
@@ -343,6 +194,203 @@ mod compile {
             reads,
             output,
         })
+    }
+
+    /// What the samples are written as: what the stream's sink sends. `None` when the stream is
+    /// not usable (not defined, reported here, or with problems of its own, already reported).
+    fn compile_output(stream: &str, ctx: &Compile<'_>, err: &mut Problems<'_>) -> Option<Output> {
+        match ctx.stream(stream) {
+            Err(m) => {
+                if let Some(m) = m {
+                    err.add("stream", m);
+                }
+                None
+            }
+            Ok(_) => Some(match ctx.format(stream) {
+                RecordFormat::LineProtocol(p) => Output::LineProtocol(p),
+                RecordFormat::Json => Output::Json,
+                // A sink that takes any line (file, stdout, none): line protocol in ns.
+                RecordFormat::Lines => Output::LineProtocol(Precision::Ns),
+            }),
+        }
+    }
+
+    /// Tags (the task's or a point's): neither a key nor a value may be empty.
+    fn check_tags(tags: &BTreeMap<String, String>, err: &mut Problems<'_>) {
+        for (k, v) in tags {
+            if k.is_empty() || v.is_empty() {
+                err.add(
+                    &format!("tags.{k}"),
+                    "keys and values must not be empty".into(),
+                );
+            }
+        }
+    }
+
+    /// What one request may read: `max_registers`, `max_bits` (each at most the protocol's
+    /// limit) and `max_gap`.
+    fn compile_limits(
+        max_registers: Option<u32>,
+        max_bits: Option<u32>,
+        max_gap: Option<u32>,
+        err: &mut Problems<'_>,
+    ) -> Limits {
+        let limit = |field: &str, v: Option<u32>, max: u32, err: &mut Problems<'_>| -> u16 {
+            let v = v.unwrap_or(max);
+            if (1..=max).contains(&v) {
+                u16::try_from(v).expect("at most 2000")
+            } else {
+                err.add(field, format!("must be 1 to {max}, not {v}"));
+                1
+            }
+        };
+        Limits {
+            registers: limit("max_registers", max_registers, 125, err),
+            bits: limit("max_bits", max_bits, 2000, err),
+            max_gap: u16::try_from(max_gap.unwrap_or(0).min(65_535)).expect("clamped"),
+        }
+    }
+
+    /// One point, its problems under `err` (`points[i]`); `taken`: the points before it, whose
+    /// names it may not reuse.
+    fn compile_point(
+        p: PointSpec,
+        limits: Limits,
+        taken: &[Point],
+        err: &mut Problems<'_>,
+    ) -> Point {
+        if p.name.is_empty() {
+            err.add("name", "must not be empty".into());
+        } else if taken.iter().any(|q| q.name == p.name) {
+            err.add("name", format!("{:?} is named twice", p.name));
+        }
+        let table = match p.register {
+            RegisterSpec::Holding => Table::Holding,
+            RegisterSpec::Input => Table::Input,
+            RegisterSpec::Coil => Table::Coil,
+            RegisterSpec::Discrete => Table::Discrete,
+        };
+        let kind = point_kind(p.kind, p.length, table, err);
+        if p.length.is_some() && !matches!(kind, Kind::Str(_)) {
+            err.add("length", "applies to type: string only".into());
+        }
+        check_point_span(p.address, kind, table, limits, err);
+        check_point_encoding(&p, kind, table, err);
+        check_tags(&p.tags, err);
+        let order = |o: Option<OrderSpec>| match o {
+            Some(OrderSpec::Little) => Order::Little,
+            None | Some(OrderSpec::Big) => Order::Big,
+        };
+        Point {
+            name: p.name,
+            table,
+            address: u16::try_from(p.address).unwrap_or(0),
+            kind,
+            word_order: order(p.word_order),
+            byte_order: order(p.byte_order),
+            scale: p.scale.unwrap_or(1.0),
+            offset: p.offset.unwrap_or(0.0),
+            tags: p.tags.into_iter().collect(),
+        }
+    }
+
+    /// A point's value type: `type` (the table's default when unset; bits are always bool), a
+    /// string with its `length`.
+    fn point_kind(
+        kind: Option<PointType>,
+        length: Option<u32>,
+        table: Table,
+        err: &mut Problems<'_>,
+    ) -> Kind {
+        match (kind, table.bits()) {
+            (None, true) | (Some(PointType::Bool), _) => Kind::Bool,
+            (Some(_), true) => {
+                err.add("type", "coils and discrete inputs are bool".into());
+                Kind::Bool
+            }
+            (None | Some(PointType::U16), false) => Kind::U16,
+            (Some(PointType::I16), _) => Kind::I16,
+            (Some(PointType::U32), _) => Kind::U32,
+            (Some(PointType::I32), _) => Kind::I32,
+            (Some(PointType::U64), _) => Kind::U64,
+            (Some(PointType::F32), _) => Kind::F32,
+            (Some(PointType::F64), _) => Kind::F64,
+            (Some(PointType::String), _) => match length {
+                Some(n @ 1..=125) => Kind::Str(u16::try_from(n).expect("at most 125")),
+                Some(n) => {
+                    err.add("length", format!("must be 1 to 125 registers, not {n}"));
+                    Kind::Str(1)
+                }
+                None => {
+                    err.add("length", "a string needs its length in registers".into());
+                    Kind::Str(1)
+                }
+            },
+        }
+    }
+
+    /// A point's addresses: within the table's 65536, and few enough for one request.
+    fn check_point_span(
+        address: u32,
+        kind: Kind,
+        table: Table,
+        limits: Limits,
+        err: &mut Problems<'_>,
+    ) {
+        let end = u64::from(address) + u64::from(kind.width()) - 1;
+        if end > 65_535 {
+            err.add(
+                "address",
+                format!(
+                    "{} and the {} after it pass 65535",
+                    address,
+                    kind.width() - 1
+                ),
+            );
+        }
+        let width_limit = if table.bits() {
+            limits.bits
+        } else {
+            limits.registers
+        };
+        if kind.width() > width_limit {
+            let field = if matches!(kind, Kind::Str(_)) {
+                "length"
+            } else {
+                "type"
+            };
+            err.add(
+                field,
+                format!(
+                    "{} registers do not fit one request (max_registers {width_limit})",
+                    kind.width()
+                ),
+            );
+        }
+    }
+
+    /// The settings that apply to some values only: `scale` and `offset` (numbers),
+    /// `word_order` (two registers or more), `byte_order` (registers).
+    fn check_point_encoding(p: &PointSpec, kind: Kind, table: Table, err: &mut Problems<'_>) {
+        let number = !matches!(kind, Kind::Bool | Kind::Str(_));
+        for (set, field) in [(p.scale, "scale"), (p.offset, "offset")] {
+            match set {
+                Some(_) if !number => err.add(field, "applies to numbers only".into()),
+                Some(v) if !v.is_finite() => {
+                    err.add(field, "must be a finite number".into());
+                }
+                _ => {}
+            }
+        }
+        if p.word_order.is_some() && kind.width() < 2 {
+            err.add(
+                "word_order",
+                "applies to values of two registers or more".into(),
+            );
+        }
+        if p.byte_order.is_some() && table.bits() {
+            err.add("byte_order", "applies to registers only".into());
+        }
     }
 }
 

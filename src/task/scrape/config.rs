@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::Scrape;
+use super::{Format, Scrape, ScrapeConfig};
 use crate::record::RecordFormat;
+use crate::scrape::json::{JsonMapping, TimeUnit, check_pointer};
+use crate::scrape::lineproto::Precision;
 use crate::shape::Problems;
 use crate::shape::units::Size;
 use crate::shape::url::http as parse_http_url;
@@ -105,9 +107,6 @@ fn compile_scrape(
     ctx: &Compile<'_>,
     err: &mut Problems<'_>,
 ) -> Option<Scrape> {
-    use super::{Format, ScrapeConfig};
-    use crate::scrape::json::{JsonMapping, TimeUnit, check_pointer};
-    use crate::scrape::lineproto::Precision;
     let mut ok = true;
     let url = match parse_http_url(&spec.url) {
         Ok(u) => Some(u),
@@ -116,39 +115,10 @@ fn compile_scrape(
             None
         }
     };
-    // The precision of the stream's sink, so timestamps mean what the write URL says.
-    let precision = match ctx.stream(&spec.stream) {
-        Err(m) => {
-            if let Some(m) = m {
-                err.add("stream", m);
-            }
-            ok = false;
-            Precision::Ns
-        }
-        // What the sink says its records are (an influx_line http sink's precision; ms for
-        // prometheus_remote_write).
-        Ok(_) => match ctx.format(&spec.stream) {
-            RecordFormat::LineProtocol(p) => p,
-            _ => Precision::Ns,
-        },
-    };
+    let precision = scrape_precision(&spec.stream, ctx, err, &mut ok);
     let measurement = spec.measurement.unwrap_or_else(|| task.to_string());
     let line_protocol = !matches!(spec.format, ScrapeFormatSpec::Raw);
-    // What the scrape writes must be what the stream's sink sends.
-    let carries = ctx.format(&spec.stream);
-    let refused = match (line_protocol, carries) {
-        (false, RecordFormat::LineProtocol(_)) => Some(
-            "format: raw writes JSON records, but the stream's sink sends influx line protocol (encoding: influx_line): use format: prometheus or json, or a stream with a JSON sink",
-        ),
-        (true, RecordFormat::Json) => Some(
-            "this format writes influx line protocol, but the stream's sink sends JSON (encoding: ndjson or json_array): use format: raw, or a stream whose sink has encoding: influx_line",
-        ),
-        _ => None,
-    };
-    if let Some(why) = refused {
-        err.add("stream", format!("{:?}: {why}", spec.stream));
-        ok = false;
-    }
+    ok &= check_scrape_stream(&spec.stream, line_protocol, ctx, err);
     if line_protocol && let Err(m) = crate::scrape::lineproto::check_measurement(&measurement) {
         err.add("measurement", m);
         ok = false;
@@ -160,82 +130,13 @@ fn compile_scrape(
         );
         ok = false;
     }
-    let mut headers = Vec::with_capacity(spec.headers.len());
-    for (k, v) in spec.headers {
-        if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
-            err.add(&format!("headers.{k}"), "is not a valid header name".into());
-            ok = false;
-        } else if reqwest::header::HeaderValue::from_str(&v).is_err() {
-            err.add(
-                &format!("headers.{k}"),
-                "the value has characters a header cannot carry (control characters or non-ASCII)"
-                    .into(),
-            );
-            ok = false;
-        }
-        headers.push((k, v));
-    }
+    let headers = compile_headers(spec.headers, err, &mut ok);
     let max_body = spec.max_body.map_or(DEFAULT_SCRAPE_MAX_BODY, |s| s.0);
     if max_body == 0 {
         err.add("max_body", "must be positive".into());
         ok = false;
     }
-    let format = match (spec.format, spec.json) {
-        (ScrapeFormatSpec::Json, j) => {
-            let j = j.unwrap_or_default();
-            let mut pointer = |field: &str, p: &str| {
-                if let Err(m) = check_pointer(p) {
-                    err.add(field, format!("{p:?}: {m}"));
-                    ok = false;
-                }
-            };
-            if let Some(r) = &j.records {
-                pointer("json.records", r);
-            }
-            for (name, p) in &j.fields {
-                pointer(&format!("json.fields.{name}"), p);
-            }
-            for (name, p) in &j.tags {
-                pointer(&format!("json.tags.{name}"), p);
-            }
-            if let Some(t) = &j.time {
-                pointer("json.time", t);
-            }
-            if j.time.is_none() && j.time_unit.is_some() {
-                err.add("json.time_unit", "only applies with json.time".into());
-                ok = false;
-            }
-            let unit = match j.time_unit.unwrap_or(TimeUnitSpec::Ms) {
-                TimeUnitSpec::S => TimeUnit::S,
-                TimeUnitSpec::Ms => TimeUnit::Ms,
-                TimeUnitSpec::Ns => TimeUnit::Ns,
-                TimeUnitSpec::Rfc3339 => TimeUnit::Rfc3339,
-            };
-            Format::Json(JsonMapping {
-                records: j.records,
-                measurement: measurement.clone(),
-                fields: j.fields.into_iter().collect(),
-                tags: j.tags.into_iter().collect(),
-                time: j.time.map(|t| (t, unit)),
-            })
-        }
-        (f, Some(_)) => {
-            err.add(
-                "json",
-                format!(
-                    "only applies to format: json (this task is format: {})",
-                    match f {
-                        ScrapeFormatSpec::Prometheus => "prometheus",
-                        _ => "raw",
-                    }
-                ),
-            );
-            ok = false;
-            Format::Raw
-        }
-        (ScrapeFormatSpec::Prometheus, None) => Format::Prometheus,
-        (ScrapeFormatSpec::Raw, None) => Format::Raw,
-    };
+    let format = compile_scrape_format(spec.format, spec.json, &measurement, err, &mut ok);
     let url = url?;
     ok.then(|| {
         Scrape::new(ScrapeConfig {
@@ -249,4 +150,155 @@ fn compile_scrape(
             max_body,
         })
     })
+}
+
+/// The precision of the stream's sink, so timestamps mean what the write URL says.
+fn scrape_precision(
+    stream: &str,
+    ctx: &Compile<'_>,
+    err: &mut Problems<'_>,
+    ok: &mut bool,
+) -> Precision {
+    match ctx.stream(stream) {
+        Err(m) => {
+            if let Some(m) = m {
+                err.add("stream", m);
+            }
+            *ok = false;
+            Precision::Ns
+        }
+        // What the sink says its records are (an influx_line http sink's precision; ms for
+        // prometheus_remote_write).
+        Ok(_) => match ctx.format(stream) {
+            RecordFormat::LineProtocol(p) => p,
+            _ => Precision::Ns,
+        },
+    }
+}
+
+/// Whether what the scrape writes (line protocol or not) is what the stream's sink sends; when
+/// not, that is reported.
+fn check_scrape_stream(
+    stream: &str,
+    line_protocol: bool,
+    ctx: &Compile<'_>,
+    err: &mut Problems<'_>,
+) -> bool {
+    let carries = ctx.format(stream);
+    let refused = match (line_protocol, carries) {
+        (false, RecordFormat::LineProtocol(_)) => Some(
+            "format: raw writes JSON records, but the stream's sink sends influx line protocol (encoding: influx_line): use format: prometheus or json, or a stream with a JSON sink",
+        ),
+        (true, RecordFormat::Json) => Some(
+            "this format writes influx line protocol, but the stream's sink sends JSON (encoding: ndjson or json_array): use format: raw, or a stream whose sink has encoding: influx_line",
+        ),
+        _ => None,
+    };
+    if let Some(why) = refused {
+        err.add("stream", format!("{stream:?}: {why}"));
+        return false;
+    }
+    true
+}
+
+/// `headers`, each name and value one an HTTP header can carry.
+fn compile_headers(
+    headers: BTreeMap<String, String>,
+    err: &mut Problems<'_>,
+    ok: &mut bool,
+) -> Vec<(String, String)> {
+    let mut out = Vec::with_capacity(headers.len());
+    for (k, v) in headers {
+        if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
+            err.add(&format!("headers.{k}"), "is not a valid header name".into());
+            *ok = false;
+        } else if reqwest::header::HeaderValue::from_str(&v).is_err() {
+            err.add(
+                &format!("headers.{k}"),
+                "the value has characters a header cannot carry (control characters or non-ASCII)"
+                    .into(),
+            );
+            *ok = false;
+        }
+        out.push((k, v));
+    }
+    out
+}
+
+/// How the answer becomes records: `format`, with `json` only for `format: json`.
+fn compile_scrape_format(
+    format: ScrapeFormatSpec,
+    json: Option<JsonMappingSpec>,
+    measurement: &str,
+    err: &mut Problems<'_>,
+    ok: &mut bool,
+) -> Format {
+    match (format, json) {
+        (ScrapeFormatSpec::Json, j) => Format::Json(compile_json_mapping(
+            j.unwrap_or_default(),
+            measurement,
+            err,
+            ok,
+        )),
+        (f, Some(_)) => {
+            err.add(
+                "json",
+                format!(
+                    "only applies to format: json (this task is format: {})",
+                    match f {
+                        ScrapeFormatSpec::Prometheus => "prometheus",
+                        _ => "raw",
+                    }
+                ),
+            );
+            *ok = false;
+            Format::Raw
+        }
+        (ScrapeFormatSpec::Prometheus, None) => Format::Prometheus,
+        (ScrapeFormatSpec::Raw, None) => Format::Raw,
+    }
+}
+
+/// `json:`: every pointer checked, `time_unit` only with `time`.
+fn compile_json_mapping(
+    j: JsonMappingSpec,
+    measurement: &str,
+    err: &mut Problems<'_>,
+    ok: &mut bool,
+) -> JsonMapping {
+    let mut pointer = |field: &str, p: &str| {
+        if let Err(m) = check_pointer(p) {
+            err.add(field, format!("{p:?}: {m}"));
+            *ok = false;
+        }
+    };
+    if let Some(r) = &j.records {
+        pointer("json.records", r);
+    }
+    for (name, p) in &j.fields {
+        pointer(&format!("json.fields.{name}"), p);
+    }
+    for (name, p) in &j.tags {
+        pointer(&format!("json.tags.{name}"), p);
+    }
+    if let Some(t) = &j.time {
+        pointer("json.time", t);
+    }
+    if j.time.is_none() && j.time_unit.is_some() {
+        err.add("json.time_unit", "only applies with json.time".into());
+        *ok = false;
+    }
+    let unit = match j.time_unit.unwrap_or(TimeUnitSpec::Ms) {
+        TimeUnitSpec::S => TimeUnit::S,
+        TimeUnitSpec::Ms => TimeUnit::Ms,
+        TimeUnitSpec::Ns => TimeUnit::Ns,
+        TimeUnitSpec::Rfc3339 => TimeUnit::Rfc3339,
+    };
+    JsonMapping {
+        records: j.records,
+        measurement: measurement.to_string(),
+        fields: j.fields.into_iter().collect(),
+        tags: j.tags.into_iter().collect(),
+        time: j.time.map(|t| (t, unit)),
+    }
 }
