@@ -243,18 +243,7 @@ fn scan_tags<'a>(
     out: &mut impl FnMut(Part<'a>),
 ) -> Result<usize, LineError> {
     while line.get(i) == Some(&b',') {
-        let start = i + 1;
-        let key_end = element_end(line, start, b"=, ")?;
-        let key = &line[start..key_end];
-        if line.get(key_end) != Some(&b'=') {
-            return fail(
-                key_end,
-                format!("tag {:?} has no value (tags are key=value)", shown(key)),
-            );
-        }
-        if key.is_empty() {
-            return fail(start, "a tag without a key");
-        }
+        let (key, key_end) = key_at(line, i + 1, "tag")?;
         let value_end = element_end(line, key_end + 1, b"=, ")?;
         let value = &line[key_end + 1..value_end];
         if line.get(value_end) == Some(&b'=') {
@@ -311,17 +300,7 @@ fn scan_fields<'a>(
 /// One field `key=value` from `start`: its key, its value, and where the value ends.
 #[inline]
 fn field(line: &[u8], start: usize) -> Result<(&[u8], Raw<'_>, usize), LineError> {
-    let key_end = element_end(line, start, b"=, ")?;
-    let key = &line[start..key_end];
-    if line.get(key_end) != Some(&b'=') {
-        return fail(
-            key_end,
-            format!("field {:?} has no value (fields are key=value)", shown(key)),
-        );
-    }
-    if key.is_empty() {
-        return fail(start, "a field without a key");
-    }
+    let (key, key_end) = key_at(line, start, "field")?;
     let vstart = key_end + 1;
     if line.get(vstart) == Some(&b'"') {
         let close = string_end(line, vstart, key)?;
@@ -329,6 +308,27 @@ fn field(line: &[u8], start: usize) -> Result<(&[u8], Raw<'_>, usize), LineError
     }
     let vend = element_end(line, vstart, b", ")?;
     Ok((key, field_value(key, &line[vstart..vend], vstart)?, vend))
+}
+
+/// The key of a `kind` (tag or field) from `start`, and where its `=` is: it must have one, and
+/// not be empty.
+#[inline]
+fn key_at<'a>(line: &'a [u8], start: usize, kind: &str) -> Result<(&'a [u8], usize), LineError> {
+    let key_end = element_end(line, start, b"=, ")?;
+    let key = &line[start..key_end];
+    if line.get(key_end) != Some(&b'=') {
+        return fail(
+            key_end,
+            format!(
+                "{kind} {:?} has no value ({kind}s are key=value)",
+                shown(key)
+            ),
+        );
+    }
+    if key.is_empty() {
+        return fail(start, format!("a {kind} without a key"));
+    }
+    Ok((key, key_end))
 }
 
 /// The closing quote of the string value of field `key` that opens at `open`.
