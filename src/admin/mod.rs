@@ -131,11 +131,17 @@ fn query_u64(query: &str, name: &str) -> Result<Option<u64>, String> {
 }
 
 fn json(status: StatusCode, body: String) -> Reply {
-    let mut r = text(status, body);
-    r.headers_mut().insert(
+    with_header(
+        text(status, body),
         hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
+        "application/json",
+    )
+}
+
+/// `r` with the header `name: value` (in place of one of that name).
+fn with_header(mut r: Reply, name: hyper::header::HeaderName, value: &'static str) -> Reply {
+    r.headers_mut()
+        .insert(name, hyper::header::HeaderValue::from_static(value));
     r
 }
 
@@ -245,14 +251,11 @@ async fn handle(
                 format!("not ready: {why}\n"),
             ),
         },
-        Route::Metrics => {
-            let mut r = text(StatusCode::OK, render(state).await);
-            r.headers_mut().insert(
-                hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-            );
-            r
-        }
+        Route::Metrics => with_header(
+            text(StatusCode::OK, render(state).await),
+            hyper::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        ),
         Route::Reload => reload(req, state).await,
     }
 }
@@ -262,19 +265,16 @@ fn wrong_method(method: &Method, path: &str, allowed: Method) -> Option<Reply> {
     if *method == allowed || (allowed == Method::GET && *method == Method::HEAD) {
         return None;
     }
-    let mut r = text(
+    let r = text(
         StatusCode::METHOD_NOT_ALLOWED,
         format!("{path} takes {allowed}\n"),
     );
-    r.headers_mut().insert(
-        hyper::header::ALLOW,
-        hyper::header::HeaderValue::from_static(if allowed == Method::GET {
-            "GET, HEAD"
-        } else {
-            "POST"
-        }),
-    );
-    Some(r)
+    let allow = if allowed == Method::GET {
+        "GET, HEAD"
+    } else {
+        "POST"
+    };
+    Some(with_header(r, hyper::header::ALLOW, allow))
 }
 
 /// 401 when a token is configured and the request does not carry it.
@@ -293,15 +293,11 @@ fn without_token(
         return None;
     }
     log_unauthorized(path, peer);
-    let mut r = text(
+    let r = text(
         StatusCode::UNAUTHORIZED,
         "this endpoint needs Authorization: Bearer <admin.token>\n".into(),
     );
-    r.headers_mut().insert(
-        hyper::header::WWW_AUTHENTICATE,
-        hyper::header::HeaderValue::from_static("Bearer"),
-    );
-    Some(r)
+    Some(with_header(r, hyper::header::WWW_AUTHENTICATE, "Bearer"))
 }
 
 /// A queue operation: its body read whole (within limits), then [`queues::handle`].
@@ -332,17 +328,13 @@ async fn reload(req: Request<Incoming>, state: &AgentState) -> Reply {
         .await
         .map_or(true, |r| r.is_err())
     {
-        let mut r = text(
+        let r = text(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!(
                 "POST /-/reload takes no body (at most {MAX_RELOAD_BODY} bytes of one are read)\n"
             ),
         );
-        r.headers_mut().insert(
-            hyper::header::CONNECTION,
-            hyper::header::HeaderValue::from_static("close"),
-        );
-        return r;
+        return with_header(r, hyper::header::CONNECTION, "close");
     }
     let (reply, rx) = oneshot::channel();
     if state.reloads.send(ReloadRequest { reply }).await.is_err() {
