@@ -19,26 +19,29 @@
 //! kills every task's process group and exits at once. It owns no policy of its own.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{AgentState, Live, ReloadReport, ReloadResult};
+use crate::admin::{AgentState, Live, ReloadReport, ReloadRequest, ReloadResult};
 use crate::clock::{self, SystemClock};
 use crate::config::Config;
 use crate::delivery::{SinkRuntime, SinkStats};
 use crate::metrics::Registry;
+use crate::net::tls_server::ServerTls;
 use crate::notify::notify;
-use crate::scheduler::{Change, Scheduler, SchedulerHandle};
+use crate::reload::Changes;
+use crate::scheduler::{Change, Drained, Scheduler, SchedulerHandle};
 use crate::source::SourceStats;
 use crate::store::{self, Store, writer};
-use crate::task::RunContext;
+use crate::task::{RunContext, TaskDef};
 use crate::units::fmt_duration;
 
 /// Exit status after a second stop signal cut the grace short.
@@ -50,11 +53,7 @@ const SUMMARY_WAIT: Duration = Duration::from_secs(5);
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // Signals first: a SIGTERM during start-up then stops colibri cleanly instead of killing it.
-    let mut sigterm =
-        signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
-    let mut sigint =
-        signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
-    let mut sighup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
+    let signals = Signals::install()?;
     store::create_data_dir(&config.data_dir)
         .with_context(|| format!("cannot create data_dir {}", config.data_dir.display()))?;
     let store_handle = open_store(&config)?;
@@ -66,7 +65,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         stopping: Default::default(),
         abort: Default::default(),
         groups: Default::default(),
-        store: store_handle.clone(),
+        store: store_handle,
     };
     // Summaries of repeated log events (refused requests, dropped dead letters) are written as
     // their intervals end.
@@ -75,156 +74,267 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Err(e) = clock::watch_wall_clock(Arc::clone(&clock_set)) {
         tracing::warn!(error = %e, "cannot watch for wall-clock changes; jumps are noticed within an hour");
     }
-    let config = Arc::new(config);
-    // The agent owns the task and source counters: they outlive the tasks and sources a reload
-    // replaces, and the metrics page reads them from the state.
-    let task_stats = Arc::new(Registry::default());
-    let source_stats = Arc::new(SourceStats::default());
-    let parts = Parts::start(
-        &config,
-        store_handle.clone(),
-        &ctx.stopping,
-        Arc::clone(&source_stats),
-    )
-    .await?;
-    let (scheduler, tasks) = Scheduler::new(
-        &config.tasks,
-        Arc::new(SystemClock),
-        ctx.clone(),
-        config.workers,
-        config.shutdown_grace,
-        clock_set,
-        Arc::clone(&task_stats),
-    );
-    let (reload_tx, mut reload_rx) = mpsc::channel(4);
-    let state = Arc::new(AgentState::new(
-        Arc::clone(&config),
-        parts.runtimes(),
-        store_handle.clone(),
-        reload_tx,
-        tasks.clone(),
-        crate::admin::Handles {
-            tasks: task_stats,
-            sources: source_stats,
-            ingest: parts
-                .ingest
-                .as_ref()
-                .map(crate::source::ingest::Running::stats),
-            paused: Arc::clone(&parts.paused),
-        },
-    ));
-    let admin_stop = CancellationToken::new();
-    let admin = match &config.admin {
-        Some(a) => Some(
-            crate::admin::start(a.clone(), Arc::clone(&state), admin_stop.clone())
-                .await?
-                .1,
-        ),
-        None => None,
-    };
-    let mut agent = Agent {
-        config,
-        parts,
-        tasks,
-        state: Arc::clone(&state),
-        store: store_handle.clone(),
-        stopping: ctx.stopping.clone(),
-    };
+    let (mut process, scheduler) =
+        Process::start(Arc::new(config), ctx, signals, clock_set).await?;
+    let config = &process.agent.config;
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
-        config = %agent.config.source.display(),
-        tasks = agent.config.tasks.len(),
-        workers = agent.config.workers,
+        config = %config.source.display(),
+        tasks = config.tasks.len(),
+        workers = config.workers,
         "colibri started"
     );
     notify("READY=1\nSTATUS=serving");
     release_startup_memory();
     let scheduler = scheduler.run();
     tokio::pin!(scheduler);
-    let watchdog = crate::notify::watchdog_interval();
-    let mut beat = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
+    let mut watchdog = Watchdog::new();
+    let first = process.serve(scheduler.as_mut(), &mut watchdog).await?;
+    process.stop(first, scheduler, &mut watchdog).await
+}
 
-    let first = loop {
+/// The signals colibri acts on, installed before anything else starts.
+struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?,
+            hup: signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?,
+        })
+    }
+
+    /// The next stop signal (SIGTERM or SIGINT), by name (the second one, during the stop).
+    async fn stop(&mut self) -> &'static str {
         tokio::select! {
-            _ = sigterm.recv() => break "SIGTERM",
-            _ = sigint.recv() => break "SIGINT",
-            _ = sighup.recv() => {
-                let _ = agent.reload().await;
-            }
-            Some(req) = reload_rx.recv() => {
-                let r = agent.reload().await;
-                let _ = req.reply.send(r);
-            }
-            _ = beat.tick(), if watchdog.is_some() => {
-                // Bounded, so signals and reloads are never held up for long: a writer that
-                // misses one beat is retried at the next, and one that is stuck for WatchdogSec
-                // gets colibri restarted.
-                if agent.state.not_ready(WATCHDOG_STORE_WAIT).await.is_none() {
-                    notify("WATCHDOG=1");
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
+/// systemd's watchdog, when it asks for one: a beat at its interval.
+struct Watchdog {
+    on: bool,
+    beat: tokio::time::Interval,
+}
+
+impl Watchdog {
+    fn new() -> Self {
+        let interval = crate::notify::watchdog_interval();
+        Self {
+            on: interval.is_some(),
+            beat: tokio::time::interval(interval.unwrap_or(Duration::from_secs(3600))),
+        }
+    }
+}
+
+/// One life of the process once started: the agent, and what only the main loop and the stop
+/// use.
+struct Process {
+    agent: Agent,
+    ctx: RunContext,
+    signals: Signals,
+    /// `POST /-/reload`'s requests.
+    reloads: mpsc::Receiver<ReloadRequest>,
+    /// The admin endpoint's server, until `admin_stop`.
+    admin: Option<JoinHandle<()>>,
+    admin_stop: CancellationToken,
+}
+
+impl Process {
+    /// Starts the parts, the scheduler (returned, to be run) and the admin endpoint.
+    async fn start(
+        config: Arc<Config>,
+        ctx: RunContext,
+        signals: Signals,
+        clock_set: Arc<Notify>,
+    ) -> anyhow::Result<(Self, Scheduler)> {
+        // The agent owns the task and source counters: they outlive the tasks and sources a reload
+        // replaces, and the metrics page reads them from the state.
+        let task_stats = Arc::new(Registry::default());
+        let source_stats = Arc::new(SourceStats::default());
+        let parts = Parts::start(
+            &config,
+            ctx.store.clone(),
+            &ctx.stopping,
+            Arc::clone(&source_stats),
+        )
+        .await?;
+        let (scheduler, tasks) = Scheduler::new(
+            &config.tasks,
+            Arc::new(SystemClock),
+            ctx.clone(),
+            config.workers,
+            config.shutdown_grace,
+            clock_set,
+            Arc::clone(&task_stats),
+        );
+        let (reload_tx, reloads) = mpsc::channel(4);
+        let state = Arc::new(AgentState::new(
+            Arc::clone(&config),
+            parts.runtimes(),
+            ctx.store.clone(),
+            reload_tx,
+            tasks.clone(),
+            crate::admin::Handles {
+                tasks: task_stats,
+                sources: source_stats,
+                ingest: parts
+                    .ingest
+                    .as_ref()
+                    .map(crate::source::ingest::Running::stats),
+                paused: Arc::clone(&parts.paused),
+            },
+        ));
+        let admin_stop = CancellationToken::new();
+        let admin = match &config.admin {
+            Some(a) => Some(
+                crate::admin::start(a.clone(), Arc::clone(&state), admin_stop.clone())
+                    .await?
+                    .1,
+            ),
+            None => None,
+        };
+        let agent = Agent {
+            config,
+            parts,
+            tasks,
+            state,
+            store: ctx.store.clone(),
+            stopping: ctx.stopping.clone(),
+        };
+        let process = Self {
+            agent,
+            ctx,
+            signals,
+            reloads,
+            admin,
+            admin_stop,
+        };
+        Ok((process, scheduler))
+    }
+
+    /// The main loop, until the first stop signal (its name): reloads and watchdog beats.
+    async fn serve(
+        &mut self,
+        mut scheduler: Pin<&mut impl Future<Output = Drained>>,
+        watchdog: &mut Watchdog,
+    ) -> anyhow::Result<&'static str> {
+        loop {
+            tokio::select! {
+                _ = self.signals.term.recv() => return Ok("SIGTERM"),
+                _ = self.signals.int.recv() => return Ok("SIGINT"),
+                _ = self.signals.hup.recv() => {
+                    let _ = self.agent.reload().await;
+                }
+                Some(req) = self.reloads.recv() => {
+                    let r = self.agent.reload().await;
+                    let _ = req.reply.send(r);
+                }
+                _ = watchdog.beat.tick(), if watchdog.on => {
+                    // Bounded, so signals and reloads are never held up for long: a writer that
+                    // misses one beat is retried at the next, and one that is stuck for WatchdogSec
+                    // gets colibri restarted.
+                    if self.agent.state.not_ready(WATCHDOG_STORE_WAIT).await.is_none() {
+                        notify("WATCHDOG=1");
+                    }
+                }
+                _ = &mut scheduler => {
+                    self.agent.state.scheduler_running.store(false, Relaxed);
+                    anyhow::bail!("the scheduler stopped on its own");
                 }
             }
-            _ = &mut scheduler => {
-                state.scheduler_running.store(false, Relaxed);
-                anyhow::bail!("the scheduler stopped on its own");
-            }
-        }
-    };
-    state.stopping.store(true, Relaxed);
-    notify("STOPPING=1\nSTATUS=stopping");
-    let grace = agent.config.shutdown_grace;
-    tracing::info!(
-        signal = first,
-        grace = %fmt_duration(grace),
-        "stopping: no new task runs or intake; a second signal kills running tasks at once"
-    );
-    ctx.stopping.cancel();
-    if let Some(handle) = &store_handle {
-        // Appends waiting for room in a full `block` stream are answered "stopping" now rather
-        // than holding the stop for their whole wait.
-        handle.stop_waiting();
-    }
-    let stop = async {
-        let drained = (&mut scheduler).await;
-        // Intake has stopped (ingest answers 503, sources commit their checkpoints); requests in
-        // progress finish within the grace; then the store closes cleanly.
-        let runtimes = agent.parts.runtimes();
-        agent.parts.join().await;
-        if let Some(handle) = &store_handle {
-            let snap = tokio::time::timeout(SUMMARY_WAIT, handle.snapshot())
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or_default();
-            for rt in &runtimes {
-                log_summary(rt, &snap);
-            }
-            handle.shutdown().await;
-        }
-        // Until here a new ingest request got 503 rather than a refused connection.
-        agent.parts.close_ingest().await;
-        admin_stop.cancel();
-        if let Some(a) = admin {
-            let _ = a.await;
-        }
-        crate::logging::summary::flush();
-        drained
-    };
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            drained = &mut stop => {
-                tracing::info!(killed = drained.killed, "colibri stopped");
-                return Ok(());
-            }
-            second = async { tokio::select! { _ = sigterm.recv() => "SIGTERM", _ = sigint.recv() => "SIGINT" } } => {
-                let n = ctx.groups.signal_all(libc::SIGKILL);
-                tracing::error!(signal = second, killed_groups = n, "second signal: exiting now");
-                crate::logging::exit(EXIT_FORCED);
-            }
-            // A stop within the grace is still a live process: systemd must not kill it for it.
-            _ = beat.tick(), if watchdog.is_some() => notify("WATCHDOG=1"),
         }
     }
+
+    /// The stop after the `first` signal: no new runs or intake, the rest within the grace
+    /// ([`wind_down`]); a second signal kills every task's process group and exits at once.
+    async fn stop(
+        self,
+        first: &str,
+        scheduler: Pin<&mut impl Future<Output = Drained>>,
+        watchdog: &mut Watchdog,
+    ) -> anyhow::Result<()> {
+        let Self {
+            mut agent,
+            ctx,
+            mut signals,
+            admin,
+            admin_stop,
+            ..
+        } = self;
+        agent.state.stopping.store(true, Relaxed);
+        notify("STOPPING=1\nSTATUS=stopping");
+        let grace = agent.config.shutdown_grace;
+        tracing::info!(
+            signal = first,
+            grace = %fmt_duration(grace),
+            "stopping: no new task runs or intake; a second signal kills running tasks at once"
+        );
+        ctx.stopping.cancel();
+        if let Some(handle) = &agent.store {
+            // Appends waiting for room in a full `block` stream are answered "stopping" now rather
+            // than holding the stop for their whole wait.
+            handle.stop_waiting();
+        }
+        let stop = wind_down(&mut agent, scheduler, admin, &admin_stop);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                drained = &mut stop => {
+                    tracing::info!(killed = drained.killed, "colibri stopped");
+                    return Ok(());
+                }
+                second = signals.stop() => {
+                    let n = ctx.groups.signal_all(libc::SIGKILL);
+                    tracing::error!(signal = second, killed_groups = n, "second signal: exiting now");
+                    crate::logging::exit(EXIT_FORCED);
+                }
+                // A stop within the grace is still a live process: systemd must not kill it for it.
+                _ = watchdog.beat.tick(), if watchdog.on => notify("WATCHDOG=1"),
+            }
+        }
+    }
+}
+
+/// The stop's orderly part, once intake and firing have stopped: the scheduler drains its runs,
+/// the parts end, the store closes, then the ingest listener and the admin endpoint.
+async fn wind_down(
+    agent: &mut Agent,
+    scheduler: Pin<&mut impl Future<Output = Drained>>,
+    admin: Option<JoinHandle<()>>,
+    admin_stop: &CancellationToken,
+) -> Drained {
+    let drained = scheduler.await;
+    // Intake has stopped (ingest answers 503, sources commit their checkpoints); requests in
+    // progress finish within the grace; then the store closes cleanly.
+    let runtimes = agent.parts.runtimes();
+    agent.parts.join().await;
+    if let Some(handle) = &agent.store {
+        let snap = tokio::time::timeout(SUMMARY_WAIT, handle.snapshot())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        for rt in &runtimes {
+            log_summary(rt, &snap);
+        }
+        handle.shutdown().await;
+    }
+    // Until here a new ingest request got 503 rather than a refused connection.
+    agent.parts.close_ingest().await;
+    admin_stop.cancel();
+    if let Some(a) = admin {
+        let _ = a.await;
+    }
+    crate::logging::summary::flush();
+    drained
 }
 
 /// The running parts the main loop owns and a reload changes.
@@ -300,22 +410,44 @@ impl Agent {
         let effective = Arc::new(plan.effective);
         // Everything that can still fail comes first (building a sink reads its TLS files), so a
         // refused reload has changed nothing.
+        let built = self.build_sinks(&plan.sinks, &effective)?;
+        let mut changes = Vec::new();
+        self.reread_certificates(&fresh_tls, &mut changes);
+        self.hold_for_restart(&plan.needs_restart, &mut changes);
+        self.apply_tasks(&plan.tasks, &mut changes);
+        self.apply_sinks(&plan.sinks, built, &effective, &mut changes);
+        self.apply_sources(&plan.sources, &effective, &mut changes);
+        Ok(self.publish(effective, changes))
+    }
+
+    /// The sinks a reload starts or restarts, built from `effective` (none without a store); the
+    /// first that cannot be built refuses the reload.
+    fn build_sinks(
+        &self,
+        sinks: &Changes<String>,
+        effective: &Config,
+    ) -> Result<BTreeMap<String, crate::sink::Sink>, Refusal> {
         let mut built = BTreeMap::new();
-        if self.store.is_some() {
-            for name in plan.sinks.added.iter().chain(&plan.sinks.changed) {
-                if let Some(cfg) = effective.sinks.iter().find(|s| &s.name == name) {
-                    let sink = crate::sink::Sink::new(Arc::clone(cfg)).map_err(|e| {
-                        let problem = format!("sinks.{name}: {e}");
-                        Refusal {
-                            text: problem.clone(),
-                            problems: vec![problem],
-                        }
-                    })?;
-                    built.insert(name.clone(), sink);
-                }
+        if self.store.is_none() {
+            return Ok(built);
+        }
+        for name in sinks.added.iter().chain(&sinks.changed) {
+            if let Some(cfg) = effective.sinks.iter().find(|s| &s.name == name) {
+                let sink = crate::sink::Sink::new(Arc::clone(cfg)).map_err(|e| {
+                    let problem = format!("sinks.{name}: {e}");
+                    Refusal {
+                        text: problem.clone(),
+                        problems: vec![problem],
+                    }
+                })?;
+                built.insert(name.clone(), sink);
             }
         }
-        let mut changes = Vec::new();
+        Ok(built)
+    }
+
+    /// A running listener whose TLS files are the same takes what the reload read from them.
+    fn reread_certificates(&self, fresh_tls: &[Option<ServerTls>; 2], changes: &mut Vec<String>) {
         let running_tls = [
             (
                 "ingest",
@@ -326,7 +458,7 @@ impl Agent {
                 self.config.admin.as_ref().and_then(|a| a.tls.as_ref()),
             ),
         ];
-        for ((listener, running), fresh) in running_tls.into_iter().zip(&fresh_tls) {
+        for ((listener, running), fresh) in running_tls.into_iter().zip(fresh_tls) {
             if let (Some(running), Some(fresh)) = (running, fresh)
                 && running == fresh
             {
@@ -335,67 +467,88 @@ impl Agent {
                 changes.push(format!("{listener}.tls: certificate read again"));
             }
         }
+    }
+
+    /// Settings that changed but keep their running value: logged, and shown by the metrics.
+    fn hold_for_restart(&self, needs_restart: &[String], changes: &mut Vec<String>) {
         self.state
             .restart_pending
-            .store(!plan.needs_restart.is_empty(), Relaxed);
-        for key in &plan.needs_restart {
+            .store(!needs_restart.is_empty(), Relaxed);
+        for key in needs_restart {
             tracing::warn!(setting = %key, "changed in the file, needs restart: the running value stays until then");
             changes.push(format!("{key}: needs restart (the running value stays)"));
         }
-        for name in &plan.tasks.removed {
+    }
+
+    /// Removed tasks forgotten, added and changed ones (re-)planned by the scheduler.
+    fn apply_tasks(&self, tasks: &Changes<Arc<TaskDef>>, changes: &mut Vec<String>) {
+        for name in &tasks.removed {
             self.tasks.send(Change::Remove(name.clone()));
             self.state.task_stats.forget(name);
             changes.push(format!("task {name}: removed"));
         }
-        for (what, defs) in [
-            ("added", &plan.tasks.added),
-            ("changed", &plan.tasks.changed),
-        ] {
+        for (what, defs) in [("added", &tasks.added), ("changed", &tasks.changed)] {
             for def in defs {
                 self.tasks.send(Change::Upsert(Arc::clone(def)));
                 changes.push(format!("task {}: {what}", def.name));
             }
         }
-        if let Some(store) = &self.store {
-            for name in &plan.sinks.removed {
-                self.parts.stop_sink(name);
-                changes.push(format!("sink {name}: stopped"));
-            }
-            for (what, names) in [
-                ("started", &plan.sinks.added),
-                ("restarted", &plan.sinks.changed),
-            ] {
-                for name in names {
-                    match built.remove(name) {
-                        Some(sink) => {
-                            self.parts
-                                .start_sink(&effective, sink, store, &self.stopping)
-                        }
-                        None => self.parts.stop_sink(name),
-                    }
-                    changes.push(format!("sink {name}: {what}"));
+    }
+
+    /// Removed sinks stopped, added and changed ones started with what [`Agent::build_sinks`]
+    /// built (a sink no longer built is stopped).
+    fn apply_sinks(
+        &mut self,
+        sinks: &Changes<String>,
+        mut built: BTreeMap<String, crate::sink::Sink>,
+        effective: &Config,
+        changes: &mut Vec<String>,
+    ) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        for name in &sinks.removed {
+            self.parts.stop_sink(name);
+            changes.push(format!("sink {name}: stopped"));
+        }
+        for (what, names) in [("started", &sinks.added), ("restarted", &sinks.changed)] {
+            for name in names {
+                match built.remove(name) {
+                    Some(sink) => self
+                        .parts
+                        .start_sink(effective, sink, store, &self.stopping),
+                    None => self.parts.stop_sink(name),
                 }
-            }
-            for name in &plan.sources.removed {
-                self.parts.stop_source(name);
-                changes.push(format!("source {name}: stopped"));
-            }
-            for (what, names) in [
-                ("started", &plan.sources.added),
-                ("restarted", &plan.sources.changed),
-            ] {
-                for name in names {
-                    self.parts.start_source(
-                        &effective,
-                        name,
-                        store,
-                        &self.stopping,
-                        Default::default(),
-                    );
-                    changes.push(format!("source {name}: {what}"));
-                }
+                changes.push(format!("sink {name}: {what}"));
             }
         }
+    }
+
+    /// Removed sources stopped, added and changed ones (re)started.
+    fn apply_sources(
+        &mut self,
+        sources: &Changes<String>,
+        effective: &Config,
+        changes: &mut Vec<String>,
+    ) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        for name in &sources.removed {
+            self.parts.stop_source(name);
+            changes.push(format!("source {name}: stopped"));
+        }
+        for (what, names) in [("started", &sources.added), ("restarted", &sources.changed)] {
+            for name in names {
+                self.parts
+                    .start_source(effective, name, store, &self.stopping, Default::default());
+                changes.push(format!("source {name}: {what}"));
+            }
+        }
+    }
+
+    /// The reload's config becomes the running one, for the next reload and for the endpoint.
+    fn publish(&mut self, effective: Arc<Config>, changes: Vec<String>) -> ReloadReport {
         let generation = self.state.generation.fetch_add(1, Relaxed) + 1;
         self.config = Arc::clone(&effective);
         self.state.live.store(Arc::new(Live {
@@ -405,10 +558,10 @@ impl Agent {
         for c in &changes {
             tracing::info!(generation, change = %c, "reload");
         }
-        Ok(ReloadReport {
+        ReloadReport {
             generation,
             changes,
-        })
+        }
     }
 }
 

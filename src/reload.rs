@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::config::Config;
+use crate::config::{Config, Fingerprint};
 use crate::task::TaskDef;
 
 /// Top-level settings a running process cannot change.
@@ -79,7 +79,22 @@ fn diff(
 
 /// Compares `old` (running) with `new` (just loaded and valid).
 pub fn plan(old: &Config, mut new: Config) -> Plan {
-    let (of, nf) = (&old.fingerprint, &new.fingerprint);
+    let mut needs_restart = restart_only_changes(&old.fingerprint, &new.fingerprint);
+    let (sinks, held_sinks) = plan_sinks(old, &mut new, &mut needs_restart);
+    let tasks = plan_tasks(old, &mut new, &sinks, &held_sinks, &mut needs_restart);
+    let sources = plan_sources(old, &mut new, &held_sinks, &mut needs_restart);
+    keep_restart_only(old, &mut new);
+    Plan {
+        tasks,
+        sinks,
+        sources,
+        needs_restart,
+        effective: new,
+    }
+}
+
+/// The restart-only top-level settings and the streams that changed.
+fn restart_only_changes(of: &Fingerprint, nf: &Fingerprint) -> Vec<String> {
     let mut needs_restart: Vec<String> = Vec::new();
     let keys: BTreeSet<&String> = of.top.keys().chain(nf.top.keys()).collect();
     for k in keys {
@@ -94,14 +109,23 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
             .chain(&sr)
             .map(|s| format!("streams.{s}")),
     );
+    needs_restart
+}
 
+/// The sinks to start, restart and stop, and those held for the restart (put back as they run
+/// in `new`).
+fn plan_sinks(
+    old: &Config,
+    new: &mut Config,
+    needs_restart: &mut Vec<String>,
+) -> (Changes<String>, BTreeSet<String>) {
     // Sinks: only those a running stream delivers to matter (streams keep their running shape).
     let used: BTreeSet<&str> = old
         .streams
         .iter()
         .filter_map(|s| s.sink.as_deref())
         .collect();
-    let (ka, kc, kr) = diff(&of.sinks, &nf.sinks);
+    let (ka, kc, kr) = diff(&old.fingerprint.sinks, &new.fingerprint.sinks);
     // A sink whose records change kind (JSON, line protocol, any line) waits for the restart, and
     // so does what feeds its streams: records checked for one kind must not be sent as the other,
     // and the ingest API (restart-only) checks bodies against what it started with, stamping
@@ -115,7 +139,7 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
     };
     let mut held_sinks: BTreeSet<String> = BTreeSet::new();
     for name in kc.iter().filter(|s| used.contains(s.as_str())) {
-        let (Some(was), Some(now)) = (carried(old, name), carried(&new, name)) else {
+        let (Some(was), Some(now)) = (carried(old, name), carried(new, name)) else {
             continue;
         };
         let kind_changed = std::mem::discriminant(&was) != std::mem::discriminant(&now);
@@ -137,7 +161,6 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
         keep_running(&old.sinks, &mut new.sinks, name, |k| &k.name);
         keep_print(&old.fingerprint.sinks, &mut new.fingerprint.sinks, name);
     }
-    let (of, nf) = (&old.fingerprint, &new.fingerprint);
     let sinks = Changes {
         added: ka
             .into_iter()
@@ -149,6 +172,26 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
             .collect(),
         removed: kr,
     };
+    (sinks, held_sinks)
+}
+
+/// The sink a running stream delivers to.
+fn sink_of<'a>(old: &'a Config, stream: &str) -> Option<&'a str> {
+    old.streams
+        .iter()
+        .find(|s| s.name == stream)
+        .and_then(|s| s.sink.as_deref())
+}
+
+/// The tasks to add, re-make and forget; those held for the restart are put back as they run in
+/// `new`.
+fn plan_tasks(
+    old: &Config,
+    new: &mut Config,
+    sinks: &Changes<String>,
+    held_sinks: &BTreeSet<String>,
+    needs_restart: &mut Vec<String>,
+) -> Changes<Arc<TaskDef>> {
     // A sink that comes back changed may say something its scrapes depend on (the precision
     // their timestamps are written in): those tasks are re-made too.
     let touched: BTreeSet<&str> = sinks
@@ -157,13 +200,7 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
         .chain(&sinks.changed)
         .map(String::as_str)
         .collect();
-    let sink_of = |stream: &str| {
-        old.streams
-            .iter()
-            .find(|s| s.name == stream)
-            .and_then(|s| s.sink.as_deref())
-    };
-    let (ta, tc, tr) = diff(&of.tasks, &nf.tasks);
+    let (ta, tc, tr) = diff(&old.fingerprint.tasks, &new.fingerprint.tasks);
     let mut tasks = Changes {
         added: Vec::new(),
         changed: Vec::new(),
@@ -180,7 +217,7 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
         let needs = def.action.needs();
         let stream = needs.stream;
         let depends = stream
-            .and_then(sink_of)
+            .and_then(|st| sink_of(old, st))
             .is_some_and(|k| touched.contains(k))
             && needs.sink_settings;
         let is_new = ta.contains(&def.name);
@@ -191,7 +228,7 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
             Some(st) if !old.streams.iter().any(|s| s.name == st) => {
                 Some(format!("its stream {st:?} is not running"))
             }
-            Some(st) if sink_of(st).is_some_and(|k| held_sinks.contains(k)) => Some(format!(
+            Some(st) if sink_of(old, st).is_some_and(|k| held_sinks.contains(k)) => Some(format!(
                 "its stream {st:?} is delivered by a sink that waits for the restart"
             )),
             Some(_) if needs.spool.is_some() && storage_changed => {
@@ -208,8 +245,23 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
             tasks.changed.push(Arc::clone(def));
         }
     }
-    let (mut ca, mut cc, cr) = diff(&of.sources, &nf.sources);
-    // Sources feeding a held sink's streams wait with it.
+    // Held tasks keep running as they are (or stay absent), so the next reload sees them again.
+    for name in &held {
+        keep_running(&old.tasks, &mut new.tasks, name, |t| &t.name);
+        keep_print(&old.fingerprint.tasks, &mut new.fingerprint.tasks, name);
+    }
+    tasks
+}
+
+/// The sources to start, restart and stop; those feeding a held sink's streams wait with it (put
+/// back as they run in `new`).
+fn plan_sources(
+    old: &Config,
+    new: &mut Config,
+    held_sinks: &BTreeSet<String>,
+    needs_restart: &mut Vec<String>,
+) -> Changes<String> {
+    let (mut ca, mut cc, cr) = diff(&old.fingerprint.sources, &new.fingerprint.sources);
     let mut held_sources: Vec<String> = Vec::new();
     for src in &new.sources {
         let name = src.name().to_string();
@@ -217,7 +269,7 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
         let held = src
             .streams()
             .into_iter()
-            .find(|s| sink_of(s).is_some_and(|k| held_sinks.contains(k)));
+            .find(|s| sink_of(old, s).is_some_and(|k| held_sinks.contains(k)));
         if let (true, Some(stream)) = (touched, held) {
             needs_restart.push(format!(
                 "sources.{name} (its stream {stream:?} is delivered by a sink that waits for the restart)"
@@ -231,13 +283,15 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
         keep_running(&old.sources, &mut new.sources, name, |s| s.name());
         keep_print(&old.fingerprint.sources, &mut new.fingerprint.sources, name);
     }
-    let sources = Changes {
+    Changes {
         added: ca,
         changed: cc,
         removed: cr,
-    };
+    }
+}
 
-    // What cannot change now keeps its running value.
+/// What cannot change now keeps its running value.
+fn keep_restart_only(old: &Config, new: &mut Config) {
     new.data_dir = old.data_dir.clone();
     new.workers = old.workers;
     new.shutdown_grace = old.shutdown_grace;
@@ -252,18 +306,6 @@ pub fn plan(old: &Config, mut new: Config) -> Plan {
         keep_print(&old.fingerprint.top, &mut new.fingerprint.top, k);
     }
     new.fingerprint.streams = old.fingerprint.streams.clone();
-    // Held tasks keep running as they are (or stay absent), so the next reload sees them again.
-    for name in &held {
-        keep_running(&old.tasks, &mut new.tasks, name, |t| &t.name);
-        keep_print(&old.fingerprint.tasks, &mut new.fingerprint.tasks, name);
-    }
-    Plan {
-        tasks,
-        sinks,
-        sources,
-        needs_restart,
-        effective: new,
-    }
 }
 
 /// Puts the running entry `name` back in place of the new one (or leaves it absent, as it is

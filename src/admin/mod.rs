@@ -107,7 +107,7 @@ fn log_unauthorized(path: &str, peer: SocketAddr) {
     }
 }
 
-fn text(status: StatusCode, body: String) -> Response<Full<bytes::Bytes>> {
+fn text(status: StatusCode, body: String) -> Reply {
     let mut r = Response::new(Full::new(bytes::Bytes::from(body)));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -130,175 +130,235 @@ fn query_u64(query: &str, name: &str) -> Result<Option<u64>, String> {
     Ok(None)
 }
 
-fn json(status: StatusCode, body: String) -> Response<Full<bytes::Bytes>> {
-    let mut r = text(status, body);
-    r.headers_mut().insert(
+fn json(status: StatusCode, body: String) -> Reply {
+    with_header(
+        text(status, body),
         hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
+        "application/json",
+    )
+}
+
+/// `r` with the header `name: value` (in place of one of that name).
+fn with_header(mut r: Reply, name: hyper::header::HeaderName, value: &'static str) -> Reply {
+    r.headers_mut()
+        .insert(name, hyper::header::HeaderValue::from_static(value));
     r
 }
+
+/// What a request asks for, from its path alone.
+enum Route {
+    Metrics,
+    Healthz,
+    Readyz,
+    Tasks,
+    Sinks,
+    Queues,
+    Reload,
+    /// `/-/tap/{stream}`.
+    Tap(String),
+    /// `/-/queues/{stream}/...`.
+    Queue(String, queues::Op),
+    /// `/-/tasks/{name}/run`.
+    RunTask(String),
+}
+
+impl Route {
+    /// `None`: no such endpoint.
+    fn of(path: &str) -> Option<Self> {
+        Some(match path {
+            "/metrics" => Self::Metrics,
+            "/healthz" => Self::Healthz,
+            "/readyz" => Self::Readyz,
+            "/-/tasks" => Self::Tasks,
+            "/-/sinks" => Self::Sinks,
+            "/-/queues" => Self::Queues,
+            "/-/reload" => Self::Reload,
+            _ => {
+                if let Some(stream) = tap::route(path) {
+                    Self::Tap(stream)
+                } else if let Some((stream, op)) = queues::route(path) {
+                    Self::Queue(stream, op)
+                } else {
+                    let name = path
+                        .strip_prefix("/-/tasks/")
+                        .and_then(|p| p.strip_suffix("/run"))
+                        .filter(|name| !name.is_empty() && !name.contains('/'))?;
+                    Self::RunTask(name.to_string())
+                }
+            }
+        })
+    }
+
+    /// A read takes GET (and HEAD), a change POST.
+    fn method(&self) -> Method {
+        match self {
+            Self::Reload | Self::RunTask(_) => Method::POST,
+            Self::Queue(_, op) if *op != queues::Op::List => Method::POST,
+            _ => Method::GET,
+        }
+    }
+
+    /// Everything but the probes: what colibri holds, and what changes it.
+    fn needs_token(&self) -> bool {
+        !matches!(self, Self::Healthz | Self::Readyz)
+    }
+}
+
+type Reply = Response<Full<bytes::Bytes>>;
 
 async fn handle(
     req: Request<Incoming>,
     state: &AgentState,
     config: &AdminConfig,
     peer: SocketAddr,
-) -> Response<Full<bytes::Bytes>> {
+) -> Reply {
     let path = req.uri().path().to_string();
-    let run_task = path
-        .strip_prefix("/-/tasks/")
-        .and_then(|p| p.strip_suffix("/run"))
-        .filter(|name| !name.is_empty() && !name.contains('/'))
-        .map(str::to_string);
-    let queue_op = queues::route(&path);
-    let tapped = tap::route(&path);
-    let allowed = match path.as_str() {
-        "/metrics" | "/healthz" | "/readyz" | "/-/tasks" | "/-/sinks" | "/-/queues" => Method::GET,
-        _ if tapped.is_some() => Method::GET,
-        _ if queue_op
-            .as_ref()
-            .is_some_and(|(_, op)| *op == queues::Op::List) =>
-        {
-            Method::GET
-        }
-        "/-/reload" => Method::POST,
-        _ if run_task.is_some() || queue_op.is_some() => Method::POST,
-        _ => {
-            return text(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "no such endpoint {path:?} (GET /metrics, /healthz, /readyz, /-/tasks, /-/sinks, /-/queues, /-/tap/STREAM, /-/queues/STREAM/dead; POST /-/reload, /-/tasks/NAME/run, /-/queues/STREAM/{{dead/replay,dead/purge,records,pause,resume}})\n"
-                ),
-            );
-        }
+    let Some(route) = Route::of(&path) else {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no such endpoint {path:?} (GET /metrics, /healthz, /readyz, /-/tasks, /-/sinks, /-/queues, /-/tap/STREAM, /-/queues/STREAM/dead; POST /-/reload, /-/tasks/NAME/run, /-/queues/STREAM/{{dead/replay,dead/purge,records,pause,resume}})\n"
+            ),
+        );
     };
-    if req.method() != allowed && !(allowed == Method::GET && req.method() == Method::HEAD) {
-        let mut r = text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            format!("{path} takes {allowed}\n"),
-        );
-        r.headers_mut().insert(
-            hyper::header::ALLOW,
-            hyper::header::HeaderValue::from_static(if allowed == Method::GET {
-                "GET, HEAD"
-            } else {
-                "POST"
-            }),
-        );
-        return r;
+    if let Some(refused) = wrong_method(req.method(), &path, route.method()) {
+        return refused;
     }
-    // Everything but the probes: what colibri holds, and what changes it.
-    let guarded = !matches!(path.as_str(), "/healthz" | "/readyz");
-    if guarded && let Some(token) = &config.token {
-        let given = req
-            .headers()
-            .get(hyper::header::AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-        if !given.is_some_and(|g| token.matches(g)) {
-            log_unauthorized(&path, peer);
-            let mut r = text(
-                StatusCode::UNAUTHORIZED,
-                "this endpoint needs Authorization: Bearer <admin.token>\n".into(),
-            );
-            r.headers_mut().insert(
-                hyper::header::WWW_AUTHENTICATE,
-                hyper::header::HeaderValue::from_static("Bearer"),
-            );
-            return r;
+    if route.needs_token()
+        && let Some(refused) = without_token(&req, config, &path, peer)
+    {
+        return refused;
+    }
+    match route {
+        Route::Tap(stream) => {
+            let query = req.uri().query().unwrap_or("").to_string();
+            let (status, body) = tap::read(state, &stream, &query).await;
+            json(status, body)
         }
-    }
-    if let Some(stream) = tapped {
-        let query = req.uri().query().unwrap_or("").to_string();
-        let (status, body) = tap::read(state, &stream, &query).await;
-        return json(status, body);
-    }
-    if let Some((stream, op)) = queue_op {
-        let query = req.uri().query().unwrap_or("").to_string();
-        let body = http_body_util::Limited::new(req.into_body(), MAX_PUSH_BODY);
-        let body = match tokio::time::timeout(IDLE_TIMEOUT, body.collect()).await {
-            Ok(Ok(b)) => b.to_bytes(),
-            _ => {
-                return json(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!(
-                        "{{\"error\":\"the body must arrive within {}s and hold at most {MAX_PUSH_BODY} bytes\"}}",
-                        IDLE_TIMEOUT.as_secs()
-                    ),
-                );
-            }
-        };
-        let (status, body) = queues::handle(state, &stream, op, &query, &body).await;
-        return json(status, body);
-    }
-    if let Some(name) = run_task {
-        let (status, body) = tasks::run(state, &name).await;
-        return json(status, body);
-    }
-    match path.as_str() {
-        "/healthz" => text(StatusCode::OK, "ok\n".into()),
-        "/-/tasks" => json(StatusCode::OK, tasks::list(state)),
-        "/-/sinks" => json(StatusCode::OK, sinks::list(state)),
-        "/-/queues" => json(StatusCode::OK, queues::list(state)),
-        "/readyz" => match state.not_ready(STORE_ANSWER).await {
+        Route::Queue(stream, op) => queue(req, state, &stream, op).await,
+        Route::RunTask(name) => {
+            let (status, body) = tasks::run(state, &name).await;
+            json(status, body)
+        }
+        Route::Healthz => text(StatusCode::OK, "ok\n".into()),
+        Route::Tasks => json(StatusCode::OK, tasks::list(state)),
+        Route::Sinks => json(StatusCode::OK, sinks::list(state)),
+        Route::Queues => json(StatusCode::OK, queues::list(state)),
+        Route::Readyz => match state.not_ready(STORE_ANSWER).await {
             None => text(StatusCode::OK, "ready\n".into()),
             Some(why) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("not ready: {why}\n"),
             ),
         },
-        "/metrics" => {
-            let mut r = text(StatusCode::OK, render(state).await);
-            r.headers_mut().insert(
-                hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-            );
-            r
-        }
+        Route::Metrics => with_header(
+            text(StatusCode::OK, render(state).await),
+            hyper::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        ),
+        Route::Reload => reload(req, state).await,
+    }
+}
+
+/// 405 unless the request's method is `allowed` (HEAD goes where GET does).
+fn wrong_method(method: &Method, path: &str, allowed: Method) -> Option<Reply> {
+    if *method == allowed || (allowed == Method::GET && *method == Method::HEAD) {
+        return None;
+    }
+    let r = text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{path} takes {allowed}\n"),
+    );
+    let allow = if allowed == Method::GET {
+        "GET, HEAD"
+    } else {
+        "POST"
+    };
+    Some(with_header(r, hyper::header::ALLOW, allow))
+}
+
+/// 401 when a token is configured and the request does not carry it.
+fn without_token(
+    req: &Request<Incoming>,
+    config: &AdminConfig,
+    path: &str,
+    peer: SocketAddr,
+) -> Option<Reply> {
+    let token = config.token.as_ref()?;
+    let given = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    if given.is_some_and(|g| token.matches(g)) {
+        return None;
+    }
+    log_unauthorized(path, peer);
+    let r = text(
+        StatusCode::UNAUTHORIZED,
+        "this endpoint needs Authorization: Bearer <admin.token>\n".into(),
+    );
+    Some(with_header(r, hyper::header::WWW_AUTHENTICATE, "Bearer"))
+}
+
+/// A queue operation: its body read whole (within limits), then [`queues::handle`].
+async fn queue(req: Request<Incoming>, state: &AgentState, stream: &str, op: queues::Op) -> Reply {
+    let query = req.uri().query().unwrap_or("").to_string();
+    let body = http_body_util::Limited::new(req.into_body(), MAX_PUSH_BODY);
+    let body = match tokio::time::timeout(IDLE_TIMEOUT, body.collect()).await {
+        Ok(Ok(b)) => b.to_bytes(),
         _ => {
-            // The body is not used; read (a little of) it so the connection stays usable.
-            let body = http_body_util::Limited::new(req.into_body(), MAX_RELOAD_BODY);
-            if tokio::time::timeout(IDLE_TIMEOUT, body.collect())
-                .await
-                .map_or(true, |r| r.is_err())
-            {
-                let mut r = text(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!(
-                        "POST /-/reload takes no body (at most {MAX_RELOAD_BODY} bytes of one are read)\n"
-                    ),
-                );
-                r.headers_mut().insert(
-                    hyper::header::CONNECTION,
-                    hyper::header::HeaderValue::from_static("close"),
-                );
-                return r;
-            }
-            let (reply, rx) = oneshot::channel();
-            if state.reloads.send(ReloadRequest { reply }).await.is_err() {
-                return text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "colibri is stopping\n".into(),
-                );
-            }
-            match rx.await {
-                Ok(Ok(report)) => {
-                    let mut body = format!("reloaded: generation {}\n", report.generation);
-                    for c in &report.changes {
-                        body.push_str(c);
-                        body.push('\n');
-                    }
-                    text(StatusCode::OK, body)
-                }
-                Ok(Err(problems)) => text(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    format!("reload refused, the running config stays:\n{problems}\n"),
+            return json(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "{{\"error\":\"the body must arrive within {}s and hold at most {MAX_PUSH_BODY} bytes\"}}",
+                    IDLE_TIMEOUT.as_secs()
                 ),
-                Err(_) => text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "colibri is stopping\n".into(),
-                ),
-            }
+            );
         }
+    };
+    let (status, body) = queues::handle(state, stream, op, &query, &body).await;
+    json(status, body)
+}
+
+/// `POST /-/reload`: asks the main loop and answers what it did.
+async fn reload(req: Request<Incoming>, state: &AgentState) -> Reply {
+    // The body is not used; read (a little of) it so the connection stays usable.
+    let body = http_body_util::Limited::new(req.into_body(), MAX_RELOAD_BODY);
+    if tokio::time::timeout(IDLE_TIMEOUT, body.collect())
+        .await
+        .map_or(true, |r| r.is_err())
+    {
+        let r = text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "POST /-/reload takes no body (at most {MAX_RELOAD_BODY} bytes of one are read)\n"
+            ),
+        );
+        return with_header(r, hyper::header::CONNECTION, "close");
+    }
+    let (reply, rx) = oneshot::channel();
+    if state.reloads.send(ReloadRequest { reply }).await.is_err() {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "colibri is stopping\n".into(),
+        );
+    }
+    match rx.await {
+        Ok(Ok(report)) => {
+            let mut body = format!("reloaded: generation {}\n", report.generation);
+            for c in &report.changes {
+                body.push_str(c);
+                body.push('\n');
+            }
+            text(StatusCode::OK, body)
+        }
+        Ok(Err(problems)) => text(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("reload refused, the running config stays:\n{problems}\n"),
+        ),
+        Err(_) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "colibri is stopping\n".into(),
+        ),
     }
 }

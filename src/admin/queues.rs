@@ -21,7 +21,7 @@ use serde_json::json;
 use super::{AgentState, query_u64 as param};
 use crate::clock;
 use crate::config::ingest::DEFAULT_MAX_BODY;
-use crate::store::writer::DeadOp;
+use crate::store::writer::{DeadOp, StoreHandle};
 use crate::store::{AppendError, RecordBuf, StoreError};
 
 /// Dead letters per request at most (the command asks for 1,000).
@@ -97,104 +97,126 @@ pub(super) async fn handle(
         return error(StatusCode::SERVICE_UNAVAILABLE, "the store is not open");
     };
     match op {
-        Op::List => {
-            let parsed = (|| {
-                let limit = param(query, "limit")?
-                    .map_or(MAX_LISTED, |l| (l as usize).clamp(1, MAX_LISTED));
-                Ok::<_, String>((param(query, "after")?, limit))
-            })();
-            let (after, limit) = match parsed {
-                Ok(p) => p,
-                Err(e) => return error(StatusCode::BAD_REQUEST, e),
-            };
-            match store
-                .dead_letters(stream, after, limit, MAX_LISTED_RAW)
-                .await
-            {
-                Ok(page) => {
-                    let jobs: Vec<_> = page.jobs.iter().map(|j| j.to_json()).collect();
-                    (
-                        StatusCode::OK,
-                        json!({ "stream": stream, "jobs": jobs, "next": page.next }).to_string(),
-                    )
-                }
-                Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
-            }
-        }
-        Op::Pause | Op::Resume => {
-            let pause = op == Op::Pause;
-            let changed = state.paused.set(stream, pause);
-            if changed {
-                tracing::info!(
-                    stream,
-                    paused = pause,
-                    "stream {} by the operator",
-                    if pause { "paused" } else { "resumed" }
-                );
-            }
+        Op::List => list_dead(store, stream, query).await,
+        Op::Pause | Op::Resume => pause(state, stream, op == Op::Pause),
+        Op::Replay | Op::Purge => settle_dead(store, stream, &op, query).await,
+        Op::Push => push(state, store, stream, body).await,
+    }
+}
+
+/// `GET .../dead`: a page of dead letters after `after`.
+async fn list_dead(store: &StoreHandle, stream: &str, query: &str) -> (StatusCode, String) {
+    let (after, limit) = match list_params(query) {
+        Ok(p) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match store
+        .dead_letters(stream, after, limit, MAX_LISTED_RAW)
+        .await
+    {
+        Ok(page) => {
+            let jobs: Vec<_> = page.jobs.iter().map(|j| j.to_json()).collect();
             (
                 StatusCode::OK,
-                json!({ "stream": stream, "paused": pause, "changed": changed }).to_string(),
+                json!({ "stream": stream, "jobs": jobs, "next": page.next }).to_string(),
             )
         }
-        Op::Replay | Op::Purge => {
-            let parsed = (|| {
-                let limit =
-                    param(query, "limit")?.map_or(1000, |l| (l as usize).clamp(1, MAX_CHUNK));
-                // Absolute, fixed by the command for its whole run: a dead letter that fails again
-                // meanwhile is not taken again.
-                let before = param(query, "failed_before_ms")?;
-                let op = if op == Op::Replay {
-                    DeadOp::Replay {
-                        id: param(query, "id")?,
-                        failed_before_ms: before,
-                        limit,
-                    }
-                } else {
-                    DeadOp::Purge {
-                        failed_before_ms: before,
-                        limit,
-                    }
-                };
-                Ok::<_, String>(op)
-            })();
-            let op = match parsed {
-                Ok(op) => op,
-                Err(e) => return error(StatusCode::BAD_REQUEST, e),
-            };
-            match store.dead(stream, op).await {
-                Ok((jobs, records)) => (
-                    StatusCode::OK,
-                    json!({ "stream": stream, "jobs": jobs, "records": records }).to_string(),
-                ),
-                Err(e @ StoreError::NoSuchJob { .. }) => error(StatusCode::NOT_FOUND, e),
-                Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
-            }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}
+
+/// `after` and `limit` (clamped to `1..=MAX_LISTED`) of a dead letter listing.
+fn list_params(query: &str) -> Result<(Option<u64>, usize), String> {
+    let limit = param(query, "limit")?.map_or(MAX_LISTED, |l| (l as usize).clamp(1, MAX_LISTED));
+    Ok((param(query, "after")?, limit))
+}
+
+/// `POST .../pause` and `.../resume`: logged only when it changes something.
+fn pause(state: &AgentState, stream: &str, pause: bool) -> (StatusCode, String) {
+    let changed = state.paused.set(stream, pause);
+    if changed {
+        tracing::info!(
+            stream,
+            paused = pause,
+            "stream {} by the operator",
+            if pause { "paused" } else { "resumed" }
+        );
+    }
+    (
+        StatusCode::OK,
+        json!({ "stream": stream, "paused": pause, "changed": changed }).to_string(),
+    )
+}
+
+/// `POST .../dead/replay` and `.../dead/purge`: one chunk, one commit.
+async fn settle_dead(
+    store: &StoreHandle,
+    stream: &str,
+    op: &Op,
+    query: &str,
+) -> (StatusCode, String) {
+    let op = match dead_op(op, query) {
+        Ok(op) => op,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match store.dead(stream, op).await {
+        Ok((jobs, records)) => (
+            StatusCode::OK,
+            json!({ "stream": stream, "jobs": jobs, "records": records }).to_string(),
+        ),
+        Err(e @ StoreError::NoSuchJob { .. }) => error(StatusCode::NOT_FOUND, e),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}
+
+/// The store writer's request for a replay (`op` is [`Op::Replay`]) or a purge, from the query.
+fn dead_op(op: &Op, query: &str) -> Result<DeadOp, String> {
+    let limit = param(query, "limit")?.map_or(1000, |l| (l as usize).clamp(1, MAX_CHUNK));
+    // Absolute, fixed by the command for its whole run: a dead letter that fails again
+    // meanwhile is not taken again.
+    let before = param(query, "failed_before_ms")?;
+    Ok(if *op == Op::Replay {
+        DeadOp::Replay {
+            id: param(query, "id")?,
+            failed_before_ms: before,
+            limit,
         }
-        Op::Push => {
-            let records = match push_records(state, stream, body) {
-                Ok(r) => r,
-                Err(refused) => return refused,
-            };
-            let n = records.len();
-            if n == 0 {
-                return (
-                    StatusCode::OK,
-                    json!({ "stream": stream, "stored": 0 }).to_string(),
-                );
-            }
-            match store.append(stream, records, None, Some(PUSH_WAIT)).await {
-                Ok(_) => (
-                    StatusCode::OK,
-                    json!({ "stream": stream, "stored": n }).to_string(),
-                ),
-                Err(e @ (AppendError::Full { .. } | AppendError::Refused { .. })) => {
-                    error(StatusCode::TOO_MANY_REQUESTS, e)
-                }
-                Err(e @ AppendError::TooLarge { .. }) => error(StatusCode::PAYLOAD_TOO_LARGE, e),
-                Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
-            }
+    } else {
+        DeadOp::Purge {
+            failed_before_ms: before,
+            limit,
         }
+    })
+}
+
+/// `POST .../records`: the body's lines appended, answered once durable.
+async fn push(
+    state: &AgentState,
+    store: &StoreHandle,
+    stream: &str,
+    body: &[u8],
+) -> (StatusCode, String) {
+    let records = match push_records(state, stream, body) {
+        Ok(r) => r,
+        Err(refused) => return refused,
+    };
+    let n = records.len();
+    if n == 0 {
+        return (
+            StatusCode::OK,
+            json!({ "stream": stream, "stored": 0 }).to_string(),
+        );
+    }
+    match store.append(stream, records, None, Some(PUSH_WAIT)).await {
+        Ok(_) => (
+            StatusCode::OK,
+            json!({ "stream": stream, "stored": n }).to_string(),
+        ),
+        Err(e @ (AppendError::Full { .. } | AppendError::Refused { .. })) => {
+            error(StatusCode::TOO_MANY_REQUESTS, e)
+        }
+        Err(e @ AppendError::TooLarge { .. }) => error(StatusCode::PAYLOAD_TOO_LARGE, e),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
     }
 }
 

@@ -362,6 +362,12 @@ fn stream_metrics(t: &mut Text, snap: &Snapshot) {
             .map(|(c, n)| (c.name.as_str(), n))
             .collect(),
     };
+    stream_queue_metrics(t, &streams, snap);
+    stream_flow_metrics(t, &streams);
+}
+
+/// What a stream's queue holds now (gauges).
+fn stream_queue_metrics(t: &mut Text, streams: &Items<Counters>, snap: &Snapshot) {
     let queues: [(&str, &str, &Parts<Counters>); 4] = [
         (
             "colibri_stream_jobs",
@@ -423,6 +429,10 @@ fn stream_metrics(t: &mut Text, snap: &Snapshot) {
             secs,
         );
     }
+}
+
+/// What a stream took in and what left it, by outcome (counters).
+fn stream_flow_metrics(t: &mut Text, streams: &Items<Counters>) {
     streams.families(
         t,
         Kind::Counter,

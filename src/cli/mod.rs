@@ -268,6 +268,20 @@ pub fn summary(c: &Config) -> String {
     let mut out = String::new();
     let now = chrono::Utc::now();
     let _ = writeln!(out, "{}: ok", c.source.display());
+    summarize_process(&mut out, c);
+    if !c.streams.is_empty() {
+        summarize_telemetry(&mut out, c);
+        summarize_streams(&mut out, c);
+    }
+    let _ = writeln!(out, "  tasks           {}", c.tasks.len());
+    if !c.tasks.is_empty() {
+        summarize_tasks(&mut out, c, now);
+    }
+    out
+}
+
+/// The process's own settings: data_dir, workers, shutdown_grace, log.
+fn summarize_process(out: &mut String, c: &Config) {
     let _ = writeln!(out, "  data_dir        {}", c.data_dir.display());
     let _ = writeln!(out, "  workers         {}", c.workers);
     let _ = writeln!(out, "  shutdown_grace  {}", fmt_duration(c.shutdown_grace));
@@ -282,102 +296,84 @@ pub fn summary(c: &Config) -> String {
         );
     }
     let _ = writeln!(out, "  log             {log}");
-    if !c.streams.is_empty() {
-        let _ = writeln!(
-            out,
-            "  storage         max {}, keep {} free",
-            fmt_size(c.storage.max_bytes),
-            fmt_size(c.storage.min_free)
-        );
-        if !c.sinks.is_empty() {
-            let sinks: Vec<String> = c.sinks.iter().map(|k| k.describe()).collect();
-            let _ = writeln!(out, "  sinks           {}", sinks.join(", "));
-        }
-        match &c.admin {
-            Some(a) => {
-                let _ = writeln!(
-                    out,
-                    "  admin           {}://{}/metrics, /healthz, /readyz, POST /-/reload{}",
-                    if a.tls.is_some() { "https" } else { "http" },
-                    a.listen,
-                    if a.token.is_some() {
-                        ", bearer token required"
-                    } else {
-                        ""
-                    }
-                );
-            }
-            None => {
-                let _ = writeln!(out, "  admin           off");
-            }
-        }
-        if let Some(i) = &c.ingest {
-            let _ = writeln!(out, "  ingest          {}", i.describe());
-        }
-        for s in &c.sources {
-            let _ = writeln!(out, "  source {:<8} {}", s.name(), s.describe());
-        }
-        let _ = writeln!(out, "  streams         {}", c.streams.len());
-        for s in &c.streams {
-            let ttl = s
-                .ttl
-                .map_or(String::new(), |t| format!(", ttl {}", fmt_duration(t)));
-            let to = s
-                .sink
-                .as_deref()
-                .map_or("queue only".to_string(), |k| format!("to {k}"));
+}
+
+/// What carries records (shown when streams are configured): storage, sinks, the admin
+/// endpoint, ingest and sources.
+fn summarize_telemetry(out: &mut String, c: &Config) {
+    let _ = writeln!(
+        out,
+        "  storage         max {}, keep {} free",
+        fmt_size(c.storage.max_bytes),
+        fmt_size(c.storage.min_free)
+    );
+    if !c.sinks.is_empty() {
+        let sinks: Vec<String> = c.sinks.iter().map(|k| k.describe()).collect();
+        let _ = writeln!(out, "  sinks           {}", sinks.join(", "));
+    }
+    match &c.admin {
+        Some(a) => {
             let _ = writeln!(
                 out,
-                "    {:<14} {to}, max {} jobs / {}, when full: {}{ttl}, jobs of <= {} records / {}",
-                s.name,
-                s.max_jobs,
-                fmt_size(s.max_bytes),
-                s.when_full,
-                s.batch.max_records,
-                fmt_size(s.batch.max_bytes),
+                "  admin           {}://{}/metrics, /healthz, /readyz, POST /-/reload{}",
+                if a.tls.is_some() { "https" } else { "http" },
+                a.listen,
+                if a.token.is_some() {
+                    ", bearer token required"
+                } else {
+                    ""
+                }
             );
         }
+        None => {
+            let _ = writeln!(out, "  admin           off");
+        }
     }
-    let _ = writeln!(out, "  tasks           {}", c.tasks.len());
-    if c.tasks.is_empty() {
-        return out;
+    if let Some(i) = &c.ingest {
+        let _ = writeln!(out, "  ingest          {}", i.describe());
     }
+    for s in &c.sources {
+        let _ = writeln!(out, "  source {:<8} {}", s.name(), s.describe());
+    }
+}
+
+/// The streams, a line each: where they deliver and their bounds.
+fn summarize_streams(out: &mut String, c: &Config) {
+    let _ = writeln!(out, "  streams         {}", c.streams.len());
+    for s in &c.streams {
+        let ttl = s
+            .ttl
+            .map_or(String::new(), |t| format!(", ttl {}", fmt_duration(t)));
+        let to = s
+            .sink
+            .as_deref()
+            .map_or("queue only".to_string(), |k| format!("to {k}"));
+        let _ = writeln!(
+            out,
+            "    {:<14} {to}, max {} jobs / {}, when full: {}{ttl}, jobs of <= {} records / {}",
+            s.name,
+            s.max_jobs,
+            fmt_size(s.max_bytes),
+            s.when_full,
+            s.batch.max_records,
+            fmt_size(s.batch.max_bytes),
+        );
+    }
+}
+
+/// The first [`SUMMARY_ROWS`] tasks as a table, each with its next run; the rest counted.
+fn summarize_tasks(out: &mut String, c: &Config, now: chrono::DateTime<chrono::Utc>) {
     let rows: Vec<[String; 5]> = c
         .tasks
         .iter()
         .take(SUMMARY_ROWS)
         .map(|t| {
-            let next = match &t.schedule {
-                Schedule::Cron(cron) => cron.next_after(now).map_or_else(
-                    || "never".to_string(),
-                    |n| {
-                        n.with_timezone(&chrono::Local)
-                            .format("%Y-%m-%d %H:%M:%S %Z")
-                            .to_string()
-                    },
-                ),
-                Schedule::Every {
-                    offset: Offset::Fixed(d),
-                    ..
-                } if d.is_zero() => "at start".into(),
-                Schedule::Every {
-                    offset: Offset::Fixed(d),
-                    ..
-                } => format!("{} after start", fmt_duration(*d)),
-                Schedule::Every {
-                    period,
-                    offset: Offset::Random,
-                } => {
-                    format!("within {} of start", fmt_duration(*period))
-                }
-                Schedule::Reboot => "at start".into(),
-            };
             [
                 t.name.clone(),
                 t.action.kind().to_string(),
                 t.schedule.to_string(),
                 fmt_duration(t.timeout),
-                next,
+                next_run(&t.schedule, now),
             ]
         })
         .collect();
@@ -409,5 +405,34 @@ pub fn summary(c: &Config) -> String {
     if c.tasks.len() > SUMMARY_ROWS {
         let _ = writeln!(out, "    ... and {} more", c.tasks.len() - SUMMARY_ROWS);
     }
-    out
+}
+
+/// When a task with `schedule` runs next: a local time for a cron schedule, else relative to
+/// the start.
+fn next_run(schedule: &Schedule, now: chrono::DateTime<chrono::Utc>) -> String {
+    match schedule {
+        Schedule::Cron(cron) => cron.next_after(now).map_or_else(
+            || "never".to_string(),
+            |n| {
+                n.with_timezone(&chrono::Local)
+                    .format("%Y-%m-%d %H:%M:%S %Z")
+                    .to_string()
+            },
+        ),
+        Schedule::Every {
+            offset: Offset::Fixed(d),
+            ..
+        } if d.is_zero() => "at start".into(),
+        Schedule::Every {
+            offset: Offset::Fixed(d),
+            ..
+        } => format!("{} after start", fmt_duration(*d)),
+        Schedule::Every {
+            period,
+            offset: Offset::Random,
+        } => {
+            format!("within {} of start", fmt_duration(*period))
+        }
+        Schedule::Reboot => "at start".into(),
+    }
 }

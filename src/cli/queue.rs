@@ -287,21 +287,7 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
             target,
             admin,
             show,
-        }) => {
-            let c = load(&target.config)?;
-            let stream = &target.stream;
-            match via(&c, &admin, Access::Read)? {
-                Via::Agent(a) => match list_dead_via(&a, stream, &show)? {
-                    Listed::Done => Ok(()),
-                    // Reading changes nothing: the store beside the agent answers as well.
-                    Listed::Refused(why) => {
-                        eprintln!("{why}; reading the store instead");
-                        list_jobs(&open(&c, Access::Read)?, stream, true, &show)
-                    }
-                },
-                Via::Store(s) => list_jobs(&s, stream, true, &show),
-            }
-        }
+        }) => dead_list(&target, &admin, &show),
         QueueCommand::Push {
             config,
             admin,
@@ -328,119 +314,158 @@ fn run(cmd: QueueCommand) -> anyhow::Result<()> {
             id,
             older_than,
             json,
-        }) => {
-            let c = load(&target.config)?;
-            let stream = &target.stream;
-            let mut via = via(&c, &admin, Access::Change)?;
-            let total = via.dead_jobs(&c, stream)?;
-            // One cut-off for the whole run: a job that fails again while it runs (the agent
-            // delivering) dies after it and is not replayed again and again.
-            let before = cut_off(older_than);
-            let (jobs, records) = match &mut via {
-                Via::Store(s) => in_chunks(
-                    "replayed",
-                    total,
-                    |j| j == 0 || id.is_some(),
-                    || chunk(s, |tx| tx.replay_dead(stream, id, Some(before), CHUNK)),
-                )?,
-                Via::Agent(a) => {
-                    let mut q = format!("limit={CHUNK}&failed_before_ms={before}");
-                    if let Some(id) = id {
-                        q.push_str(&format!("&id={id}"));
-                    }
-                    in_chunks(
-                        "replayed",
-                        total,
-                        |j| j == 0 || id.is_some(),
-                        || a.counts(&format!("/-/queues/{stream}/dead/replay?{q}")),
-                    )?
-                }
-            };
-            if json {
-                let doc = serde_json::json!({
-                    "stream": stream, "replayed_jobs": jobs, "replayed_records": records,
-                });
-                println!("{doc}");
-            } else {
-                println!(
-                    "replayed {} ({}) of stream {stream:?} into its queue",
-                    count(jobs, "dead job"),
-                    count(records, "record"),
-                );
-            }
-            Ok(())
-        }
+        }) => dead_replay(&target, &admin, id, older_than, json),
         QueueCommand::Dead(DeadCommand::Purge {
             target,
             admin,
             older_than,
             yes,
             json,
-        }) => {
-            let c = load(&target.config)?;
-            let mut via = via(&c, &admin, Access::Change)?;
-            let counters = via.counters(&c, &target.stream)?;
-            let what = match older_than {
-                Some(d) => format!(
-                    "the dead jobs of stream {:?} that failed more than {} ago",
-                    target.stream,
-                    fmt_duration(d)
-                ),
-                None => format!(
-                    "{} ({}) of stream {:?}",
-                    count(counters.dead_jobs, "dead job"),
-                    count(counters.dead_records, "record"),
-                    target.stream
-                ),
-            };
-            if !yes {
-                if !std::io::stdin().is_terminal() {
-                    return Err(Usage(format!(
-                        "not purging {what}: stdin is not a terminal, so nobody can confirm; add --yes to purge without asking"
-                    ))
-                    .into());
-                }
-                if !confirm(&format!("delete {what} for good?"))? {
-                    println!("nothing purged");
-                    return Ok(());
-                }
-            }
-            let stream = &target.stream;
-            let before = cut_off(older_than);
-            let last = |j| j < CHUNK as u64;
-            let (jobs, records) = match &mut via {
-                Via::Store(s) => {
-                    let done = in_chunks("purged", counters.dead_jobs, last, || {
-                        chunk(s, |tx| tx.purge_dead(stream, Some(before), CHUNK))
-                    })?;
-                    // Purged file jobs take their spooled files with them (the running agent's
-                    // writer does so itself).
-                    s.dispose_now()?;
-                    done
-                }
-                Via::Agent(a) => {
-                    let q = format!("limit={CHUNK}&failed_before_ms={before}");
-                    in_chunks("purged", counters.dead_jobs, last, || {
-                        a.counts(&format!("/-/queues/{stream}/dead/purge?{q}"))
-                    })?
-                }
-            };
-            if json {
-                let doc = serde_json::json!({
-                    "stream": target.stream, "purged_jobs": jobs, "purged_records": records,
-                });
-                println!("{doc}");
-            } else {
-                println!(
-                    "purged {} ({}) of stream {:?}",
-                    count(jobs, "dead job"),
-                    count(records, "record"),
-                    target.stream
-                );
-            }
-            Ok(())
-        }
+        }) => dead_purge(&target, &admin, older_than, yes, json),
     }
+}
+
+/// `dead list`: through the running agent when it answers, else from the store.
+fn dead_list(target: &DeadTarget, admin: &AdminArgs, show: &Show) -> anyhow::Result<()> {
+    let c = load(&target.config)?;
+    let stream = &target.stream;
+    match via(&c, admin, Access::Read)? {
+        Via::Agent(a) => match list_dead_via(&a, stream, show)? {
+            Listed::Done => Ok(()),
+            // Reading changes nothing: the store beside the agent answers as well.
+            Listed::Refused(why) => {
+                eprintln!("{why}; reading the store instead");
+                list_jobs(&open(&c, Access::Read)?, stream, true, show)
+            }
+        },
+        Via::Store(s) => list_jobs(&s, stream, true, show),
+    }
+}
+
+/// `dead replay`: in chunks, each its own commit, through the agent or in the store.
+fn dead_replay(
+    target: &DeadTarget,
+    admin: &AdminArgs,
+    id: Option<u64>,
+    older_than: Option<std::time::Duration>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let c = load(&target.config)?;
+    let stream = &target.stream;
+    let mut via = via(&c, admin, Access::Change)?;
+    let total = via.dead_jobs(&c, stream)?;
+    // One cut-off for the whole run: a job that fails again while it runs (the agent
+    // delivering) dies after it and is not replayed again and again.
+    let before = cut_off(older_than);
+    let (jobs, records) = match &mut via {
+        Via::Store(s) => in_chunks(
+            "replayed",
+            total,
+            |j| j == 0 || id.is_some(),
+            || chunk(s, |tx| tx.replay_dead(stream, id, Some(before), CHUNK)),
+        )?,
+        Via::Agent(a) => {
+            let mut q = format!("limit={CHUNK}&failed_before_ms={before}");
+            if let Some(id) = id {
+                q.push_str(&format!("&id={id}"));
+            }
+            in_chunks(
+                "replayed",
+                total,
+                |j| j == 0 || id.is_some(),
+                || a.counts(&format!("/-/queues/{stream}/dead/replay?{q}")),
+            )?
+        }
+    };
+    if json {
+        let doc = serde_json::json!({
+            "stream": stream, "replayed_jobs": jobs, "replayed_records": records,
+        });
+        println!("{doc}");
+    } else {
+        println!(
+            "replayed {} ({}) of stream {stream:?} into its queue",
+            count(jobs, "dead job"),
+            count(records, "record"),
+        );
+    }
+    Ok(())
+}
+
+/// `dead purge`: once confirmed ([`purge_confirmed`]), in chunks, each its own commit.
+fn dead_purge(
+    target: &DeadTarget,
+    admin: &AdminArgs,
+    older_than: Option<std::time::Duration>,
+    yes: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let c = load(&target.config)?;
+    let mut via = via(&c, admin, Access::Change)?;
+    let counters = via.counters(&c, &target.stream)?;
+    let what = match older_than {
+        Some(d) => format!(
+            "the dead jobs of stream {:?} that failed more than {} ago",
+            target.stream,
+            fmt_duration(d)
+        ),
+        None => format!(
+            "{} ({}) of stream {:?}",
+            count(counters.dead_jobs, "dead job"),
+            count(counters.dead_records, "record"),
+            target.stream
+        ),
+    };
+    if !yes && !purge_confirmed(&what)? {
+        println!("nothing purged");
+        return Ok(());
+    }
+    let stream = &target.stream;
+    let before = cut_off(older_than);
+    let last = |j| j < CHUNK as u64;
+    let (jobs, records) = match &mut via {
+        Via::Store(s) => {
+            let done = in_chunks("purged", counters.dead_jobs, last, || {
+                chunk(s, |tx| tx.purge_dead(stream, Some(before), CHUNK))
+            })?;
+            // Purged file jobs take their spooled files with them (the running agent's
+            // writer does so itself).
+            s.dispose_now()?;
+            done
+        }
+        Via::Agent(a) => {
+            let q = format!("limit={CHUNK}&failed_before_ms={before}");
+            in_chunks("purged", counters.dead_jobs, last, || {
+                a.counts(&format!("/-/queues/{stream}/dead/purge?{q}"))
+            })?
+        }
+    };
+    if json {
+        let doc = serde_json::json!({
+            "stream": target.stream, "purged_jobs": jobs, "purged_records": records,
+        });
+        println!("{doc}");
+    } else {
+        println!(
+            "purged {} ({}) of stream {:?}",
+            count(jobs, "dead job"),
+            count(records, "record"),
+            target.stream
+        );
+    }
+    Ok(())
+}
+
+/// Whether the operator at the terminal confirms deleting `what`; without a terminal nobody can,
+/// which is a usage error.
+fn purge_confirmed(what: &str) -> anyhow::Result<bool> {
+    if !std::io::stdin().is_terminal() {
+        return Err(Usage(format!(
+            "not purging {what}: stdin is not a terminal, so nobody can confirm; add --yes to purge without asking"
+        ))
+        .into());
+    }
+    confirm(&format!("delete {what} for good?"))
 }
 
 /// Changes dead letters one chunk at a time (`dead replay`, `dead purge`; each chunk its own

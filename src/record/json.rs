@@ -155,113 +155,155 @@ pub struct Object {
 /// strictly (see the module docs). `key` is called with each top-level member's name as it is
 /// written (escapes not decoded: the caller decodes the rare name that has a `\`).
 pub fn object(text: &str, mut key: impl FnMut(&[u8])) -> Option<Object> {
-    let mut p = Parser {
-        s: text.as_bytes(),
-        i: 0,
+    let mut w = Walk {
+        p: Parser {
+            s: text.as_bytes(),
+            i: 0,
+        },
+        stack: 0,
+        depth: 0,
+        empty: true,
     };
-    p.ws();
-    let start = p.i;
-    if p.peek()? != b'{' {
+    w.p.ws();
+    let start = w.p.i;
+    if w.p.peek()? != b'{' {
         return None;
     }
-    // One bit per open container, innermost lowest: 1 an object, 0 an array.
-    let mut stack: u64 = 0;
-    let mut depth: u32 = 0;
-    let mut empty = true;
     let mut state = State::Value;
     loop {
-        match state {
-            State::Value => {
-                p.ws();
-                match p.peek()? {
-                    open @ (b'{' | b'[') => {
-                        p.i += 1;
-                        if depth >= MAX_DEPTH {
-                            return None;
-                        }
-                        let is_object = open == b'{';
-                        p.ws();
-                        if p.peek()? == if is_object { b'}' } else { b']' } {
-                            p.i += 1;
-                            state = State::After;
-                        } else {
-                            depth += 1;
-                            stack = (stack << 1) | u64::from(is_object);
-                            if is_object {
-                                empty &= depth != 1;
-                                state = State::Key;
-                            }
-                            // An array's first element is a value: the state stays.
-                        }
-                    }
-                    b'"' => {
-                        p.i += 1;
-                        p.string()?;
-                        state = State::After;
-                    }
-                    b't' => {
-                        p.word(b"true")?;
-                        state = State::After;
-                    }
-                    b'f' => {
-                        p.word(b"false")?;
-                        state = State::After;
-                    }
-                    b'n' => {
-                        p.word(b"null")?;
-                        state = State::After;
-                    }
-                    b'-' | b'0'..=b'9' => {
-                        p.number()?;
-                        state = State::After;
-                    }
-                    _ => return None,
-                }
-            }
-            State::Key => {
-                p.ws();
-                if p.peek()? != b'"' {
+        state = match state {
+            State::Value => w.value()?,
+            State::Key => w.key(&mut key)?,
+            State::After if w.depth == 0 => return w.end(start),
+            State::After => w.after()?,
+        };
+    }
+}
+
+/// [`object`]'s walk through the text: where it is and the containers open around it. A method
+/// per [`State`], each returning the next (`None`: not one JSON object); each has one call site,
+/// in `object`'s loop, and is inlined there as the loop's arms were.
+struct Walk<'a> {
+    p: Parser<'a>,
+    /// One bit per open container, innermost lowest: 1 an object, 0 an array.
+    stack: u64,
+    depth: u32,
+    /// Whether the top-level object has no member (so far).
+    empty: bool,
+}
+
+impl Walk<'_> {
+    /// A value: a scalar read whole, or a container opened (an empty one read whole).
+    #[inline(always)]
+    fn value(&mut self) -> Option<State> {
+        let p = &mut self.p;
+        p.ws();
+        Some(match p.peek()? {
+            open @ (b'{' | b'[') => {
+                p.i += 1;
+                if self.depth >= MAX_DEPTH {
                     return None;
                 }
+                let is_object = open == b'{';
+                p.ws();
+                if p.peek()? == if is_object { b'}' } else { b']' } {
+                    p.i += 1;
+                    State::After
+                } else {
+                    self.depth += 1;
+                    self.stack = (self.stack << 1) | u64::from(is_object);
+                    if is_object {
+                        self.empty &= self.depth != 1;
+                        State::Key
+                    } else {
+                        // An array's first element is a value: the state stays.
+                        State::Value
+                    }
+                }
+            }
+            b'"' => {
                 p.i += 1;
-                let from = p.i;
                 p.string()?;
-                if depth == 1 {
-                    key(&p.s[from..p.i - 1]);
-                }
-                p.ws();
-                if p.peek()? != b':' {
-                    return None;
-                }
-                p.i += 1;
-                state = State::Value;
+                State::After
             }
-            State::After => {
-                if depth == 0 {
-                    let end = p.i;
-                    p.ws();
-                    return (p.i == p.s.len()).then_some(Object { start, end, empty });
-                }
-                p.ws();
-                let in_object = stack & 1 == 1;
-                match (p.peek()?, in_object) {
-                    (b',', true) => {
-                        p.i += 1;
-                        state = State::Key;
-                    }
-                    (b',', false) => {
-                        p.i += 1;
-                        state = State::Value;
-                    }
-                    (b'}', true) | (b']', false) => {
-                        p.i += 1;
-                        depth -= 1;
-                        stack >>= 1;
-                    }
-                    _ => return None,
-                }
+            b't' => {
+                p.word(b"true")?;
+                State::After
             }
+            b'f' => {
+                p.word(b"false")?;
+                State::After
+            }
+            b'n' => {
+                p.word(b"null")?;
+                State::After
+            }
+            b'-' | b'0'..=b'9' => {
+                p.number()?;
+                State::After
+            }
+            _ => return None,
+        })
+    }
+
+    /// A member's name and its colon; `key` is told the top-level ones.
+    #[inline(always)]
+    fn key(&mut self, key: &mut impl FnMut(&[u8])) -> Option<State> {
+        let p = &mut self.p;
+        p.ws();
+        if p.peek()? != b'"' {
+            return None;
         }
+        p.i += 1;
+        let from = p.i;
+        p.string()?;
+        if self.depth == 1 {
+            key(&p.s[from..p.i - 1]);
+        }
+        p.ws();
+        if p.peek()? != b':' {
+            return None;
+        }
+        p.i += 1;
+        Some(State::Value)
+    }
+
+    /// After a value inside a container: a comma (its next member or element) or its closing
+    /// bracket.
+    #[inline(always)]
+    fn after(&mut self) -> Option<State> {
+        let p = &mut self.p;
+        p.ws();
+        let in_object = self.stack & 1 == 1;
+        match (p.peek()?, in_object) {
+            (b',', true) => {
+                p.i += 1;
+                Some(State::Key)
+            }
+            (b',', false) => {
+                p.i += 1;
+                Some(State::Value)
+            }
+            (b'}', true) | (b']', false) => {
+                p.i += 1;
+                self.depth -= 1;
+                self.stack >>= 1;
+                Some(State::After)
+            }
+            _ => None,
+        }
+    }
+
+    /// The top-level object (from `start`) has closed: only whitespace may follow it.
+    #[inline(always)]
+    fn end(mut self, start: usize) -> Option<Object> {
+        let end = self.p.i;
+        self.p.ws();
+        (self.p.i == self.p.s.len()).then_some(Object {
+            start,
+            end,
+            empty: self.empty,
+        })
     }
 }
 

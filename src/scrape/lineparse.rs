@@ -198,6 +198,30 @@ fn scan<'a>(line: &'a [u8], out: &mut impl FnMut(Part<'a>)) -> Result<(), LineEr
 }
 
 fn scan_point<'a>(line: &'a [u8], out: &mut impl FnMut(Part<'a>)) -> Result<(), LineError> {
+    check_line(line)?;
+    let end = element_end(line, 0, b", ")?;
+    if end == 0 {
+        return fail(0, format!("no measurement: {SHAPE}"));
+    }
+    out(Part::Measurement(&line[..end]));
+    let i = scan_tags(line, end, out)?;
+    if i == line.len() {
+        return fail(i, format!("no field: {SHAPE}"));
+    }
+    // Here line[i] is a space.
+    let i = skip_spaces(line, i);
+    if i == line.len() {
+        return fail(i, format!("no field after the space: {SHAPE}"));
+    }
+    match scan_fields(line, i, out)? {
+        None => Ok(()),
+        Some(i) => scan_timestamp(line, i, out),
+    }
+}
+
+/// What refuses the line as a whole: not UTF-8, more than one line, a comment.
+#[inline]
+fn check_line(line: &[u8]) -> Result<(), LineError> {
     if let Err(e) = std::str::from_utf8(line) {
         return fail(e.valid_up_to(), "not UTF-8");
     }
@@ -208,25 +232,18 @@ fn scan_point<'a>(line: &'a [u8], out: &mut impl FnMut(Part<'a>)) -> Result<(), 
     if line.first() == Some(&b'#') {
         return fail(0, "a comment, not a point");
     }
-    let end = element_end(line, 0, b", ")?;
-    if end == 0 {
-        return fail(0, format!("no measurement: {SHAPE}"));
-    }
-    out(Part::Measurement(&line[..end]));
-    let mut i = end;
+    Ok(())
+}
+
+/// The tags from `i` (each `,key=value`; none when `line[i]` is not a comma); where they end.
+#[inline]
+fn scan_tags<'a>(
+    line: &'a [u8],
+    mut i: usize,
+    out: &mut impl FnMut(Part<'a>),
+) -> Result<usize, LineError> {
     while line.get(i) == Some(&b',') {
-        let start = i + 1;
-        let key_end = element_end(line, start, b"=, ")?;
-        let key = &line[start..key_end];
-        if line.get(key_end) != Some(&b'=') {
-            return fail(
-                key_end,
-                format!("tag {:?} has no value (tags are key=value)", shown(key)),
-            );
-        }
-        if key.is_empty() {
-            return fail(start, "a tag without a key");
-        }
+        let (key, key_end) = key_at(line, i + 1, "tag")?;
         let value_end = element_end(line, key_end + 1, b"=, ")?;
         let value = &line[key_end + 1..value_end];
         if line.get(value_end) == Some(&b'=') {
@@ -244,64 +261,29 @@ fn scan_point<'a>(line: &'a [u8], out: &mut impl FnMut(Part<'a>)) -> Result<(), 
         out(Part::Tag(key, value));
         i = value_end;
     }
-    if i == line.len() {
-        return fail(i, format!("no field: {SHAPE}"));
-    }
-    // Here line[i] is a space.
-    i = skip_spaces(line, i);
-    if i == line.len() {
-        return fail(i, format!("no field after the space: {SHAPE}"));
-    }
+    Ok(i)
+}
+
+/// The fields from `i` (at least one, comma-separated); where the space before a timestamp is,
+/// or `None` when the line ends with them.
+#[inline]
+fn scan_fields<'a>(
+    line: &'a [u8],
+    mut i: usize,
+    out: &mut impl FnMut(Part<'a>),
+) -> Result<Option<usize>, LineError> {
     loop {
-        let start = i;
-        let key_end = element_end(line, start, b"=, ")?;
-        let key = &line[start..key_end];
-        if line.get(key_end) != Some(&b'=') {
-            return fail(
-                key_end,
-                format!("field {:?} has no value (fields are key=value)", shown(key)),
-            );
-        }
-        if key.is_empty() {
-            return fail(start, "a field without a key");
-        }
-        let vstart = key_end + 1;
-        let (value, vend) = if line.get(vstart) == Some(&b'"') {
-            let mut j = vstart + 1;
-            loop {
-                match line.get(j) {
-                    None => {
-                        return fail(
-                            vstart,
-                            format!(
-                                "the string value of field {:?} is not closed with \" (a string cannot span lines here)",
-                                shown(key)
-                            ),
-                        );
-                    }
-                    Some(b'\\') => j += 2,
-                    Some(b'"') => break,
-                    Some(_) => j += 1,
-                }
-            }
-            (Raw::Str(&line[vstart + 1..j]), j + 1)
-        } else {
-            let vend = element_end(line, vstart, b", ")?;
-            (field_value(key, &line[vstart..vend], vstart)?, vend)
-        };
+        let (key, value, vend) = field(line, i)?;
         out(Part::Field(key, value));
         match line.get(vend) {
-            None => return Ok(()),
+            None => return Ok(None),
             Some(b',') => {
                 i = vend + 1;
                 if i == line.len() {
                     return fail(i, "a field is missing after the last comma");
                 }
             }
-            Some(b' ') => {
-                i = vend;
-                break;
-            }
+            Some(b' ') => return Ok(Some(vend)),
             Some(_) => {
                 return fail(
                     vend,
@@ -313,6 +295,71 @@ fn scan_point<'a>(line: &'a [u8], out: &mut impl FnMut(Part<'a>)) -> Result<(), 
             }
         }
     }
+}
+
+/// One field `key=value` from `start`: its key, its value, and where the value ends.
+#[inline]
+fn field(line: &[u8], start: usize) -> Result<(&[u8], Raw<'_>, usize), LineError> {
+    let (key, key_end) = key_at(line, start, "field")?;
+    let vstart = key_end + 1;
+    if line.get(vstart) == Some(&b'"') {
+        let close = string_end(line, vstart, key)?;
+        return Ok((key, Raw::Str(&line[vstart + 1..close]), close + 1));
+    }
+    let vend = element_end(line, vstart, b", ")?;
+    Ok((key, field_value(key, &line[vstart..vend], vstart)?, vend))
+}
+
+/// The key of a `kind` (tag or field) from `start`, and where its `=` is: it must have one, and
+/// not be empty.
+#[inline]
+fn key_at<'a>(line: &'a [u8], start: usize, kind: &str) -> Result<(&'a [u8], usize), LineError> {
+    let key_end = element_end(line, start, b"=, ")?;
+    let key = &line[start..key_end];
+    if line.get(key_end) != Some(&b'=') {
+        return fail(
+            key_end,
+            format!(
+                "{kind} {:?} has no value ({kind}s are key=value)",
+                shown(key)
+            ),
+        );
+    }
+    if key.is_empty() {
+        return fail(start, format!("a {kind} without a key"));
+    }
+    Ok((key, key_end))
+}
+
+/// The closing quote of the string value of field `key` that opens at `open`.
+#[inline]
+fn string_end(line: &[u8], open: usize, key: &[u8]) -> Result<usize, LineError> {
+    let mut j = open + 1;
+    loop {
+        match line.get(j) {
+            None => {
+                return fail(
+                    open,
+                    format!(
+                        "the string value of field {:?} is not closed with \" (a string cannot span lines here)",
+                        shown(key)
+                    ),
+                );
+            }
+            Some(b'\\') => j += 2,
+            Some(b'"') => return Ok(j),
+            Some(_) => j += 1,
+        }
+    }
+}
+
+/// The timestamp after the space at `i`: nothing else may follow.
+#[inline]
+fn scan_timestamp<'a>(
+    line: &'a [u8],
+    i: usize,
+    out: &mut impl FnMut(Part<'a>),
+) -> Result<(), LineError> {
     let start = skip_spaces(line, i);
     let ts = &line[start..];
     if ts.is_empty() {

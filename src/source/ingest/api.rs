@@ -26,8 +26,8 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 
-use super::Shared;
 use super::body::{self, BadBody};
+use super::{IngestConfig, Shared};
 use crate::logging::summary;
 use crate::store::{AppendError, RecordBuf, StoreError};
 
@@ -258,13 +258,46 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
     }
     s.in_progress.fetch_add(1, Ordering::AcqRel);
     let _in_progress = InProgress(s);
+    let (encoding, format) = match admit(&req, stream, s) {
+        Ok(taken) => taken,
+        Err(r) => return Err(refuse_early(req, s, r).await),
+    };
+    let length = body_length(req.headers(), &s.config)?;
+    let _memory = match reserve(s, length, encoding).await {
+        Ok(reserved) => reserved,
+        Err(r) => return Err(refuse_early(req, s, r).await),
+    };
+    // A turn: bodies are read and held by at most max_requests requests at once. One still
+    // waiting for its turn when the stop comes has not begun: it is refused, so the stop waits
+    // for one round of requests at most.
+    let _permit = tokio::select! {
+        p = s.requests.acquire() => p.expect("never closed"),
+        _ = s.stopping.cancelled() => return Err(stopping()),
+    };
+    let records = read_records(req.into_body(), length, encoding, format, &s.config).await?;
+    let n = records.len() as u64;
+    if n > 0 {
+        s.store
+            .append(stream, RecordBuf::from(records), None, Some(s.config.wait))
+            .await
+            .map_err(append_error)?;
+    }
+    Ok(json(StatusCode::OK, &serde_json::json!({ "accepted": n })))
+}
+
+/// The checks of the request line and headers, in the contract's order: method (405), token
+/// (401), stream (404), encoding and content type (415). How the body is to be read.
+fn admit(
+    req: &Request<Incoming>,
+    stream: &str,
+    s: &Shared,
+) -> Result<(body::ContentEncoding, body::Format), Reject> {
     let cfg = &s.config;
     if req.method() != Method::POST {
-        let r = Reject::new(
+        return Err(Reject::new(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{} is not allowed here: use POST", req.method()),
-        );
-        return Err(refuse_early(req, s, r).await);
+        ));
     }
     if let Some(token) = &cfg.token {
         let given = req
@@ -278,17 +311,15 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
             Some(_) => None,
         };
         if let Some(reason) = reason {
-            let r = Reject::new(StatusCode::UNAUTHORIZED, reason);
-            return Err(refuse_early(req, s, r).await);
+            return Err(Reject::new(StatusCode::UNAUTHORIZED, reason));
         }
     }
     let Some(&carries) = cfg.streams.get(stream) else {
         let names: Vec<&str> = cfg.streams.keys().map(String::as_str).collect();
-        let r = Reject::new(
+        return Err(Reject::new(
             StatusCode::NOT_FOUND,
             format!("no stream {stream:?} (defined: {})", names.join(", ")),
-        );
-        return Err(refuse_early(req, s, r).await);
+        ));
     };
     let h = req.headers();
     let encoding = body::encoding_of(header_str(h, header::CONTENT_ENCODING));
@@ -298,13 +329,15 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
         carries,
         crate::clock::unix_ns(),
     );
-    let (encoding, format) = match (encoding, format) {
-        (Ok(e), Ok(f)) => (e, f),
-        (Err(why), _) | (_, Err(why)) => {
-            let r = Reject::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, why);
-            return Err(refuse_early(req, s, r).await);
-        }
-    };
+    match (encoding, format) {
+        (Ok(e), Ok(f)) => Ok((e, f)),
+        (Err(why), _) | (_, Err(why)) => Err(Reject::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, why)),
+    }
+}
+
+/// The body's length: declared (411) and within max_body (413). Either refusal closes the
+/// connection: the body is not read.
+fn body_length(h: &HeaderMap, cfg: &IngestConfig) -> Result<u64, Reject> {
     let length = match content_length(h) {
         Ok(n) => n,
         Err(why) => return Err(Reject::new(StatusCode::LENGTH_REQUIRED, why).close()),
@@ -319,8 +352,17 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
         );
         return Err(r.close());
     }
-    // Room in the memory budget for what this body can cost, before any of it is read: all the
-    // bodies in progress together stay within max_memory. No room within `wait`: 503.
+    Ok(length)
+}
+
+/// Room in the memory budget for what this body can cost, before any of it is read: all the
+/// bodies in progress together stay within max_memory. No room within `wait`: 503.
+async fn reserve(
+    s: &Shared,
+    length: u64,
+    encoding: body::ContentEncoding,
+) -> Result<Reserved<'_>, Reject> {
+    let cfg = &s.config;
     let cost = super::body_cost(
         length,
         encoding == body::ContentEncoding::Gzip,
@@ -328,24 +370,28 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
     )
     .min(cfg.max_memory);
     let cost = u32::try_from(cost).expect("max_memory is at most 192MiB");
-    let _memory = tokio::select! {
+    tokio::select! {
         p = tokio::time::timeout(cfg.wait, s.memory.acquire_many(cost)) => match p {
-            Ok(p) => Reserved {
+            Ok(p) => Ok(Reserved {
                 _permit: p.expect("never closed"),
                 large: u64::from(cost) > super::TRIM_ABOVE,
-            },
-            Err(_) => return Err(refuse_early(req, s, no_memory(cfg.max_memory)).await),
+            }),
+            Err(_) => Err(no_memory(cfg.max_memory)),
         },
-        _ = s.stopping.cancelled() => return Err(refuse_early(req, s, stopping()).await),
-    };
-    // A turn: bodies are read and held by at most max_requests requests at once. One still
-    // waiting for its turn when the stop comes has not begun: it is refused, so the stop waits
-    // for one round of requests at most.
-    let _permit = tokio::select! {
-        p = s.requests.acquire() => p.expect("never closed"),
-        _ = s.stopping.cancelled() => return Err(stopping()),
-    };
-    let wire = read_body(req.into_body(), length, cfg.read_timeout).await?;
+        _ = s.stopping.cancelled() => Err(stopping()),
+    }
+}
+
+/// The body within `read_timeout` (408), then its records (400, 413): decoded on the event loop
+/// when small and not compressed, else on the blocking pool.
+async fn read_records(
+    body: Incoming,
+    length: u64,
+    encoding: body::ContentEncoding,
+    format: body::Format,
+    cfg: &IngestConfig,
+) -> Result<Vec<Vec<u8>>, Reject> {
+    let wire = read_body(body, length, cfg.read_timeout).await?;
     let max_body = cfg.max_body;
     let parsed = if wire.len() <= INLINE_MAX && encoding == body::ContentEncoding::Identity {
         body::records(wire, format, encoding, max_body)
@@ -360,7 +406,7 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
                 .retry_after(RETRY_STORE)
             })?
     };
-    let records = parsed.map_err(|bad| match bad {
+    parsed.map_err(|bad| match bad {
         BadBody::TooLarge(why) => Reject::new(StatusCode::PAYLOAD_TOO_LARGE, why),
         BadBody::Invalid {
             message,
@@ -371,15 +417,7 @@ async fn records(req: Request<Incoming>, stream: &str, s: &Shared) -> Result<Ans
             r.at = line.map(|l| ("line", l)).or(index.map(|i| ("index", i)));
             r
         }
-    })?;
-    let n = records.len() as u64;
-    if n > 0 {
-        s.store
-            .append(stream, RecordBuf::from(records), None, Some(cfg.wait))
-            .await
-            .map_err(append_error)?;
-    }
-    Ok(json(StatusCode::OK, &serde_json::json!({ "accepted": n })))
+    })
 }
 
 /// A request's share of `max_memory`, held until it is answered. Declared before the body and

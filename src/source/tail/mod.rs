@@ -246,6 +246,9 @@ impl TailStats {
 const APPEND_WAIT: Duration = Duration::from_secs(3600);
 /// An append waiting this long is reported (once) as "stream full, reading paused".
 const SLOW_APPEND: Duration = Duration::from_secs(5);
+/// A step triggered by a timer of the tailer alone is not repeated sooner than this after the
+/// last one.
+const TIMER_STEP_GAP: Duration = Duration::from_millis(5);
 /// How long the final append at stop may take.
 const STOP_WAIT: Duration = Duration::from_secs(2);
 /// Retries of store reads and restarts of the source: `crate::backoff::jittered` from this to that.
@@ -566,184 +569,276 @@ impl Driver {
     }
 
     async fn follow(&mut self, tailer: Box<Tailer>, first_life: bool) -> Exit {
-        let mut tailer = Some(tailer);
-        let mut next = Some(Batch::new(self.limits));
-        let mut stepping: Option<tokio::task::JoinHandle<(Box<Tailer>, Batch)>> = None;
-        let mut inflight: Option<InFlight> = None;
-        let mut input = StepInput::default();
-        let mut urgent = first_life;
-        let start = Instant::now();
-        let mut next_scan = start + self.cfg.scan_interval;
-        let mut next_poll = start + self.cfg.poll_interval;
-        // A step triggered by a timer alone is not repeated sooner than this after the last one.
-        let mut last_step = start;
+        let mut f = Follow::new(tailer, self.limits, first_life, &self.cfg);
         let exit = loop {
             if self.retired.is_some()
-                && let Some(t) = &mut tailer
+                && let Some(t) = &mut f.tailer
             {
                 t.forget_watcher();
                 self.retired = None;
             }
             let now = Instant::now();
-            if now >= next_scan {
-                input.rescan = true;
-                input.check_all = true;
-                next_scan = now + self.cfg.scan_interval;
-            }
-            if self.polling && now >= next_poll {
-                input.check_all = true;
-                next_poll = now + self.cfg.poll_interval;
-            }
-            if let (Some(t), Some(b)) = (&tailer, &mut next) {
-                if inflight.is_none() && self.due(b, now, t.has_work(), urgent) {
-                    urgent = false;
-                    inflight = Some(self.start_append(b.take(), Some(APPEND_WAIT)));
-                }
-                let timer_due = t.deadline().is_some_and(|d| {
-                    Instant::from_std(d) <= now && now >= last_step + Duration::from_millis(5)
-                });
-                let asked = !input.events.is_empty() || input.rescan || input.check_all;
-                if !b.is_full() && (asked || t.has_work() || timer_due) {
-                    let mut t = tailer.take().expect("home");
-                    let mut b = next.take().expect("home");
-                    let inp = std::mem::take(&mut input);
-                    last_step = now;
-                    stepping = Some(tokio::task::spawn_blocking(move || {
-                        t.step(&inp, &mut b, std::time::Instant::now());
-                        (t, b)
-                    }));
-                }
-            }
-            // When to wake without an event.
-            let mut wake = next_scan;
-            if self.polling {
-                wake = wake.min(next_poll);
-            }
-            if let (Some(t), Some(b)) = (&tailer, &next) {
-                if inflight.is_none()
-                    && let Some(since) = b.since
-                    && !b.is_empty()
-                {
-                    wake = wake.min(Instant::from_std(since) + self.linger);
-                }
-                // A timer of the tailer needs a step, which waits while the batch is full.
-                if let Some(d) = t.deadline()
-                    && !b.is_full()
-                {
-                    wake = wake.min(Instant::from_std(d).max(last_step + Duration::from_millis(5)));
-                }
-            }
-            if let Some(f) = &inflight
-                && !self.paused_logged
-            {
-                wake = wake.min(f.started + SLOW_APPEND);
-            }
+            f.note_timers(now, &self.cfg, self.polling);
+            self.append_if_due(&mut f, now);
+            f.step_if_asked(now);
+            let wake = self.wake_at(&f);
+            let (inflight, stepping) = (&mut f.inflight, &mut f.stepping);
             tokio::select! {
                 biased;
                 _ = self.stopping.cancelled() => break Exit::Stopping,
                 r = async { inflight.as_mut().expect("guarded").fut.as_mut().await }, if inflight.is_some() => {
-                    let f = inflight.take().expect("guarded");
-                    match (r, f.again) {
-                        // Nothing was stored: keep waiting for room.
-                        (Err(AppendError::Full { reason, .. }), Some(again)) => {
-                            if !self.full_logged {
-                                self.full_logged = true;
-                                tracing::warn!(source = %self.cfg.name, stream = %self.cfg.stream, %reason, "the stream is still full: reading stays paused until it has room (the files keep the lines)");
-                            }
-                            // A refusal that came at once is not sent again at once.
-                            let delay = if f.started.elapsed() < SLOW_APPEND { SLOW_APPEND } else { Duration::ZERO };
-                            inflight = Some(self.resend(again, delay));
-                        }
-                        (r, _) => {
-                            if let Err(exit) = self.appended(r, f.records) {
-                                break exit;
-                            }
-                        }
+                    if let Err(exit) = self.append_done(&mut f, r) {
+                        break exit;
                     }
                 }
                 r = async { stepping.as_mut().expect("guarded").await }, if stepping.is_some() => {
-                    stepping = None;
-                    match r {
-                        Ok((t, b)) => {
-                            if t.watch_failed && !self.polling {
-                                self.polling = true;
-                                tracing::warn!(source = %self.cfg.name, "inotify limit reached (fs.inotify.max_user_watches): polling the files instead");
-                            }
-                            tailer = Some(t);
-                            next = Some(b);
-                        }
-                        Err(e) => {
-                            tracing::warn!(source = %self.cfg.name, error = %e, "a tail step failed: starting again from the stored checkpoint");
-                            break Exit::Restart;
-                        }
+                    if let Err(exit) = self.step_done(&mut f, r) {
+                        break exit;
                     }
                 }
-                r = read_events(&mut self.inotify, &mut input.events), if self.inotify.is_some() => {
+                r = read_events(&mut self.inotify, &mut f.input.events), if self.inotify.is_some() => {
                     if let Err(e) = r {
-                        tracing::warn!(source = %self.cfg.name, error = %e, "inotify failed: polling the files instead");
-                        // Kept open until the tailer has removed its watches (it holds the raw
-                        // descriptor); restarted tailers get none.
-                        self.retired = self.inotify.take();
-                        self.watcher = None;
-                        self.polling = true;
+                        self.inotify_failed(&e);
                     }
                 }
-                _ = tokio::time::sleep_until(wake) => {
-                    if let Some(f) = &inflight
-                        && !self.paused_logged
-                        && f.started.elapsed() >= SLOW_APPEND
-                    {
-                        self.paused_logged = true;
-                        tracing::warn!(source = %self.cfg.name, stream = %self.cfg.stream, "the stream is full: reading paused until it has room (the files keep the lines)");
-                    }
-                }
+                _ = tokio::time::sleep_until(wake) => self.note_slow_append(&f),
             }
         };
-        if !matches!(exit, Exit::Stopping) {
-            if let Some(s) = stepping {
-                let _ = s.await;
+        match exit {
+            Exit::Stopping => self.end_for_stop(f).await,
+            Exit::Restart => self.end_for_restart(f).await,
+        }
+        exit
+    }
+
+    /// Appends the batch when it is due and no append is in flight (the tailer and the batch
+    /// home).
+    fn append_if_due(&self, f: &mut Follow, now: Instant) {
+        if let (Some(t), Some(b)) = (&f.tailer, &mut f.next)
+            && f.inflight.is_none()
+            && self.due(b, now, t.has_work(), f.urgent)
+        {
+            f.urgent = false;
+            f.inflight = Some(self.start_append(b.take(), Some(APPEND_WAIT)));
+        }
+    }
+
+    /// When to wake without an event: the next scan or poll, the end of the batch's linger, a
+    /// timer of the tailer, an append becoming slow.
+    fn wake_at(&self, f: &Follow) -> Instant {
+        let mut wake = f.next_scan;
+        if self.polling {
+            wake = wake.min(f.next_poll);
+        }
+        if let (Some(t), Some(b)) = (&f.tailer, &f.next) {
+            if f.inflight.is_none()
+                && let Some(since) = b.since
+                && !b.is_empty()
+            {
+                wake = wake.min(Instant::from_std(since) + self.linger);
             }
-            drop(tailer);
-            self.retired = None;
-            // The checkpoint read at the restart must include an append still under way.
-            if let Some(mut f) = inflight {
-                tokio::select! {
-                    _ = self.stopping.cancelled() => {}
-                    r = f.fut.as_mut() => {
-                        let _ = self.appended(r, f.records);
-                    }
+            // A timer of the tailer needs a step, which waits while the batch is full.
+            if let Some(d) = t.deadline()
+                && !b.is_full()
+            {
+                wake = wake.min(Instant::from_std(d).max(f.last_step + TIMER_STEP_GAP));
+            }
+        }
+        if let Some(inflight) = &f.inflight
+            && !self.paused_logged
+        {
+            wake = wake.min(inflight.started + SLOW_APPEND);
+        }
+        wake
+    }
+
+    /// The append in flight ended: one refused as full is sent again (nothing was stored), any
+    /// other outcome is [`Driver::appended`]'s; `Err` ends the loop.
+    fn append_done(
+        &mut self,
+        f: &mut Follow,
+        r: Result<Appended, AppendError>,
+    ) -> Result<(), Exit> {
+        let done = f.inflight.take().expect("guarded");
+        match (r, done.again) {
+            // Nothing was stored: keep waiting for room.
+            (Err(AppendError::Full { reason, .. }), Some(again)) => {
+                if !self.full_logged {
+                    self.full_logged = true;
+                    tracing::warn!(source = %self.cfg.name, stream = %self.cfg.stream, %reason, "the stream is still full: reading stays paused until it has room (the files keep the lines)");
+                }
+                // A refusal that came at once is not sent again at once.
+                let delay = if done.started.elapsed() < SLOW_APPEND {
+                    SLOW_APPEND
+                } else {
+                    Duration::ZERO
+                };
+                f.inflight = Some(self.resend(again, delay));
+                Ok(())
+            }
+            (r, _) => self.appended(r, done.records),
+        }
+    }
+
+    /// A step ended: the tailer and the batch are home again; a failed step ends the loop.
+    fn step_done(
+        &mut self,
+        f: &mut Follow,
+        r: Result<(Box<Tailer>, Batch), tokio::task::JoinError>,
+    ) -> Result<(), Exit> {
+        f.stepping = None;
+        match r {
+            Ok((t, b)) => {
+                if t.watch_failed && !self.polling {
+                    self.polling = true;
+                    tracing::warn!(source = %self.cfg.name, "inotify limit reached (fs.inotify.max_user_watches): polling the files instead");
+                }
+                f.tailer = Some(t);
+                f.next = Some(b);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(source = %self.cfg.name, error = %e, "a tail step failed: starting again from the stored checkpoint");
+                Err(Exit::Restart)
+            }
+        }
+    }
+
+    /// Reading inotify failed: the source polls from now on.
+    fn inotify_failed(&mut self, e: &std::io::Error) {
+        tracing::warn!(source = %self.cfg.name, error = %e, "inotify failed: polling the files instead");
+        // Kept open until the tailer has removed its watches (it holds the raw
+        // descriptor); restarted tailers get none.
+        self.retired = self.inotify.take();
+        self.watcher = None;
+        self.polling = true;
+    }
+
+    /// Woken by the timer: an append waiting long is reported once as a pause.
+    fn note_slow_append(&mut self, f: &Follow) {
+        if let Some(inflight) = &f.inflight
+            && !self.paused_logged
+            && inflight.started.elapsed() >= SLOW_APPEND
+        {
+            self.paused_logged = true;
+            tracing::warn!(source = %self.cfg.name, stream = %self.cfg.stream, "the stream is full: reading paused until it has room (the files keep the lines)");
+        }
+    }
+
+    /// The loop ended for a restart: the step and the append under way end first.
+    async fn end_for_restart(&mut self, f: Follow) {
+        if let Some(s) = f.stepping {
+            let _ = s.await;
+        }
+        drop(f.tailer);
+        self.retired = None;
+        // The checkpoint read at the restart must include an append still under way.
+        if let Some(mut inflight) = f.inflight {
+            tokio::select! {
+                _ = self.stopping.cancelled() => {}
+                r = inflight.fut.as_mut() => {
+                    let _ = self.appended(r, inflight.records);
                 }
             }
-            return exit;
         }
-        // Stopping: what was read is committed when that is quick; the rest is read again at the
-        // next start (the checkpoint says where).
-        if let Some(s) = stepping
+    }
+
+    /// Stopping: what was read is committed when that is quick; the rest is read again at the
+    /// next start (the checkpoint says where).
+    async fn end_for_stop(&mut self, mut f: Follow) {
+        if let Some(s) = f.stepping.take()
             && let Ok((t, b)) = s.await
         {
-            tailer = Some(t);
-            next = Some(b);
+            f.tailer = Some(t);
+            f.next = Some(b);
         }
         let mut ok = true;
-        if let Some(mut f) = inflight {
-            ok = match tokio::time::timeout(STOP_WAIT, f.fut.as_mut()).await {
-                Ok(r) => self.appended(r, f.records).is_ok(),
+        if let Some(mut inflight) = f.inflight.take() {
+            ok = match tokio::time::timeout(STOP_WAIT, inflight.fut.as_mut()).await {
+                Ok(r) => self.appended(r, inflight.records).is_ok(),
                 Err(_) => false,
             };
         }
         if ok
-            && let Some(b) = next
+            && let Some(b) = f.next.take()
             && !b.is_empty()
         {
             // Without waiting for room: a full stream keeps these lines in the file.
-            let mut f = self.start_append(b, None);
-            if let Ok(r) = tokio::time::timeout(STOP_WAIT, f.fut.as_mut()).await {
-                let _ = self.appended(r, f.records);
+            let mut last = self.start_append(b, None);
+            if let Ok(r) = tokio::time::timeout(STOP_WAIT, last.fut.as_mut()).await {
+                let _ = self.appended(r, last.records);
             }
         }
-        drop(tailer);
+        drop(f.tailer);
         self.retired = None;
-        Exit::Stopping
+    }
+}
+
+/// One [`Driver::follow`]: the tailer and the batch it fills (home, or on the blocking pool while
+/// `stepping`), the append in flight, what the next step is told, and the timers.
+struct Follow {
+    tailer: Option<Box<Tailer>>,
+    next: Option<Batch>,
+    stepping: Option<tokio::task::JoinHandle<(Box<Tailer>, Batch)>>,
+    inflight: Option<InFlight>,
+    input: StepInput,
+    /// Append the first batch as soon as it has records (a source's first life).
+    urgent: bool,
+    next_scan: Instant,
+    next_poll: Instant,
+    /// When the last step began (see [`TIMER_STEP_GAP`]).
+    last_step: Instant,
+}
+
+impl Follow {
+    fn new(tailer: Box<Tailer>, limits: Limits, first_life: bool, cfg: &TailConfig) -> Self {
+        let start = Instant::now();
+        Self {
+            tailer: Some(tailer),
+            next: Some(Batch::new(limits)),
+            stepping: None,
+            inflight: None,
+            input: StepInput::default(),
+            urgent: first_life,
+            next_scan: start + cfg.scan_interval,
+            next_poll: start + cfg.poll_interval,
+            last_step: start,
+        }
+    }
+
+    /// A rescan (every `scan_interval`) and, when polling, a look at every file are due.
+    fn note_timers(&mut self, now: Instant, cfg: &TailConfig, polling: bool) {
+        if now >= self.next_scan {
+            self.input.rescan = true;
+            self.input.check_all = true;
+            self.next_scan = now + cfg.scan_interval;
+        }
+        if polling && now >= self.next_poll {
+            self.input.check_all = true;
+            self.next_poll = now + cfg.poll_interval;
+        }
+    }
+
+    /// Hands the tailer and the batch to the blocking pool for a step when there is something to
+    /// do and room in the batch for it.
+    fn step_if_asked(&mut self, now: Instant) {
+        let (Some(t), Some(b)) = (&self.tailer, &self.next) else {
+            return;
+        };
+        let timer_due = t
+            .deadline()
+            .is_some_and(|d| Instant::from_std(d) <= now && now >= self.last_step + TIMER_STEP_GAP);
+        let asked = !self.input.events.is_empty() || self.input.rescan || self.input.check_all;
+        if !b.is_full() && (asked || t.has_work() || timer_due) {
+            let mut t = self.tailer.take().expect("home");
+            let mut b = self.next.take().expect("home");
+            let inp = std::mem::take(&mut self.input);
+            self.last_step = now;
+            self.stepping = Some(tokio::task::spawn_blocking(move || {
+                t.step(&inp, &mut b, std::time::Instant::now());
+                (t, b)
+            }));
+        }
     }
 }
 

@@ -368,10 +368,69 @@ struct Coverage {
     settled_dead: u64,
 }
 
+/// The stream of the model runs.
+const M: &str = "m";
+
 fn run_model(seed: u64, ops: usize, cov: &mut Coverage) {
-    const M: &str = "m";
     let mut rng = fastrand::Rng::with_seed(seed);
-    let cfg = StreamConfig {
+    let cfg = random_config(seed, &mut rng);
+    let disk = MemDisk::default();
+    let streams = [cfg.clone()];
+    let mut store = open_mem(&disk, unbounded(), &streams);
+    let mut run = Run {
+        rng,
+        model: Model::new(cfg),
+        held: Vec::new(),
+        now: T0,
+        tag: 0,
+        cov,
+    };
+    for step in 0..ops {
+        run.now += run.rng.u64(0..300);
+        let op = run.rng.u32(0..100);
+        let ctx = format!("seed {seed} step {step} op {op}");
+        let holds = !run.held.is_empty();
+        match op {
+            0..30 => run.append(&mut store, &ctx),
+            30..50 | 97..100 => run.take(&mut store, &ctx, op >= 97),
+            50..74 if holds => run.settle_held(&mut store, &ctx, op),
+            74..79 if holds => run.release(&mut store),
+            79..85 => run.expire(&mut store, &ctx),
+            85..88 => {
+                drop(store);
+                store = open_mem(&disk, unbounded(), &streams);
+                run.reopened();
+            }
+            88..92 => run.abort(&mut store, &ctx),
+            92..95 => run.replay(&mut store, &ctx),
+            95..97 => run.purge(&mut store, &ctx),
+            _ => continue,
+        }
+        check(&store);
+        run.model.compare(&store, &ctx);
+    }
+    // The end state survives a restart, and everything left is delivered in model order.
+    drop(store);
+    let Run { mut model, cov, .. } = run;
+    cov.dead_trimmed += model.dropped_dead_full;
+    cov.expired += model.expired;
+    cov.replayed += model.replayed;
+    cov.purged += model.dropped_purged;
+    let mut store = open_mem(&disk, unbounded(), &streams);
+    model.in_flight.clear();
+    model.compare(&store, &format!("seed {seed} after the final reopen"));
+    let want = model.take(usize::MAX, u64::MAX);
+    let got = take_all(&mut store, M, u64::MAX);
+    assert_eq!(
+        ids(&got),
+        want.iter().map(|w| w.0).collect::<Vec<_>>(),
+        "seed {seed}: final drain"
+    );
+}
+
+/// The model stream's settings, drawn from `rng` (its policies from `seed`).
+fn random_config(seed: u64, rng: &mut fastrand::Rng) -> StreamConfig {
+    StreamConfig {
         name: M.into(),
         sink: None,
         batch: BatchConfig {
@@ -388,210 +447,205 @@ fn run_model(seed: u64, ops: usize, cov: &mut Coverage) {
             .then(|| Duration::from_millis(rng.u64(2_000..8_000))),
         dead_max_jobs: rng.u64(1..6),
         compression: [AtRest::Plain, AtRest::Always, AtRest::Waiting][(seed / 3 % 3) as usize],
-    };
-    let disk = MemDisk::default();
-    let streams = [cfg.clone()];
-    let mut store = open_mem(&disk, unbounded(), &streams);
-    let mut model = Model::new(cfg);
-    let mut held: Vec<Lease> = Vec::new();
-    let mut now = T0;
-    let mut tag = 0u64;
-    for step in 0..ops {
-        now += rng.u64(0..300);
-        let op = rng.u32(0..100);
-        let ctx = format!("seed {seed} step {step} op {op}");
-        match op {
-            0..30 => {
-                let n = rng.usize(1..=12);
-                let records = random_records(&mut rng, &mut tag, n);
-                let want = model.append(&records, now);
-                let got = append(&mut store, M, &records, now);
-                let got = match got {
-                    Ok(a) => MAppend::Ok(a),
-                    Err(AppendError::Full { .. }) => MAppend::Full,
-                    Err(AppendError::Refused { records, .. }) => MAppend::Refused(records),
-                    Err(AppendError::TooLarge { .. }) => MAppend::TooLarge,
-                    Err(e) => panic!("{ctx}: {e}"),
-                };
-                assert_eq!(got, want, "{ctx}: append");
-                match &got {
-                    MAppend::Full | MAppend::TooLarge => cov.full += 1,
-                    MAppend::Refused(_) => cov.refused += 1,
-                    MAppend::Ok(a) if a.dropped_oldest > 0 => cov.dropped_oldest += 1,
-                    MAppend::Ok(_) => {}
-                }
-                if let Some(victims) = model.undecided_drops.take()
-                    && counters(&store, M).dropped_oldest_records != model.dropped_oldest
-                {
-                    // The store dropped what it could before refusing: follow it (the counters
-                    // and every later take check that it dropped exactly these).
-                    for id in victims {
-                        model.dropped_oldest += model.ready.remove(&id).unwrap().n();
-                    }
-                    cov.refused_after_dropping += 1;
-                }
-            }
-            30..50 | 97..100 => {
-                let max = rng.usize(1..6);
-                let want = model.take(max, now);
-                let mut tx = store.transaction().unwrap();
-                let jobs = tx.take(M, max, u64::MAX, now).unwrap();
-                let got: Vec<(u64, Option<u64>, MJob)> = jobs
-                    .iter()
-                    .map(|j| {
-                        (
-                            j.lease.id,
-                            j.lease.retry_due,
-                            MJob {
-                                created: j.created_ms,
-                                attempts: j.attempts,
-                                offset: j.offset,
-                                records: owned(j),
-                            },
-                        )
-                    })
-                    .collect();
-                assert_eq!(got, want, "{ctx}: take");
-                cov.retry_taken += got.iter().filter(|g| g.1.is_some()).count() as u64;
-                if op >= 97 {
-                    // Deliver in the same transaction.
-                    for j in &jobs {
-                        tx.ack(&j.lease).unwrap();
-                        model.ack(&j.lease);
-                    }
-                    tx.commit().unwrap();
-                } else {
-                    tx.commit().unwrap();
-                    held.extend(jobs.into_iter().map(|j| j.lease));
-                }
-            }
-            50..74 if !held.is_empty() => {
-                let lease = held.swap_remove(rng.usize(..held.len()));
-                let count = model.leased(&lease).records.len();
-                match op {
-                    50..56 if count >= 2 => {
-                        let n = rng.usize(1..count);
-                        let to_dead = rng.bool();
-                        let want = model.settle(&lease, n, to_dead);
-                        let outcome = if to_dead {
-                            cov.settled_dead += 1;
-                            Settle::Dead {
-                                reason: format!("{ctx}: refused"),
-                            }
-                        } else {
-                            cov.settled_delivered += 1;
-                            Settle::Delivered
-                        };
-                        let rest = settle(&mut store, &lease, n as u32, &outcome, now);
-                        let got = MJob {
-                            created: rest.created_ms,
-                            attempts: rest.attempts,
-                            offset: rest.offset,
-                            records: owned(&rest),
-                        };
-                        assert_eq!(got, want, "{ctx}: settle");
-                        assert_eq!(rest.lease, lease, "{ctx}: settle keeps the lease");
-                        held.push(lease);
-                    }
-                    50..63 => {
-                        model.ack(&lease);
-                        ack(&mut store, &[&lease]);
-                    }
-                    63..71 => {
-                        let f = transient(now + rng.u64(0..3_000), 3);
-                        let want = model.fail(&lease, &f);
-                        assert_eq!(fail(&mut store, &lease, &f, now), want, "{ctx}: fail");
-                    }
-                    _ => {
-                        let want = model.fail(&lease, &permanent());
-                        let got = fail(&mut store, &lease, &permanent(), now);
-                        assert_eq!(got, want, "{ctx}: permanent fail");
-                    }
-                }
-            }
-            74..79 if !held.is_empty() => {
-                let lease = held.swap_remove(rng.usize(..held.len()));
-                model.in_flight.remove(&lease.id);
-                store.release(&lease);
-            }
-            79..85 => {
-                now += rng.u64(0..4_000);
-                let want = model.expire(now);
-                let mut tx = store.transaction().unwrap();
-                assert_eq!(tx.expire(now).unwrap(), want, "{ctx}: expire");
-                tx.commit().unwrap();
-            }
-            85..88 => {
-                drop(store);
-                store = open_mem(&disk, unbounded(), &streams);
-                cov.reopens += 1;
-                held.clear();
-                model.in_flight.clear();
-            }
-            88..92 => {
-                // Work that is never committed.
-                cov.aborts += 1;
-                let n = rng.usize(1..5);
-                let records = random_records(&mut rng, &mut tag, n);
-                {
-                    let mut tx = store.transaction().unwrap();
-                    let _ = tx.append_list(M, &records, Some(("src", b"aborted")), now);
-                    let _ = tx.take(M, 3, u64::MAX, now).unwrap();
-                    if let Some(l) = held.first() {
-                        tx.ack(l).unwrap();
-                    }
-                    tx.expire(now + 1_000_000).unwrap();
-                }
-                // The next transaction reloads the counters.
-                store.transaction().unwrap().commit().unwrap();
-                assert_eq!(store.checkpoint("src").unwrap(), None);
-                // The aborted ack released its lease; take it back so `held` stays true.
-                if let Some(l) = held.first() {
-                    assert!(!store.streams[M].in_flight.contains(&l.id), "{ctx}");
-                    store.streams.get_mut(M).unwrap().in_flight.insert(l.id);
-                }
-            }
-            92..95 => {
-                let want = model.replay_all();
-                let mut tx = store.transaction().unwrap();
-                assert_eq!(
-                    tx.replay_dead(M, None, None, usize::MAX).unwrap(),
-                    want,
-                    "{ctx}: replay"
-                );
-                tx.commit().unwrap();
-            }
-            95..97 => {
-                let want = model.purge_all();
-                let mut tx = store.transaction().unwrap();
-                assert_eq!(
-                    tx.purge_dead(M, None, usize::MAX).unwrap(),
-                    want,
-                    "{ctx}: purge"
-                );
-                tx.commit().unwrap();
-            }
-            _ => continue,
-        }
-        check(&store);
-        model.compare(&store, &ctx);
     }
-    // The end state survives a restart, and everything left is delivered in model order.
-    drop(store);
-    cov.dead_trimmed += model.dropped_dead_full;
-    cov.expired += model.expired;
-    cov.replayed += model.replayed;
-    cov.purged += model.dropped_purged;
-    let mut store = open_mem(&disk, unbounded(), &streams);
-    model.in_flight.clear();
-    model.compare(&store, &format!("seed {seed} after the final reopen"));
-    let want = model.take(usize::MAX, u64::MAX);
-    let got = take_all(&mut store, M, u64::MAX);
-    assert_eq!(
-        ids(&got),
-        want.iter().map(|w| w.0).collect::<Vec<_>>(),
-        "seed {seed}: final drain"
-    );
+}
+
+/// One seeded run between its operations: the randomness, the model, the leases held, the clock,
+/// the records' next tag, and the coverage counted. An operation per method, each checking the
+/// store against the model.
+struct Run<'a> {
+    rng: fastrand::Rng,
+    model: Model,
+    held: Vec<Lease>,
+    now: u64,
+    tag: u64,
+    cov: &'a mut Coverage,
+}
+
+impl Run<'_> {
+    fn append(&mut self, store: &mut Store, ctx: &str) {
+        let n = self.rng.usize(1..=12);
+        let records = random_records(&mut self.rng, &mut self.tag, n);
+        let want = self.model.append(&records, self.now);
+        let got = append(store, M, &records, self.now);
+        let got = match got {
+            Ok(a) => MAppend::Ok(a),
+            Err(AppendError::Full { .. }) => MAppend::Full,
+            Err(AppendError::Refused { records, .. }) => MAppend::Refused(records),
+            Err(AppendError::TooLarge { .. }) => MAppend::TooLarge,
+            Err(e) => panic!("{ctx}: {e}"),
+        };
+        assert_eq!(got, want, "{ctx}: append");
+        match &got {
+            MAppend::Full | MAppend::TooLarge => self.cov.full += 1,
+            MAppend::Refused(_) => self.cov.refused += 1,
+            MAppend::Ok(a) if a.dropped_oldest > 0 => self.cov.dropped_oldest += 1,
+            MAppend::Ok(_) => {}
+        }
+        if let Some(victims) = self.model.undecided_drops.take()
+            && counters(store, M).dropped_oldest_records != self.model.dropped_oldest
+        {
+            // The store dropped what it could before refusing: follow it (the counters
+            // and every later take check that it dropped exactly these).
+            for id in victims {
+                self.model.dropped_oldest += self.model.ready.remove(&id).unwrap().n();
+            }
+            self.cov.refused_after_dropping += 1;
+        }
+    }
+
+    /// Takes jobs; `deliver`: acks them in the same transaction, else holds their leases.
+    fn take(&mut self, store: &mut Store, ctx: &str, deliver: bool) {
+        let max = self.rng.usize(1..6);
+        let want = self.model.take(max, self.now);
+        let mut tx = store.transaction().unwrap();
+        let jobs = tx.take(M, max, u64::MAX, self.now).unwrap();
+        let got: Vec<(u64, Option<u64>, MJob)> = jobs
+            .iter()
+            .map(|j| {
+                (
+                    j.lease.id,
+                    j.lease.retry_due,
+                    MJob {
+                        created: j.created_ms,
+                        attempts: j.attempts,
+                        offset: j.offset,
+                        records: owned(j),
+                    },
+                )
+            })
+            .collect();
+        assert_eq!(got, want, "{ctx}: take");
+        self.cov.retry_taken += got.iter().filter(|g| g.1.is_some()).count() as u64;
+        if deliver {
+            // Deliver in the same transaction.
+            for j in &jobs {
+                tx.ack(&j.lease).unwrap();
+                self.model.ack(&j.lease);
+            }
+            tx.commit().unwrap();
+        } else {
+            tx.commit().unwrap();
+            self.held.extend(jobs.into_iter().map(|j| j.lease));
+        }
+    }
+
+    /// Settles a held job by `op`: part of it, all of it delivered, or a transient or permanent
+    /// failure.
+    fn settle_held(&mut self, store: &mut Store, ctx: &str, op: u32) {
+        let lease = self.held.swap_remove(self.rng.usize(..self.held.len()));
+        let count = self.model.leased(&lease).records.len();
+        match op {
+            50..56 if count >= 2 => self.settle_part(store, ctx, lease, count),
+            50..63 => {
+                self.model.ack(&lease);
+                ack(store, &[&lease]);
+            }
+            63..71 => {
+                let f = transient(self.now + self.rng.u64(0..3_000), 3);
+                let want = self.model.fail(&lease, &f);
+                assert_eq!(fail(store, &lease, &f, self.now), want, "{ctx}: fail");
+            }
+            _ => {
+                let want = self.model.fail(&lease, &permanent());
+                let got = fail(store, &lease, &permanent(), self.now);
+                assert_eq!(got, want, "{ctx}: permanent fail");
+            }
+        }
+    }
+
+    /// Settles the first records of a held job of `count`, delivered or dead; the rest stays held.
+    fn settle_part(&mut self, store: &mut Store, ctx: &str, lease: Lease, count: usize) {
+        let n = self.rng.usize(1..count);
+        let to_dead = self.rng.bool();
+        let want = self.model.settle(&lease, n, to_dead);
+        let outcome = if to_dead {
+            self.cov.settled_dead += 1;
+            Settle::Dead {
+                reason: format!("{ctx}: refused"),
+            }
+        } else {
+            self.cov.settled_delivered += 1;
+            Settle::Delivered
+        };
+        let rest = settle(store, &lease, n as u32, &outcome, self.now);
+        let got = MJob {
+            created: rest.created_ms,
+            attempts: rest.attempts,
+            offset: rest.offset,
+            records: owned(&rest),
+        };
+        assert_eq!(got, want, "{ctx}: settle");
+        assert_eq!(rest.lease, lease, "{ctx}: settle keeps the lease");
+        self.held.push(lease);
+    }
+
+    fn release(&mut self, store: &mut Store) {
+        let lease = self.held.swap_remove(self.rng.usize(..self.held.len()));
+        self.model.in_flight.remove(&lease.id);
+        store.release(&lease);
+    }
+
+    fn expire(&mut self, store: &mut Store, ctx: &str) {
+        self.now += self.rng.u64(0..4_000);
+        let want = self.model.expire(self.now);
+        let mut tx = store.transaction().unwrap();
+        assert_eq!(tx.expire(self.now).unwrap(), want, "{ctx}: expire");
+        tx.commit().unwrap();
+    }
+
+    /// After the store was reopened: no lease survives it.
+    fn reopened(&mut self) {
+        self.cov.reopens += 1;
+        self.held.clear();
+        self.model.in_flight.clear();
+    }
+
+    /// Work that is never committed.
+    fn abort(&mut self, store: &mut Store, ctx: &str) {
+        self.cov.aborts += 1;
+        let n = self.rng.usize(1..5);
+        let records = random_records(&mut self.rng, &mut self.tag, n);
+        {
+            let mut tx = store.transaction().unwrap();
+            let _ = tx.append_list(M, &records, Some(("src", b"aborted")), self.now);
+            let _ = tx.take(M, 3, u64::MAX, self.now).unwrap();
+            if let Some(l) = self.held.first() {
+                tx.ack(l).unwrap();
+            }
+            tx.expire(self.now + 1_000_000).unwrap();
+        }
+        // The next transaction reloads the counters.
+        store.transaction().unwrap().commit().unwrap();
+        assert_eq!(store.checkpoint("src").unwrap(), None);
+        // The aborted ack released its lease; take it back so `held` stays true.
+        if let Some(l) = self.held.first() {
+            assert!(!store.streams[M].in_flight.contains(&l.id), "{ctx}");
+            store.streams.get_mut(M).unwrap().in_flight.insert(l.id);
+        }
+    }
+
+    fn replay(&mut self, store: &mut Store, ctx: &str) {
+        let want = self.model.replay_all();
+        let mut tx = store.transaction().unwrap();
+        assert_eq!(
+            tx.replay_dead(M, None, None, usize::MAX).unwrap(),
+            want,
+            "{ctx}: replay"
+        );
+        tx.commit().unwrap();
+    }
+
+    fn purge(&mut self, store: &mut Store, ctx: &str) {
+        let want = self.model.purge_all();
+        let mut tx = store.transaction().unwrap();
+        assert_eq!(
+            tx.purge_dead(M, None, usize::MAX).unwrap(),
+            want,
+            "{ctx}: purge"
+        );
+        tx.commit().unwrap();
+    }
 }
 
 #[test]

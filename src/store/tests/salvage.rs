@@ -11,8 +11,8 @@ use crate::store::salvage::{Found, scan};
 /// A store file and what it held: live jobs' records by (stream, old id), and delivered ones.
 struct Fixture {
     file: Vec<u8>,
-    live: BTreeMap<(String, u64), Vec<Vec<u8>>>,
-    delivered: BTreeMap<(String, u64), Vec<Vec<u8>>>,
+    live: Jobs,
+    delivered: Jobs,
     /// Where each live job's value bytes occur in the file (every copy).
     copies: BTreeMap<(String, u64), Vec<std::ops::Range<usize>>>,
     /// The counters of its last commit, by stream, and its store id.
@@ -29,6 +29,9 @@ fn fixture(stream_names: &[&str], jobs_per_stream: usize) -> Fixture {
     fixture_of(cfg, jobs_per_stream, 0)
 }
 
+/// Jobs by (stream, id): their records.
+type Jobs = BTreeMap<(String, u64), Vec<Vec<u8>>>;
+
 /// `big`: every seventh job of each stream holds records of about this many bytes (a value
 /// larger than a page lives in a multi-page leaf of its own).
 fn fixture_of(cfg: Vec<StreamConfig>, jobs_per_stream: usize, big: usize) -> Fixture {
@@ -37,6 +40,30 @@ fn fixture_of(cfg: Vec<StreamConfig>, jobs_per_stream: usize, big: usize) -> Fix
     let stream_names = stream_names.as_slice();
     let d = Dir::new(cfg);
     let mut store = d.open();
+    let delivered = fill(&mut store, stream_names, jobs_per_stream, big);
+    let (live, values) = live_jobs(&store, stream_names);
+    let path = store.path().to_path_buf();
+    let fx_counters = stream_names
+        .iter()
+        .map(|s| (s.to_string(), counters(&store, s)))
+        .collect();
+    let store_id = store.id();
+    drop(store);
+    let file = std::fs::read(&path).unwrap();
+    let copies = copies_in(&file, &values);
+    Fixture {
+        file,
+        live,
+        delivered,
+        copies,
+        counters: fx_counters,
+        store_id,
+    }
+}
+
+/// Appends `jobs_per_stream` jobs to each stream, a commit each (with a source checkpoint), and
+/// settles some every 50 rounds; returns the jobs delivered.
+fn fill(store: &mut Store, stream_names: &[&str], jobs_per_stream: usize, big: usize) -> Jobs {
     let mut delivered = BTreeMap::new();
     for i in 0..jobs_per_stream {
         for s in stream_names {
@@ -57,86 +84,89 @@ fn fixture_of(cfg: Vec<StreamConfig>, jobs_per_stream: usize, big: usize) -> Fix
         if i % 50 == 49 {
             // Deliver some (freed pages then hold jobs long gone), fail some to retry and dead.
             for s in stream_names {
-                let jobs = take(&mut store, s, 10, T0);
-                for j in &jobs[..6] {
-                    delivered.insert((s.to_string(), j.lease.id), owned(j));
-                    ack(&mut store, &[&j.lease]);
-                }
-                fail(
-                    &mut store,
-                    &jobs[6].lease,
-                    &Failure::Transient {
-                        reason: "503".into(),
-                        retry_at_ms: T0 + 99,
-                        max_attempts: 5,
-                    },
-                    T0,
-                );
-                fail(
-                    &mut store,
-                    &jobs[7].lease,
-                    &Failure::Permanent {
-                        reason: "400".into(),
-                    },
-                    T0,
-                );
-                for j in &jobs[8..] {
-                    store.release(&j.lease);
-                }
+                settle_some(store, s, &mut delivered);
             }
         }
     }
+    delivered
+}
+
+/// Takes 10 jobs of stream `s`: delivers 6 (into `delivered`), fails one to retry and one to the
+/// dead letters, releases the rest.
+fn settle_some(store: &mut Store, s: &str, delivered: &mut Jobs) {
+    let jobs = take(store, s, 10, T0);
+    for j in &jobs[..6] {
+        delivered.insert((s.to_string(), j.lease.id), owned(j));
+        ack(store, &[&j.lease]);
+    }
+    fail(
+        store,
+        &jobs[6].lease,
+        &Failure::Transient {
+            reason: "503".into(),
+            retry_at_ms: T0 + 99,
+            max_attempts: 5,
+        },
+        T0,
+    );
+    fail(
+        store,
+        &jobs[7].lease,
+        &Failure::Permanent {
+            reason: "400".into(),
+        },
+        T0,
+    );
+    for j in &jobs[8..] {
+        store.release(&j.lease);
+    }
+}
+
+/// The jobs in the streams' ready, retry and dead tables: their records, and their stored
+/// values, by (stream, id).
+fn live_jobs(store: &Store, stream_names: &[&str]) -> (Jobs, BTreeMap<(String, u64), Vec<u8>>) {
     let mut live = BTreeMap::new();
     let mut values = BTreeMap::new();
-    {
-        let rtx = store.db.begin_read().unwrap();
-        for s in stream_names {
-            let st = &store.streams[*s];
-            let mut add = |id: u64, v: &[u8]| {
-                let recs = format::decode(v).unwrap().area.to_records().unwrap();
-                live.insert((s.to_string(), id), recs);
-                values.insert((s.to_string(), id), v.to_vec());
-            };
-            for e in rtx.open_table(st.ready_def()).unwrap().iter().unwrap() {
-                let (k, v) = e.unwrap();
-                add(k.value(), v.value());
-            }
-            for e in rtx.open_table(st.retry_def()).unwrap().iter().unwrap() {
-                let (k, v) = e.unwrap();
-                add(k.value().1, v.value());
-            }
-            for e in rtx.open_table(st.dead_def()).unwrap().iter().unwrap() {
-                let (k, v) = e.unwrap();
-                add(k.value(), v.value());
-            }
+    let rtx = store.db.begin_read().unwrap();
+    for s in stream_names {
+        let st = &store.streams[*s];
+        let mut add = |id: u64, v: &[u8]| {
+            let recs = format::decode(v).unwrap().area.to_records().unwrap();
+            live.insert((s.to_string(), id), recs);
+            values.insert((s.to_string(), id), v.to_vec());
+        };
+        for e in rtx.open_table(st.ready_def()).unwrap().iter().unwrap() {
+            let (k, v) = e.unwrap();
+            add(k.value(), v.value());
+        }
+        for e in rtx.open_table(st.retry_def()).unwrap().iter().unwrap() {
+            let (k, v) = e.unwrap();
+            add(k.value().1, v.value());
+        }
+        for e in rtx.open_table(st.dead_def()).unwrap().iter().unwrap() {
+            let (k, v) = e.unwrap();
+            add(k.value(), v.value());
         }
     }
-    let path = store.path().to_path_buf();
-    let fx_counters = stream_names
-        .iter()
-        .map(|s| (s.to_string(), counters(&store, s)))
-        .collect();
-    let store_id = store.id();
-    drop(store);
-    let file = std::fs::read(&path).unwrap();
-    let copies = values
+    (live, values)
+}
+
+/// Where each job's value occurs in `file` (every copy; at least one).
+#[track_caller]
+fn copies_in(
+    file: &[u8],
+    values: &BTreeMap<(String, u64), Vec<u8>>,
+) -> BTreeMap<(String, u64), Vec<std::ops::Range<usize>>> {
+    values
         .iter()
         .map(|(k, v)| {
-            let at: Vec<_> = memchr::memmem::find_iter(&file, v)
+            let at: Vec<_> = memchr::memmem::find_iter(file, v)
                 .map(|i| i..i + v.len())
                 .collect();
             assert!(!at.is_empty(), "job {k:?} is in the file");
             (k.clone(), at)
         })
-        .collect();
-    Fixture {
-        file,
-        live,
-        delivered,
-        copies,
-        counters: fx_counters,
-        store_id,
-    }
+        .collect()
 }
 
 /// `n` bytes of text that compresses somewhat, different for each `seed`.

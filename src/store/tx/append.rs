@@ -61,38 +61,38 @@ impl Tx<'_> {
             });
         }
         let st = self.stream(stream)?;
-        let batch = st.cfg.batch;
-        let max_bytes = st.cfg.max_bytes;
-        let max_jobs = st.cfg.max_jobs;
-        let when_full = st.cfg.when_full;
-        let compression = st.cfg.compression;
-        let waiting = st.waiting();
-        let cut = |fit: bool| {
-            cut_jobs(
-                records,
-                &Cut {
-                    stream,
-                    batch,
-                    max_bytes,
-                    compression,
-                    waiting,
-                    now_ms,
-                    fit,
-                },
-            )
+        let (max_jobs, when_full, waiting) = (st.cfg.max_jobs, st.cfg.when_full, st.waiting());
+        let cut = Cut {
+            stream,
+            batch: st.cfg.batch,
+            max_bytes: st.cfg.max_bytes,
+            compression: st.cfg.compression,
+            waiting,
+            now_ms,
+            fit: true,
         };
-        let (mut jobs, mut raw_bytes) = cut(true)?;
-        if jobs.len() as u64 > max_jobs {
-            // Cut to fit their pages, the records need more jobs than the stream may hold, while
-            // `batch` alone would have cut few enough (a producer sizes its batches by that):
-            // store them in fewer, emptier pages rather than refuse them.
-            (jobs, raw_bytes) = cut(false)?;
-        }
-        let n_records = records.len() as u64;
-        let n_jobs = jobs.len() as u64;
-        let bytes: u64 = jobs.iter().map(|j| j.len() as u64).sum();
-        // A batch that would not fit even in an empty stream and an empty store is refused as too
-        // large, before anything changes: `Full` would have its sender wait and retry forever.
+        let max_bytes = cut.max_bytes;
+        let new = encode(records, cut, max_jobs)?;
+        self.never_fits(stream, &new, max_jobs, max_bytes)?;
+        let dropped_oldest = self.make_room(stream, &new, when_full, waiting, need)?;
+        self.write_jobs(stream, &new, checkpoint)?;
+        Ok(Appended {
+            jobs: new.jobs(),
+            records: new.records,
+            dropped_oldest,
+        })
+    }
+
+    /// A batch that would not fit even in an empty stream and an empty store is refused as too
+    /// large, before anything changes: `Full` would have its sender wait and retry forever.
+    fn never_fits(
+        &self,
+        stream: &str,
+        new: &Encoded,
+        max_jobs: u64,
+        max_bytes: u64,
+    ) -> Result<(), AppendError> {
+        let (n_jobs, bytes) = (new.jobs(), new.bytes);
         let never = if n_jobs > max_jobs {
             Some((n_jobs, max_jobs, "jobs", "the stream's max_jobs"))
         } else if bytes > max_bytes {
@@ -107,57 +107,84 @@ impl Tx<'_> {
         } else {
             None
         };
-        if let Some((size, max, unit, bound)) = never {
-            return Err(AppendError::TooLarge {
-                stream: stream.into(),
-                size,
-                max,
-                why: format!(
-                    "a batch of {n_records} records ({size} {unit}) can never fit in stream {stream:?} ({bound} is {max} {unit}): send smaller batches"
-                ),
-            });
-        }
-        let mut dropped_oldest = 0;
-        if let Some(reason) = self.full(stream, n_jobs, bytes, bytes) {
-            match when_full {
-                WhenFull::Block => {
-                    *need = Some(Need {
-                        jobs: n_jobs,
-                        bytes,
-                        waiting,
-                    });
+        let Some((size, max, unit, bound)) = never else {
+            return Ok(());
+        };
+        let n_records = new.records;
+        Err(AppendError::TooLarge {
+            stream: stream.into(),
+            size,
+            max,
+            why: format!(
+                "a batch of {n_records} records ({size} {unit}) can never fit in stream {stream:?} ({bound} is {max} {unit}): send smaller batches"
+            ),
+        })
+    }
+
+    /// Room for `new` when the stream or the store is full, as `when_full` says: `block` refuses
+    /// (leaving what it needs in `need`), `drop_newest` counts the records as dropped and refuses,
+    /// `drop_oldest` deletes old jobs. The records that deleted.
+    fn make_room(
+        &mut self,
+        stream: &str,
+        new: &Encoded,
+        when_full: WhenFull,
+        waiting: u64,
+        need: &mut Option<Need>,
+    ) -> Result<u64, AppendError> {
+        let (n_jobs, bytes, n_records) = (new.jobs(), new.bytes, new.records);
+        let Some(reason) = self.full(stream, n_jobs, bytes, bytes) else {
+            return Ok(0);
+        };
+        match when_full {
+            WhenFull::Block => {
+                *need = Some(Need {
+                    jobs: n_jobs,
+                    bytes,
+                    waiting,
+                });
+                Err(AppendError::Full {
+                    stream: stream.into(),
+                    reason,
+                })
+            }
+            WhenFull::DropNewest => {
+                let st = self.stream_mut(stream)?;
+                st.counters.appended_records += n_records;
+                st.counters.dropped_newest_records += n_records;
+                self.dirty.insert(stream.into());
+                Err(AppendError::Refused {
+                    stream: stream.into(),
+                    reason,
+                    records: n_records,
+                })
+            }
+            WhenFull::DropOldest => {
+                let dropped_oldest = self.drop_oldest_until_fits(stream, n_jobs, bytes, bytes)?;
+                if let Some(reason) = self.full(stream, n_jobs, bytes, bytes) {
+                    // Not enough old jobs to delete (in flight, or other streams fill the disk).
                     return Err(AppendError::Full {
                         stream: stream.into(),
                         reason,
                     });
                 }
-                WhenFull::DropNewest => {
-                    let st = self.stream_mut(stream)?;
-                    st.counters.appended_records += n_records;
-                    st.counters.dropped_newest_records += n_records;
-                    self.dirty.insert(stream.into());
-                    return Err(AppendError::Refused {
-                        stream: stream.into(),
-                        reason,
-                        records: n_records,
-                    });
-                }
-                WhenFull::DropOldest => {
-                    dropped_oldest = self.drop_oldest_until_fits(stream, n_jobs, bytes, bytes)?;
-                    if let Some(reason) = self.full(stream, n_jobs, bytes, bytes) {
-                        // Not enough old jobs to delete (in flight, or other streams fill the disk).
-                        return Err(AppendError::Full {
-                            stream: stream.into(),
-                            reason,
-                        });
-                    }
-                }
+                Ok(dropped_oldest)
             }
         }
+    }
+
+    /// Writes `new`'s jobs to the stream's ready table and `checkpoint` with them, and counts
+    /// them.
+    fn write_jobs(
+        &mut self,
+        stream: &str,
+        new: &Encoded,
+        checkpoint: Option<(&str, &[u8])>,
+    ) -> Result<(), AppendError> {
         let (txn, st) = self.txn_and_stream(stream)?;
         {
             let mut ready = txn.open_table(st.ready_def())?;
-            for job in &jobs {
+            for job in &new.jobs {
                 ready.insert(st.counters.next_id, job.as_slice())?;
                 st.counters.next_id += 1;
             }
@@ -166,21 +193,17 @@ impl Tx<'_> {
             let mut t = txn.open_table(CHECKPOINTS)?;
             t.insert(source, cp)?;
         }
-        st.counters.ready_jobs += n_jobs;
-        st.counters.ready_records += n_records;
-        st.counters.ready_bytes += bytes;
-        st.counters.ready_raw_bytes += raw_bytes;
-        st.counters.appended_jobs += n_jobs;
-        st.counters.appended_records += n_records;
+        st.counters.ready_jobs += new.jobs();
+        st.counters.ready_records += new.records;
+        st.counters.ready_bytes += new.bytes;
+        st.counters.ready_raw_bytes += new.raw_bytes;
+        st.counters.appended_jobs += new.jobs();
+        st.counters.appended_records += new.records;
         self.dirty.insert(stream.into());
         self.fed.insert(stream.into());
         // Later appends in this transaction see the space this one takes.
-        self.consume(bytes);
-        Ok(Appended {
-            jobs: n_jobs,
-            records: n_records,
-            dropped_oldest,
-        })
+        self.consume(new.bytes);
+        Ok(())
     }
 
     /// [`append`](Self::append) of a list of records (tests).
@@ -269,6 +292,41 @@ impl Tx<'_> {
         }
         Ok(dropped)
     }
+}
+
+/// An append's records as jobs, encoded, before anything is written.
+struct Encoded {
+    jobs: Vec<Vec<u8>>,
+    records: u64,
+    /// The jobs' bytes as stored.
+    bytes: u64,
+    /// The same uncompressed.
+    raw_bytes: u64,
+}
+
+impl Encoded {
+    fn jobs(&self) -> u64 {
+        self.jobs.len() as u64
+    }
+}
+
+/// `records` as jobs, cut to fill their pages unless that makes more than the stream's `max_jobs`.
+fn encode(records: &RecordBuf, mut cut: Cut<'_>, max_jobs: u64) -> Result<Encoded, AppendError> {
+    let (mut jobs, mut raw_bytes) = cut_jobs(records, &cut)?;
+    if jobs.len() as u64 > max_jobs {
+        // Cut to fit their pages, the records need more jobs than the stream may hold, while
+        // `batch` alone would have cut few enough (a producer sizes its batches by that):
+        // store them in fewer, emptier pages rather than refuse them.
+        cut.fit = false;
+        (jobs, raw_bytes) = cut_jobs(records, &cut)?;
+    }
+    let bytes = jobs.iter().map(|j| j.len() as u64).sum();
+    Ok(Encoded {
+        jobs,
+        records: records.len() as u64,
+        bytes,
+        raw_bytes,
+    })
 }
 
 /// How [`cut_jobs`] cuts an append's records.

@@ -276,6 +276,25 @@ impl Writer {
     }
 
     fn apply_batch(&mut self, batch: Vec<Request>) -> Option<Reply<()>> {
+        let (mut work, shutdown) = self.answer_at_once(batch);
+        let forget = self.disposed();
+        if !forget.is_empty() {
+            work.push(Request::SpoolForget { spools: forget });
+        }
+        if work.is_empty() && self.parked.is_empty() {
+            return shutdown;
+        }
+        if self.store.is_none() && !self.try_reopen() {
+            self.refuse_without_store(work);
+        } else {
+            self.write(work);
+        }
+        shutdown
+    }
+
+    /// Answers what needs no transaction (reads, releases, `StopWaiting`); returns the rest, to be
+    /// written, and the shutdown's reply when asked to stop.
+    fn answer_at_once(&mut self, batch: Vec<Request>) -> (Vec<Request>, Option<Reply<()>>) {
         let mut shutdown = None;
         let mut work = Vec::with_capacity(batch.len());
         for req in batch {
@@ -315,50 +334,51 @@ impl Writer {
                 other => work.push(other),
             }
         }
-        let forget = self.disposed();
-        if !forget.is_empty() {
-            work.push(Request::SpoolForget { spools: forget });
-        }
-        if work.is_empty() && self.parked.is_empty() {
-            return shutdown;
-        }
-        if self.store.is_none() && !self.try_reopen() {
-            for req in work {
-                // A settlement that cannot be applied leaves its job ready again (at-least-once),
-                // never in flight for good.
-                match &req {
-                    Request::Ack { leases, .. } => {
-                        for lease in leases {
-                            self.forget_carried(lease);
-                        }
+        (work, shutdown)
+    }
+
+    /// No store (and it could not be reopened): every change is refused, and parked appends past
+    /// their deadline are answered.
+    fn refuse_without_store(&mut self, work: Vec<Request>) {
+        for req in work {
+            // A settlement that cannot be applied leaves its job ready again (at-least-once),
+            // never in flight for good.
+            match &req {
+                Request::Ack { leases, .. } => {
+                    for lease in leases {
+                        self.forget_carried(lease);
                     }
-                    Request::Fail { lease, .. }
-                    | Request::Quarantine { lease, .. }
-                    | Request::Settle { lease, .. } => self.forget_carried(lease),
-                    _ => {}
                 }
-                self.fail_unavailable(req);
+                Request::Fail { lease, .. }
+                | Request::Quarantine { lease, .. }
+                | Request::Settle { lease, .. } => self.forget_carried(lease),
+                _ => {}
             }
-            // Producers blocked on a stream must not hang on a broken disk past their deadline.
-            let now = Instant::now();
-            let (expired, waiting): (VecDeque<Parked>, VecDeque<Parked>) =
-                std::mem::take(&mut self.parked)
-                    .into_iter()
-                    .partition(|p| now >= p.deadline);
-            self.parked = waiting;
-            for p in expired {
-                let e = if self.no_space {
-                    no_space_yet()
-                } else {
-                    StoreError::Unavailable {
-                        detail: " after an i/o error",
-                    }
-                };
-                let _ = p.reply.send(Err(AppendError::Store(e)));
-            }
-            return shutdown;
+            self.fail_unavailable(req);
         }
-        let store = self.store.as_mut().expect("reopened above");
+        // Producers blocked on a stream must not hang on a broken disk past their deadline.
+        let now = Instant::now();
+        let (expired, waiting): (VecDeque<Parked>, VecDeque<Parked>) =
+            std::mem::take(&mut self.parked)
+                .into_iter()
+                .partition(|p| now >= p.deadline);
+        self.parked = waiting;
+        for p in expired {
+            let e = if self.no_space {
+                no_space_yet()
+            } else {
+                StoreError::Unavailable {
+                    detail: " after an i/o error",
+                }
+            };
+            let _ = p.reply.send(Err(AppendError::Store(e)));
+        }
+    }
+
+    /// The changes and the parked appends in one transaction, and what its outcome calls for:
+    /// streams fed are woken, a lost store is reopened later, a damaged one moved aside.
+    fn write(&mut self, work: Vec<Request>) {
+        let store = self.store.as_mut().expect("reopened by the caller");
         let parked = std::mem::take(&mut self.parked);
         let (still_parked, result) = run_tx(store, parked, work, &self.stats);
         self.parked = still_parked;
@@ -382,7 +402,6 @@ impl Writer {
             }
             TxResult::StoreDamaged { reason } => self.give_up_damaged(&reason),
         }
-        shutdown
     }
 
     /// Closes a store found damaged, moves its file aside (the agent salvages it) and leaves the

@@ -135,19 +135,7 @@ impl Exec {
     ) -> Attempt {
         let started = tokio::time::Instant::now();
         let started_ns = crate::clock::unix_ns();
-        let mut cmd = Command::new(&self.argv[0]);
-        cmd.args(&self.argv[1..])
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("COLIBRI_TASK", task)
-            .env("COLIBRI_DUE_MS", due.timestamp_millis().to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        if let Some(dir) = &self.cwd {
-            cmd.current_dir(dir);
-        }
+        let mut cmd = self.command(task, due);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -171,79 +159,24 @@ impl Exec {
             .map(|s| tokio::spawn(read_tail(s, stop_reading.clone(), capture)));
         let stderr =
             (child.stderr.take()).map(|s| tokio::spawn(read_tail(s, stop_reading.clone(), None)));
-
-        enum End {
-            Exited(std::io::Result<ExitStatus>),
-            TimedOut,
-            Aborted,
-        }
-        let end = tokio::select! {
-            s = child.wait() => End::Exited(s),
-            _ = tokio::time::sleep(timeout) => End::TimedOut,
-            _ = ctx.abort.cancelled() => End::Aborted,
-        };
-        let (kind, status) = match end {
-            End::Exited(s) => (None, s),
-            End::TimedOut => (Some(Outcome::TimedOut), terminate(&mut child, pgid).await),
-            End::Aborted => (Some(Outcome::Cancelled), terminate(&mut child, pgid).await),
-        };
+        let (kind, status) = wait_for_end(&mut child, pgid, timeout, ctx).await;
         // The main process is gone; anything left in its group (a backgrounded grandchild) ends with
         // the run, so it cannot hold our pipes open or linger unsupervised.
         end_group(pgid, task).await;
         let ((stdout, captured), (stderr, _)) =
             collect_tails(stdout, stderr, &stop_reading, task).await;
-        let (mut outcome, exit) = match (kind, status) {
-            (Some(outcome), s) => (outcome, s.ok().map(describe_status)),
-            (None, Ok(s)) if s.success() => (Outcome::Ok, Some(describe_status(s))),
-            (None, Ok(s)) => {
-                let d = describe_status(s);
-                (Outcome::Failed(format!("exited with {d}")), Some(d))
-            }
-            (None, Err(e)) => (
-                Outcome::Failed(format!("cannot wait for the process: {e}")),
-                None,
-            ),
-        };
+        let (mut outcome, exit) = outcome_of(kind, status);
         let mut records = None;
         if let Some(out) = &self.output {
             let captured = captured.unwrap_or_default();
-            // A successful run whose output cannot be stored (over `max_output`, a line that is
-            // not what the stream carries) fails here, like a run that failed by itself.
-            let mut made = None;
-            if outcome == Outcome::Ok {
-                match out.records(task, started_ns, &captured) {
-                    Ok(r) => made = Some(r),
-                    Err(why) => outcome = Outcome::Failed(why),
-                }
-            }
-            let marked = |why: &str| vec![out.failed(task, started_ns, &captured, why)];
-            let to_store = match (&outcome, made) {
-                (Outcome::Ok, r) => r,
-                (Outcome::Failed(why), _) if out.append_failed => Some(marked(why)),
-                (Outcome::TimedOut, _) if out.append_failed => Some(marked(&format!(
-                    "timed out after {}",
-                    crate::units::fmt_duration(timeout)
-                ))),
-                // Cancelled by the stop, or failed without `append_failed`: nothing.
-                _ => None,
-            };
+            let to_store = to_store(out, task, started_ns, &captured, &mut outcome, timeout);
             // What the append may wait for room (under `when_full: block`): what is left of
             // the attempt's time, and at least a moment for a run that used it all.
             let wait = (started + timeout)
                 .saturating_duration_since(tokio::time::Instant::now())
                 .max(Duration::from_secs(1));
             if let Some(r) = to_store.filter(|r| !r.is_empty()) {
-                match super::append_records(ctx, &out.stream, r, wait).await {
-                    Ok(n) if outcome == Outcome::Ok => records = Some(n),
-                    Ok(_) => {}
-                    Err(e) => {
-                        outcome = match outcome {
-                            Outcome::Failed(why) => Outcome::Failed(format!("{why}; {e}")),
-                            Outcome::TimedOut => Outcome::Failed(format!("timed out; {e}")),
-                            _ => Outcome::Failed(e),
-                        }
-                    }
-                }
+                records = append_output(ctx, &out.stream, r, wait, &mut outcome).await;
             }
         }
         Attempt {
@@ -254,6 +187,124 @@ impl Exec {
             stderr,
             files: None,
             records,
+        }
+    }
+
+    /// The program with its arguments, environment and directory, in a process group of its own,
+    /// its output piped to us.
+    fn command(&self, task: &str, due: DateTime<Utc>) -> Command {
+        let mut cmd = Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("COLIBRI_TASK", task)
+            .env("COLIBRI_DUE_MS", due.timestamp_millis().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(dir) = &self.cwd {
+            cmd.current_dir(dir);
+        }
+        cmd
+    }
+}
+
+/// Waits for the main process to exit, the timeout or the stop's abort (the last two terminate
+/// the group). The outcome that decided (`None`: the exit status decides) and the exit status.
+async fn wait_for_end(
+    child: &mut tokio::process::Child,
+    pgid: i32,
+    timeout: Duration,
+    ctx: &RunContext,
+) -> (Option<Outcome>, std::io::Result<ExitStatus>) {
+    enum End {
+        Exited(std::io::Result<ExitStatus>),
+        TimedOut,
+        Aborted,
+    }
+    let end = tokio::select! {
+        s = child.wait() => End::Exited(s),
+        _ = tokio::time::sleep(timeout) => End::TimedOut,
+        _ = ctx.abort.cancelled() => End::Aborted,
+    };
+    match end {
+        End::Exited(s) => (None, s),
+        End::TimedOut => (Some(Outcome::TimedOut), terminate(child, pgid).await),
+        End::Aborted => (Some(Outcome::Cancelled), terminate(child, pgid).await),
+    }
+}
+
+/// The attempt's outcome (`kind`, or else what the exit status says) and its exit, described.
+fn outcome_of(
+    kind: Option<Outcome>,
+    status: std::io::Result<ExitStatus>,
+) -> (Outcome, Option<String>) {
+    match (kind, status) {
+        (Some(outcome), s) => (outcome, s.ok().map(describe_status)),
+        (None, Ok(s)) if s.success() => (Outcome::Ok, Some(describe_status(s))),
+        (None, Ok(s)) => {
+            let d = describe_status(s);
+            (Outcome::Failed(format!("exited with {d}")), Some(d))
+        }
+        (None, Err(e)) => (
+            Outcome::Failed(format!("cannot wait for the process: {e}")),
+            None,
+        ),
+    }
+}
+
+/// What a run with `stream:` appends: a successful run's records; with `append_failed`, a failed
+/// or timed-out run's output as one record marked with why; otherwise nothing.
+fn to_store(
+    out: &Output,
+    task: &str,
+    started_ns: i64,
+    captured: &Captured,
+    outcome: &mut Outcome,
+    timeout: Duration,
+) -> Option<Vec<Vec<u8>>> {
+    // A successful run whose output cannot be stored (over `max_output`, a line that is
+    // not what the stream carries) fails here, like a run that failed by itself.
+    let mut made = None;
+    if *outcome == Outcome::Ok {
+        match out.records(task, started_ns, captured) {
+            Ok(r) => made = Some(r),
+            Err(why) => *outcome = Outcome::Failed(why),
+        }
+    }
+    let marked = |why: &str| vec![out.failed(task, started_ns, captured, why)];
+    match (&*outcome, made) {
+        (Outcome::Ok, r) => r,
+        (Outcome::Failed(why), _) if out.append_failed => Some(marked(why)),
+        (Outcome::TimedOut, _) if out.append_failed => Some(marked(&format!(
+            "timed out after {}",
+            crate::units::fmt_duration(timeout)
+        ))),
+        // Cancelled by the stop, or failed without `append_failed`: nothing.
+        _ => None,
+    }
+}
+
+/// Appends the run's records, waiting at most `wait` for room; a failure to store them fails the
+/// attempt (after any reason it had). The records stored by a successful run.
+async fn append_output(
+    ctx: &RunContext,
+    stream: &str,
+    records: Vec<Vec<u8>>,
+    wait: Duration,
+    outcome: &mut Outcome,
+) -> Option<u64> {
+    match super::append_records(ctx, stream, records, wait).await {
+        Ok(n) if *outcome == Outcome::Ok => Some(n),
+        Ok(_) => None,
+        Err(e) => {
+            *outcome = match &*outcome {
+                Outcome::Failed(why) => Outcome::Failed(format!("{why}; {e}")),
+                Outcome::TimedOut => Outcome::Failed(format!("timed out; {e}")),
+                _ => Outcome::Failed(e),
+            };
+            None
         }
     }
 }
