@@ -259,6 +259,10 @@ fn online(dir: &Path, file: &Path, lines: u64, extra: &Extra) {
     );
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one run of the benchmark, read top to bottom"
+)]
 fn with_outage(
     dir: &Path,
     file: &Path,

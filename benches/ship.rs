@@ -20,6 +20,10 @@ mod http;
 use common::{bin, cores, cpu_secs, env_u64, log_lines, rss_kib, spawn_run, stop, wait_log};
 use http::{Mode, Receiver, hex};
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the benchmark's script, read top to bottom"
+)]
 fn main() {
     let files = env_u64("BENCH_FILES", 100) as usize;
     let max_mb = env_u64("BENCH_MAX_MB", 50) as usize;

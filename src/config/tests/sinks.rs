@@ -288,7 +288,7 @@ sinks:
 /// as YAML writes it, and each mistake names its field.
 #[cfg(feature = "mqtt")]
 #[test]
-fn an_mqtt_sink_compiles_with_its_defaults_and_every_mistake_is_named() {
+fn an_mqtt_sink_compiles_with_its_defaults() {
     use crate::sink::mqtt::{Protocol, Qos};
     let c = load(
         r#"
@@ -328,6 +328,13 @@ streams:
     );
     // A topic made from fields needs JSON records.
     assert_eq!(c.record_format("m"), crate::record::RecordFormat::Json);
+    assert_eq!((m.protocol, m.max_packet), (Protocol::V5, None));
+}
+
+/// Each mistake in an `mqtt` sink is named at its field.
+#[cfg(feature = "mqtt")]
+#[test]
+fn every_mistake_in_an_mqtt_sink_is_named() {
     let p = problems(
         r#"
 sinks:
@@ -365,7 +372,13 @@ sinks:
     ] {
         assert!(p.iter().any(|x| x.contains(want)), "{want} in {p:?}");
     }
-    assert_eq!((m.protocol, m.max_packet), (Protocol::V5, None));
+}
+
+/// `protocol: 3.1.1` is read as YAML writes it (a number or text), with its packet limits.
+#[cfg(feature = "mqtt")]
+#[test]
+fn mqtt_3_1_1_is_read_as_yaml_writes_it_with_its_limits() {
+    use crate::sink::mqtt::Protocol;
     // MQTT 3.1.1, YAML's number or text; its limits.
     let c = load(
         r#"

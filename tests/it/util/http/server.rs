@@ -170,6 +170,10 @@ impl std::fmt::Display for Close {
 
 impl std::error::Error for Close {}
 
+#[allow(
+    clippy::too_many_lines,
+    reason = "the test receiver's one request handler, every mode side by side; `allow`: the benches include this file too"
+)]
 pub(super) async fn handle(
     req: Request<Incoming>,
     ctx: Ctx,
