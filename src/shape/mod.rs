@@ -26,3 +26,22 @@ pub fn io_reason(e: &std::io::Error) -> String {
         _ => e.to_string(),
     }
 }
+
+/// What an entry of a `type:` this binary was built without says, at `type` (`what`: the
+/// component's word, `sink`, `source`, `task`; `feature`: the cargo feature that builds it in).
+#[cfg_attr(
+    all(
+        feature = "remote-write",
+        feature = "mqtt",
+        feature = "nats",
+        feature = "modbus",
+        feature = "syslog"
+    ),
+    expect(dead_code, reason = "a build with every component refuses none")
+)]
+pub fn built_without(err: &mut Problems<'_>, what: &str, kind: &str, feature: &str) {
+    err.add(
+        "type",
+        format!("this colibri was built without the {kind} {what} (cargo feature {feature})"),
+    );
+}

@@ -210,13 +210,7 @@ macro_rules! sink_kinds {
                         #[cfg(not(feature = $feature))]
                         $type => {
                             let _ = rest;
-                            cx.err.add(
-                                "type",
-                                format!(
-                                    "this colibri was built without the {} sink (cargo feature {})",
-                                    $type, $feature
-                                ),
-                            );
+                            $crate::shape::built_without(cx.err, "sink", $type, $feature);
                             None
                         }
                     )?

@@ -144,13 +144,7 @@ macro_rules! source_kinds {
                         #[cfg(not(feature = $feature))]
                         $type => {
                             let _ = rest;
-                            cx.err.add(
-                                "type",
-                                format!(
-                                    "this colibri was built without the {} source (cargo feature {})",
-                                    $type, $feature
-                                ),
-                            );
+                            $crate::shape::built_without(cx.err, "source", $type, $feature);
                             None
                         }
                     )?

@@ -145,13 +145,7 @@ macro_rules! task_kinds {
                         #[cfg(not(feature = $feature))]
                         $type => {
                             let _ = rest;
-                            err.add(
-                                "type",
-                                format!(
-                                    "this colibri was built without the {} task (cargo feature {})",
-                                    $type, $feature
-                                ),
-                            );
+                            $crate::shape::built_without(err, "task", $type, $feature);
                             None
                         }
                     )?
