@@ -2,7 +2,7 @@
 //! records after the run ([`Output::records`]: a record per line, checked and converted as the
 //! stream's sink needs them, or the whole output as one JSON record) and the marked record a failed
 //! run leaves with `append_failed`. It does not run the program or store anything itself: `exec`
-//! captures the output and appends what this returns. Built by `config::tasks`.
+//! captures the output and appends what this returns. Built by `task::exec::config`.
 
 use crate::record::RecordFormat;
 

@@ -5,7 +5,7 @@
 //! as the stream's sink sends). A device that cannot be reached or does not answer within the
 //! task's timeout, or answers a read with a Modbus exception (the points and the exception named),
 //! is a failed attempt with the reason; `task::run` logs, counts and retries it; nothing of that
-//! poll is stored. Built by `config::tasks::modbus`, called by `task::run`.
+//! poll is stored. Built by its `config` (through the tasks' list), called by `task::run`.
 
 pub mod points;
 

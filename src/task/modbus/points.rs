@@ -2,7 +2,7 @@
 //! address, type with word and byte order, scale and offset), the reads that cover them (per
 //! table, joined while the span stays within the device's limit and the holes within `max_gap`),
 //! and a read's registers or bits decoded into each point's value. Pure: no I/O. Built by
-//! `config::tasks::modbus`; used by `task::modbus`.
+//! `task::modbus::config`; used by `task::modbus`.
 
 /// The four Modbus tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

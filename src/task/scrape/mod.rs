@@ -4,7 +4,7 @@
 //! at all, and acknowledged only once durable. A failed scrape (no answer, a status other than 2xx,
 //! an answer over `max_body`, a malformed body, a full stream) is a failed attempt with the reason;
 //! `task::run` logs, counts and retries it. It does not decide where records go after the stream
-//! (the sink does) nor when to run (the scheduler). Built by `config`, called by `task::run`.
+//! (the sink does) nor when to run (the scheduler). Built by its `config.rs`, called by `task::run`.
 
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
