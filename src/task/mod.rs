@@ -1,7 +1,11 @@
 //! Task runs: the runtime definition of a task (`TaskDef`, built by `config::compile`), the closed set
-//! of handlers (`Action`), and `run`, which executes one scheduled run with its timeout and retries and
-//! logs exactly one event for it. It does not decide when a task runs (that is the scheduler) and does
-//! not parse the file. Called by `scheduler`.
+//! of handlers listed once below (`task_kinds!`: a folder each with its file shape in `config.rs`,
+//! from which `TaskKind` and `Action` are made), and `run`, which executes one scheduled run with its
+//! timeout and retries and logs exactly one event for it. It does not decide when a task runs (that
+//! is the scheduler) and does not parse the file. Called by `scheduler`.
+//!
+//! A new handler is a folder here (its `Spec` implementing `kind::KindSpec`, its handler
+//! `kind::Settings` and `kind::Handler`) and one entry in the list below.
 
 #[macro_use]
 mod kind;

@@ -1,7 +1,7 @@
 //! A `type: mqtt` source entry: its file shape ([`MqttSourceSpec`]) and its compilation into
 //! `source::mqtt::MqttSourceConfig` (the broker URL, TLS and credentials as the mqtt sink reads
 //! them, the topic filters and routes checked, the session and the window). It connects to
-//! nothing: `source::mqtt` does. Called by `config::sources`.
+//! nothing: `source::mqtt` does. Called through the sources' list (`source::compile_kind`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
