@@ -1,8 +1,8 @@
 //! The grammar of durations (`500ms`, `30s`, `1h30m`, `7d`) and byte sizes (`512KiB`, `64MiB`, `2GB`):
 //! parsing the written form and formatting a value back into it. Pure functions with no I/O and no
 //! serde, so every layer can print a duration or a size the way the config file writes it. It does not
-//! know which fields use them or which ranges are allowed there (that is `config`'s validation), nor
-//! how they are read from the file (`setting::units` holds the serde and schema glue).
+//! know which fields use them or which ranges are allowed there (that is each entry's `config.rs`),
+//! nor how they are read from the file (`shape::units` holds the serde and schema glue).
 
 use std::time::Duration;
 

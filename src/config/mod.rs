@@ -1,17 +1,19 @@
-//! The config file: its YAML shape (serde structs that mirror it and reject unknown fields, and the
-//! JSON Schema generated from them), `${VAR}` expansion, and `compile`, which validates everything and
-//! turns the file into the runtime types the rest of colibri uses (`Config`, `task::TaskDef`, parsed
-//! schedules, `Duration`s, resolved paths). This is the only module that knows the file's shape;
-//! nothing downstream sees a serde struct. Called by the CLI (`run`, `check`, `queue`, `schema`) and
-//! by the agent's reload.
+//! The config file as a whole: parsing the YAML (the only module that names the YAML library),
+//! `${VAR}` expansion, the top-level shape (`FileSpec`, from which the JSON Schema is generated), and
+//! `compile`, which validates everything and turns the file into the runtime types the rest of
+//! colibri uses (`Config`, `task::TaskDef`, parsed schedules, `Duration`s, resolved paths). Each
+//! sink's, source's and task's own shape lives beside it (its `config.rs` in `sink/`, `source/`,
+//! `task/`), with the toolkit they share in `shape/`; this module splits an entry's `type` off and
+//! hands the rest to that kind's list. Nothing that runs sees a `*Spec`. Called by the CLI (`run`,
+//! `check`, `queue`, `schema`) and by the agent's reload.
 //!
 //! Validation collects every problem before refusing, each with its path in the file, e.g.
 //! `tasks[3] "rotate": schedule "61 * * * *": minute 61 out of range 0-59`. A value that came from
 //! `${VAR}` is never shown in a problem (it may be a secret): the message names the variable.
 //!
-//! Each section of the file has a module of its own holding its shape and its compile step
-//! (`admin`, `log`, `storage`, `sinks`, `streams`, `tasks`, `ingest`, `sources`); this one keeps the
-//! top level (`FileSpec`, `Config`, `Problem`), loading, and the glue the sections share.
+//! Each section of the file has a module of its own (`admin`, `log`, `storage`, `sinks`, `streams`,
+//! `tasks`, `ingest`, `sources`); this one keeps the top level (`FileSpec`, `Config`), loading, and
+//! the glue the sections share.
 
 pub mod admin;
 pub mod env;
@@ -570,14 +572,18 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
     check_source_streams(&sources, &streams, &sinks, problems);
     let admin = admin::compile_admin(spec.admin, base, problems);
 
+    let format = |stream: &str| stream_format(&streams, &sinks, stream);
     let ctx = TaskCtx {
-        base,
         grace,
-        data_dir: &data_dir,
-        streams: &streams,
-        declared_streams: &declared_streams,
-        sinks: &sinks,
-        storage,
+        file: crate::task::Compile {
+            task: "",
+            base,
+            data_dir: &data_dir,
+            streams: &streams,
+            declared_streams: &declared_streams,
+            format: &format,
+            storage: &storage,
+        },
     };
     let tasks = compile_tasks(sections.tasks, &ctx, problems);
 

@@ -5,8 +5,6 @@
 //! the `task::TaskDef` the scheduler runs. It does not run tasks (`task` and `scheduler` do).
 //! Called by `config::compile`.
 
-use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 #[cfg(feature = "schema")]
@@ -17,11 +15,9 @@ use serde_json::Value;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{self, Dur};
-use super::{Problems, de_all, stream_format, valid_name};
+use super::{Problems, de_all, valid_name};
 
 use crate::schedule::{self, Offset, Schedule, Zone};
-use crate::sink::SinkConfig;
-use crate::store::{StorageConfig, StreamConfig};
 use crate::task::{RetryPolicy, TASK_TYPES, TaskDef, TaskKind, read_kind};
 
 /// One scheduled task: the fields every task has, plus those of its `type`.
@@ -123,17 +119,11 @@ impl JsonSchema for OffsetSpec {
     }
 }
 
-/// What a task's checks need from the rest of the file.
+/// What a task's checks need from the rest of the file: the shutdown grace its timeout must stay
+/// under, and what its type's own checks get (`task` set per entry).
 pub(super) struct TaskCtx<'a> {
-    /// The config file's directory.
-    pub(super) base: &'a Path,
     pub(super) grace: Duration,
-    pub(super) data_dir: &'a Path,
-    pub(super) streams: &'a [StreamConfig],
-    /// Every stream the file names, including those with problems of their own.
-    pub(super) declared_streams: &'a [String],
-    pub(super) sinks: &'a [Arc<SinkConfig>],
-    pub(super) storage: StorageConfig,
+    pub(super) file: crate::task::Compile<'a>,
 }
 
 pub(super) fn compile_task(
@@ -170,15 +160,9 @@ pub(super) fn compile_task(
     let schedule = schedule(&common, timed, &mut err);
     let timeout = timeout(&common, ctx.grace, &mut err);
     let retry = retry(&common, &mut err);
-    let format = |stream: &str| stream_format(ctx.streams, ctx.sinks, stream);
     let cx = crate::task::Compile {
         task: &common.name,
-        base: ctx.base,
-        data_dir: ctx.data_dir,
-        streams: ctx.streams,
-        declared_streams: ctx.declared_streams,
-        format: &format,
-        storage: &ctx.storage,
+        ..ctx.file
     };
     let action = kind?.compile(&cx, &mut err);
     Some(TaskDef {

@@ -45,13 +45,7 @@ pub fn client(
     if set && !tls {
         err.add("tls", format!("applies to {scheme}:// URLs only"));
     }
-    let file = |p: Option<String>| p.map(|p| base.join(p));
-    tls.then(|| TlsConfig {
-        ca_file: file(spec.ca_file),
-        client_cert: file(spec.client_cert),
-        client_key: file(spec.client_key),
-        server_name: spec.server_name,
-    })
+    tls.then(|| files(spec, base))
 }
 
 /// The `tls` block of an entry that always may use TLS (an `http` sink, whose URL or probe says),

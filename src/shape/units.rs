@@ -2,7 +2,7 @@
 //! (`Dur`, `Size`) and read numbers that `${VAR}` expansion turned into strings. The grammar itself
 //! (parsing and formatting) is in [`crate::units`], below config, because the running layers print
 //! values with it too. It does not know which fields use them or which ranges are allowed there: that
-//! is validation, in `config::compile`.
+//! is validation, in each entry's `config.rs`.
 
 use std::fmt;
 use std::time::Duration;
@@ -91,12 +91,12 @@ impl JsonSchema for Size {
     }
 }
 
-/// How [`de_u32`]'s refusal of a number written as a string begins: `config::de_all` reads a string
+/// How [`de_u32`]'s refusal of a number written as a string begins: `shape::de_all` reads a string
 /// that `${VAR}` expansion wrote (`workers: ${WORKERS:-4}` becomes `"4"`) as its number instead.
 pub(super) const QUOTED_NUMBER: &str = "expected a whole number, found the string ";
 
 /// Deserializes an unsigned integer. A string is refused, even one holding digits: `qos: "1"` is a
-/// type error in the file as it is in the schema; `config::de_all` reads a string that came from
+/// type error in the file as it is in the schema; `shape::de_all` reads a string that came from
 /// `${VAR}` expansion as its number (it knows where the expansions are, a deserializer does not).
 pub fn de_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     let v = serde_json::Value::deserialize(d)?;

@@ -1,8 +1,8 @@
 //! The contract between `Sink` and each kind of sink: the [`Deliver`] trait every kind's built sink
 //! implements, what passes through it ([`Batch`] in, [`DeliveryError`] out, the [`Probe`] a down
-//! link is tested by); how a kind refuses a setting is `crate::setting`'s `SettingError`. It knows no kind: `sink/mod.rs` and the
-//! kinds' files (`http`, `file`, `stdout`) build on it; `delivery` and `config` use its types
-//! through `sink`'s re-exports.
+//! link is tested by); how a kind refuses a setting is `crate::setting`'s `SettingError`. It knows
+//! no kind: `sink/mod.rs` and the kinds' folders build on it; `delivery` uses its types through
+//! `sink`'s re-exports.
 
 use std::time::Duration;
 
@@ -126,8 +126,10 @@ impl Batch<'_> {
     }
 }
 
-/// What every kind of built sink does; `Sink` calls it on the kind it was built as. The defaults
-/// are a local sink's: one write at a time, never paced, a record per line.
+/// What every kind of built sink does; `Sink` calls it on the kind it was built as. The defaults:
+/// nothing of its own to start, a record per line as the body. How many requests run at once, how
+/// long one may take and how a replay is paced are the sink's settings (`SinkConfig`), not the
+/// built sink's.
 #[expect(
     async_fn_in_trait,
     reason = "implemented and awaited only inside this crate, on one runtime: no caller needs a Send bound spelled out"

@@ -50,6 +50,9 @@ pub trait KindConfig: Settings {
     fn build(&self, sink: &SinkConfig) -> Result<Self::Built, SettingError>;
 }
 
+/// The longest a request may take unless the entry says (`timeout`).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What a kind's [`KindSpec::compile`] works with: the entry's name and places, the reporter for
 /// its problems, and the settings every sink has, which the kind sets from its entry (those it
 /// does not have keep their defaults).
@@ -81,7 +84,7 @@ impl<'a, 'p> Compile<'a, 'p> {
             err,
             link: LinkConfig::default(),
             retry: RetrySpec::default(),
-            timeout: Duration::from_secs(10),
+            timeout: DEFAULT_TIMEOUT,
             concurrency: 1,
             replay_rate: None,
         }
@@ -94,7 +97,7 @@ impl<'a, 'p> Compile<'a, 'p> {
         concurrency: Option<u32>,
         replay_rate: Option<crate::shape::units::Size>,
     ) {
-        self.timeout = timeout.map_or(Duration::from_secs(10), |d| d.0);
+        self.timeout = timeout.map_or(DEFAULT_TIMEOUT, |d| d.0);
         if self.timeout.is_zero() {
             self.err.add("timeout", "must be positive".into());
         }
@@ -215,6 +218,8 @@ macro_rules! sink_kinds {
                         }
                     )?
                 )+
+                // `config` lets only the list's types through (`split_type`); a caller that does not still
+                // gets a problem rather than a panic.
                 other => {
                     cx.err.add("type", format!("unknown sink type {other:?}"));
                     None

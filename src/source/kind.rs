@@ -149,6 +149,8 @@ macro_rules! source_kinds {
                         }
                     )?
                 )+
+                // `config` lets only the list's types through (`split_type`); a caller that does not still
+                // gets a problem rather than a panic.
                 other => {
                     cx.err.add("type", format!("unknown source type {other:?}"));
                     None

@@ -150,6 +150,8 @@ macro_rules! task_kinds {
                         }
                     )?
                 )+
+                // `config` lets only the list's types through (`kind_of`); a caller that does not still
+                // gets a problem rather than a panic.
                 other => {
                     err.add("type", format!("unknown type {other:?}"));
                     None

@@ -81,6 +81,8 @@ impl Action {
     }
 }
 
+/// What a task relies on outside its own entry in the file: a reload holds it while one of these
+/// waits for a restart, and re-makes it when its stream's sink changes under it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Needs<'a> {
     /// The stream it appends to: it must be running.

@@ -284,8 +284,7 @@ sinks:
 }
 
 /// An `mqtt` sink compiles with its defaults (MQTT 5, port 1883, QoS 1, resumed sessions, a client
-/// id per machine and sink), a topic from fields makes its streams JSON, `protocol: 3.1.1` is read
-/// as YAML writes it, and each mistake names its field.
+/// id per machine and sink), and a topic from fields makes its streams JSON.
 #[cfg(feature = "mqtt")]
 #[test]
 fn an_mqtt_sink_compiles_with_its_defaults() {

@@ -1,7 +1,7 @@
 //! The `type: exec` task entry: its file shape ([`ExecSpec`], with `stream:` and what it takes)
 //! and its compilation into `task::exec::Exec`: the program checked (an absolute one must exist and
 //! be executable), `cwd`, `env`, and the output's format against the stream's sink. It runs
-//! nothing. Called through the tasks' list (`task::compile_kind`) for `type: exec`.
+//! nothing. Called through the tasks' list (`task::read_kind`, `TaskKind::compile`) for `type: exec`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;

@@ -1,7 +1,7 @@
 //! The `type: file_move` task entry: its file shape ([`FileMoveSpec`]) and its compilation into
 //! [`FileMove`]: the directories checked, the settle time, the patterns, what a name taken in the
 //! destination means, and with `to_stream` the spool and its bounds. It moves nothing. Called
-//! through the tasks' list (`task::compile_kind`) for `type: file_move`.
+//! through the tasks' list (`task::read_kind`, `TaskKind::compile`) for `type: file_move`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -75,16 +75,16 @@ impl KindSpec for FileMoveSpec {
     type Handler = FileMove;
 
     fn compile(self, cx: &Compile<'_>, err: &mut Problems<'_>) -> Option<FileMove> {
-        compile_file_move(self, cx.task, cx, err)
+        compile_file_move(self, cx, err)
     }
 }
 
 fn compile_file_move(
     spec: FileMoveSpec,
-    task: &str,
     ctx: &Compile<'_>,
     err: &mut Problems<'_>,
 ) -> Option<FileMove> {
+    let task = ctx.task;
     let mut ok = true;
     let from = existing_dir(ctx.base, "from", &spec.from, err);
     let (to, ship) = compile_destination(&spec, task, ctx, err, &mut ok);

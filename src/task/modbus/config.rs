@@ -2,7 +2,7 @@
 //! shape ([`ModbusSpec`], [`PointSpec`]) and its compilation into `task::modbus::Modbus`: the
 //! device's address, the points' types, orders and addresses checked, the reads planned, and the
 //! samples' format taken from the stream's sink. It talks to no device. Called through the tasks'
-//! list (`task::compile_kind`) for `type: modbus`.
+//! list (`task::read_kind`, `TaskKind::compile`) for `type: modbus`.
 
 use std::collections::BTreeMap;
 
@@ -140,16 +140,16 @@ mod compile {
         type Handler = Modbus;
 
         fn compile(self, cx: &Compile<'_>, err: &mut Problems<'_>) -> Option<Modbus> {
-            compile_modbus(self, cx.task, cx, err)
+            compile_modbus(self, cx, err)
         }
     }
 
     fn compile_modbus(
         spec: ModbusSpec,
-        task: &str,
         ctx: &Compile<'_>,
         err: &mut Problems<'_>,
     ) -> Option<Modbus> {
+        let task = ctx.task;
         // Every check reports and goes on; any problem leaves the task out.
         let before = err.count();
         let address = match device_address(&spec.address) {

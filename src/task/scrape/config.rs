@@ -1,7 +1,7 @@
 //! The `type: http_scrape` task entry: its file shape ([`HttpScrapeSpec`]) and its compilation
 //! into [`Scrape`]: the URL and headers, the answer's format (and for JSON its mapping) against
 //! what the stream's sink sends, the timestamps' precision from that sink. It fetches nothing.
-//! Called through the tasks' list (`task::compile_kind`) for `type: http_scrape`.
+//! Called through the tasks' list (`task::read_kind`, `TaskKind::compile`) for `type: http_scrape`.
 
 use std::collections::BTreeMap;
 
@@ -97,16 +97,16 @@ impl KindSpec for HttpScrapeSpec {
     type Handler = Scrape;
 
     fn compile(self, cx: &Compile<'_>, err: &mut Problems<'_>) -> Option<Scrape> {
-        compile_scrape(self, cx.task, cx, err)
+        compile_scrape(self, cx, err)
     }
 }
 
 fn compile_scrape(
     spec: HttpScrapeSpec,
-    task: &str,
     ctx: &Compile<'_>,
     err: &mut Problems<'_>,
 ) -> Option<Scrape> {
+    let task = ctx.task;
     let mut ok = true;
     let url = match parse_http_url(&spec.url) {
         Ok(u) => Some(u),
