@@ -177,6 +177,25 @@ fn ensure_stream(node: &Node, config: jetstream::stream::Config, opts: async_nat
 }
 
 /// Every message of the stream: (sequence, Nats-Msg-Id, payload).
+/// `op`, asked again while the cluster cannot answer (after a node is lost, JetStream answers
+/// "temporarily unavailable" until its leaders are elected again), for at most 30 s.
+async fn available<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    what: &str,
+    mut op: impl FnMut() -> F,
+) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match op().await {
+            Ok(t) => return t,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("reading {what}: {e}; asking again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("reading {what}: {e}"),
+        }
+    }
+}
+
 fn read_stream(
     node: &Node,
     name: &str,
@@ -188,14 +207,14 @@ fn read_stream(
             .await
             .unwrap();
         let js = jetstream::new(client);
-        let mut stream = js.get_stream(name).await.unwrap();
-        let info = stream.info().await.unwrap().clone();
+        let stream = available("the stream", || js.get_stream(name)).await;
+        let info = available("the stream's state", || stream.get_info()).await;
         let mut out = Vec::new();
         for seq in info.state.first_sequence..=info.state.last_sequence {
             if info.state.messages == 0 {
                 break;
             }
-            let m = stream.get_raw_message(seq).await.unwrap();
+            let m = available("a message", || stream.get_raw_message(seq)).await;
             let id = m
                 .headers
                 .get("Nats-Msg-Id")
