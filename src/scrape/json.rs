@@ -38,12 +38,15 @@ pub struct JsonMapping {
     pub time: Option<(String, TimeUnit)>,
 }
 
-/// The unit of a record's own timestamp.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The unit of a record's own timestamp; also the file's word (`time_unit:`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
 pub enum TimeUnit {
     /// A number of seconds since 1970 (a fraction is kept to the nanosecond).
     S,
-    /// A number of milliseconds since 1970.
+    /// A number of milliseconds since 1970 (the default).
+    #[default]
     Ms,
     /// A number of nanoseconds since 1970.
     Ns,

@@ -28,12 +28,20 @@
 
 use std::io::Write as _;
 
-/// The unit of the timestamps written, which the sink's write URL must name (`precision=`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The unit of the timestamps written, which the sink's write URL must name (`precision=`); also
+/// the file's word (an http sink's `precision:`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
 pub enum Precision {
+    /// Nanoseconds (the default).
+    #[default]
     Ns,
+    /// Microseconds.
     Us,
+    /// Milliseconds.
     Ms,
+    /// Seconds.
     S,
 }
 

@@ -37,7 +37,7 @@ pub struct HttpSinkSpec {
     /// expect; `us` on `/api/v2/write`). `http_scrape` tasks writing to a stream of this sink
     /// timestamp their records in it. Default `ns`.
     #[serde(default)]
-    pub precision: Option<PrecisionSpec>,
+    pub precision: Option<Precision>,
     /// Body compression (`Content-Encoding`). Default `none`.
     #[serde(default)]
     pub compression: Option<Compression>,
@@ -61,28 +61,6 @@ pub struct HttpSinkSpec {
     /// so a reconnecting cellular link is not flooded. Unset: unlimited.
     #[serde(default)]
     pub replay_rate: Option<Size>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum PrecisionSpec {
-    Ns,
-    Us,
-    Ms,
-    S,
-}
-
-impl PrecisionSpec {
-    fn compile(self) -> crate::scrape::lineproto::Precision {
-        use crate::scrape::lineproto::Precision;
-        match self {
-            PrecisionSpec::Ns => Precision::Ns,
-            PrecisionSpec::Us => Precision::Us,
-            PrecisionSpec::Ms => Precision::Ms,
-            PrecisionSpec::S => Precision::S,
-        }
-    }
 }
 
 impl KindSpec for HttpSinkSpec {
@@ -150,7 +128,7 @@ fn precision(
             None
         }
         (false, None) => None,
-        (true, p) => Some(p.unwrap_or(PrecisionSpec::Ns).compile()),
+        (true, p) => Some(p.unwrap_or_default()),
     };
     if let Some(p) = precision {
         if url.query_pairs().any(|(k, _)| k == "precision") {

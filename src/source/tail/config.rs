@@ -41,7 +41,7 @@ pub struct TailSpec {
     /// Where to start in files that are there when the source first runs (no checkpoint yet):
     /// `beginning` (default) or `end`. Files that appear later are always read from their beginning.
     #[serde(default)]
-    pub start_at: StartAtSpec,
+    pub start_at: StartAt,
     /// Regular expressions; when given, only records matching at least one are kept.
     #[serde(default)]
     pub include_lines: Vec<String>,
@@ -52,7 +52,7 @@ pub struct TailSpec {
     /// field, a string or a bunyan/pino number, or from a logfmt `level=` (`severity=`, `lvl=`) pair;
     /// lines without one are kept.
     #[serde(default)]
-    pub min_level: Option<LevelSpec>,
+    pub min_level: Option<Level>,
     /// Longer lines are cut to this many bytes (marked `"truncated": true`, and counted); the rest of
     /// the line is skipped. Default 64KiB.
     #[serde(default)]
@@ -86,11 +86,11 @@ pub struct TailSpec {
     /// `max_line_bytes`) is wrapped as with `text` and counted, so a receiver never gets a record
     /// it cannot read. Lines of a multiline group are checked together, as one text.
     #[serde(default)]
-    pub format: FormatSpec,
+    pub format: Format,
     /// `auto` (default): inotify, or polling where it is not available; `poll`: check the files
     /// every `poll_interval` (e.g. for network filesystems, where inotify sees no remote writes).
     #[serde(default)]
-    pub watch: WatchSpec,
+    pub watch: WatchMode,
     /// How often files are checked for new data when polling. Default 1s.
     #[serde(default)]
     pub poll_interval: Option<Dur>,
@@ -104,15 +104,6 @@ pub struct TailSpec {
     pub rotate_wait: Option<Dur>,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum StartAtSpec {
-    #[default]
-    Beginning,
-    End,
-}
-
 /// A field a tail record may carry besides `line`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -123,36 +114,6 @@ pub enum FieldSpec {
     Lines,
     Truncated,
     Host,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum FormatSpec {
-    #[default]
-    Text,
-    Json,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum WatchSpec {
-    #[default]
-    Auto,
-    Poll,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum LevelSpec {
-    Trace,
-    Debug,
-    Info,
-    Warn,
-    Error,
-    Fatal,
 }
 
 /// Lines that belong together.
@@ -229,23 +190,14 @@ impl KindSpec for TailSpec {
             paths: spec.paths,
             patterns,
             exclude,
-            start_at: match spec.start_at {
-                StartAtSpec::Beginning => StartAt::Beginning,
-                StartAtSpec::End => StartAt::End,
-            },
+            start_at: spec.start_at,
             filter,
             max_line_bytes: max_line_bytes as usize,
             multiline,
             fields,
             labels: spec.labels.into_iter().collect(),
-            format: match spec.format {
-                FormatSpec::Text => Format::Text,
-                FormatSpec::Json => Format::Json,
-            },
-            watch: match spec.watch {
-                WatchSpec::Auto => WatchMode::Auto,
-                WatchSpec::Poll => WatchMode::Poll,
-            },
+            format: spec.format,
+            watch: spec.watch,
             poll_interval,
             scan_interval,
             rotate_wait,
@@ -316,14 +268,7 @@ fn filter(spec: &TailSpec, err: &mut Problems<'_>) -> Filter {
     Filter {
         include: regexes("include_lines", &spec.include_lines, err),
         exclude: regexes("exclude_lines", &spec.exclude_lines, err),
-        min_level: spec.min_level.map(|l| match l {
-            LevelSpec::Trace => Level::Trace,
-            LevelSpec::Debug => Level::Debug,
-            LevelSpec::Info => Level::Info,
-            LevelSpec::Warn => Level::Warn,
-            LevelSpec::Error => Level::Error,
-            LevelSpec::Fatal => Level::Fatal,
-        }),
+        min_level: spec.min_level,
     }
 }
 

@@ -83,26 +83,41 @@ pub struct Exclude {
     pub text: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where to start in files that are there when the source first runs. This enum, `Format` and
+/// `WatchMode` are also the file's words (`start_at:`, `format:`, `watch:`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
 pub enum StartAt {
+    /// The file's first line (the default).
+    #[default]
     Beginning,
+    /// Only what is written after colibri first saw the file.
     End,
 }
 
 /// What a source's lines are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
 pub enum Format {
-    /// Any text: each line is the `line` of a record.
+    /// Any text: each line is the `line` of a record (the default).
+    #[default]
     Text,
     /// JSON objects: a line that is one is the record itself (the fields added); any other line
     /// is wrapped as text, and counted.
     Json,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the files are watched for new data.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
 pub enum WatchMode {
-    /// inotify, polling where it is unavailable.
+    /// inotify, polling where it is unavailable (the default).
+    #[default]
     Auto,
+    /// Checked every `poll_interval`.
     Poll,
 }
 

@@ -52,20 +52,11 @@ pub struct FileMoveSpec {
     /// When the name already exists in `to` (not used with `to_stream`): `rename` (default) moves the file as `name.1.ext`,
     /// `name.2.ext`, ...; `overwrite` replaces the existing file; `skip` leaves the file in `from`.
     #[serde(default)]
-    pub on_conflict: Option<OnConflictSpec>,
+    pub on_conflict: Option<OnConflict>,
     /// At most this many files per run (oldest first); the rest wait for the next run. Default 1000.
     #[serde(default, deserialize_with = "units::de_opt_u32")]
     #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_files: Option<u32>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum OnConflictSpec {
-    Rename,
-    Overwrite,
-    Skip,
 }
 
 const DEFAULT_SETTLE: Duration = Duration::from_secs(30);
@@ -120,11 +111,7 @@ fn compile_file_move(
         err.add("max_files", "must be at least 1".into());
         ok = false;
     }
-    let on_conflict = match spec.on_conflict.unwrap_or(OnConflictSpec::Rename) {
-        OnConflictSpec::Rename => OnConflict::Rename,
-        OnConflictSpec::Overwrite => OnConflict::Overwrite,
-        OnConflictSpec::Skip => OnConflict::Skip,
-    };
+    let on_conflict = spec.on_conflict.unwrap_or_default();
     let (from, to) = (from?, to?);
     ok.then_some(FileMove {
         from,

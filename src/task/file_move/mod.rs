@@ -30,9 +30,13 @@ pub use config::FileMoveSpec as Spec;
 
 mod config;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What to do when a file's name is already in `to`; also the file's word (`on_conflict:`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
 pub enum OnConflict {
-    /// `name.1.ext`, `name.2.ext`, ... (the first free one).
+    /// `name.1.ext`, `name.2.ext`, ... (the first free one; the default).
+    #[default]
     Rename,
     /// Replace the existing file (atomically: rename over it).
     Overwrite,

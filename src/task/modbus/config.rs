@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use super::points::{Order, Table};
 use crate::shape::units::de_opt_u32;
 #[cfg(feature = "schema")]
 use crate::shape::units::u32_schema;
@@ -59,7 +60,7 @@ pub struct PointSpec {
     /// The field's name in the sample.
     pub name: String,
     /// `holding` or `input` (16-bit registers), `coil` or `discrete` (bits).
-    pub register: RegisterSpec,
+    pub register: Table,
     /// The first register's (or bit's) address as on the wire, from 0.
     #[serde(deserialize_with = "crate::shape::units::de_u32")]
     #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
@@ -76,10 +77,10 @@ pub struct PointSpec {
     /// Of a value over several registers: `big` (the default: the most significant register
     /// first) or `little`.
     #[serde(default)]
-    pub word_order: Option<OrderSpec>,
+    pub word_order: Option<Order>,
     /// Within each register: `big` (the default, Modbus' own) or `little`.
     #[serde(default)]
-    pub byte_order: Option<OrderSpec>,
+    pub byte_order: Option<Order>,
     /// A number is written `raw * scale + offset` (always as a float). Default 1.
     #[serde(default)]
     pub scale: Option<f64>,
@@ -90,16 +91,6 @@ pub struct PointSpec {
     /// a sample of their own.
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum RegisterSpec {
-    Holding,
-    Input,
-    Coil,
-    Discrete,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -117,23 +108,15 @@ pub enum PointType {
     String,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum OrderSpec {
-    Big,
-    Little,
-}
-
 mod compile {
     use std::collections::BTreeMap;
 
-    use super::{ModbusSpec, OrderSpec, PointSpec, PointType, RegisterSpec, device_address};
+    use super::{ModbusSpec, PointSpec, PointType, device_address};
     use crate::record::RecordFormat;
     use crate::scrape::lineproto::{Precision, check_measurement};
     use crate::shape::Problems;
     use crate::task::kind::{Compile, KindSpec};
-    use crate::task::modbus::points::{self, Kind, Limits, Order, Point, Table};
+    use crate::task::modbus::points::{self, Kind, Limits, Point, Table};
     use crate::task::modbus::{Modbus, Output};
 
     impl KindSpec for ModbusSpec {
@@ -264,12 +247,7 @@ mod compile {
         } else if taken.iter().any(|q| q.name == p.name) {
             err.add("name", format!("{:?} is named twice", p.name));
         }
-        let table = match p.register {
-            RegisterSpec::Holding => Table::Holding,
-            RegisterSpec::Input => Table::Input,
-            RegisterSpec::Coil => Table::Coil,
-            RegisterSpec::Discrete => Table::Discrete,
-        };
+        let table = p.register;
         let kind = point_kind(p.kind, p.length, table, err);
         if p.length.is_some() && !matches!(kind, Kind::Str(_)) {
             err.add("length", "applies to type: string only".into());
@@ -277,17 +255,13 @@ mod compile {
         check_point_span(p.address, kind, table, limits, err);
         check_point_encoding(&p, kind, table, err);
         check_tags(&p.tags, err);
-        let order = |o: Option<OrderSpec>| match o {
-            Some(OrderSpec::Little) => Order::Little,
-            None | Some(OrderSpec::Big) => Order::Big,
-        };
         Point {
             name: p.name,
             table,
             address: u16::try_from(p.address).unwrap_or(0),
             kind,
-            word_order: order(p.word_order),
-            byte_order: order(p.byte_order),
+            word_order: p.word_order.unwrap_or_default(),
+            byte_order: p.byte_order.unwrap_or_default(),
             scale: p.scale.unwrap_or(1.0),
             offset: p.offset.unwrap_or(0.0),
             tags: p.tags.into_iter().collect(),

@@ -4,12 +4,18 @@
 //! and a read's registers or bits decoded into each point's value. Pure: no I/O. Built by
 //! `task::modbus::config`; used by `task::modbus`.
 
-/// The four Modbus tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// The four Modbus tables; also the file's word for a point's `register:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
 pub enum Table {
+    /// Read-write bits.
     Coil,
+    /// Read-only bits (discrete inputs).
     Discrete,
+    /// Read-only 16-bit registers.
     Input,
+    /// Read-write 16-bit registers.
     Holding,
 }
 
@@ -57,11 +63,16 @@ impl Kind {
     }
 }
 
-/// Which comes first: the most significant word (byte) or the least.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which comes first: the most significant word (byte) or the least; also the file's word for a
+/// point's `word_order:` and `byte_order:`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
 pub enum Order {
-    /// Most significant first (Modbus' own order for the bytes of a register).
+    /// Most significant first (the default; Modbus' own order for the bytes of a register).
+    #[default]
     Big,
+    /// Least significant first.
     Little,
 }
 

@@ -78,17 +78,7 @@ pub struct JsonMappingSpec {
     pub time: Option<String>,
     /// The unit of `time`: `s`, `ms` (default), `ns` or `rfc3339`.
     #[serde(default)]
-    pub time_unit: Option<TimeUnitSpec>,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum TimeUnitSpec {
-    S,
-    Ms,
-    Ns,
-    Rfc3339,
+    pub time_unit: Option<TimeUnit>,
 }
 
 const DEFAULT_SCRAPE_MAX_BODY: u64 = 16 << 20;
@@ -288,12 +278,7 @@ fn compile_json_mapping(
         err.add("json.time_unit", "only applies with json.time".into());
         *ok = false;
     }
-    let unit = match j.time_unit.unwrap_or(TimeUnitSpec::Ms) {
-        TimeUnitSpec::S => TimeUnit::S,
-        TimeUnitSpec::Ms => TimeUnit::Ms,
-        TimeUnitSpec::Ns => TimeUnit::Ns,
-        TimeUnitSpec::Rfc3339 => TimeUnit::Rfc3339,
-    };
+    let unit = j.time_unit.unwrap_or_default();
     JsonMapping {
         records: j.records,
         measurement: measurement.to_string(),
