@@ -9,7 +9,7 @@ mod tasks;
 
 use std::os::unix::fs::PermissionsExt;
 
-use super::tasks::{COMMON_KEYS, DEFAULT_TIMEOUT, TaskCommon};
+use super::tasks::DEFAULT_TIMEOUT;
 use super::*;
 use crate::schedule::{Offset, Schedule, Zone};
 use crate::sink::{SinkKind, SinkRetry};
@@ -313,6 +313,7 @@ fn relative_programs_resolve_against_the_config_directory() {
 #[test]
 #[cfg(feature = "schema")]
 fn common_keys_match_the_struct() {
+    use super::tasks::{COMMON_KEYS, TaskCommon};
     let schema = schemars::schema_for!(TaskCommon);
     let props = schema
         .get("properties")
