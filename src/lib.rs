@@ -7,6 +7,7 @@ pub(crate) mod backoff;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub(crate) mod counters;
 pub(crate) mod delivery;
 pub(crate) mod files;
 pub(crate) mod link;

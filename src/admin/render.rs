@@ -85,11 +85,21 @@ pub async fn render(state: &AgentState) -> String {
             t.sample("colibri_stream_paused", &[("stream", &s.name)], paused);
         }
     }
-    source_metrics(&mut t, &state.source_stats.tail.all());
+    let tail = state.source_stats.tail.all();
+    source_metrics(&mut t, &tail, TailStats::FAMILIES);
+    tail_lag_metrics(&mut t, &tail);
     #[cfg(feature = "syslog")]
-    syslog_metrics(&mut t, &state.source_stats.syslog.all());
+    source_metrics(
+        &mut t,
+        &state.source_stats.syslog.all(),
+        crate::source::syslog::SyslogStats::FAMILIES,
+    );
     #[cfg(feature = "mqtt")]
-    mqtt_source_metrics(&mut t, &state.source_stats.mqtt.all());
+    source_metrics(
+        &mut t,
+        &state.source_stats.mqtt.all(),
+        crate::source::mqtt::MqttSourceStats::FAMILIES,
+    );
     t.finish()
 }
 
@@ -717,209 +727,21 @@ fn store_metrics(t: &mut Text, store: &StoreHandle, snap: Option<&Snapshot>, con
     );
 }
 
-#[cfg(feature = "syslog")]
-fn syslog_metrics(t: &mut Text, stats: &[(String, Arc<crate::source::syslog::SyslogStats>)]) {
-    let sources = Items {
-        label: "source",
-        items: stats.iter().map(|(n, s)| (n.as_str(), &**s)).collect(),
-    };
-    sources.families(
-        t,
-        Kind::Counter,
-        &[
-            (
-                "colibri_syslog_messages_total",
-                "Messages a syslog source read (parsed or not, kept or filtered).",
-                |s| s.messages.load(Relaxed),
-            ),
-            (
-                "colibri_syslog_records_total",
-                "Records a syslog source appended (durable).",
-                |s| s.records_appended.load(Relaxed),
-            ),
-            (
-                "colibri_syslog_unparsed_total",
-                "Messages neither RFC 5424 nor RFC 3164 describes, kept whole.",
-                |s| s.unparsed.load(Relaxed),
-            ),
-            (
-                "colibri_syslog_truncated_total",
-                "Messages cut at max_message_bytes.",
-                |s| s.truncated.load(Relaxed),
-            ),
-            (
-                "colibri_syslog_filtered_total",
-                "Messages dropped by min_severity, include_lines or exclude_lines.",
-                |s| s.filtered.load(Relaxed),
-            ),
-            (
-                "colibri_syslog_dropped_total",
-                "Records refused by a full drop_newest stream.",
-                |s| s.records_dropped.load(Relaxed),
-            ),
-            (
-                "colibri_syslog_udp_dropped_total",
-                "UDP messages dropped because the stream could not take them (a full block stream).",
-                |s| s.udp_dropped.load(Relaxed),
-            ),
-            (
-                "colibri_syslog_udp_receive_buffer_dropped_total",
-                "UDP datagrams the kernel dropped before colibri read them because the socket's receive buffer was full.",
-                |s| s.udp_receive_buffer_dropped.load(Relaxed),
-            ),
-            (
-                "colibri_syslog_lost_total",
-                "Records read and never stored: unstorable, or still unstored when colibri stopped.",
-                |s| s.records_lost.load(Relaxed),
-            ),
-            (
-                "colibri_syslog_connections_total",
-                "TCP connections accepted.",
-                |s| s.connections.load(Relaxed),
-            ),
-            (
-                "colibri_syslog_idle_connections_closed_total",
-                "Idle TCP connections closed to make room for a newcomer because max_connections were open.",
-                |s| s.connections_closed_idle.load(Relaxed),
-            ),
-            (
-                "colibri_syslog_framing_errors_total",
-                "TCP connections closed for a broken octet-counting frame, or ended inside one.",
-                |s| s.framing_errors.load(Relaxed),
-            ),
-            (
-                "colibri_syslog_cut_total",
-                "Messages cut short by a stop, a reload or a broken connection, and not stored.",
-                |s| s.cut.load(Relaxed),
-            ),
-            (
-                "colibri_syslog_tls_failures_total",
-                "TLS connections whose handshake failed or timed out.",
-                |s| s.tls_failures.load(Relaxed),
-            ),
-        ],
-    );
+/// The counter families a source kind declares with its stats (`counters!`), a sample per source.
+fn source_metrics<T>(t: &mut Text, stats: &[(String, Arc<T>)], families: &[(&str, &str, Read<T>)]) {
+    source_items(stats).families(t, Kind::Counter, families);
 }
 
-#[cfg(feature = "mqtt")]
-fn mqtt_source_metrics(
-    t: &mut Text,
-    stats: &[(String, Arc<crate::source::mqtt::MqttSourceStats>)],
-) {
-    let sources = Items {
+fn source_items<T>(stats: &[(String, Arc<T>)]) -> Items<'_, T> {
+    Items {
         label: "source",
         items: stats.iter().map(|(n, s)| (n.as_str(), &**s)).collect(),
-    };
-    sources.families(
-        t,
-        Kind::Counter,
-        &[
-            (
-                "colibri_mqtt_source_messages_total",
-                "Messages an mqtt source received (a message the broker sent again counts again).",
-                |s| s.messages.load(Relaxed),
-            ),
-            (
-                "colibri_mqtt_source_bytes_total",
-                "Their payload bytes.",
-                |s| s.bytes.load(Relaxed),
-            ),
-            (
-                "colibri_mqtt_source_records_total",
-                "Records an mqtt source appended (durable, then acknowledged).",
-                |s| s.records_appended.load(Relaxed),
-            ),
-            (
-                "colibri_mqtt_source_dropped_total",
-                "Records refused by a full drop_newest stream (acknowledged).",
-                |s| s.records_dropped.load(Relaxed),
-            ),
-            (
-                "colibri_mqtt_source_qos0_dropped_total",
-                "QoS 0 messages dropped because the stream could not keep up.",
-                |s| s.qos0_dropped.load(Relaxed),
-            ),
-            (
-                "colibri_mqtt_source_lost_total",
-                "Messages no stream can hold (larger than a job may be): acknowledged and dropped.",
-                |s| s.records_lost.load(Relaxed),
-            ),
-            (
-                "colibri_mqtt_source_binary_total",
-                "Payloads that were not UTF-8, kept as base64.",
-                |s| s.binary.load(Relaxed),
-            ),
-            (
-                "colibri_mqtt_source_unsubscribed_total",
-                "Messages of no configured topic filter (a subscription an older config left in the session): acknowledged and dropped.",
-                |s| s.unsubscribed.load(Relaxed),
-            ),
-            (
-                "colibri_mqtt_source_acks_lost_total",
-                "Messages committed whose acknowledgement could not go out (their connection had ended): sent again by the broker, stored twice.",
-                |s| s.acks_lost.load(Relaxed),
-            ),
-            (
-                "colibri_mqtt_source_connects_total",
-                "Connections the broker accepted.",
-                |s| s.connects.load(Relaxed),
-            ),
-            (
-                "colibri_mqtt_source_connection_failures_total",
-                "Connections that failed, were refused or broke.",
-                |s| s.connection_failures.load(Relaxed),
-            ),
-            (
-                "colibri_mqtt_source_subscriptions_refused_total",
-                "Topic filters the broker refused to subscribe to.",
-                |s| s.subscriptions_refused.load(Relaxed),
-            ),
-        ],
-    );
+    }
 }
 
-fn source_metrics(t: &mut Text, stats: &[(String, Arc<TailStats>)]) {
-    let sources = Items {
-        label: "source",
-        items: stats.iter().map(|(n, s)| (n.as_str(), &**s)).collect(),
-    };
-    sources.families(
-        t,
-        Kind::Counter,
-        &[
-            (
-                "colibri_source_lines_total",
-                "Lines a tail source read.",
-                |s| s.lines_read.load(Relaxed),
-            ),
-            (
-                "colibri_source_records_total",
-                "Records a tail source appended (durable).",
-                |s| s.records_appended.load(Relaxed),
-            ),
-            (
-                "colibri_source_filtered_lines_total",
-                "Lines dropped by include_lines, exclude_lines or min_level.",
-                |s| s.filtered_lines.load(Relaxed),
-            ),
-            (
-                "colibri_source_truncated_lines_total",
-                "Lines cut at max_line_bytes.",
-                |s| s.truncated_lines.load(Relaxed),
-            ),
-            (
-                "colibri_source_wrapped_lines_total",
-                "Lines a format: json source stored wrapped as text (not a JSON object, or cut).",
-                |s| s.wrapped_lines.load(Relaxed),
-            ),
-            (
-                "colibri_source_rotations_total",
-                "Followed files renamed away or deleted.",
-                |s| s.rotations.load(Relaxed),
-            ),
-        ],
-    );
-    sources.family(
+/// How far each tail source is behind its files.
+fn tail_lag_metrics(t: &mut Text, stats: &[(String, Arc<TailStats>)]) {
+    source_items(stats).family(
         t,
         "colibri_source_lag_bytes",
         Kind::Gauge,

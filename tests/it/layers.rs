@@ -14,8 +14,8 @@ const LAYERS: &[(u8, &[&str])] = &[
     (
         1,
         &[
-            "units", "clock", "files", "backoff", "metrics", "notify", "zone", "net", "logging",
-            "scrape", "memory", "record", "setting",
+            "units", "clock", "files", "backoff", "metrics", "counters", "notify", "zone", "net",
+            "logging", "scrape", "memory", "record", "setting",
         ],
     ),
     (2, &["store", "schedule", "shape"]),

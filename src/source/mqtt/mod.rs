@@ -31,7 +31,6 @@ pub use config::MqttSourceSpec as Spec;
 mod config;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc};
@@ -135,36 +134,37 @@ impl MqttSourceConfig {
     }
 }
 
-/// What an mqtt source did since the process started (kept by name in the agent's registry, so
-/// they outlive a reload; read by the metrics endpoint; logged at stop).
-#[derive(Debug, Default)]
-pub struct MqttSourceStats {
-    /// Messages received (a message the broker sends again counts again).
-    pub messages: AtomicU64,
-    /// Their payload bytes.
-    pub bytes: AtomicU64,
-    /// Records the streams acknowledged as durable.
-    pub records_appended: AtomicU64,
-    /// Records a full `drop_newest` stream refused (acknowledged: the stream's policy took them).
-    pub records_dropped: AtomicU64,
-    /// QoS 0 messages dropped because the budget of what is read and not committed was spent.
-    pub qos0_dropped: AtomicU64,
-    /// Records no stream can hold (larger than a job may be): acknowledged and dropped.
-    pub records_lost: AtomicU64,
-    /// Payloads that were not UTF-8, kept as base64.
-    pub binary: AtomicU64,
-    /// Messages of no configured filter (a subscription an older config left in the session):
-    /// acknowledged and dropped.
-    pub unsubscribed: AtomicU64,
-    /// Messages committed whose acknowledgement could not go out (their connection had ended):
-    /// the broker sends them again, and they are stored twice.
-    pub acks_lost: AtomicU64,
-    /// CONNACKs that accepted colibri.
-    pub connects: AtomicU64,
-    /// Connections that failed or were refused, and connections that broke.
-    pub connection_failures: AtomicU64,
-    /// Topic filters the broker refused to subscribe colibri to.
-    pub subscriptions_refused: AtomicU64,
+crate::counters::counters! {
+    /// What an mqtt source did since the process started (kept by name in the agent's registry,
+    /// so they outlive a reload; read by the metrics endpoint; logged at stop).
+    pub struct MqttSourceStats, logged as "mqtt source summary" {
+        /// Messages received (a message the broker sends again counts again).
+        messages => ("colibri_mqtt_source_messages_total", "Messages an mqtt source received (a message the broker sent again counts again)."),
+        /// Their payload bytes.
+        bytes => ("colibri_mqtt_source_bytes_total", "Their payload bytes."),
+        /// Records the streams acknowledged as durable.
+        records_appended => ("colibri_mqtt_source_records_total", "Records an mqtt source appended (durable, then acknowledged)."),
+        /// Records a full `drop_newest` stream refused (acknowledged: the stream's policy took them).
+        records_dropped => ("colibri_mqtt_source_dropped_total", "Records refused by a full drop_newest stream (acknowledged)."),
+        /// QoS 0 messages dropped because the budget of what is read and not committed was spent.
+        qos0_dropped => ("colibri_mqtt_source_qos0_dropped_total", "QoS 0 messages dropped because the stream could not keep up."),
+        /// Records no stream can hold (larger than a job may be): acknowledged and dropped.
+        records_lost => ("colibri_mqtt_source_lost_total", "Messages no stream can hold (larger than a job may be): acknowledged and dropped."),
+        /// Payloads that were not UTF-8, kept as base64.
+        binary => ("colibri_mqtt_source_binary_total", "Payloads that were not UTF-8, kept as base64."),
+        /// Messages of no configured filter (a subscription an older config left in the session):
+        /// acknowledged and dropped.
+        unsubscribed => ("colibri_mqtt_source_unsubscribed_total", "Messages of no configured topic filter (a subscription an older config left in the session): acknowledged and dropped."),
+        /// Messages committed whose acknowledgement could not go out (their connection had ended):
+        /// the broker sends them again, and they are stored twice.
+        acks_lost => ("colibri_mqtt_source_acks_lost_total", "Messages committed whose acknowledgement could not go out (their connection had ended): sent again by the broker, stored twice."),
+        /// CONNACKs that accepted colibri.
+        connects => ("colibri_mqtt_source_connects_total", "Connections the broker accepted."),
+        /// Connections that failed or were refused, and connections that broke.
+        connection_failures => ("colibri_mqtt_source_connection_failures_total", "Connections that failed, were refused or broke."),
+        /// Topic filters the broker refused to subscribe colibri to.
+        subscriptions_refused => ("colibri_mqtt_source_subscriptions_refused_total", "Topic filters the broker refused to subscribe to."),
+    }
 }
 
 impl crate::source::kind::Settings for MqttSourceConfig {
@@ -240,19 +240,5 @@ pub async fn run(
     // it): its messages were not acknowledged, so the broker sends them again to the next
     // session, and they may be stored twice, never lost.
     appender.abort();
-    tracing::info!(
-        source = %cfg.name,
-        messages = stats.messages.load(Relaxed),
-        bytes = stats.bytes.load(Relaxed),
-        records_appended = stats.records_appended.load(Relaxed),
-        records_dropped = stats.records_dropped.load(Relaxed),
-        qos0_dropped = stats.qos0_dropped.load(Relaxed),
-        records_lost = stats.records_lost.load(Relaxed),
-        binary = stats.binary.load(Relaxed),
-        unsubscribed = stats.unsubscribed.load(Relaxed),
-        acks_lost = stats.acks_lost.load(Relaxed),
-        connects = stats.connects.load(Relaxed),
-        connection_failures = stats.connection_failures.load(Relaxed),
-        "mqtt source summary"
-    );
+    stats.log_summary(&cfg.name, None);
 }

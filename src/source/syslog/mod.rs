@@ -23,7 +23,6 @@ mod config;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -109,42 +108,43 @@ impl crate::source::kind::Settings for SyslogConfig {
     }
 }
 
-/// What a syslog source did since the process started (kept by name in the agent's registry, so
-/// they outlive a reload; read by the metrics endpoint; logged at stop).
-#[derive(Debug, Default)]
-pub struct SyslogStats {
-    /// Messages read (after framing), parsed or not, kept or filtered.
-    pub messages: AtomicU64,
-    pub bytes: AtomicU64,
-    /// Messages kept whole because neither RFC describes them.
-    pub unparsed: AtomicU64,
-    /// Messages cut at `max_message_bytes`.
-    pub truncated: AtomicU64,
-    /// Messages dropped by `min_severity`, `include_lines` or `exclude_lines`.
-    pub filtered: AtomicU64,
-    /// Records the stream acknowledged as durable.
-    pub records_appended: AtomicU64,
-    /// Records the stream refused while full (`when_full: drop_newest`).
-    pub records_dropped: AtomicU64,
-    /// UDP messages dropped because the appender was behind (a full `block` stream).
-    pub udp_dropped: AtomicU64,
-    /// UDP datagrams the kernel dropped before colibri read them: the socket's receive buffer
-    /// was full (`receive_buffer`).
-    pub udp_receive_buffer_dropped: AtomicU64,
-    /// Records read and never stored: a store that failed at stop, or a record larger than the
-    /// stream can ever hold.
-    pub records_lost: AtomicU64,
-    pub connections: AtomicU64,
-    /// Idle connections closed to make room for a newcomer because `max_connections` were open.
-    pub connections_closed_idle: AtomicU64,
-    /// Connections closed for breaking the framing, or ended inside an octet-counted message.
-    pub framing_errors: AtomicU64,
-    /// TLS connections whose handshake failed or timed out (no certificate the CA signed, a
-    /// plain-text client).
-    pub tls_failures: AtomicU64,
-    /// Messages cut short because colibri stopped reading (a stop or reload) or the connection
-    /// broke mid-message: not stored (they are not what the sender sent).
-    pub cut: AtomicU64,
+crate::counters::counters! {
+    /// What a syslog source did since the process started (kept by name in the agent's registry,
+    /// so they outlive a reload; read by the metrics endpoint; logged at stop).
+    pub struct SyslogStats, logged as "syslog summary" {
+        /// Messages read (after framing), parsed or not, kept or filtered.
+        messages => ("colibri_syslog_messages_total", "Messages a syslog source read (parsed or not, kept or filtered)."),
+        bytes,
+        /// Records the stream acknowledged as durable.
+        records_appended => ("colibri_syslog_records_total", "Records a syslog source appended (durable)."),
+        /// Records the stream refused while full (`when_full: drop_newest`).
+        records_dropped => ("colibri_syslog_dropped_total", "Records refused by a full drop_newest stream."),
+        /// UDP messages dropped because the appender was behind (a full `block` stream).
+        udp_dropped => ("colibri_syslog_udp_dropped_total", "UDP messages dropped because the stream could not take them (a full block stream)."),
+        /// UDP datagrams the kernel dropped before colibri read them: the socket's receive buffer
+        /// was full (`receive_buffer`).
+        udp_receive_buffer_dropped => ("colibri_syslog_udp_receive_buffer_dropped_total", "UDP datagrams the kernel dropped before colibri read them because the socket's receive buffer was full."),
+        /// Records read and never stored: a store that failed at stop, or a record larger than the
+        /// stream can ever hold.
+        records_lost => ("colibri_syslog_lost_total", "Records read and never stored: unstorable, or still unstored when colibri stopped."),
+        /// Messages kept whole because neither RFC describes them.
+        unparsed => ("colibri_syslog_unparsed_total", "Messages neither RFC 5424 nor RFC 3164 describes, kept whole."),
+        /// Messages cut at `max_message_bytes`.
+        truncated => ("colibri_syslog_truncated_total", "Messages cut at max_message_bytes."),
+        /// Messages dropped by `min_severity`, `include_lines` or `exclude_lines`.
+        filtered => ("colibri_syslog_filtered_total", "Messages dropped by min_severity, include_lines or exclude_lines."),
+        connections => ("colibri_syslog_connections_total", "TCP connections accepted."),
+        /// Idle connections closed to make room for a newcomer because `max_connections` were open.
+        connections_closed_idle => ("colibri_syslog_idle_connections_closed_total", "Idle TCP connections closed to make room for a newcomer because max_connections were open."),
+        /// Connections closed for breaking the framing, or ended inside an octet-counted message.
+        framing_errors => ("colibri_syslog_framing_errors_total", "TCP connections closed for a broken octet-counting frame, or ended inside one."),
+        /// TLS connections whose handshake failed or timed out (no certificate the CA signed, a
+        /// plain-text client).
+        tls_failures => ("colibri_syslog_tls_failures_total", "TLS connections whose handshake failed or timed out."),
+        /// Messages cut short because colibri stopped reading (a stop or reload) or the connection
+        /// broke mid-message: not stored (they are not what the sender sent).
+        cut => ("colibri_syslog_cut_total", "Messages cut short by a stop, a reload or a broken connection, and not stored."),
+    }
 }
 
 /// What the listeners share.
@@ -272,24 +272,5 @@ pub async fn run(
     {
         tracing::info!(source = %cfg.name, stream = %cfg.stream, "syslog records read and waiting for room in the stream are left with their appender: stored when the stream has room (or counted lost if colibri stops first)");
     }
-    tracing::info!(
-        source = %cfg.name,
-        stream = %cfg.stream,
-        messages = stats.messages.load(Relaxed),
-        bytes = stats.bytes.load(Relaxed),
-        records_appended = stats.records_appended.load(Relaxed),
-        records_dropped = stats.records_dropped.load(Relaxed),
-        udp_dropped = stats.udp_dropped.load(Relaxed),
-        udp_receive_buffer_dropped = stats.udp_receive_buffer_dropped.load(Relaxed),
-        records_lost = stats.records_lost.load(Relaxed),
-        unparsed = stats.unparsed.load(Relaxed),
-        truncated = stats.truncated.load(Relaxed),
-        filtered = stats.filtered.load(Relaxed),
-        connections = stats.connections.load(Relaxed),
-        connections_closed_idle = stats.connections_closed_idle.load(Relaxed),
-        framing_errors = stats.framing_errors.load(Relaxed),
-        tls_failures = stats.tls_failures.load(Relaxed),
-        cut = stats.cut.load(Relaxed),
-        "syslog summary"
-    );
+    stats.log_summary(&cfg.name, Some(&cfg.stream));
 }

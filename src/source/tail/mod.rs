@@ -33,7 +33,7 @@ mod config;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -191,37 +191,43 @@ impl crate::source::kind::Settings for TailConfig {
     }
 }
 
-/// What a source did, since the process started (kept by name in the agent's `Registry`, so they
-/// outlive a reload and a source's rebuilds; read by the metrics endpoint; logged at stop).
-#[derive(Debug, Default)]
-pub struct TailStats {
-    /// Lines read from files (each line of a multiline group counts).
-    pub lines_read: AtomicU64,
-    pub bytes_read: AtomicU64,
-    /// Records the stream acknowledged as durable.
-    pub records_appended: AtomicU64,
-    /// Records the stream refused while full (`when_full: drop_newest`), counted there as dropped.
-    pub records_dropped: AtomicU64,
-    /// Lines cut at `max_line_bytes`.
-    pub truncated_lines: AtomicU64,
-    /// Lines dropped by `include_lines`, `exclude_lines` or `min_level`.
-    pub filtered_lines: AtomicU64,
-    /// Under `format: json`, lines stored wrapped as text (`{"line": ...}`) because they were not
-    /// a JSON object (or were cut).
-    pub wrapped_lines: AtomicU64,
-    /// Followed files that were renamed away or deleted.
-    pub rotations: AtomicU64,
-    /// Followed files that got shorter (or were rewritten) and were read again from their start.
-    pub truncations: AtomicU64,
-    pub files_opened: AtomicU64,
-    pub files_released: AtomicU64,
-    /// Appends (store transactions) made.
-    pub appends: AtomicU64,
-    /// Times the source was rebuilt from its stored checkpoint after a store error.
-    pub restarts: AtomicU64,
-    /// Where each followed file is read to, as of the source's last batch: what
-    /// [`TailStats::lag_bytes`] measures the files against.
-    pub read_to: std::sync::Mutex<Vec<ReadTo>>,
+crate::counters::counters! {
+    /// What a source did, since the process started (kept by name in the agent's `Registry`, so
+    /// they outlive a reload and a source's rebuilds; read by the metrics endpoint; logged at
+    /// stop).
+    pub struct TailStats, logged as "tail summary" {
+        /// Lines read from files (each line of a multiline group counts).
+        lines_read => ("colibri_source_lines_total", "Lines a tail source read."),
+        bytes_read,
+        /// Records the stream acknowledged as durable.
+        records_appended => ("colibri_source_records_total", "Records a tail source appended (durable)."),
+        /// Records the stream refused while full (`when_full: drop_newest`), counted there as
+        /// dropped.
+        records_dropped,
+        /// Lines cut at `max_line_bytes`.
+        truncated_lines => ("colibri_source_truncated_lines_total", "Lines cut at max_line_bytes."),
+        /// Lines dropped by `include_lines`, `exclude_lines` or `min_level`.
+        filtered_lines => ("colibri_source_filtered_lines_total", "Lines dropped by include_lines, exclude_lines or min_level."),
+        /// Under `format: json`, lines stored wrapped as text (`{"line": ...}`) because they were
+        /// not a JSON object (or were cut).
+        wrapped_lines => ("colibri_source_wrapped_lines_total", "Lines a format: json source stored wrapped as text (not a JSON object, or cut)."),
+        /// Followed files that were renamed away or deleted.
+        rotations => ("colibri_source_rotations_total", "Followed files renamed away or deleted."),
+        /// Followed files that got shorter (or were rewritten) and were read again from their
+        /// start.
+        truncations,
+        files_opened,
+        files_released,
+        /// Appends (store transactions) made.
+        appends,
+        /// Times the source was rebuilt from its stored checkpoint after a store error.
+        restarts,
+    }
+    extra {
+        /// Where each followed file is read to, as of the source's last batch: what
+        /// [`TailStats::lag_bytes`] measures the files against.
+        pub read_to: std::sync::Mutex<Vec<ReadTo>>,
+    }
 }
 
 /// A followed file and the next byte the source reads of it.
@@ -337,25 +343,7 @@ pub async fn run(
     if !stopped.is_cancelled() {
         tracing::error!(source = %config.name, stream = %config.stream, "tail source ended before colibri stops: its files are not followed until colibri is restarted");
     }
-    let s = &stats;
-    tracing::info!(
-        source = %config.name,
-        stream = %config.stream,
-        lines_read = s.lines_read.load(Relaxed),
-        bytes_read = s.bytes_read.load(Relaxed),
-        records_appended = s.records_appended.load(Relaxed),
-        records_dropped = s.records_dropped.load(Relaxed),
-        truncated_lines = s.truncated_lines.load(Relaxed),
-        filtered_lines = s.filtered_lines.load(Relaxed),
-        wrapped_lines = s.wrapped_lines.load(Relaxed),
-        rotations = s.rotations.load(Relaxed),
-        truncations = s.truncations.load(Relaxed),
-        files_opened = s.files_opened.load(Relaxed),
-        files_released = s.files_released.load(Relaxed),
-        appends = s.appends.load(Relaxed),
-        restarts = s.restarts.load(Relaxed),
-        "tail summary"
-    );
+    stats.log_summary(&config.name, Some(&config.stream));
 }
 
 type AppendFuture = Pin<Box<dyn Future<Output = Result<Appended, AppendError>> + Send>>;
