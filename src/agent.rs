@@ -930,25 +930,12 @@ fn salvage_one(handle: &writer::StoreHandle, f: &store::aside::AsideFile, names:
     }
 }
 
-/// What a sink did in this life of the process, logged at stop (the metrics endpoint will expose
-/// the same counters).
+/// What a sink did in this life of the process, logged at stop.
 fn log_summary(rt: &SinkRuntime, snap: &store::writer::Snapshot) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let s = &rt.stats;
-    tracing::info!(
-        sink = rt.sink.name(),
-        requests_ok = s.requests_ok.load(Relaxed),
-        requests_transport = s.requests_transport.load(Relaxed),
-        requests_retryable = s.requests_retryable.load(Relaxed),
-        requests_too_large = s.requests_too_large.load(Relaxed),
-        requests_rejected = s.requests_rejected.load(Relaxed),
-        attempts_failed = s.attempts_failed.load(Relaxed),
-        dead_lettered_records = s.dead_lettered_records.load(Relaxed),
-        records_delivered = s.records_delivered.load(Relaxed),
-        bytes_delivered = s.bytes_delivered.load(Relaxed),
-        link_up = rt.link.is_up(),
-        link_transitions = rt.transitions(),
-        replay_backlog = rt.replay_backlog(snap),
-        "delivery summary"
+    rt.stats.log_summary(
+        rt.sink.name(),
+        rt.link.is_up(),
+        rt.transitions(),
+        rt.replay_backlog(snap),
     );
 }

@@ -1,80 +1,109 @@
 //! [`counters!`]: a component's counters declared once, beside the code that counts. Each counter
-//! is named once, with its documentation and, when the metrics page shows it, its family's name
-//! and help; from that one declaration come the struct of `AtomicU64`s the component counts into,
-//! the rows the metrics page writes (`FAMILIES`, read by `admin::render`) and the summary the
-//! component logs at stop (`log_summary`, every counter as a field of its own). It knows no
-//! component: the sources declare their stats with it.
+//! is named once, with its documentation and, when the metrics page shows it, its family (name,
+//! help, and the label value that tells it apart when several counters are one family's parts);
+//! from that one declaration come the struct of `AtomicU64`s the component counts into, the
+//! [`Family`] rows the metrics page writes (`FAMILIES`, read by `admin::render`) and the summary
+//! the component logs at stop (`log_summary`, every counter a field of its own). It knows no
+//! component: the sources and delivery declare their counters with it.
 
-/// Declares a struct of counters (`AtomicU64`, `Default`), its metric families and its summary
+/// A counter's metric family, as `FAMILIES` lists it.
+pub struct Family<T> {
+    pub name: &'static str,
+    /// The family's help; on the first of a family's parts only.
+    pub help: Option<&'static str>,
+    /// The label and value that tell this part of the family apart from the others.
+    pub part: Option<(&'static str, &'static str)>,
+    pub read: fn(&T) -> u64,
+}
+
+/// Declares a struct of counters (`AtomicU64`, with `Default`), its metric families and its summary
 /// log line:
 ///
 /// ```ignore
 /// counters! {
-///     /// What a source did.
-///     pub struct SourceStats, logged as "source summary" {
-///         /// Lines read.
-///         lines_read => ("colibri_source_lines_total", "Lines a source read."),
+///     /// What a sink did.
+///     pub struct SinkStats, logged as "delivery summary" by sink with { link_up: bool } {
+///         /// Requests answered 2xx.
+///         requests_ok => ("colibri_sink_requests_total" [result = "ok"], "Requests by result."),
+///         /// Requests answered 4xx.
+///         requests_rejected => ("colibri_sink_requests_total" [result = "rejected"]),
 ///         /// Counted and logged, not a metric.
 ///         appends,
 ///     }
-///     // Optional: fields that are not counters (must be `Default`).
+///     // Fields that are not counters, each `Default` or given its initial value.
 ///     extra {
-///         pub read_to: std::sync::Mutex<Vec<u64>>,
+///         pub last: std::sync::Mutex<Option<u64>>,
 ///     }
 /// }
 /// ```
 ///
-/// `FAMILIES` lists the counters that have a family, in declaration order, as
-/// `(name, help, read)`; `log_summary(source, stream)` logs every counter at info.
+/// `FAMILIES` lists the counters that have a family, in declaration order (a family's parts next
+/// to each other, the help on the first); `log_summary(key, with...)` logs at info the key (as
+/// `%`), every counter and the `with` values.
 macro_rules! counters {
     (
         $(#[$meta:meta])*
-        $vis:vis struct $name:ident, logged as $summary:literal {
+        $vis:vis struct $name:ident, logged as $summary:literal by $key:ident
+        $( with { $( $with:ident : $withty:ty ),* $(,)? } )?
+        {
             $(
                 $(#[$fmeta:meta])*
-                $field:ident $( => ($family:literal, $help:literal) )?
+                $field:ident $( => (
+                    $family:literal $([$label:ident = $value:literal])? $(, $help:literal)?
+                ) )?
             ),* $(,)?
         }
         $(
             extra {
-                $( $(#[$xmeta:meta])* $xvis:vis $xfield:ident : $xty:ty ),* $(,)?
+                $( $(#[$xmeta:meta])* $xvis:vis $xfield:ident : $xty:ty $(= $xinit:expr)? ),* $(,)?
             }
         )?
     ) => {
         $(#[$meta])*
-        #[derive(Debug, Default)]
+        #[derive(Debug)]
         $vis struct $name {
             $( $(#[$fmeta])* pub $field: std::sync::atomic::AtomicU64, )*
             $($( $(#[$xmeta])* $xvis $xfield: $xty, )*)?
         }
 
+        impl Default for $name {
+            fn default() -> Self {
+                $name {
+                    $( $field: std::sync::atomic::AtomicU64::new(0), )*
+                    $($( $xfield: $crate::counters::counters!(@init $($xinit)?), )*)?
+                }
+            }
+        }
+
         impl $name {
-            /// The metric families of these counters: (name, help, what each reads).
-            pub const FAMILIES: &[(&'static str, &'static str, fn(&Self) -> u64)] = &[
+            /// The metric families of these counters.
+            pub const FAMILIES: &[$crate::counters::Family<Self>] = &[
                 $($(
-                    ($family, $help, |s: &Self| s.$field.load(std::sync::atomic::Ordering::Relaxed)),
+                    $crate::counters::Family {
+                        name: $family,
+                        help: $crate::counters::counters!(@opt $($help)?),
+                        part: $crate::counters::counters!(@opt $((stringify!($label), $value))?),
+                        read: |s: &Self| s.$field.load(std::sync::atomic::Ordering::Relaxed),
+                    },
                 )?)*
             ];
 
             /// Logs every counter at info, as one line with a field per counter.
-            pub fn log_summary(&self, source: &str, stream: Option<&str>) {
+            pub fn log_summary(&self, $key: &str $($(, $with: $withty)*)?) {
                 use std::sync::atomic::Ordering::Relaxed;
-                match stream {
-                    Some(stream) => tracing::info!(
-                        source = %source,
-                        stream = %stream,
-                        $( $field = self.$field.load(Relaxed), )*
-                        $summary
-                    ),
-                    None => tracing::info!(
-                        source = %source,
-                        $( $field = self.$field.load(Relaxed), )*
-                        $summary
-                    ),
-                }
+                tracing::info!(
+                    $key = %$key,
+                    $( $field = self.$field.load(Relaxed), )*
+                    $($( $with, )*)?
+                    $summary
+                );
             }
         }
     };
+    (@init) => { Default::default() };
+    (@init $e:expr) => { $e };
+    (@opt) => { None };
+    (@opt $e:expr) => { Some($e) };
 }
 
 pub(crate) use counters;

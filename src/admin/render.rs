@@ -16,7 +16,8 @@ use std::time::SystemTime;
 use super::STORE_ANSWER;
 use super::state::{AgentState, unix_s};
 use crate::config::Config;
-use crate::delivery::SinkRuntime;
+use crate::counters::Family;
+use crate::delivery::{SinkRuntime, SinkStats};
 use crate::metrics::{Histogram, Kind, Text};
 use crate::source::tail::TailStats;
 use crate::store::Counters;
@@ -141,6 +142,24 @@ impl<T> Items<'_, T> {
     fn families(&self, t: &mut Text, kind: Kind, rows: &[(&str, &str, Read<T>)]) {
         for (metric, help, read) in rows {
             self.family(t, metric, kind, help, read);
+        }
+    }
+
+    /// The counter families a component declares with its counters (`counters!`): a sample per
+    /// item, and per part where a family is split by a second label.
+    fn counters(&self, t: &mut Text, families: &[Family<T>]) {
+        for parts in families.chunk_by(|a, b| a.name == b.name) {
+            let Some(first) = parts.first() else { continue };
+            t.family(first.name, Kind::Counter, first.help.unwrap_or_default());
+            for (name, item) in &self.items {
+                for f in parts {
+                    let n = (f.read)(item) as f64;
+                    match f.part {
+                        Some(part) => t.sample(f.name, &[(self.label, name), part], n),
+                        None => t.sample(f.name, &[(self.label, name)], n),
+                    }
+                }
+            }
         }
     }
 
@@ -514,46 +533,11 @@ fn sink_metrics(t: &mut Text, sinks: &[Arc<SinkRuntime>], snap: Option<&Snapshot
         label: "sink",
         items: sinks.iter().map(|rt| (rt.sink.name(), &**rt)).collect(),
     };
-    sinks.split(
-        t,
-        "colibri_sink_requests_total",
-        Kind::Counter,
-        "Requests by result: ok (2xx), transport (no answer; no attempt spent), retryable (5xx/408/429), too_large (413), rejected (other 4xx).",
-        "result",
-        &[
-            ("ok", |rt| rt.stats.requests_ok.load(Relaxed)),
-            ("transport", |rt| rt.stats.requests_transport.load(Relaxed)),
-            ("retryable", |rt| rt.stats.requests_retryable.load(Relaxed)),
-            ("too_large", |rt| rt.stats.requests_too_large.load(Relaxed)),
-            ("rejected", |rt| rt.stats.requests_rejected.load(Relaxed)),
-        ],
-    );
-    sinks.families(
-        t,
-        Kind::Counter,
-        &[
-            (
-                "colibri_sink_failed_attempts_total",
-                "Failed attempts that count against retry.max_attempts.",
-                |rt| rt.stats.attempts_failed.load(Relaxed),
-            ),
-            (
-                "colibri_sink_dead_lettered_records_total",
-                "Records the sink's failures sent to the dead letters.",
-                |rt| rt.stats.dead_lettered_records.load(Relaxed),
-            ),
-            (
-                "colibri_sink_delivered_records_total",
-                "Records delivered.",
-                |rt| rt.stats.records_delivered.load(Relaxed),
-            ),
-            (
-                "colibri_sink_delivered_bytes_total",
-                "Request body bytes delivered (after compression).",
-                |rt| rt.stats.bytes_delivered.load(Relaxed),
-            ),
-        ],
-    );
+    let stats = Items {
+        label: "sink",
+        items: sinks.items.iter().map(|(n, rt)| (*n, &*rt.stats)).collect(),
+    };
+    stats.counters(t, SinkStats::FAMILIES);
     sinks.histograms(
         t,
         "colibri_sink_request_duration_seconds",
@@ -728,8 +712,8 @@ fn store_metrics(t: &mut Text, store: &StoreHandle, snap: Option<&Snapshot>, con
 }
 
 /// The counter families a source kind declares with its stats (`counters!`), a sample per source.
-fn source_metrics<T>(t: &mut Text, stats: &[(String, Arc<T>)], families: &[(&str, &str, Read<T>)]) {
-    source_items(stats).families(t, Kind::Counter, families);
+fn source_metrics<T>(t: &mut Text, stats: &[(String, Arc<T>)], families: &[Family<T>]) {
+    source_items(stats).counters(t, families);
 }
 
 fn source_items<T>(stats: &[(String, Arc<T>)]) -> Items<'_, T> {

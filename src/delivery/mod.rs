@@ -56,33 +56,40 @@ const TAKE_BYTES: u64 = 512 << 10;
 /// A peer's `Retry-After` is honoured up to this.
 const RETRY_AFTER_MAX: Duration = Duration::from_secs(24 * 3600);
 
-/// Delivery counters of one sink, for the metrics endpoint; a sink restarted by a reload keeps them.
-#[derive(Debug)]
-pub struct SinkStats {
-    /// Requests answered with 2xx.
-    pub requests_ok: AtomicU64,
-    /// Requests that got no answer (refused, reset, timed out, TLS): no attempt spent.
-    pub requests_transport: AtomicU64,
-    /// Requests answered 5xx, 408 or 429: an attempt spent.
-    pub requests_retryable: AtomicU64,
-    /// Requests answered 413: split.
-    pub requests_too_large: AtomicU64,
-    /// Requests answered with another 4xx: dead-lettered.
-    pub requests_rejected: AtomicU64,
-    /// Failed attempts that count against `max_attempts`.
-    pub attempts_failed: AtomicU64,
-    pub dead_lettered_jobs: AtomicU64,
-    pub dead_lettered_records: AtomicU64,
-    pub records_delivered: AtomicU64,
-    /// Request body bytes delivered (as sent: after compression).
-    pub bytes_delivered: AtomicU64,
-    /// Requests from the first byte sent to the answer (or the failure), whatever the outcome.
-    pub request_duration: crate::metrics::Histogram,
-    /// Link up/down transitions of earlier runtimes of this sink (before a reload restarted it).
-    pub transitions_before: AtomicU64,
-    /// The last request that failed: when (Unix ms) and why (no answer, or what the receiver
-    /// said). Taken only on a failure, so a sink that delivers never locks it.
-    pub last_error: std::sync::Mutex<Option<(u64, String)>>,
+crate::counters::counters! {
+    /// Delivery counters of one sink, for the metrics endpoint and the summary at stop; a sink
+    /// restarted by a reload keeps them.
+    pub struct SinkStats, logged as "delivery summary" by sink
+        with { link_up: bool, link_transitions: u64, replay_backlog: u64 }
+    {
+        /// Requests answered with 2xx.
+        requests_ok => ("colibri_sink_requests_total" [result = "ok"], "Requests by result: ok (2xx), transport (no answer; no attempt spent), retryable (5xx/408/429), too_large (413), rejected (other 4xx)."),
+        /// Requests that got no answer (refused, reset, timed out, TLS): no attempt spent.
+        requests_transport => ("colibri_sink_requests_total" [result = "transport"]),
+        /// Requests answered 5xx, 408 or 429: an attempt spent.
+        requests_retryable => ("colibri_sink_requests_total" [result = "retryable"]),
+        /// Requests answered 413: split.
+        requests_too_large => ("colibri_sink_requests_total" [result = "too_large"]),
+        /// Requests answered with another 4xx: dead-lettered.
+        requests_rejected => ("colibri_sink_requests_total" [result = "rejected"]),
+        /// Failed attempts that count against `max_attempts`.
+        attempts_failed => ("colibri_sink_failed_attempts_total", "Failed attempts that count against retry.max_attempts."),
+        dead_lettered_jobs,
+        dead_lettered_records => ("colibri_sink_dead_lettered_records_total", "Records the sink's failures sent to the dead letters."),
+        records_delivered => ("colibri_sink_delivered_records_total", "Records delivered."),
+        /// Request body bytes delivered (as sent: after compression).
+        bytes_delivered => ("colibri_sink_delivered_bytes_total", "Request body bytes delivered (after compression)."),
+    }
+    extra {
+        /// Requests from the first byte sent to the answer (or the failure), whatever the outcome.
+        pub request_duration: crate::metrics::Histogram =
+            crate::metrics::Histogram::new(crate::metrics::REQUEST_BUCKETS),
+        /// Link up/down transitions of earlier runtimes of this sink (before a reload restarted it).
+        pub transitions_before: AtomicU64,
+        /// The last request that failed: when (Unix ms) and why (no answer, or what the receiver
+        /// said). Taken only on a failure, so a sink that delivers never locks it.
+        pub last_error: std::sync::Mutex<Option<(u64, String)>>,
+    }
 }
 
 impl SinkStats {
@@ -97,27 +104,6 @@ impl SinkStats {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-    }
-}
-
-impl Default for SinkStats {
-    fn default() -> Self {
-        let zero = || AtomicU64::new(0);
-        SinkStats {
-            requests_ok: zero(),
-            requests_transport: zero(),
-            requests_retryable: zero(),
-            requests_too_large: zero(),
-            requests_rejected: zero(),
-            attempts_failed: zero(),
-            dead_lettered_jobs: zero(),
-            dead_lettered_records: zero(),
-            records_delivered: zero(),
-            bytes_delivered: zero(),
-            request_duration: crate::metrics::Histogram::new(crate::metrics::REQUEST_BUCKETS),
-            transitions_before: zero(),
-            last_error: std::sync::Mutex::new(None),
-        }
     }
 }
 

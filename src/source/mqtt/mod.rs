@@ -137,7 +137,7 @@ impl MqttSourceConfig {
 crate::counters::counters! {
     /// What an mqtt source did since the process started (kept by name in the agent's registry,
     /// so they outlive a reload; read by the metrics endpoint; logged at stop).
-    pub struct MqttSourceStats, logged as "mqtt source summary" {
+    pub struct MqttSourceStats, logged as "mqtt source summary" by source {
         /// Messages received (a message the broker sends again counts again).
         messages => ("colibri_mqtt_source_messages_total", "Messages an mqtt source received (a message the broker sent again counts again)."),
         /// Their payload bytes.
@@ -240,5 +240,5 @@ pub async fn run(
     // it): its messages were not acknowledged, so the broker sends them again to the next
     // session, and they may be stored twice, never lost.
     appender.abort();
-    stats.log_summary(&cfg.name, None);
+    stats.log_summary(&cfg.name);
 }

@@ -111,7 +111,7 @@ impl crate::source::kind::Settings for SyslogConfig {
 crate::counters::counters! {
     /// What a syslog source did since the process started (kept by name in the agent's registry,
     /// so they outlive a reload; read by the metrics endpoint; logged at stop).
-    pub struct SyslogStats, logged as "syslog summary" {
+    pub struct SyslogStats, logged as "syslog summary" by source with { stream: &str } {
         /// Messages read (after framing), parsed or not, kept or filtered.
         messages => ("colibri_syslog_messages_total", "Messages a syslog source read (parsed or not, kept or filtered)."),
         bytes,
@@ -272,5 +272,5 @@ pub async fn run(
     {
         tracing::info!(source = %cfg.name, stream = %cfg.stream, "syslog records read and waiting for room in the stream are left with their appender: stored when the stream has room (or counted lost if colibri stops first)");
     }
-    stats.log_summary(&cfg.name, Some(&cfg.stream));
+    stats.log_summary(&cfg.name, &cfg.stream);
 }

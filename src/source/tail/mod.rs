@@ -195,7 +195,7 @@ crate::counters::counters! {
     /// What a source did, since the process started (kept by name in the agent's `Registry`, so
     /// they outlive a reload and a source's rebuilds; read by the metrics endpoint; logged at
     /// stop).
-    pub struct TailStats, logged as "tail summary" {
+    pub struct TailStats, logged as "tail summary" by source with { stream: &str } {
         /// Lines read from files (each line of a multiline group counts).
         lines_read => ("colibri_source_lines_total", "Lines a tail source read."),
         bytes_read,
@@ -343,7 +343,7 @@ pub async fn run(
     if !stopped.is_cancelled() {
         tracing::error!(source = %config.name, stream = %config.stream, "tail source ended before colibri stops: its files are not followed until colibri is restarted");
     }
-    stats.log_summary(&config.name, Some(&config.stream));
+    stats.log_summary(&config.name, &config.stream);
 }
 
 type AppendFuture = Pin<Box<dyn Future<Output = Result<Appended, AppendError>> + Send>>;
