@@ -2,9 +2,35 @@
 //! is named once, with its documentation and, when the metrics page shows it, its family (name,
 //! help, and the label value that tells it apart when several counters are one family's parts);
 //! from that one declaration come the struct of `AtomicU64`s the component counts into, the
-//! [`Family`] rows the metrics page writes (`FAMILIES`, read by `admin::render`) and the summary
+//! [`Family`] rows the metrics page writes ([`Declared::FAMILIES`], written by [`write`] for
+//! `admin::render` and the sources' list) and the summary
 //! the component logs at stop (`log_summary`, every counter a field of its own). It knows no
 //! component: the sources and delivery declare their counters with it.
+
+use crate::metrics::{Kind, Text};
+
+/// Counters declared with [`counters!`], as code that holds them without knowing which asks.
+pub trait Declared: Sized + 'static {
+    const FAMILIES: &'static [Family<Self>];
+}
+
+/// Writes `families` with a sample per item (named by `label`), and per part where a family is
+/// split by a second label.
+pub fn write<T>(t: &mut Text, label: &str, items: &[(&str, &T)], families: &[Family<T>]) {
+    for parts in families.chunk_by(|a, b| a.name == b.name) {
+        let Some(first) = parts.first() else { continue };
+        t.family(first.name, Kind::Counter, first.help.unwrap_or_default());
+        for (name, item) in items {
+            for f in parts {
+                let n = (f.read)(item) as f64;
+                match f.part {
+                    Some(part) => t.sample(f.name, &[(label, name), part], n),
+                    None => t.sample(f.name, &[(label, name)], n),
+                }
+            }
+        }
+    }
+}
 
 /// A counter's metric family, as `FAMILIES` lists it.
 pub struct Family<T> {
@@ -75,9 +101,8 @@ macro_rules! counters {
             }
         }
 
-        impl $name {
-            /// The metric families of these counters.
-            pub const FAMILIES: &[$crate::counters::Family<Self>] = &[
+        impl $crate::counters::Declared for $name {
+            const FAMILIES: &[$crate::counters::Family<Self>] = &[
                 $($(
                     $crate::counters::Family {
                         name: $family,
@@ -87,7 +112,9 @@ macro_rules! counters {
                     },
                 )?)*
             ];
+        }
 
+        impl $name {
             /// Logs every counter at info, as one line with a field per counter.
             pub fn log_summary(&self, $key: &str $($(, $with: $withty)*)?) {
                 use std::sync::atomic::Ordering::Relaxed;

@@ -3,7 +3,8 @@
 //! writer and its refused appends, the ingest API, the sources)
 //! written in the Prometheus text format of `crate::metrics`. Most families have one sample per
 //! task, stream, sink or source; they are written through [`Items`], so a family is one row of a
-//! table and adding a counter is adding a row.
+//! table and adding a counter is adding a row. The sources' and sinks' counters are declared with
+//! their families where they are counted (`crate::counters`) and only written here.
 //!
 //! It reads and never changes: the counters live with the code that counts them (reached through
 //! [`AgentState`]). The families and their types are documented in `deploy/prometheus/metrics.txt`
@@ -16,7 +17,7 @@ use std::time::SystemTime;
 use super::STORE_ANSWER;
 use super::state::{AgentState, unix_s};
 use crate::config::Config;
-use crate::counters::Family;
+use crate::counters::{Declared, Family};
 use crate::delivery::{SinkRuntime, SinkStats};
 use crate::metrics::{Histogram, Kind, Text};
 use crate::source::tail::TailStats;
@@ -86,21 +87,8 @@ pub async fn render(state: &AgentState) -> String {
             t.sample("colibri_stream_paused", &[("stream", &s.name)], paused);
         }
     }
-    let tail = state.source_stats.tail.all();
-    source_metrics(&mut t, &tail, TailStats::FAMILIES);
-    tail_lag_metrics(&mut t, &tail);
-    #[cfg(feature = "syslog")]
-    source_metrics(
-        &mut t,
-        &state.source_stats.syslog.all(),
-        crate::source::syslog::SyslogStats::FAMILIES,
-    );
-    #[cfg(feature = "mqtt")]
-    source_metrics(
-        &mut t,
-        &state.source_stats.mqtt.all(),
-        crate::source::mqtt::MqttSourceStats::FAMILIES,
-    );
+    state.source_stats.write_metrics(&mut t);
+    tail_lag_metrics(&mut t, &state.source_stats.tail.all());
     t.finish()
 }
 
@@ -148,19 +136,7 @@ impl<T> Items<'_, T> {
     /// The counter families a component declares with its counters (`counters!`): a sample per
     /// item, and per part where a family is split by a second label.
     fn counters(&self, t: &mut Text, families: &[Family<T>]) {
-        for parts in families.chunk_by(|a, b| a.name == b.name) {
-            let Some(first) = parts.first() else { continue };
-            t.family(first.name, Kind::Counter, first.help.unwrap_or_default());
-            for (name, item) in &self.items {
-                for f in parts {
-                    let n = (f.read)(item) as f64;
-                    match f.part {
-                        Some(part) => t.sample(f.name, &[(self.label, name), part], n),
-                        None => t.sample(f.name, &[(self.label, name)], n),
-                    }
-                }
-            }
-        }
+        crate::counters::write(t, self.label, &self.items, families);
     }
 
     /// One family whose samples are split per item by a second label `by` (an outcome, a
@@ -537,7 +513,7 @@ fn sink_metrics(t: &mut Text, sinks: &[Arc<SinkRuntime>], snap: Option<&Snapshot
         label: "sink",
         items: sinks.items.iter().map(|(n, rt)| (*n, &*rt.stats)).collect(),
     };
-    stats.counters(t, SinkStats::FAMILIES);
+    stats.counters(t, <SinkStats as Declared>::FAMILIES);
     sinks.histograms(
         t,
         "colibri_sink_request_duration_seconds",
@@ -711,21 +687,13 @@ fn store_metrics(t: &mut Text, store: &StoreHandle, snap: Option<&Snapshot>, con
     );
 }
 
-/// The counter families a source kind declares with its stats (`counters!`), a sample per source.
-fn source_metrics<T>(t: &mut Text, stats: &[(String, Arc<T>)], families: &[Family<T>]) {
-    source_items(stats).counters(t, families);
-}
-
-fn source_items<T>(stats: &[(String, Arc<T>)]) -> Items<'_, T> {
-    Items {
-        label: "source",
-        items: stats.iter().map(|(n, s)| (n.as_str(), &**s)).collect(),
-    }
-}
-
 /// How far each tail source is behind its files.
 fn tail_lag_metrics(t: &mut Text, stats: &[(String, Arc<TailStats>)]) {
-    source_items(stats).family(
+    let sources = Items {
+        label: "source",
+        items: stats.iter().map(|(n, s)| (n.as_str(), &**s)).collect(),
+    };
+    sources.family(
         t,
         "colibri_source_lag_bytes",
         Kind::Gauge,

@@ -50,7 +50,7 @@ pub trait Settings {
 /// A source kind's compiled settings, which run it.
 pub trait KindConfig: Settings + std::fmt::Debug + Send + Sync + 'static {
     /// Its counters, one set per source name (kept across restarts by `SourceStats`).
-    type Stats: Default + Send + Sync + 'static;
+    type Stats: Default + Send + Sync + crate::counters::Declared;
 
     /// Runs the source until `stopping`, on `sockets` when bound.
     fn run(
@@ -123,6 +123,22 @@ macro_rules! source_kinds {
                         as $crate::source::kind::KindConfig>::Stats,
                 >,
             )+
+        }
+
+        impl SourceStats {
+            /// Every kind's counter families (as the kind declares them with `counters!`), a
+            /// sample per source.
+            pub fn write_metrics(&self, t: &mut $crate::metrics::Text) {
+                use $crate::counters::Declared;
+                $(
+                    $(#[cfg(feature = $feature)])?
+                    {
+                        let all = self.$module.all();
+                        let items: Vec<_> = all.iter().map(|(n, s)| (n.as_str(), &**s)).collect();
+                        $crate::counters::write(t, "source", &items, Declared::FAMILIES);
+                    }
+                )+
+            }
         }
 
         /// The entry of source kind `kind` (its `type`, one of [`SOURCE_TYPES`]; `rest` the
