@@ -1,11 +1,10 @@
 //! [`counters!`]: a component's counters declared once, beside the code that counts. Each counter
 //! is named once, with its documentation and, when the metrics page shows it, its family (name,
-//! help, and the label value that tells it apart when several counters are one family's parts);
-//! from that one declaration come the struct of `AtomicU64`s the component counts into, the
-//! [`Family`] rows the metrics page writes ([`Declared::FAMILIES`], written by [`write`] for
-//! `admin::render` and the sources' list) and the summary
-//! the component logs at stop (`log_summary`, every counter a field of its own). It knows no
-//! component: the sources and delivery declare their counters with it.
+//! help, and the label value that tells it apart when several counters are one family's parts).
+//! From that one declaration come the struct of `AtomicU64`s the component counts into, its
+//! [`Family`] rows ([`Declared::FAMILIES`], written by [`write`] for `admin::render` and the
+//! sources' list) and the summary the component logs at stop (`log_summary`, every counter a field
+//! of its own). It knows no component: the sources and delivery declare their counters with it.
 
 use crate::metrics::{Kind, Text};
 

@@ -17,7 +17,7 @@ use std::time::SystemTime;
 use super::STORE_ANSWER;
 use super::state::{AgentState, unix_s};
 use crate::config::Config;
-use crate::counters::{Declared, Family};
+use crate::counters::Declared;
 use crate::delivery::{SinkRuntime, SinkStats};
 use crate::metrics::{Histogram, Kind, Text};
 use crate::source::tail::TailStats;
@@ -131,12 +131,6 @@ impl<T> Items<'_, T> {
         for (metric, help, read) in rows {
             self.family(t, metric, kind, help, read);
         }
-    }
-
-    /// The counter families a component declares with its counters (`counters!`): a sample per
-    /// item, and per part where a family is split by a second label.
-    fn counters(&self, t: &mut Text, families: &[Family<T>]) {
-        crate::counters::write(t, self.label, &self.items, families);
     }
 
     /// One family whose samples are split per item by a second label `by` (an outcome, a
@@ -509,11 +503,8 @@ fn sink_metrics(t: &mut Text, sinks: &[Arc<SinkRuntime>], snap: Option<&Snapshot
         label: "sink",
         items: sinks.iter().map(|rt| (rt.sink.name(), &**rt)).collect(),
     };
-    let stats = Items {
-        label: "sink",
-        items: sinks.items.iter().map(|(n, rt)| (*n, &*rt.stats)).collect(),
-    };
-    stats.counters(t, <SinkStats as Declared>::FAMILIES);
+    let stats: Vec<_> = sinks.items.iter().map(|(n, rt)| (*n, &*rt.stats)).collect();
+    crate::counters::write(t, "sink", &stats, SinkStats::FAMILIES);
     sinks.histograms(
         t,
         "colibri_sink_request_duration_seconds",
