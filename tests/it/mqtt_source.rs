@@ -9,7 +9,8 @@
 //! interleaves, within the window), and what arrives twice is bounded by
 //! what could be committed and not yet acknowledged at each kill; a full `block` stream stops the
 //! acknowledgements and the broker holds the rest, nothing lost; QoS 0 messages a full stream
-//! cannot take are dropped and counted, the identity `received = stored + dropped` holding; the
+//! cannot take are dropped and counted, the identity `received = stored + dropped` holding, and
+//! those still unstored at a stop are counted lost (`received = stored + dropped + lost`); the
 //! records' shape (JSON payloads kept as JSON, text as a string, binary as base64), routes to a
 //! second stream, messages published while colibri was stopped waiting in its session, a filter
 //! added by a reload subscribed in the kept session, a reload while more than the memory budget
@@ -481,6 +482,49 @@ fn qos_0_messages_a_full_stream_cannot_take_are_dropped_and_counted() {
     assert_eq!(messages, stored + dropped, "{s}");
     assert_eq!(delivered(&rx).len() as u64, stored);
     eprintln!("QoS 0 into a full stream: {messages} received, {stored} stored, {dropped} dropped");
+}
+
+#[test]
+fn qos_0_messages_still_unstored_at_a_stop_are_counted_lost() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    rx.set_mode(Mode::Refuse);
+    let b = broker(&sb, "");
+    let url = format!("mqtt://127.0.0.1:{}", b.port);
+    let cfg = config(
+        &sb,
+        &rx,
+        &url,
+        ", max_jobs: 5, when_full: block",
+        ", qos: 0",
+    );
+    let agent = start(&cfg);
+    const N: u64 = 100_000;
+    let pad = "x".repeat(180);
+    let p = Publish {
+        qos: QoS::AtMostOnce,
+        ..Publish::new(b.port, "plant/q0", N)
+    };
+    send_padded(&p, &pad, secs(120));
+    agent.wait_until(secs(60), "QoS 0 drops", || {
+        agent
+            .stderr()
+            .contains("QoS 0 messages are dropped and counted")
+    });
+    // Stopped while the stream is still full: what was read and waits for room is lost with the
+    // process, and must be counted so.
+    let s = summary(&stop(agent));
+    let (messages, stored, dropped, lost) = (
+        n(&s, "messages"),
+        n(&s, "records_appended"),
+        n(&s, "qos0_dropped"),
+        n(&s, "records_lost"),
+    );
+    assert!(lost > 0, "messages were waiting for room at the stop: {s}");
+    assert_eq!(messages, stored + dropped + lost, "{s}");
+    eprintln!(
+        "QoS 0 at a stop with a full stream: {messages} received, {stored} stored, {dropped} dropped, {lost} lost"
+    );
 }
 
 #[test]

@@ -126,7 +126,9 @@ pub async fn run(
         }
         if give_up {
             // Nothing of this batch is acknowledged (a stream of it may have stored its part:
-            // the broker sends those again, stored twice, never lost).
+            // the broker sends those again, stored twice, never lost); its QoS 0 messages are
+            // gone with this session.
+            count_unstored(stats, batch);
             break;
         }
         let owed: Vec<Ack> = batch.iter().filter_map(|m| m.ack).collect();
@@ -135,6 +137,24 @@ pub async fn run(
             break;
         }
     }
+    // What the driver handed over and no append took: QoS 1 and 2 messages are not
+    // acknowledged (the broker sends them again); QoS 0 ones are lost, and counted.
+    rx.close();
+    count_unstored(
+        stats,
+        held.into_iter()
+            .chain(std::iter::from_fn(|| rx.try_recv().ok())),
+    );
+}
+
+/// Counts as lost the QoS 0 messages of `msgs` that were read and will never be stored: nobody
+/// will send them again (QoS 1 and 2 ones the broker does, being unacknowledged).
+pub fn count_unstored(stats: &MqttSourceStats, msgs: impl IntoIterator<Item = Msg>) {
+    let lost = msgs
+        .into_iter()
+        .filter(|m| m.ack.is_none() && m.stream.is_some())
+        .count();
+    stats.records_lost.fetch_add(lost as u64, Relaxed);
 }
 
 /// A slot of the window for a message owed an acknowledgement, if one is free now.

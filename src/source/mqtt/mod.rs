@@ -148,8 +148,9 @@ crate::counters::counters! {
         records_dropped => ("colibri_mqtt_source_dropped_total", "Records refused by a full drop_newest stream (acknowledged)."),
         /// QoS 0 messages dropped because the budget of what is read and not committed was spent.
         qos0_dropped => ("colibri_mqtt_source_qos0_dropped_total", "QoS 0 messages dropped because the stream could not keep up."),
-        /// Records no stream can hold (larger than a job may be): acknowledged and dropped.
-        records_lost => ("colibri_mqtt_source_lost_total", "Messages no stream can hold (larger than a job may be): acknowledged and dropped."),
+        /// Records no stream can hold (larger than a job may be): acknowledged and dropped; and
+        /// QoS 0 messages read and still unstored when colibri stopped (no one sends them again).
+        records_lost => ("colibri_mqtt_source_lost_total", "Messages no stream can hold (larger than a job may be), acknowledged and dropped, and QoS 0 messages still unstored when colibri stopped."),
         /// Payloads that were not UTF-8, kept as base64.
         binary => ("colibri_mqtt_source_binary_total", "Payloads that were not UTF-8, kept as base64."),
         /// Messages of no configured filter (a subscription an older config left in the session):

@@ -461,7 +461,10 @@ impl Driver {
                     self.drop_reported = false;
                 }
                 msg._permit = Some(permit);
-                let _ = tx.send(msg);
+                if let Err(unsent) = tx.send(msg) {
+                    // The appender has ended (colibri stops).
+                    super::append::count_unstored(stats, [unsent.0]);
+                }
                 None
             }
             Err(_) if qos == 0 => {
