@@ -44,7 +44,7 @@ pub struct Family<T> {
 /// Declares a struct of counters (`AtomicU64`, with `Default`), its metric families and its summary
 /// log line:
 ///
-/// ```ignore
+/// ```text
 /// counters! {
 ///     /// What a sink did.
 ///     pub struct SinkStats, logged as "delivery summary" by sink with { link_up: bool } {
