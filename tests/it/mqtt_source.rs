@@ -433,34 +433,32 @@ fn a_full_block_stream_stops_the_acknowledgements_and_the_broker_holds_the_rest(
     );
 }
 
-#[test]
-fn qos_0_messages_a_full_stream_cannot_take_are_dropped_and_counted() {
-    let sb = Sandbox::new();
-    let rx = Receiver::start();
+/// colibri with a QoS 0 source into a full `block` stream (`rx` refusing), flooded until it drops:
+/// 100,000 messages of ~200 bytes, more than the 8 MiB it holds while the stream is full.
+fn qos_0_flood_into_a_full_stream(sb: &Sandbox, rx: &Receiver) -> (Broker, Proc) {
     rx.set_mode(Mode::Refuse);
-    let b = broker(&sb, "");
+    let b = broker(sb, "");
     let url = format!("mqtt://127.0.0.1:{}", b.port);
-    let cfg = config(
-        &sb,
-        &rx,
-        &url,
-        ", max_jobs: 5, when_full: block",
-        ", qos: 0",
-    );
+    let cfg = config(sb, rx, &url, ", max_jobs: 5, when_full: block", ", qos: 0");
     let agent = start(&cfg);
-    // 100,000 messages of ~200 bytes: more than the 8 MiB colibri holds while the stream is full.
-    const N: u64 = 100_000;
-    let pad = "x".repeat(180);
     let p = Publish {
         qos: QoS::AtMostOnce,
-        ..Publish::new(b.port, "plant/q0", N)
+        ..Publish::new(b.port, "plant/q0", 100_000)
     };
-    send_padded(&p, &pad, secs(120));
+    send_padded(&p, &"x".repeat(180), secs(120));
     agent.wait_until(secs(60), "QoS 0 drops", || {
         agent
             .stderr()
             .contains("QoS 0 messages are dropped and counted")
     });
+    (b, agent)
+}
+
+#[test]
+fn qos_0_messages_a_full_stream_cannot_take_are_dropped_and_counted() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    let (_broker, agent) = qos_0_flood_into_a_full_stream(&sb, &rx);
     // Every message read is stored or counted dropped, once the stream has room again.
     rx.set_mode(Mode::Accept);
     let mut last = 0;
@@ -488,29 +486,7 @@ fn qos_0_messages_a_full_stream_cannot_take_are_dropped_and_counted() {
 fn qos_0_messages_still_unstored_at_a_stop_are_counted_lost() {
     let sb = Sandbox::new();
     let rx = Receiver::start();
-    rx.set_mode(Mode::Refuse);
-    let b = broker(&sb, "");
-    let url = format!("mqtt://127.0.0.1:{}", b.port);
-    let cfg = config(
-        &sb,
-        &rx,
-        &url,
-        ", max_jobs: 5, when_full: block",
-        ", qos: 0",
-    );
-    let agent = start(&cfg);
-    const N: u64 = 100_000;
-    let pad = "x".repeat(180);
-    let p = Publish {
-        qos: QoS::AtMostOnce,
-        ..Publish::new(b.port, "plant/q0", N)
-    };
-    send_padded(&p, &pad, secs(120));
-    agent.wait_until(secs(60), "QoS 0 drops", || {
-        agent
-            .stderr()
-            .contains("QoS 0 messages are dropped and counted")
-    });
+    let (_broker, agent) = qos_0_flood_into_a_full_stream(&sb, &rx);
     // Stopped while the stream is still full: what was read and waits for room is lost with the
     // process, and must be counted so.
     let s = summary(&stop(agent));
