@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::units::u32_schema;
 use super::units::{self, Dur, Size};
 use super::{Problems, named_entry};
-use crate::store::{AtRest, BatchConfig, StreamConfig, WhenFull};
+use crate::store::{AtRest, BatchConfig, Replay, StreamConfig, WhenFull};
 
 /// One stream: a bounded, durable FIFO of transfer jobs.
 #[derive(Debug, Deserialize)]
@@ -48,6 +48,29 @@ pub struct StreamSpec {
     /// or `none`. Bounds count the bytes on disk.
     #[serde(default)]
     pub compression: AtRestSpec,
+    /// The order a backlog is sent in once the link is back: `oldest_first` (default: the whole
+    /// queue in order, for receivers that need it) or `live_first` (jobs younger than
+    /// `live_window` go first, oldest first among them, while the backlog drains oldest first
+    /// behind them, never with less than `backfill_share` of the link).
+    #[serde(default)]
+    pub replay: ReplaySpec,
+    /// Jobs younger than this are live, older ones the backlog, in either order; a job of the
+    /// backlog is sent with the replayed marker. Default 10s.
+    #[serde(default)]
+    pub live_window: Option<Dur>,
+    /// With `replay: live_first`: the least share of what the link carries that goes to the
+    /// backlog while live jobs wait too (bytes taken, a number above 0, up to 1). Default 0.25.
+    #[serde(default)]
+    pub backfill_share: Option<f64>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ReplaySpec {
+    #[default]
+    OldestFirst,
+    LiveFirst,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -149,6 +172,7 @@ pub(super) fn compile_stream(
             "must be positive (leave it out to keep jobs until delivered)".into(),
         );
     }
+    let replay = compile_replay(&spec, &mut err);
     Some(StreamConfig {
         name,
         sink: spec.sink,
@@ -168,5 +192,32 @@ pub(super) fn compile_stream(
             AtRestSpec::Zstd => AtRest::Always,
             AtRestSpec::None => AtRest::Plain,
         },
+        replay,
     })
+}
+
+fn compile_replay(spec: &StreamSpec, err: &mut Problems<'_>) -> Replay {
+    let live_first = spec.replay == ReplaySpec::LiveFirst;
+    let live_window = spec.live_window.map_or(Replay::LIVE_WINDOW, |d| d.0);
+    if live_window.is_zero() {
+        err.add("live_window", "must be positive".into());
+    }
+    let backfill_share = spec.backfill_share.unwrap_or(Replay::BACKFILL_SHARE);
+    if !(backfill_share > 0.0 && backfill_share <= 1.0) {
+        err.add(
+            "backfill_share",
+            format!("{backfill_share} is not a share: give a number above 0, up to 1"),
+        );
+    }
+    if spec.backfill_share.is_some() && !live_first {
+        err.add(
+            "backfill_share",
+            "applies only with replay: live_first (oldest_first sends the backlog before anything newer)".into(),
+        );
+    }
+    Replay {
+        live_first,
+        live_window,
+        backfill_share,
+    }
 }

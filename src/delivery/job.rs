@@ -6,12 +6,12 @@
 //! or know when the link is up: the workers in `delivery` do. Called by `delivery::run`.
 
 use std::cell::OnceCell;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Next, RETRY_AFTER_MAX, SinkRuntime, pacer};
+use super::{Next, RETRY_AFTER_MAX, SinkRuntime, StreamLanes, pacer};
 use crate::clock::now_ms;
 use crate::sink::{Batch, DeliveryError, Payload};
 use crate::store::writer::StoreHandle;
@@ -95,9 +95,11 @@ pub(super) async fn deliver_job(
                 Err(e) => return quarantine(stream, store, job, e).await,
             },
         };
-        let batch = batch(stream, &job, start, end, payload);
+        let lanes = rt.lanes(stream);
+        let replayed = lanes.replay.is_backlog(job.created_ms, now_ms());
+        let batch = batch(stream, &job, start, end, payload, replayed);
         let result = tokio::select! {
-            r = send_paced(rt, &batch, rt.replaying(stream)) => Some(r),
+            r = send_paced(rt, &batch, lanes) => Some(r),
             _ = rt.give_up(stopping) => None,
         };
         let step = match result {
@@ -166,6 +168,7 @@ fn batch<'a>(
     start: usize,
     end: usize,
     payload: Payload<'a>,
+    replayed: bool,
 ) -> Batch<'a> {
     // The store that handed the job out (the writer may have replaced its file since: the new
     // one reuses ids); a salvaged job keeps the key it had before the damage.
@@ -181,6 +184,7 @@ fn batch<'a>(
         payload,
         file: job.file(),
         store_id,
+        replayed,
     }
 }
 
@@ -401,12 +405,12 @@ async fn quarantine(stream: &str, store: &StoreHandle, job: Job, reason: String)
     Next::Go
 }
 
-/// Builds the body, waits for the pacer (while `replaying`) and a request slot, and sends it;
-/// returns the body's size.
+/// Builds the body, waits for the pacer (while the stream replays) and a request slot, and sends
+/// it; returns the body's size.
 async fn send_paced(
     rt: &SinkRuntime,
     batch: &Batch<'_>,
-    replaying: &AtomicBool,
+    lanes: &StreamLanes,
 ) -> Result<u64, DeliveryError> {
     // A file job is streamed from the spool (its size is what goes over the wire); records are
     // encoded (and compressed) into a body first.
@@ -420,9 +424,15 @@ async fn send_paced(
         (None, None) => 0,
     };
     if let Some(p) = &rt.pacer
-        && replaying.load(Relaxed)
+        && lanes.replaying.load(Relaxed)
     {
-        pacer::pace(p, len).await;
+        if lanes.replay.live_first && !batch.replayed {
+            // The live lane goes first: it takes its bytes from the bucket without waiting, and
+            // the backlog waits for what the link has left.
+            pacer::charge(p, len);
+        } else {
+            pacer::pace(p, len).await;
+        }
     }
     let _permit = rt.in_flight.acquire().await;
     let started = Instant::now();

@@ -38,6 +38,7 @@ use crate::clock::now_ms;
 use crate::link::Link;
 use crate::paused::Paused;
 use crate::sink::Sink;
+use crate::store::Replay;
 use crate::store::writer::{Snapshot, StoreHandle};
 use job::deliver_job;
 use pacer::Pacer;
@@ -107,6 +108,15 @@ impl SinkStats {
     }
 }
 
+/// What the workers of one stream of a sink share.
+struct StreamLanes {
+    /// The stream's order and live window.
+    replay: Replay,
+    /// Set after a link comes back (and at start) until a worker finds the stream's queue
+    /// empty: its backlog is being replayed, under `replay_rate`.
+    replaying: AtomicBool,
+}
+
 /// A sink at run time: shared by its workers and its link monitor.
 pub struct SinkRuntime {
     pub sink: Arc<Sink>,
@@ -114,9 +124,8 @@ pub struct SinkRuntime {
     pub stats: Arc<SinkStats>,
     /// The streams delivered to this sink.
     pub streams: Vec<String>,
-    /// Per stream (same order): set after a link comes back (and at start) until a worker finds
-    /// that stream's queue empty: its backlog is being replayed, under `replay_rate`.
-    replaying: Vec<AtomicBool>,
+    /// Per stream (same order): what its workers share.
+    lanes: Vec<StreamLanes>,
     pacer: Option<Mutex<Pacer>>,
     /// Requests in flight, all streams of the sink together.
     in_flight: Semaphore,
@@ -129,11 +138,11 @@ pub struct SinkRuntime {
 }
 
 impl SinkRuntime {
-    /// `stats` carries the counters of the sink's previous runtime across a reload (or starts
-    /// fresh).
+    /// `streams` are the sink's streams with their replay order; `stats` carries the counters of
+    /// the sink's previous runtime across a reload (or starts fresh).
     pub fn new(
         sink: Arc<Sink>,
-        streams: Vec<String>,
+        streams: Vec<(String, Replay)>,
         grace: Duration,
         stats: Arc<SinkStats>,
         paused: Arc<Paused>,
@@ -156,8 +165,14 @@ impl SinkRuntime {
             link,
             sink,
             stats,
-            replaying: streams.iter().map(|_| AtomicBool::new(true)).collect(),
-            streams,
+            lanes: streams
+                .iter()
+                .map(|(_, replay)| StreamLanes {
+                    replay: *replay,
+                    replaying: AtomicBool::new(true),
+                })
+                .collect(),
+            streams: streams.into_iter().map(|(name, _)| name).collect(),
             grace,
             give_up_at: std::sync::OnceLock::new(),
             paused,
@@ -178,19 +193,19 @@ impl SinkRuntime {
                 self.streams
                     .iter()
                     .position(|s| *s == cfg.name)
-                    .is_some_and(|i| self.replaying[i].load(Relaxed))
+                    .is_some_and(|i| self.lanes[i].replaying.load(Relaxed))
             })
             .map(|(_, c)| c.pending_records())
             .sum()
     }
 
-    fn replaying(&self, stream: &str) -> &AtomicBool {
+    fn lanes(&self, stream: &str) -> &StreamLanes {
         let i = self
             .streams
             .iter()
             .position(|s| s == stream)
             .expect("workers run only for the sink's own streams");
-        &self.replaying[i]
+        &self.lanes[i]
     }
 
     /// Resolves when requests still going must be abandoned: `grace` after the stop, the same
@@ -220,7 +235,7 @@ pub async fn run(
     // the jobs behind it (an outage never does: it creates no retry).
     let strict = rt.sink.config.concurrency == 1;
     let take = if strict { TAKE_SEQUENTIAL } else { 1 };
-    let replaying = rt.replaying(&stream);
+    let replaying = &rt.lanes(&stream).replaying;
     let mut hold = if strict {
         store.next_retry_due(&stream).await.ok().flatten()
     } else {
@@ -276,15 +291,67 @@ pub async fn run(
             // One signal wakes one idle worker: pass it on, so a burst gets every worker.
             fed.notify_one();
         }
+        let w = Worker {
+            stream: &stream,
+            rt: &rt,
+            store: &store,
+            stopping: &stopping,
+            fed: &fed,
+            strict,
+        };
+        let (pause_for, retry) = w.deliver_take(jobs).await;
+        hold = retry;
+        if let Some(p) = pause_for {
+            pause(p, &stopping).await;
+        }
+    }
+    tracing::debug!(stream, "delivery worker stopped");
+}
+
+/// What a worker works with while it delivers one take.
+struct Worker<'a> {
+    stream: &'a str,
+    rt: &'a SinkRuntime,
+    store: &'a StoreHandle,
+    stopping: &'a CancellationToken,
+    fed: &'a tokio::sync::Notify,
+    strict: bool,
+}
+
+impl Worker<'_> {
+    /// Delivers the jobs of one take in order and acknowledges what was delivered in one commit;
+    /// returns how long to pause after it, and (in strict order) the retry that holds the rest.
+    async fn deliver_take(&self, jobs: Vec<crate::store::Job>) -> (Option<Duration>, Option<u64>) {
+        let Worker {
+            stream,
+            rt,
+            store,
+            stopping,
+            fed,
+            strict,
+        } = *self;
+        let lanes = rt.lanes(stream);
+        let (mut pause_for, mut hold) = (None, None);
         let mut acks = Vec::new();
-        let mut pause_for = None;
         let mut jobs = jobs.into_iter();
+        let mut first = true;
         while let Some(job) = jobs.next() {
-            if stopping.is_cancelled() || !rt.link.is_up() || rt.paused.is(&stream) {
+            if stopping.is_cancelled() || !rt.link.is_up() || rt.paused.is(stream) {
                 store.release(job.lease);
                 continue;
             }
-            match deliver_job(&stream, &rt, &store, job, &stopping, &mut acks).await {
+            // The take itself chose its lane (and hands out a single backlog job while live ones
+            // wait): its first job always goes, so the backlog keeps its share.
+            let yields = !std::mem::take(&mut first) && lanes.yields_to_live(&job, fed);
+            let next = if yields {
+                // New jobs came while this take's backlog was being sent: the rest of the take
+                // goes back (keeping its place) and the live lane is taken next.
+                store.release(job.lease);
+                Next::Pause(Duration::ZERO)
+            } else {
+                deliver_job(stream, rt, store, job, stopping, &mut acks).await
+            };
+            match next {
                 Next::Go | Next::Retry { .. } if !strict => continue,
                 Next::Go => continue,
                 Next::Retry { due_ms } => hold = Some(due_ms),
@@ -305,11 +372,23 @@ pub async fn run(
                 store.release(lease);
             }
         }
-        if let Some(p) = pause_for {
-            pause(p, &stopping).await;
-        }
+        (pause_for, hold)
     }
-    tracing::debug!(stream, "delivery worker stopped");
+}
+
+impl StreamLanes {
+    /// A `live_first` stream's job of the backlog, about to be sent, gives way when jobs were
+    /// appended since the take (they are live): taking the signal here means the worker takes
+    /// again at once, which finds them.
+    fn yields_to_live(&self, job: &crate::store::Job, fed: &tokio::sync::Notify) -> bool {
+        self.replay.live_first && self.replay.is_backlog(job.created_ms, now_ms()) && appended(fed)
+    }
+}
+
+/// Whether `fed` was signalled (new jobs committed) since it was last waited on; takes the signal.
+fn appended(fed: &tokio::sync::Notify) -> bool {
+    let signal = std::pin::pin!(fed.notified());
+    signal.enable()
 }
 
 async fn pause(d: Duration, stopping: &CancellationToken) {
@@ -332,6 +411,7 @@ enum Next {
     Go,
     /// The job went to retry, due then (in strict order, nothing behind it goes first).
     Retry { due_ms: u64 },
-    /// The sink did not answer: the jobs taken with this one go back, and the worker pauses.
+    /// The sink did not answer, or a backlog job gave way to live ones: the jobs taken with this
+    /// one go back, and the worker pauses (or takes again at once).
     Pause(Duration),
 }

@@ -38,6 +38,14 @@ impl Pacer {
     }
 }
 
+/// Takes `bytes` from the bucket without waiting (it may go into debt): a request that goes ahead
+/// of those the pacer holds back, whose wait grows by it.
+pub(super) fn charge(p: &Mutex<Pacer>, bytes: u64) {
+    let mut p = p.lock().expect("never poisoned: no panics while held");
+    p.admit(0, Instant::now());
+    p.tokens -= bytes as f64;
+}
+
 /// Waits until the pacer admits a request of `bytes`.
 pub(super) async fn pace(p: &Mutex<Pacer>, bytes: u64) {
     loop {

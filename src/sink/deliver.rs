@@ -97,7 +97,17 @@ pub struct Batch<'a> {
     pub file: Option<&'a crate::store::FileJob>,
     /// The store file's id: job ids restart in a new file, keys must not.
     pub store_id: u64,
+    /// The job is backlog (older than its stream's `live_window` as it is sent): it carries the
+    /// [`REPLAYED`] marker where the protocol has a place for one.
+    pub replayed: bool,
 }
+
+/// The marker of a request or message sent from a backlog (a job older than its stream's
+/// `live_window` when it is sent, in either replay order), with the value `true`; absent on live
+/// data. An HTTP header (`http`, `prometheus_remote_write`), an MQTT 5 user property, a NATS
+/// header: a receiver reads it without parsing records, beside the idempotency key. MQTT 3.1.1
+/// has no place for it. Named for colibri: no standard header says "replayed".
+pub const REPLAYED: &str = "colibri-replayed";
 
 impl Batch<'_> {
     /// The same for every re-send of the same records, different for any other content: a
@@ -174,6 +184,7 @@ pub(super) mod tests {
             payload: Payload::Records(records),
             file: None,
             store_id: 0xabc,
+            replayed: false,
         }
     }
 

@@ -25,7 +25,7 @@ use crate::record::RecordFormat;
 use crate::setting::SettingError;
 use crate::store::FileJob;
 use deliver::Deliver;
-pub use deliver::{Batch, DeliveryError, Payload, Probe};
+pub use deliver::{Batch, DeliveryError, Payload, Probe, REPLAYED};
 pub use kind::Compile;
 
 pub mod config;

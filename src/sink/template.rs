@@ -160,6 +160,8 @@ pub struct Message {
     pub to: String,
     pub payload: Bytes,
     pub key: String,
+    /// Sent from a backlog: the message carries the replayed marker where it can.
+    pub replayed: bool,
     /// The (first) record's position in the job as first appended, for messages.
     pub index: usize,
 }
@@ -183,6 +185,7 @@ impl Template {
                 to,
                 payload: body,
                 key: batch.idempotency_key(),
+                replayed: batch.replayed,
                 index: batch.first as usize,
             }]);
         }
@@ -217,6 +220,7 @@ impl Template {
                 to,
                 payload: body.slice(start..end),
                 key: batch.record_key(index),
+                replayed: batch.replayed,
                 index,
             });
             start = end + 1;

@@ -31,6 +31,7 @@ mod error;
 mod files;
 pub mod format;
 mod job;
+mod lanes;
 mod layout;
 mod open;
 mod read;
@@ -52,7 +53,9 @@ pub use open::{DATA_DIR_MODE, OpenOptions, QUICK_REPAIR_FROM, Store, create_data
 pub use read::{DeadPage, Peeked};
 pub use record_buf::{RecordBuf, RecordWriter};
 pub use salvage::SalvageReport;
-pub use stream::{AtRest, BatchConfig, StorageConfig, StreamConfig, WAITING_JOBS, WhenFull};
+pub use stream::{
+    AtRest, BatchConfig, Replay, StorageConfig, StreamConfig, WAITING_JOBS, WhenFull,
+};
 pub use tx::{EXPIRE_CHUNK, Tx};
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use std::time::Duration;
 use redb::TableDefinition;
 
 use super::counters::Counters;
+use super::lanes::Lanes;
 
 /// What a stream may hold and how it behaves when full. Built by `config::compile`.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +25,48 @@ pub struct StreamConfig {
     pub dead_max_jobs: u64,
     /// When jobs are stored compressed.
     pub compression: AtRest,
+    /// In which order a backlog is handed out, and where the live lane ends.
+    pub replay: Replay,
+}
+
+/// In which order a stream's queue is handed out once a backlog exists. A job younger than
+/// `live_window` is *live*; an older one is *backlog* (and marked replayed when it is sent, in
+/// either order).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Replay {
+    /// `live_first`: the live lane is handed out first (oldest first within it), the backlog
+    /// behind it; `oldest_first` (false): the whole queue oldest first.
+    pub live_first: bool,
+    pub live_window: Duration,
+    /// `live_first`: of the bytes taken while both lanes wait, the backlog's least share, so a
+    /// busy present never starves the past. In (0, 1].
+    pub backfill_share: f64,
+}
+
+impl Replay {
+    /// Jobs younger than 10 s are live: a healthy link sends a job within its batch's linger (1 s
+    /// by default) and one round trip, so a job older than that was held back by an outage or a
+    /// slow link; 10 s leaves room for a slow request without calling the present the past.
+    pub const LIVE_WINDOW: Duration = Duration::from_secs(10);
+    /// A quarter of the link for the backlog while live data would take it all: live data
+    /// is usually a small part of the link, so the backlog normally gets far more.
+    pub const BACKFILL_SHARE: f64 = 0.25;
+
+    /// Today's order: oldest first, the default window.
+    pub const OLDEST_FIRST: Replay = Replay {
+        live_first: false,
+        live_window: Replay::LIVE_WINDOW,
+        backfill_share: Replay::BACKFILL_SHARE,
+    };
+
+    /// Whether a job created at `created_ms` is backlog at `now_ms`.
+    pub fn is_backlog(&self, created_ms: u64, now_ms: u64) -> bool {
+        now_ms.saturating_sub(created_ms) > self.window_ms()
+    }
+
+    pub(super) fn window_ms(&self) -> u64 {
+        u64::try_from(self.live_window.as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 /// When a stream's jobs are stored compressed (zstd, see `codec`): the disk and the flash's
@@ -85,6 +128,8 @@ pub(super) struct StreamState {
     /// Jobs handed out and not yet acknowledged, failed or released. Not persisted: after a crash
     /// they are simply ready again (at-least-once).
     pub(super) in_flight: HashSet<u64>,
+    /// Where the live lane begins and what each lane was given (`live_first` streams).
+    pub(super) lanes: Lanes,
     pub(super) ready: String,
     pub(super) retry: String,
     pub(super) dead: String,
@@ -105,6 +150,7 @@ impl StreamState {
             cfg,
             counters: Counters::default(),
             in_flight: HashSet::new(),
+            lanes: Lanes::default(),
         }
     }
 

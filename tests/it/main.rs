@@ -19,6 +19,7 @@ mod delivery;
 mod exec_stream;
 mod file_move;
 mod ingest;
+mod lanes;
 mod layers;
 mod link;
 mod listeners;

@@ -201,6 +201,31 @@ fn read_stream(
     name: &str,
     opts: async_nats::ConnectOptions,
 ) -> Vec<(u64, String, String)> {
+    let header = |m: &jetstream::message::StreamMessage, name: &str| {
+        m.headers
+            .get(name)
+            .map(|v| v.as_str().to_string())
+            .unwrap_or_default()
+    };
+    read_raw(node, name, opts)
+        .iter()
+        .map(|m| {
+            let id = header(m, "Nats-Msg-Id");
+            (
+                m.sequence,
+                id,
+                String::from_utf8_lossy(&m.payload).into_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Every message of the stream as JetStream keeps it, headers included.
+fn read_raw(
+    node: &Node,
+    name: &str,
+    opts: async_nats::ConnectOptions,
+) -> Vec<jetstream::message::StreamMessage> {
     runtime().block_on(async {
         let client = opts
             .connect(format!("nats://127.0.0.1:{}", node.port))
@@ -214,13 +239,7 @@ fn read_stream(
             if info.state.messages == 0 {
                 break;
             }
-            let m = available("a message", || stream.get_raw_message(seq)).await;
-            let id = m
-                .headers
-                .get("Nats-Msg-Id")
-                .map(|v| v.as_str().to_string())
-                .unwrap_or_default();
-            out.push((seq, id, String::from_utf8_lossy(&m.payload).into_owned()));
+            out.push(available("a message", || stream.get_raw_message(seq)).await);
         }
         out
     })
@@ -289,7 +308,7 @@ sinks:
     link: {{ backoff_cap: 1s }}
 {extra}
 streams:
-  temps: {{ sink: js, batch: {{ max_records: 100 }} }}
+  temps: {{ sink: js, batch: {{ max_records: 100 }}, live_window: 1s }}
 "#
     ))
 }
@@ -412,6 +431,11 @@ fn a_stream_without_the_subject_is_an_outage_that_names_it_and_loses_nothing() {
     agent.signal(libc::SIGTERM);
     assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
     check_exactly_once(&read_stream(&nodes[0], "PLANT", opts()), 50, 1);
+    // Older than the stream's live window when sent: every message says it was replayed.
+    for m in read_raw(&nodes[0], "PLANT", opts()) {
+        let mark = m.headers.get("colibri-replayed").map(|v| v.as_str());
+        assert_eq!(mark, Some("true"), "message {}", m.sequence);
+    }
     let (code, out, err) = queue(&config, &["dead", "list", "temps", "--json"], "");
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), "", "no dead letters");

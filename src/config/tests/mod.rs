@@ -13,7 +13,7 @@ use super::tasks::DEFAULT_TIMEOUT;
 use super::*;
 use crate::schedule::{Offset, Schedule, Zone};
 use crate::sink::{SinkKind, SinkRetry};
-use crate::store::{BatchConfig, StorageConfig, WhenFull};
+use crate::store::{BatchConfig, Replay, StorageConfig, WhenFull};
 use crate::task::{Action, RetryPolicy};
 
 fn env(name: &str) -> Option<String> {

@@ -16,6 +16,9 @@ streams:
     when_full: drop_oldest
     ttl: 7d
     dead_letter: { max_jobs: 100 }
+    replay: live_first
+    live_window: 30s
+    backfill_share: 0.1
   metrics: {}
 "#,
     )
@@ -42,6 +45,14 @@ streams:
     assert_eq!(logs.when_full, WhenFull::DropOldest);
     assert_eq!(logs.ttl, Some(Duration::from_secs(7 * 86400)));
     assert_eq!(logs.dead_max_jobs, 100);
+    assert_eq!(
+        logs.replay,
+        Replay {
+            live_first: true,
+            live_window: Duration::from_secs(30),
+            backfill_share: 0.1
+        }
+    );
     let m = &c.streams[1];
     assert_eq!(
         m.batch,
@@ -55,6 +66,7 @@ streams:
         (m.max_jobs, m.max_bytes, m.when_full, m.ttl, m.dead_max_jobs),
         (100_000, 256 << 20, WhenFull::Block, None, 10_000)
     );
+    assert_eq!(m.replay, Replay::OLDEST_FIRST);
     assert_eq!(
         load("").unwrap().storage,
         StorageConfig {
@@ -78,6 +90,9 @@ streams:
   e: { when_full: explode }
   f: { flavour: vanilla }
   g: 5
+  h: { replay: newest_first, live_window: 0s }
+  i: { replay: live_first, backfill_share: 0 }
+  j: { backfill_share: 1.5 }
 "#,
     );
     let expect = [
@@ -92,6 +107,11 @@ streams:
         "streams.e.when_full: unknown variant `explode`",
         "streams.f.flavour: unknown field `flavour`",
         "streams.g: invalid type: integer",
+        "streams.h.replay: unknown variant `newest_first`",
+        "streams.h.live_window: must be positive",
+        "streams.i.backfill_share: 0 is not a share: give a number above 0, up to 1",
+        "streams.j.backfill_share: 1.5 is not a share",
+        "streams.j.backfill_share: applies only with replay: live_first",
     ];
     for e in expect {
         assert!(

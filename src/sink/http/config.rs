@@ -81,6 +81,7 @@ const RESERVED_HEADERS: &[&str] = &[
     "transfer-encoding",
     "host",
     "idempotency-key",
+    crate::sink::REPLAYED,
     "user-agent",
 ];
 

@@ -23,7 +23,7 @@ use crate::net::tls_client::TlsConfig;
 use crate::record::RecordFormat;
 use crate::setting::SettingError;
 use crate::sink::SinkConfig;
-use crate::sink::deliver::{Batch, Deliver, DeliveryError, Payload, Probe};
+use crate::sink::deliver::{Batch, Deliver, DeliveryError, Payload, Probe, REPLAYED};
 use crate::sink::kind::{KindConfig, Settings};
 use crate::store::FileJob;
 
@@ -270,6 +270,9 @@ impl HttpSink {
             .request(self.method.clone(), self.url.clone())
             .header(CONTENT_TYPE, content_type)
             .header("idempotency-key", batch.idempotency_key());
+        if batch.replayed {
+            req = req.header(REPLAYED, "true");
+        }
         if let Some(enc) = content_encoding {
             req = req.header(CONTENT_ENCODING, enc);
         }
@@ -454,15 +457,18 @@ impl Deliver for HttpSink {
                 });
             }
         };
-        let req = self
+        let mut req = self
             .client
             .request(self.method.clone(), self.url.clone())
             .timeout(self.timeout + Duration::from_secs(len / MIN_UPLOAD_RATE))
             .header(CONTENT_TYPE, "application/octet-stream")
             .header(CONTENT_LENGTH, len)
             .header(CONTENT_DISPOSITION, content_disposition(&file.name))
-            .header("idempotency-key", key)
-            .body(reqwest::Body::wrap(body));
+            .header("idempotency-key", key);
+        if batch.replayed {
+            req = req.header(REPLAYED, "true");
+        }
+        let req = req.body(reqwest::Body::wrap(body));
         match self.exchange(req).await {
             // A failure that came from reading the file, not from the peer, is not an outage: a
             // spooled file that shrank or vanished can never be sent whole.

@@ -75,7 +75,7 @@ impl Client {
     /// size is compared with.
     pub fn publish_size(&self, m: &Message) -> usize {
         match self {
-            Client::V5(_) => v5::publish_size(&m.to, m.payload.len(), &m.key),
+            Client::V5(_) => v5::publish_size(&m.to, m.payload.len(), &m.key, m.replayed),
             Client::V311(_) => v311::publish_size(&m.to, m.payload.len()),
         }
     }

@@ -2,7 +2,7 @@
 //! `net::mqtt`'s, which the mqtt source shares), the event loop's packets and errors in
 //! [`common`](super::common)'s words (a CONNACK's maximum
 //! packet size; a refused CONNACK's reason), a record's PUBLISH with the `idempotency-key` user
-//! property, and the reason codes of a PUBACK, PUBREC or PUBCOMP that refuses it. Called only
+//! property (and the replayed marker from a backlog), and the reason codes of a PUBACK, PUBREC or PUBCOMP that refuses it. Called only
 //! through `client`.
 
 use std::time::Duration;
@@ -15,6 +15,7 @@ use rumqttc::{
 use super::common::{MAX_IN_FLIGHT, Polled, REQUEST_CAPACITY, Refusal, varint_len};
 use super::settings::{MqttConfig, Qos, Status};
 use crate::setting::SettingError;
+use crate::sink::REPLAYED;
 use crate::sink::template::Message;
 
 /// The user property that carries a message's idempotency key.
@@ -82,8 +83,12 @@ pub fn announce(client: &AsyncClient, s: &Status) -> Result<(), String> {
 }
 
 pub async fn publish(client: &AsyncClient, m: Message, qos: Qos) -> Result<PublishNotice, String> {
+    let mut user_properties = vec![(KEY.into(), m.key)];
+    if m.replayed {
+        user_properties.push((REPLAYED.into(), "true".into()));
+    }
     let props = PublishProperties {
-        user_properties: vec![(KEY.into(), m.key)],
+        user_properties,
         ..PublishProperties::default()
     };
     let opts = PublishOptions::new(qos_of(qos)).properties(props);
@@ -111,9 +116,15 @@ pub async fn completed(notice: PublishNotice) -> Result<(), Refusal> {
     })
 }
 
-/// A PUBLISH with this topic, payload and key (the one user property), packet id included.
-pub fn publish_size(topic: &str, payload: usize, key: &str) -> usize {
-    let props = 1 + 2 + KEY.len() + 2 + key.len();
+/// A PUBLISH with this topic, payload, key and, when `replayed`, the marker (its user
+/// properties), packet id included.
+pub fn publish_size(topic: &str, payload: usize, key: &str, replayed: bool) -> usize {
+    let marker = if replayed {
+        1 + 2 + REPLAYED.len() + 2 + "true".len()
+    } else {
+        0
+    };
+    let props = 1 + 2 + KEY.len() + 2 + key.len() + marker;
     let rest = 2 + topic.len() + 2 + varint_len(props) + props + payload;
     1 + varint_len(rest) + rest
 }
@@ -132,7 +143,9 @@ mod tests {
     #[test]
     fn the_packet_size_counts_every_byte_of_a_publish() {
         // 2+5 topic, 2 packet id, 1 props length, 1+2+15+2+3 property, 10 payload = 43; header 2.
-        assert_eq!(publish_size("a/b/c", 10, "k:1"), 45);
+        assert_eq!(publish_size("a/b/c", 10, "k:1", false), 45);
+        // The marker: 1+2+16+2+4 more.
+        assert_eq!(publish_size("a/b/c", 10, "k:1", true), 70);
         assert_eq!(varint_len(127), 1);
         assert_eq!(varint_len(128), 2);
     }

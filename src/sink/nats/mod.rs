@@ -355,9 +355,12 @@ impl Inner {
                 self.check_stream(js, &m.to).await?;
                 checked = Some(m.to.clone());
             }
-            let msg = PublishMessage::build()
+            let mut msg = PublishMessage::build()
                 .payload(m.payload)
                 .message_id(&m.key);
+            if m.replayed {
+                msg = msg.header(crate::sink::REPLAYED, "true");
+            }
             let sent = tokio::time::timeout_at(deadline, js.send_publish(m.to.clone(), msg))
                 .await
                 .map_err(|_| no_answer())?;

@@ -20,6 +20,7 @@ fn a_drained_backlog_gives_its_disk_back() {
         ttl: None,
         dead_max_jobs: 10,
         compression: AtRest::Plain,
+        replay: crate::store::Replay::OLDEST_FIRST,
     };
     let storage = StorageConfig {
         max_bytes: 1 << 30,

@@ -54,6 +54,7 @@ fn stream(name: &str) -> StreamConfig {
         // Exact sizes in most tests; compression has tests of its own, and the power-loss and
         // model tests run with it.
         compression: AtRest::Plain,
+        replay: Replay::OLDEST_FIRST,
     }
 }
 
@@ -473,6 +474,7 @@ mod file_jobs;
 mod free_pages;
 mod group_commit;
 mod io_errors;
+mod lanes;
 mod model;
 mod power_loss;
 mod regressions;

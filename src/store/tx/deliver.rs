@@ -3,6 +3,8 @@
 //! that splits it). A value that went bad is quarantined, never dropped silently. Called by the
 //! writer for delivery workers.
 
+use std::ops::Bound;
+
 use redb::ReadableTable;
 
 use super::Tx;
@@ -11,13 +13,17 @@ use crate::store::error::StoreError;
 use crate::store::files::file_value;
 use crate::store::format::{self, Meta};
 use crate::store::job::{Failed, Failure, Job, Lease, Settle, job_from, job_from_value};
+use crate::store::lanes::Lane;
 use crate::store::layout::Table;
+use crate::store::stream::StreamState;
 
 impl Tx<'_> {
     /// Takes up to `max_jobs` due jobs, oldest first: retry jobs whose time has come, then ready
     /// ones; no more once those taken hold `max_bytes` (the first is taken whatever its size), so
     /// a taker's memory is bounded in bytes too. Jobs already in flight are skipped. A job that
-    /// cannot be decoded moves to quarantine.
+    /// cannot be decoded moves to quarantine. Of a `live_first` stream's ready jobs, one take
+    /// hands out one lane's, oldest first within it: the live lane's unless the backlog is alone
+    /// or below its share (see `lanes`).
     pub fn take(
         &mut self,
         stream: &str,
@@ -81,8 +87,26 @@ impl Tx<'_> {
         }
         if !full(&out, bytes) {
             let ready = txn.open_table(st.ready_def())?;
+            let lane = if st.cfg.replay.live_first {
+                choose_lane(&ready, st, now_ms)?
+            } else {
+                None
+            };
+            let range = match lane {
+                Some((Lane::Live, b, _)) => (Bound::Included(b), Bound::Unbounded),
+                Some((Lane::Backlog, b, _)) => (Bound::Unbounded, Bound::Excluded(b)),
+                None => (Bound::Unbounded, Bound::Unbounded),
+            };
+            // While live jobs wait, the backlog is given one job at a time: each take chooses
+            // again, so the present waits for one job of the past at most.
+            let max_jobs = match lane {
+                Some((Lane::Backlog, _, true)) => max_jobs.min(out.len() + 1),
+                _ => max_jobs,
+            };
+            let full = |out: &Vec<Job>, bytes: u64| out.len() >= max_jobs || bytes >= max_bytes;
+            let before = bytes;
             let mut last: Option<u64> = None;
-            for e in ready.iter()? {
+            for e in ready.range(range)? {
                 let (k, v) = e?;
                 let id = k.value();
                 if let Some(l) = last.filter(|l| *l >= id) {
@@ -102,6 +126,9 @@ impl Tx<'_> {
                     }
                     Err(e) => bad.push((Table::Ready, id, None, v.value().to_vec(), e)),
                 }
+            }
+            if let Some((lane, _, contended)) = lane {
+                st.lanes.taken(lane, bytes - before, contended);
             }
         }
         for j in &out {
@@ -364,4 +391,31 @@ impl Tx<'_> {
         }
         job_from_value(lease.clone(), rest).map_err(|e| StoreError::Corrupted(e.to_string()))
     }
+}
+
+/// For a `live_first` stream: the lane this take serves, the live lane's first id, and whether
+/// the other lane had jobs waiting too; `None` when neither has any to hand out.
+fn choose_lane(
+    ready: &impl ReadableTable<u64, &'static [u8]>,
+    st: &mut StreamState,
+    now_ms: u64,
+) -> Result<Option<(Lane, u64, bool)>, StoreError> {
+    let cutoff = now_ms.saturating_sub(st.cfg.replay.window_ms());
+    let b = st.lanes.boundary(ready, cutoff)?;
+    // Jobs in flight are few (a take's worth per worker): skipping them is short.
+    let waiting = |range: (Bound<u64>, Bound<u64>)| -> Result<bool, StoreError> {
+        for e in ready.range(range)? {
+            if !st.in_flight.contains(&e?.0.value()) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    };
+    let backlog = waiting((Bound::Unbounded, Bound::Excluded(b)))?;
+    let live = waiting((Bound::Included(b), Bound::Unbounded))?;
+    let share = st.cfg.replay.backfill_share;
+    Ok(st
+        .lanes
+        .choose(share, backlog, live)
+        .map(|lane| (lane, b, backlog && live)))
 }

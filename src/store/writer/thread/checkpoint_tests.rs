@@ -19,6 +19,7 @@ fn stream() -> StreamConfig {
         ttl: None,
         dead_max_jobs: 10,
         compression: crate::store::AtRest::Plain,
+        replay: crate::store::Replay::OLDEST_FIRST,
     }
 }
 

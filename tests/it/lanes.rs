@@ -1,0 +1,202 @@
+//! After an outage the present goes first: a stream with `replay: live_first` delivers what is
+//! appended during a paced drain ahead of the backlog, each lane in order, every record once under
+//! its idempotency key, and the backlog's requests (only they) carry the replayed marker. The real
+//! binary, the test HTTP receiver as the sink, the ingest API as the live producer.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::tsdb::free_port;
+use crate::util::client::Client;
+use crate::util::http::{Received, Receiver};
+use crate::util::{
+    Proc, Sandbox, assert_code, field, finish_with_stdin, queue, queue_stats, quote, secs, stop,
+    stream_stats,
+};
+
+/// The backlog's records, pushed while the agent is stopped (the outage).
+const BACKLOG: u64 = 200_000;
+/// Live records, one every 20 ms (50 per second) during the drain.
+const LIVE: u64 = 2_500;
+/// Live records are numbered from here, the backlog's from 0.
+const LIVE_FROM: u64 = 1_000_000;
+/// The stream's live window: jobs older than this are the backlog.
+const WINDOW: Duration = Duration::from_secs(5);
+/// What the test says a record is.
+const MARKER: &str = "colibri-replayed";
+
+fn rec(seq: u64) -> String {
+    format!(r#"{{"seq":{seq},"msg":"reading {seq} of the test sensor","unit":"celsius"}}"#)
+}
+
+fn seq_of(record: &str) -> u64 {
+    serde_json::from_str::<Value>(record)
+        .ok()
+        .and_then(|v| v["seq"].as_u64())
+        .unwrap_or_else(|| panic!("a record nobody sent: {record:?}"))
+}
+
+/// One stream `logs` fed by ingest on `port`, delivered to `url` at `replay_rate` with one request
+/// at a time, in the order `replay`.
+fn config(sb: &Sandbox, port: u16, url: &str, replay: &str, replay_rate: &str) -> PathBuf {
+    sb.write_config(&format!(
+        "data_dir: data\n\
+         shutdown_grace: 2s\n\
+         storage: {{ min_free: 1MiB }}\n\
+         log: {{ format: json, level: info }}\n\
+         ingest: {{ listen: \"127.0.0.1:{port}\" }}\n\
+         sinks:\n  \
+           up: {{ type: http, url: {url}, concurrency: 1, replay_rate: {replay_rate}, timeout: 10s, \
+                  link: {{ probe: tcp, down_after: 2, backoff_base: 50ms, backoff_cap: 200ms }} }}\n\
+         streams:\n  \
+           logs: {{ sink: up, replay: {replay}, live_window: {w}s, batch: {{ max_records: 1000 }}, \
+                    max_jobs: 1000000, max_bytes: 1GiB }}\n",
+        url = quote(url),
+        w = WINDOW.as_secs(),
+    ))
+}
+
+fn start(config: &Path) -> Proc {
+    let agent = Proc::run(config);
+    agent.wait_for_event(secs(30), "colibri started", |e| {
+        field(e, "message").starts_with("colibri started")
+    });
+    agent
+}
+
+/// `colibri queue push` of `records` into `logs`, 1000 per job, the agent stopped.
+fn push(sb: &Sandbox, config: &Path, records: &[String]) {
+    let mut text = records.join("\n");
+    text.push('\n');
+    let f = finish_with_stdin(
+        sb,
+        queue(config, &["push", "logs", "--batch", "1000"]),
+        &text,
+        secs(120),
+    );
+    assert_code(f.status, 0, &f.stderr);
+}
+
+/// Posts `n` live records one every 20 ms; returns when each was acknowledged (stored).
+fn produce(port: u16, n: u64) -> HashMap<u64, Instant> {
+    let mut c = Client::new(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    c.timeout = secs(30);
+    let start = Instant::now();
+    let mut acked = HashMap::new();
+    for i in 0..n {
+        let next = start + Duration::from_millis(20 * i);
+        if let Some(d) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+        let seq = LIVE_FROM + i;
+        let body = format!("{}\n", rec(seq));
+        let a = c
+            .post(
+                "/v1/streams/logs/records",
+                "application/x-ndjson",
+                &[],
+                body.as_bytes(),
+            )
+            .unwrap_or_else(|e| panic!("live record {i}: no answer: {e}"));
+        assert_eq!(a.status, 200, "live record {i}: {}", a.text());
+        acked.insert(seq, Instant::now());
+    }
+    acked
+}
+
+/// The value at `q` (0..=1) of sorted `v`.
+fn quantile(v: &[Duration], q: f64) -> Duration {
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// A drain of a 200,000-record backlog paced to about a minute, with 50 live records a second
+/// appended meanwhile (see the module's header).
+#[test]
+fn live_first_sends_the_present_ahead_of_a_paced_backlog() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    let port = free_port();
+    // ~66 bytes a record: 13 MB of backlog at 220 KB/s is about a minute.
+    let config = config(&sb, port, &rx.url("/ingest"), "live_first", "215KiB");
+    drop(stop(start(&config)));
+    let backlog: Vec<String> = (0..BACKLOG).map(rec).collect();
+    push(&sb, &config, &backlog);
+    // The backlog is what is older than the window when the link is back.
+    let pushed = Instant::now();
+    while pushed.elapsed() <= WINDOW {
+        std::thread::sleep(WINDOW.saturating_sub(pushed.elapsed()) + Duration::from_millis(10));
+    }
+    let agent = start(&config);
+    let acked = produce(port, LIVE);
+    if let Err(e) = rx.wait_count(BACKLOG + LIVE, secs(240)) {
+        panic!("{e}; stderr:\n{}", agent.stderr());
+    }
+    let agent = stop(agent);
+
+    let requests: Vec<Received> = rx
+        .requests()
+        .into_iter()
+        .filter(|r| r.status == Some(200))
+        .collect();
+    let mut keys = HashSet::new();
+    let (mut backlog_seen, mut live_seen) = (Vec::new(), Vec::new());
+    let mut latencies = Vec::new();
+    let mut last_backlog_at = None;
+    for r in &requests {
+        let key = r.idempotency_key.clone().expect("every request has a key");
+        assert!(keys.insert(key.clone()), "{key} accepted twice");
+        let seqs: Vec<u64> = r.records().iter().map(|l| seq_of(l)).collect();
+        let live = seqs[0] >= LIVE_FROM;
+        assert!(
+            seqs.iter().all(|s| (*s >= LIVE_FROM) == live),
+            "{key}: a request mixes the lanes"
+        );
+        if live {
+            assert_eq!(r.header(MARKER), None, "{key}: a live job marked replayed");
+            for s in &seqs {
+                latencies.push(r.at.saturating_duration_since(acked[s]));
+            }
+            live_seen.extend(seqs);
+        } else {
+            assert_eq!(r.header(MARKER), Some("true"), "{key}: backlog unmarked");
+            last_backlog_at = Some(r.at);
+            backlog_seen.extend(seqs);
+        }
+    }
+    assert!(
+        backlog_seen.iter().copied().eq(0..BACKLOG),
+        "the backlog, every record once, in order"
+    );
+    assert!(
+        live_seen.iter().copied().eq(LIVE_FROM..LIVE_FROM + LIVE),
+        "the live lane, every record once, in order"
+    );
+    let drained_at = last_backlog_at.expect("a backlog");
+    let last_live = acked.values().max().expect("live records");
+    assert!(
+        drained_at > *last_live,
+        "every live record was appended while the backlog drained"
+    );
+    latencies.sort_unstable();
+    let (p50, p99, max) = (
+        quantile(&latencies, 0.5),
+        quantile(&latencies, 0.99),
+        quantile(&latencies, 1.0),
+    );
+    eprintln!(
+        "live_first: {} requests; live latency p50 {p50:?} p99 {p99:?} max {max:?}",
+        requests.len()
+    );
+    // Oldest first, the last live record would wait for the whole backlog behind it.
+    assert!(
+        max < WINDOW,
+        "a live record waited {max:?}; stderr:\n{}",
+        agent.stderr()
+    );
+    let s = stream_stats(&queue_stats(&config, &[]), "logs");
+    assert_eq!(s["counters"]["delivered_records"], BACKLOG + LIVE, "{s}");
+    assert_eq!(s["balanced"], true, "{s}");
+}
