@@ -548,6 +548,19 @@ fn sink_metrics(t: &mut Text, sinks: &[Arc<SinkRuntime>], snap: Option<&Snapshot
         "Records waiting in streams whose backlog is being replayed (after an outage or at start).",
         |rt| snap.map_or(0, |s| rt.replay_backlog(s)),
     );
+    let name = "colibri_stream_delivery_latency_seconds";
+    t.family(
+        name,
+        Kind::Gauge,
+        "From its append to its delivery, the last job delivered from each lane of a stream: live (younger than the stream's live_window when sent) or backlog (older, sent marked replayed); 0 before the first.",
+    );
+    for rt in &sinks.items {
+        for (stream, [live, backlog]) in rt.1.latencies() {
+            for (lane, ms) in [("live", live), ("backlog", backlog)] {
+                t.sample(name, &[("stream", stream), ("lane", lane)], secs(ms));
+            }
+        }
+    }
 }
 
 /// Appends refused for want of room, by stream and the bound that is reached.

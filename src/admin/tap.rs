@@ -1,7 +1,8 @@
 //! `GET /-/tap/{stream}?after=&limit=&wait_ms=&delivered=`: the records appended to a stream
 //! (with `delivered=1`: that its sink acknowledged) since sequence number `after` (from now on
 //! without it), waiting up to `wait_ms` (at most 5 s) for the first, as `{"next", "skipped",
-//! "records": [...]}`; the viewer asks again from `next`. Reads [`crate::store::tap::Taps`],
+//! "records": [...]}` (with `delivered=1` also `"replayed": [...]`, per record: sent from the
+//! backlog, marked replayed); the viewer asks again from `next`. Reads [`crate::store::tap::Taps`],
 //! which keeps recent records only while someone asks. Called by
 //! `admin`'s router; `colibri tap` is the client.
 
@@ -60,11 +61,16 @@ pub(super) async fn read(state: &AgentState, stream: &str, query: &str) -> (Stat
     let records: Vec<String> = r
         .records
         .iter()
-        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .map(|t| String::from_utf8_lossy(&t.record).into_owned())
         .collect();
     // `delivered` says which records these are: a viewer asking for deliveries can tell an agent
     // that knows the parameter from one that would ignore it.
-    let body = json!({ "stream": stream, "delivered": delivered, "next": r.next,
+    let mut body = json!({ "stream": stream, "delivered": delivered, "next": r.next,
         "skipped": r.skipped, "records": records });
+    if delivered {
+        // Per record: sent from the backlog, marked replayed.
+        let replayed: Vec<bool> = r.records.iter().map(|t| t.replayed).collect();
+        body["replayed"] = json!(replayed);
+    }
     (StatusCode::OK, body.to_string())
 }

@@ -26,7 +26,7 @@ pub struct TapArgs {
     #[arg(long, short = 'n')]
     limit: Option<u64>,
     /// One JSON object per record: {"stream", "record"} (the record as stored when it is JSON, else
-    /// as a string)
+    /// as a string); with --delivered also "lane" (live or backlog) and "replayed"
     #[arg(long)]
     json: bool,
     /// The records as the stream's sink acknowledges them, instead of as they are appended
@@ -80,10 +80,12 @@ fn run(args: &TapArgs) -> anyhow::Result<()> {
         if let Some(n) = v["skipped"].as_u64().filter(|&n| n > 0) {
             eprintln!("tap: {n} records skipped (this viewer fell behind the stream)");
         }
-        for r in v["records"].as_array().into_iter().flatten() {
+        let replayed = v["replayed"].as_array();
+        for (i, r) in v["records"].as_array().into_iter().flatten().enumerate() {
             let text = r.as_str().unwrap_or_default();
             let line = if args.json {
-                json_line(stream, text)
+                let replayed = replayed.and_then(|m| m.get(i)).and_then(Value::as_bool);
+                json_line(stream, text, replayed)
             } else {
                 text.to_string()
             };
@@ -99,15 +101,21 @@ fn run(args: &TapArgs) -> anyhow::Result<()> {
 
 /// `{"stream":…,"record":…}` with a JSON record embedded as it is stored, byte for byte: parsed
 /// only to check that it is JSON, so its keys keep their order (a parsed map would sort them).
-/// Any other line is a JSON string.
-fn json_line(stream: &str, text: &str) -> String {
+/// Any other line is a JSON string. A delivered record (`replayed` known) also says its lane:
+/// `"lane":"backlog","replayed":true` or `"lane":"live","replayed":false`.
+fn json_line(stream: &str, text: &str, replayed: Option<bool>) -> String {
     let record = if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() {
         text.to_string()
     } else {
         Value::String(text.to_string()).to_string()
     };
+    let lane = match replayed {
+        Some(true) => ",\"lane\":\"backlog\",\"replayed\":true",
+        Some(false) => ",\"lane\":\"live\",\"replayed\":false",
+        None => "",
+    };
     format!(
-        "{{\"stream\":{},\"record\":{record}}}",
+        "{{\"stream\":{}{lane},\"record\":{record}}}",
         Value::String(stream.to_string())
     )
 }
@@ -119,12 +127,16 @@ mod tests {
     #[test]
     fn a_tapped_record_is_printed_as_it_is_stored() {
         assert_eq!(
-            json_line("logs", r#"{"z":1,"a":{"y":2,"b":3}}"#),
+            json_line("logs", r#"{"z":1,"a":{"y":2,"b":3}}"#, None),
             r#"{"stream":"logs","record":{"z":1,"a":{"y":2,"b":3}}}"#
         );
         assert_eq!(
-            json_line("l\"x", "not json"),
+            json_line("l\"x", "not json", None),
             r#"{"stream":"l\"x","record":"not json"}"#
+        );
+        assert_eq!(
+            json_line("logs", "1", Some(true)),
+            r#"{"stream":"logs","lane":"backlog","replayed":true,"record":1}"#
         );
     }
 }

@@ -113,7 +113,7 @@ pub(super) async fn deliver_job(
                 Step::Release(Next::Go)
             }
             Some(Ok(body_bytes)) => {
-                tap_delivered(stream, store, &job, &opened, &listed, start, end);
+                tap_delivered(&batch, store, &job, &opened, &listed);
                 delivered(cx, &job, &mut at, end, body_bytes).await
             }
             Some(Err(e)) => failed(cx, &job, &mut at, end, e).await,
@@ -121,6 +121,7 @@ pub(super) async fn deliver_job(
         match step {
             Step::Go => {}
             Step::Ack => {
+                lanes.delivered(job.created_ms, replayed);
                 tracing::debug!(
                     stream,
                     job = job.lease.id,
@@ -188,17 +189,22 @@ fn batch<'a>(
     }
 }
 
-/// Records `[start, end)`, just delivered, to whoever taps the stream's deliveries. For a job sent
-/// as stored (a zstd frame) they are read only while someone does.
+/// The records of `batch`, just delivered, to whoever taps the stream's deliveries. For a job
+/// sent as stored (a zstd frame) they are read only while someone does.
 fn tap_delivered<'a>(
-    stream: &str,
+    batch: &Batch<'_>,
     store: &StoreHandle,
     job: &'a Job,
     opened: &'a OnceCell<JobRecords<'a>>,
     listed: &'a OnceCell<Vec<&'a [u8]>>,
-    start: usize,
-    end: usize,
 ) {
+    let stream = batch.stream;
+    // Positions as taken: the batch counts from the job as first appended.
+    let (start, end) = (
+        (batch.first - job.offset) as usize,
+        (batch.end - job.offset) as usize,
+    );
+    let replayed = batch.replayed;
     let taps = store.delivered_taps();
     if job.file().is_some() || !taps.watches(stream) {
         return;
@@ -211,7 +217,7 @@ fn tap_delivered<'a>(
     if let Some(records) = opened.get() {
         let list = listed.get_or_init(|| records.list());
         let part = list.get(start..end).unwrap_or_default();
-        taps.appended(stream, part.iter().copied());
+        taps.delivered(stream, part.iter().copied(), replayed);
     }
 }
 

@@ -115,6 +115,9 @@ struct StreamLanes {
     /// Set after a link comes back (and at start) until a worker finds the stream's queue
     /// empty: its backlog is being replayed, under `replay_rate`.
     replaying: AtomicBool,
+    /// From append to delivery, in ms, of the last job delivered from each lane: live (younger
+    /// than the live window when sent), backlog. 0 before the first.
+    latency_ms: [AtomicU64; 2],
 }
 
 /// A sink at run time: shared by its workers and its link monitor.
@@ -170,6 +173,7 @@ impl SinkRuntime {
                 .map(|(_, replay)| StreamLanes {
                     replay: *replay,
                     replaying: AtomicBool::new(true),
+                    latency_ms: Default::default(),
                 })
                 .collect(),
             streams: streams.into_iter().map(|(name, _)| name).collect(),
@@ -197,6 +201,15 @@ impl SinkRuntime {
             })
             .map(|(_, c)| c.pending_records())
             .sum()
+    }
+
+    /// Per stream: the latency of the last job delivered from the live lane and from the
+    /// backlog, in ms (0: none yet).
+    pub fn latencies(&self) -> impl Iterator<Item = (&str, [u64; 2])> {
+        self.streams.iter().zip(&self.lanes).map(|(s, l)| {
+            let [live, backlog] = &l.latency_ms;
+            (s.as_str(), [live.load(Relaxed), backlog.load(Relaxed)])
+        })
     }
 
     fn lanes(&self, stream: &str) -> &StreamLanes {
@@ -377,6 +390,12 @@ impl Worker<'_> {
 }
 
 impl StreamLanes {
+    /// A job created at `created_ms` was delivered (`replayed`: from the backlog).
+    fn delivered(&self, created_ms: u64, replayed: bool) {
+        let latency = now_ms().saturating_sub(created_ms);
+        self.latency_ms[usize::from(replayed)].store(latency, Relaxed);
+    }
+
     /// A `live_first` stream's job of the backlog, about to be sent, gives way when jobs were
     /// appended since the take (they are live): taking the signal here means the worker takes
     /// again at once, which finds them.

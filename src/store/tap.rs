@@ -32,9 +32,17 @@ pub struct Taps {
     pub skipped: AtomicU64,
 }
 
+/// One record a viewer reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tapped {
+    pub record: Vec<u8>,
+    /// In the delivered taps: sent from the backlog, with the replayed marker.
+    pub replayed: bool,
+}
+
 #[derive(Debug)]
 struct Ring {
-    records: VecDeque<Vec<u8>>,
+    records: VecDeque<Tapped>,
     bytes: usize,
     /// The sequence number the next record gets; the oldest held is `next - records.len()`.
     next: u64,
@@ -44,7 +52,7 @@ struct Ring {
 /// What a viewer read.
 #[derive(Debug, Default)]
 pub struct TapRead {
-    pub records: Vec<Vec<u8>>,
+    pub records: Vec<Tapped>,
     /// Where to read from next time.
     pub next: u64,
     /// Records appended since `after` that the ring no longer held.
@@ -67,8 +75,27 @@ impl Taps {
                 .is_some_and(|r| r.watched_until > Instant::now())
     }
 
-    /// Records durably appended to `stream` (or, in the delivered taps, delivered from it).
+    /// Records durably appended to `stream`.
     pub fn appended<'r>(&self, stream: &str, records: impl IntoIterator<Item = &'r [u8]>) {
+        self.tapped(stream, records, false);
+    }
+
+    /// Records delivered from `stream`, from its backlog (`replayed`) or its live lane.
+    pub fn delivered<'r>(
+        &self,
+        stream: &str,
+        records: impl IntoIterator<Item = &'r [u8]>,
+        replayed: bool,
+    ) {
+        self.tapped(stream, records, replayed);
+    }
+
+    fn tapped<'r>(
+        &self,
+        stream: &str,
+        records: impl IntoIterator<Item = &'r [u8]>,
+        replayed: bool,
+    ) {
         if !self.watching.load(Relaxed) {
             return;
         }
@@ -80,12 +107,15 @@ impl Taps {
             return;
         };
         for r in records {
-            ring.records.push_back(r.to_vec());
+            ring.records.push_back(Tapped {
+                record: r.to_vec(),
+                replayed,
+            });
             ring.bytes += r.len();
             ring.next += 1;
             while ring.records.len() > RING_RECORDS || ring.bytes > RING_BYTES {
                 let old = ring.records.pop_front().expect("over a bound: not empty");
-                ring.bytes -= old.len();
+                ring.bytes -= old.record.len();
             }
         }
         drop(rings);
@@ -129,7 +159,7 @@ impl Taps {
         let from = after.map_or(ring.next, |a| a.min(ring.next));
         let skipped = oldest.saturating_sub(from);
         let start = from.max(oldest);
-        let records: Vec<Vec<u8>> = ring
+        let records: Vec<Tapped> = ring
             .records
             .iter()
             .skip((start - oldest) as usize)
@@ -161,6 +191,10 @@ mod tests {
         items.iter().map(|i| i.as_bytes())
     }
 
+    fn texts(r: &TapRead) -> Vec<&[u8]> {
+        r.records.iter().map(|t| t.record.as_slice()).collect()
+    }
+
     #[tokio::test]
     async fn nobody_watching_keeps_nothing_and_a_slow_viewer_is_told_what_it_missed() {
         let taps = Taps::default();
@@ -170,16 +204,13 @@ mod tests {
         taps.appended("s", buf(&["a", "b"]));
         taps.appended("other", buf(&["x"]));
         let r = taps.read("s", Some(first.next), 10, Duration::ZERO).await;
-        assert_eq!(r.records, vec![b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(texts(&r), [b"a", b"b"]);
         let many: Vec<String> = (0..RING_RECORDS + 5).map(|i| i.to_string()).collect();
         let refs: Vec<&str> = many.iter().map(String::as_str).collect();
         taps.appended("s", buf(&refs));
         let slow = taps.read("s", Some(r.next), 3, Duration::ZERO).await;
         assert_eq!(slow.skipped, 5);
-        assert_eq!(
-            slow.records,
-            vec![b"5".to_vec(), b"6".to_vec(), b"7".to_vec()]
-        );
+        assert_eq!(texts(&slow), [b"5", b"6", b"7"]);
         assert_eq!(taps.skipped.load(Relaxed), 5);
     }
 
@@ -195,6 +226,17 @@ mod tests {
         tokio::task::yield_now().await;
         taps.appended("s", buf(&["late"]));
         let r = reader.await.unwrap();
-        assert_eq!(r.records, vec![b"late".to_vec()]);
+        assert_eq!(texts(&r), [b"late"]);
+    }
+
+    #[tokio::test]
+    async fn a_delivery_says_whether_it_was_replayed() {
+        let taps = Taps::default();
+        let start = taps.read("s", None, 10, Duration::ZERO).await.next;
+        taps.delivered("s", buf(&["old"]), true);
+        taps.delivered("s", buf(&["new"]), false);
+        let r = taps.read("s", Some(start), 10, Duration::ZERO).await;
+        let got: Vec<bool> = r.records.iter().map(|t| t.replayed).collect();
+        assert_eq!(got, [true, false]);
     }
 }

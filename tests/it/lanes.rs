@@ -40,11 +40,18 @@ fn seq_of(record: &str) -> u64 {
 }
 
 /// One stream `logs` fed by ingest on `port`, delivered to `url` at `replay_rate` with one request
-/// at a time, in the order `replay`.
-fn config(sb: &Sandbox, port: u16, url: &str, replay: &str, replay_rate: &str) -> PathBuf {
+/// at a time, in the order `replay`; the admin endpoint on `admin`.
+fn config(
+    sb: &Sandbox,
+    (port, admin): (u16, u16),
+    url: &str,
+    replay: &str,
+    replay_rate: &str,
+) -> PathBuf {
     sb.write_config(&format!(
         "data_dir: data\n\
          shutdown_grace: 2s\n\
+         admin: {{ listen: \"127.0.0.1:{admin}\" }}\n\
          storage: {{ min_free: 1MiB }}\n\
          log: {{ format: json, level: info }}\n\
          ingest: {{ listen: \"127.0.0.1:{port}\" }}\n\
@@ -80,14 +87,15 @@ fn push(sb: &Sandbox, config: &Path, records: &[String]) {
     assert_code(f.status, 0, &f.stderr);
 }
 
-/// Posts `n` live records one every 20 ms; returns when each was acknowledged (stored).
-fn produce(port: u16, n: u64) -> HashMap<u64, Instant> {
+/// Posts live records `from..to` (numbered from [`LIVE_FROM`]) one every 20 ms; returns when
+/// each was acknowledged (stored).
+fn produce(port: u16, from: u64, to: u64) -> HashMap<u64, Instant> {
     let mut c = Client::new(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
     c.timeout = secs(30);
     let start = Instant::now();
     let mut acked = HashMap::new();
-    for i in 0..n {
-        let next = start + Duration::from_millis(20 * i);
+    for i in from..to {
+        let next = start + Duration::from_millis(20 * (i - from));
         if let Some(d) = next.checked_duration_since(Instant::now()) {
             std::thread::sleep(d);
         }
@@ -107,9 +115,36 @@ fn produce(port: u16, n: u64) -> HashMap<u64, Instant> {
     acked
 }
 
+/// `colibri_stream_delivery_latency_seconds` of `logs` in `lane`, from the admin endpoint.
+fn latency(admin: u16, lane: &str) -> f64 {
+    let mut c = Client::new(std::net::SocketAddr::from(([127, 0, 0, 1], admin)));
+    let text = c
+        .request("GET", "/metrics", &[], None)
+        .unwrap_or_else(|e| panic!("GET /metrics: {e}"))
+        .text();
+    let prefix =
+        format!("colibri_stream_delivery_latency_seconds{{stream=\"logs\",lane=\"{lane}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix:?} in the scrape:\n{text}"))
+}
+
 /// The value at `q` (0..=1) of sorted `v`.
 fn quantile(v: &[Duration], q: f64) -> Duration {
     v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// Pushes `records` as the backlog and returns once it is older than the live window.
+fn outage(sb: &Sandbox, config: &Path, records: u64) {
+    drop(stop(start(config)));
+    let backlog: Vec<String> = (0..records).map(rec).collect();
+    push(sb, config, &backlog);
+    // The backlog is what is older than the window when the link is back.
+    let pushed = Instant::now();
+    while pushed.elapsed() <= WINDOW {
+        std::thread::sleep(WINDOW.saturating_sub(pushed.elapsed()) + Duration::from_millis(10));
+    }
 }
 
 /// A drain of a 200,000-record backlog paced to about a minute, with 50 live records a second
@@ -120,20 +155,25 @@ fn live_first_sends_the_present_ahead_of_a_paced_backlog() {
     let rx = Receiver::start();
     let port = free_port();
     // ~66 bytes a record: 13 MB of backlog at 220 KB/s is about a minute.
-    let config = config(&sb, port, &rx.url("/ingest"), "live_first", "215KiB");
-    drop(stop(start(&config)));
-    let backlog: Vec<String> = (0..BACKLOG).map(rec).collect();
-    push(&sb, &config, &backlog);
-    // The backlog is what is older than the window when the link is back.
-    let pushed = Instant::now();
-    while pushed.elapsed() <= WINDOW {
-        std::thread::sleep(WINDOW.saturating_sub(pushed.elapsed()) + Duration::from_millis(10));
-    }
+    let admin = free_port();
+    let config = config(
+        &sb,
+        (port, admin),
+        &rx.url("/ingest"),
+        "live_first",
+        "215KiB",
+    );
+    outage(&sb, &config, BACKLOG);
     let agent = start(&config);
-    let acked = produce(port, LIVE);
+    let acked = produce(port, 0, LIVE);
     if let Err(e) = rx.wait_count(BACKLOG + LIVE, secs(240)) {
         panic!("{e}; stderr:\n{}", agent.stderr());
     }
+    let (live_latency, backlog_latency) = (latency(admin, "live"), latency(admin, "backlog"));
+    assert!(
+        live_latency < WINDOW.as_secs_f64() && backlog_latency > WINDOW.as_secs_f64(),
+        "the last live job's latency {live_latency} s, the last backlog job's {backlog_latency} s"
+    );
     let agent = stop(agent);
 
     let requests: Vec<Received> = rx
@@ -199,4 +239,78 @@ fn live_first_sends_the_present_ahead_of_a_paced_backlog() {
     let s = stream_stats(&queue_stats(&config, &[]), "logs");
     assert_eq!(s["counters"]["delivered_records"], BACKLOG + LIVE, "{s}");
     assert_eq!(s["balanced"], true, "{s}");
+}
+
+/// kill -9 in the middle of a live-first drain: after a restart every record arrives; a record
+/// arrives twice only in a request whose key was accepted before with the same records (what was
+/// in flight); each lane's first arrivals are in order; every backlog request is marked.
+#[test]
+fn kill_9_during_a_live_first_drain_loses_nothing_and_repeats_only_under_the_same_keys() {
+    const OLD: u64 = 10_000;
+    const NEW: u64 = 300;
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    let port = free_port();
+    // About 15 s of drain: the kill lands in the middle of it.
+    let config = config(
+        &sb,
+        (port, free_port()),
+        &rx.url("/ingest"),
+        "live_first",
+        "40KiB",
+    );
+    outage(&sb, &config, OLD);
+    let mut agent = start(&config);
+    produce(port, 0, NEW / 2);
+    agent.signal(libc::SIGKILL);
+    agent.wait_exit(secs(10));
+    let (_, before, _) = rx.counts();
+    assert!(
+        before < OLD,
+        "killed during the drain ({before} records had arrived)"
+    );
+    let agent = start(&config);
+    produce(port, NEW / 2, NEW);
+    if let Err(e) = rx.wait_count(OLD + NEW, secs(120)) {
+        panic!("{e}; stderr:\n{}", agent.stderr());
+    }
+    let agent = stop(agent);
+
+    let mut by_key: HashMap<String, Vec<u64>> = HashMap::new();
+    let (mut firsts, mut seen) = (Vec::new(), HashSet::new());
+    for r in rx.requests().iter().filter(|r| r.status == Some(200)) {
+        let key = r.idempotency_key.clone().expect("every request has a key");
+        let seqs: Vec<u64> = r.records().iter().map(|l| seq_of(l)).collect();
+        if seqs[0] < LIVE_FROM {
+            assert_eq!(r.header(MARKER), Some("true"), "{key}: backlog unmarked");
+        }
+        match by_key.get(&key) {
+            Some(before) => assert_eq!(*before, seqs, "{key}: other records under one key"),
+            None => {
+                firsts.extend(seqs.iter().copied().filter(|s| seen.insert(*s)));
+                by_key.insert(key, seqs);
+            }
+        }
+    }
+    let mut union: Vec<u64> = by_key.values().flatten().copied().collect();
+    union.sort_unstable();
+    let want: Vec<u64> = (0..OLD).chain(LIVE_FROM..LIVE_FROM + NEW).collect();
+    assert!(
+        union == want,
+        "over distinct keys, every record exactly once"
+    );
+    for lane in [0..OLD, LIVE_FROM..LIVE_FROM + NEW] {
+        let order: Vec<u64> = firsts
+            .iter()
+            .copied()
+            .filter(|s| lane.contains(s))
+            .collect();
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "first arrivals of {lane:?} out of order"
+        );
+    }
+    let s = stream_stats(&queue_stats(&config, &[]), "logs");
+    assert_eq!(s["balanced"], true, "{s}");
+    assert_eq!(s["ready"]["records"], 0, "{s}; stderr:\n{}", agent.stderr());
 }
