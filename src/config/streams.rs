@@ -62,6 +62,15 @@ pub struct StreamSpec {
     /// backlog while live jobs wait too (bytes taken, a number above 0, up to 1). Default 0.25.
     #[serde(default)]
     pub backfill_share: Option<f64>,
+    /// Among the streams of one sink (0-9, higher first; 0 when unset): while the sink has more to
+    /// send than its `concurrency` or `replay_rate` allows, a higher stream's jobs go first. A sink
+    /// whose streams all have the same priority sends as they come.
+    #[serde(default)]
+    pub priority: Option<u8>,
+    /// The least share of the sink's bytes this stream gets while a higher-priority stream is
+    /// busy, so it is delayed, never starved (above 0, below 1). Default 0.1.
+    #[serde(default)]
+    pub min_share: Option<f64>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -215,9 +224,22 @@ fn compile_replay(spec: &StreamSpec, err: &mut Problems<'_>) -> Replay {
             "applies only with replay: live_first (oldest_first sends the backlog before anything newer)".into(),
         );
     }
+    let priority = spec.priority.unwrap_or(0);
+    if priority > 9 {
+        err.add("priority", format!("{priority} is not a priority: 0 to 9"));
+    }
+    let min_share = spec.min_share.unwrap_or(Replay::MIN_SHARE);
+    if !(min_share > 0.0 && min_share < 1.0) {
+        err.add(
+            "min_share",
+            format!("{min_share} is not a share: give a number above 0, below 1"),
+        );
+    }
     Replay {
         live_first,
         live_window,
         backfill_share,
+        priority,
+        min_share,
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Next, RETRY_AFTER_MAX, SinkRuntime, StreamLanes, pacer};
+use super::{Next, RETRY_AFTER_MAX, SinkRuntime, StreamLanes, gate, pacer};
 use crate::clock::now_ms;
 use crate::sink::{Batch, DeliveryError, Payload};
 use crate::store::writer::StoreHandle;
@@ -429,6 +429,17 @@ async fn send_paced(
         (None, Some(f)) => f.len,
         (None, None) => 0,
     };
+    // With priorities the slot comes first, in their order, and the pacer is waited for while
+    // holding it, so the pacer's turns follow the priorities too; without, the pacer first, so a
+    // request waiting for it holds no slot.
+    let rank = gate::Rank {
+        priority: lanes.replay.priority,
+        min_share: lanes.replay.min_share,
+    };
+    let slot = match &rt.gate {
+        Some(g) => Some(g.slot(rank, len, |p| rt.busy(p)).await),
+        None => None,
+    };
     if let Some(p) = &rt.pacer
         && lanes.replaying.load(Relaxed)
     {
@@ -440,7 +451,11 @@ async fn send_paced(
             pacer::pace(p, len).await;
         }
     }
-    let _permit = rt.in_flight.acquire().await;
+    // Held, like the slot, until the answer.
+    let _permit = match &slot {
+        Some(_) => None,
+        None => Some(rt.in_flight.acquire().await),
+    };
     let started = Instant::now();
     let sent = match (body, batch.file) {
         (Some(body), _) => rt.sink.send(batch, body).await,

@@ -43,6 +43,7 @@ use crate::store::writer::{Snapshot, StoreHandle};
 use job::deliver_job;
 use pacer::Pacer;
 
+mod gate;
 mod job;
 mod pacer;
 
@@ -132,6 +133,8 @@ pub struct SinkRuntime {
     pacer: Option<Mutex<Pacer>>,
     /// Requests in flight, all streams of the sink together.
     in_flight: Semaphore,
+    /// Instead of `in_flight` when the sink's streams have different priorities.
+    gate: Option<gate::Gate>,
     /// How long requests in progress may go on once colibri is stopping.
     grace: Duration,
     /// Set at the first look after the stop: when every request still going is abandoned.
@@ -162,9 +165,12 @@ impl SinkRuntime {
             sink.config.link.clone(),
             trial_quiet,
         ));
+        let first = streams.first().map(|(_, r)| r.priority);
+        let ranked = streams.iter().any(|(_, r)| Some(r.priority) != first);
         SinkRuntime {
             pacer: sink.config.replay_rate.map(|r| Mutex::new(Pacer::new(r))),
             in_flight: Semaphore::new(sink.config.concurrency),
+            gate: ranked.then(|| gate::Gate::new(sink.config.concurrency)),
             link,
             sink,
             stats,
@@ -210,6 +216,13 @@ impl SinkRuntime {
             let [live, backlog] = &l.latency_ms;
             (s.as_str(), [live.load(Relaxed), backlog.load(Relaxed)])
         })
+    }
+
+    /// Whether a stream of priority `p` still has a backlog to replay.
+    fn busy(&self, p: u8) -> bool {
+        self.lanes
+            .iter()
+            .any(|l| l.replay.priority == p && l.replaying.load(Relaxed))
     }
 
     fn lanes(&self, stream: &str) -> &StreamLanes {

@@ -29,7 +29,8 @@ pub struct StreamConfig {
     pub replay: Replay,
 }
 
-/// In which order a stream's queue is handed out once a backlog exists. A job younger than
+/// In which order a stream's queue is handed out once a backlog exists, and its priority among
+/// the streams of its sink. A job younger than
 /// `live_window` is *live*; an older one is *backlog* (and marked replayed when it is sent, in
 /// either order).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -41,6 +42,11 @@ pub struct Replay {
     /// `live_first`: of the bytes taken while both lanes wait, the backlog's least share, so a
     /// busy present never starves the past. In (0, 1].
     pub backfill_share: f64,
+    /// Between the streams of one sink, higher first (0-9; 0 when unset). A sink whose streams
+    /// all have the same one sends as they come.
+    pub priority: u8,
+    /// The least share of the sink's bytes this stream gets while a higher-priority one is busy.
+    pub min_share: f64,
 }
 
 impl Replay {
@@ -52,11 +58,17 @@ impl Replay {
     /// is usually a small part of the link, so the backlog normally gets far more.
     pub const BACKFILL_SHARE: f64 = 0.25;
 
-    /// Today's order: oldest first, the default window.
+    /// A tenth of the sink for a lower-priority stream while a higher one is busy: delayed,
+    /// never starved.
+    pub const MIN_SHARE: f64 = 0.1;
+
+    /// Today's order: oldest first, the default window, no priority.
     pub const OLDEST_FIRST: Replay = Replay {
         live_first: false,
         live_window: Replay::LIVE_WINDOW,
         backfill_share: Replay::BACKFILL_SHARE,
+        priority: 0,
+        min_share: Replay::MIN_SHARE,
     };
 
     /// Whether a job created at `created_ms` is backlog at `now_ms`.

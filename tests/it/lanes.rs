@@ -1,7 +1,9 @@
 //! After an outage the present goes first: a stream with `replay: live_first` delivers what is
 //! appended during a paced drain ahead of the backlog, each lane in order, every record once under
-//! its idempotency key, and the backlog's requests (only they) carry the replayed marker. The real
-//! binary, the test HTTP receiver as the sink, the ingest API as the live producer.
+//! its idempotency key, and the backlog's requests (only they) carry the replayed marker; between
+//! the streams of one sink, `priority` sends a higher stream's backlog first and `min_share` keeps
+//! a lower one going. The real binary, the test HTTP receiver as the sink, the ingest API as the
+//! live producer.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -76,11 +78,15 @@ fn start(config: &Path) -> Proc {
 
 /// `colibri queue push` of `records` into `logs`, 1000 per job, the agent stopped.
 fn push(sb: &Sandbox, config: &Path, records: &[String]) {
+    push_into(sb, config, "logs", records, 1000);
+}
+
+fn push_into(sb: &Sandbox, config: &Path, stream: &str, records: &[String], per_job: usize) {
     let mut text = records.join("\n");
     text.push('\n');
     let f = finish_with_stdin(
         sb,
-        queue(config, &["push", "logs", "--batch", "1000"]),
+        queue(config, &["push", stream, "--batch", &per_job.to_string()]),
         &text,
         secs(120),
     );
@@ -313,4 +319,76 @@ fn kill_9_during_a_live_first_drain_loses_nothing_and_repeats_only_under_the_sam
     let s = stream_stats(&queue_stats(&config, &[]), "logs");
     assert_eq!(s["balanced"], true, "{s}");
     assert_eq!(s["ready"]["records"], 0, "{s}; stderr:\n{}", agent.stderr());
+}
+
+/// Two streams of priority 9 and 1 on one paced sink, both with a backlog: the high one's backlog
+/// arrives before the low one's, except the low one's minimum share (a tenth of the bytes while
+/// the high one is busy); then the low one drains. Each stream in order, every record once.
+#[test]
+fn a_higher_priority_backlog_goes_first_and_a_lower_one_keeps_its_share() {
+    const N: u64 = 10_000;
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    let config = sb.write_config(&format!(
+        "data_dir: data\n\
+         shutdown_grace: 2s\n\
+         log: {{ format: json, level: info }}\n\
+         sinks:\n  \
+           up: {{ type: http, url: {url}, concurrency: 1, replay_rate: 100KiB }}\n\
+         streams:\n  \
+           alarms: {{ sink: up, priority: 9 }}\n  \
+           bulk: {{ sink: up, priority: 1, min_share: 0.1 }}\n",
+        url = quote(rx.url("/ingest")),
+    ));
+    drop(stop(start(&config)));
+    let high: Vec<String> = (0..N).map(rec).collect();
+    let low: Vec<String> = (LIVE_FROM..LIVE_FROM + N).map(rec).collect();
+    push_into(&sb, &config, "alarms", &high, 200);
+    push_into(&sb, &config, "bulk", &low, 200);
+    let agent = start(&config);
+    if let Err(e) = rx.wait_count(2 * N, secs(120)) {
+        panic!("{e}; stderr:\n{}", agent.stderr());
+    }
+    drop(stop(agent));
+
+    // Bytes of each stream received until the high one's last request.
+    let requests: Vec<Received> = rx
+        .requests()
+        .into_iter()
+        .filter(|r| r.status == Some(200))
+        .collect();
+    let is_low = |r: &Received| seq_of(&r.records()[0]) >= LIVE_FROM;
+    let last_high = requests
+        .iter()
+        .rposition(|r| !is_low(r))
+        .expect("the high stream's requests");
+    let (mut high_bytes, mut low_bytes) = (0usize, 0usize);
+    for r in &requests[..=last_high] {
+        if is_low(r) {
+            low_bytes += r.body.len();
+        } else {
+            high_bytes += r.body.len();
+        }
+    }
+    let share = low_bytes as f64 / (low_bytes + high_bytes) as f64;
+    eprintln!(
+        "priorities: the low stream had {:.1} % of the bytes while the high one drained",
+        share * 100.0
+    );
+    assert!(
+        (0.05..=0.2).contains(&share),
+        "the low stream's share while the high one drained: {share}"
+    );
+    for lane in [0..N, LIVE_FROM..LIVE_FROM + N] {
+        let got: Vec<u64> = requests
+            .iter()
+            .flat_map(|r| r.records())
+            .map(|l| seq_of(&l))
+            .filter(|s| lane.contains(s))
+            .collect();
+        assert!(
+            got.iter().copied().eq(lane.clone()),
+            "{lane:?}: every record once, in order"
+        );
+    }
 }

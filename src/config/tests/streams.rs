@@ -19,6 +19,8 @@ streams:
     replay: live_first
     live_window: 30s
     backfill_share: 0.1
+    priority: 7
+    min_share: 0.2
   metrics: {}
 "#,
     )
@@ -50,7 +52,9 @@ streams:
         Replay {
             live_first: true,
             live_window: Duration::from_secs(30),
-            backfill_share: 0.1
+            backfill_share: 0.1,
+            priority: 7,
+            min_share: 0.2
         }
     );
     let m = &c.streams[1];
@@ -93,6 +97,7 @@ streams:
   h: { replay: newest_first, live_window: 0s }
   i: { replay: live_first, backfill_share: 0 }
   j: { backfill_share: 1.5 }
+  k: { priority: 10, min_share: 1 }
 "#,
     );
     let expect = [
@@ -112,6 +117,8 @@ streams:
         "streams.i.backfill_share: 0 is not a share: give a number above 0, up to 1",
         "streams.j.backfill_share: 1.5 is not a share",
         "streams.j.backfill_share: applies only with replay: live_first",
+        "streams.k.priority: 10 is not a priority: 0 to 9",
+        "streams.k.min_share: 1 is not a share: give a number above 0, below 1",
     ];
     for e in expect {
         assert!(

@@ -12,6 +12,7 @@ fn live_first(share: f64) -> StreamConfig {
             live_first: true,
             live_window: Duration::from_secs(10),
             backfill_share: share,
+            ..Replay::OLDEST_FIRST
         },
         ..stream(S)
     }
