@@ -38,6 +38,16 @@ pub struct StreamSpec {
     /// Jobs older than this are deleted and counted as expired. Default: kept until delivered.
     #[serde(default)]
     pub ttl: Option<Dur>,
+    /// Jobs older than this when their turn comes are not sent: deleted and counted as expired
+    /// (unlike `ttl`, checked at every take, so nothing older ever reaches the sink). For a
+    /// receiver that no longer wants old data, such as Prometheus without an out-of-order window.
+    /// Default: none.
+    #[serde(default)]
+    pub max_age: Option<Dur>,
+    /// What becomes of a job older than `max_age`: `drop` (the default and, in this version, the
+    /// only choice: deleted, counted as expired).
+    #[serde(default)]
+    pub on_max_age: Option<String>,
     /// Dead letters: jobs that failed for good.
     #[serde(default)]
     pub dead_letter: DeadLetterSpec,
@@ -182,6 +192,19 @@ pub(super) fn compile_stream(
         );
     }
     let replay = compile_replay(&spec, &mut err);
+    if spec.max_age.is_some_and(|d| d.0.is_zero()) {
+        err.add("max_age", "must be positive".into());
+    }
+    match spec.on_max_age.as_deref() {
+        None | Some("drop") => {}
+        Some(other) => err.add(
+            "on_max_age",
+            format!("{other:?}: only drop is supported in this version (moving too old jobs to another stream is not built yet)"),
+        ),
+    }
+    if spec.on_max_age.is_some() && spec.max_age.is_none() {
+        err.add("on_max_age", "applies only with max_age".into());
+    }
     Some(StreamConfig {
         name,
         sink: spec.sink,
@@ -194,6 +217,7 @@ pub(super) fn compile_stream(
             WhenFullSpec::DropNewest => WhenFull::DropNewest,
         },
         ttl: spec.ttl.map(|d| d.0),
+        max_age: spec.max_age.map(|d| d.0),
         dead_max_jobs: u64::from(spec.dead_letter.max_jobs.unwrap_or(10_000)),
         // `auto` becomes `Always` when the sink sends zstd bodies (`config::compile` knows it).
         compression: match spec.compression {

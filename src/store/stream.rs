@@ -22,6 +22,8 @@ pub struct StreamConfig {
     pub max_bytes: u64,
     pub when_full: WhenFull,
     pub ttl: Option<Duration>,
+    /// Jobs older than this when a take comes are deleted unsent (counted as expired).
+    pub max_age: Option<Duration>,
     pub dead_max_jobs: u64,
     /// When jobs are stored compressed.
     pub compression: AtRest,

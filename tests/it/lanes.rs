@@ -123,17 +123,28 @@ fn produce(port: u16, from: u64, to: u64) -> HashMap<u64, Instant> {
 
 /// `colibri_stream_delivery_latency_seconds` of `logs` in `lane`, from the admin endpoint.
 fn latency(admin: u16, lane: &str) -> f64 {
+    let text = scrape(admin);
+    sample(
+        &text,
+        &format!("colibri_stream_delivery_latency_seconds{{stream=\"logs\",lane=\"{lane}\"}}"),
+    )
+}
+
+/// One scrape of the admin endpoint's `/metrics`.
+fn scrape(admin: u16) -> String {
     let mut c = Client::new(std::net::SocketAddr::from(([127, 0, 0, 1], admin)));
-    let text = c
-        .request("GET", "/metrics", &[], None)
+    c.request("GET", "/metrics", &[], None)
         .unwrap_or_else(|e| panic!("GET /metrics: {e}"))
-        .text();
-    let prefix =
-        format!("colibri_stream_delivery_latency_seconds{{stream=\"logs\",lane=\"{lane}\"}} ");
+        .text()
+}
+
+/// The value of the series `series` (name and labels as written) in a scrape.
+fn sample(text: &str, series: &str) -> f64 {
+    let prefix = format!("{series} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&prefix))
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {prefix:?} in the scrape:\n{text}"))
+        .unwrap_or_else(|| panic!("no {series:?} in the scrape:\n{text}"))
 }
 
 /// The value at `q` (0..=1) of sorted `v`.
@@ -391,4 +402,49 @@ fn a_higher_priority_backlog_goes_first_and_a_lower_one_keeps_its_share() {
             "{lane:?}: every record once, in order"
         );
     }
+}
+
+/// `max_age`: a backlog older than it when the link is back never reaches the sink; it is counted
+/// as expired, and the accounting identity holds in one scrape; what is younger is delivered.
+#[test]
+fn max_age_keeps_too_old_jobs_from_the_sink_and_counts_them_expired() {
+    const OLD: u64 = 5_000;
+    const NEW: u64 = 50;
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    let (port, admin) = (free_port(), free_port());
+    let config = sb.write_config(&format!(
+        "data_dir: data\n\
+         shutdown_grace: 2s\n\
+         log: {{ format: json, level: info }}\n\
+         admin: {{ listen: \"127.0.0.1:{admin}\" }}\n\
+         ingest: {{ listen: \"127.0.0.1:{port}\" }}\n\
+         sinks:\n  up: {{ type: http, url: {url} }}\n\
+         streams:\n  logs: {{ sink: up, max_age: {age}s, on_max_age: drop }}\n",
+        url = quote(rx.url("/ingest")),
+        age = WINDOW.as_secs(),
+    ));
+    // The outage: older than max_age when the agent starts (the helper waits out the window).
+    outage(&sb, &config, OLD);
+    let agent = start(&config);
+    produce(port, 0, NEW);
+    if let Err(e) = rx.wait_count(NEW, secs(60)) {
+        panic!("{e}; stderr:\n{}", agent.stderr());
+    }
+    let text = scrape(admin);
+    let agent = stop(agent);
+    let got: Vec<u64> = rx.records().iter().map(|r| seq_of(r)).collect();
+    assert!(
+        got.iter().copied().eq(LIVE_FROM..LIVE_FROM + NEW),
+        "only what was younger than max_age, once, in order: {} records; stderr:\n{}",
+        got.len(),
+        agent.stderr()
+    );
+    let of = |name: &str| sample(&text, &format!("{name}{{stream=\"logs\"}}"));
+    let appended = of("colibri_stream_appended_records_total");
+    let delivered = of("colibri_stream_delivered_records_total");
+    let expired = of("colibri_stream_expired_records_total");
+    assert_eq!(appended, (OLD + NEW) as f64, "{text}");
+    assert_eq!(expired, OLD as f64, "{text}");
+    assert_eq!(delivered, NEW as f64, "{text}");
 }

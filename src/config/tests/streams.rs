@@ -21,6 +21,8 @@ streams:
     backfill_share: 0.1
     priority: 7
     min_share: 0.2
+    max_age: 1h
+    on_max_age: drop
   metrics: {}
 "#,
     )
@@ -47,6 +49,7 @@ streams:
     assert_eq!(logs.when_full, WhenFull::DropOldest);
     assert_eq!(logs.ttl, Some(Duration::from_secs(7 * 86400)));
     assert_eq!(logs.dead_max_jobs, 100);
+    assert_eq!(logs.max_age, Some(Duration::from_secs(3600)));
     assert_eq!(
         logs.replay,
         Replay {
@@ -98,6 +101,8 @@ streams:
   i: { replay: live_first, backfill_share: 0 }
   j: { backfill_share: 1.5 }
   k: { priority: 10, min_share: 1 }
+  l: { max_age: 0s, on_max_age: "stream:archive" }
+  m: { on_max_age: drop }
 "#,
     );
     let expect = [
@@ -119,6 +124,9 @@ streams:
         "streams.j.backfill_share: applies only with replay: live_first",
         "streams.k.priority: 10 is not a priority: 0 to 9",
         "streams.k.min_share: 1 is not a share: give a number above 0, below 1",
+        "streams.l.max_age: must be positive",
+        "streams.l.on_max_age: \"stream:archive\": only drop is supported in this version",
+        "streams.m.on_max_age: applies only with max_age",
     ];
     for e in expect {
         assert!(

@@ -233,6 +233,31 @@ fn dead_letters_beyond_max_jobs_drop_the_oldest() {
 }
 
 #[test]
+fn a_take_never_hands_out_a_job_older_than_max_age() {
+    let mut cfg = stream(S);
+    cfg.max_age = Some(Duration::from_secs(30));
+    let d = Dir::new(vec![cfg]);
+    let mut store = d.open();
+    append(&mut store, S, &recs("a", 1), T0).unwrap(); // 1
+    append(&mut store, S, &recs("b", 2), T0 + 20_000).unwrap(); // 2
+    append(&mut store, S, &recs("c", 3), T0 + 50_000).unwrap(); // 3
+    // Job 1 is in flight when it and job 2 get too old: job 2 goes unsent, job 1 stays leased.
+    assert_eq!(ids(&take(&mut store, S, 1, T0 + 20_000)), [1]);
+    assert_eq!(ids(&take(&mut store, S, 16, T0 + 51_000)), [3]);
+    let c = counters(&store, S);
+    assert_eq!(
+        c.expired_records, 2,
+        "job 2 (two records) older than 30 s: {c:?}"
+    );
+    assert_eq!(
+        (c.ready_jobs, c.ready_records),
+        (2, 4),
+        "job 1 in flight, job 3"
+    );
+    d.reopen(store);
+}
+
+#[test]
 fn ttl_expires_old_queued_jobs_but_never_one_in_flight() {
     let mut cfg = stream(S);
     cfg.ttl = Some(Duration::from_secs(10));

@@ -18,6 +18,7 @@ fn a_drained_backlog_gives_its_disk_back() {
         max_bytes: 1 << 30,
         when_full: WhenFull::Block,
         ttl: None,
+        max_age: None,
         dead_max_jobs: 10,
         compression: AtRest::Plain,
         replay: crate::store::Replay::OLDEST_FIRST,

@@ -50,6 +50,7 @@ fn stream(name: &str) -> StreamConfig {
         max_bytes: 1 << 40,
         when_full: WhenFull::Block,
         ttl: None,
+        max_age: None,
         dead_max_jobs: 1000,
         // Exact sizes in most tests; compression has tests of its own, and the power-loss and
         // model tests run with it.

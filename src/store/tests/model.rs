@@ -445,6 +445,7 @@ fn random_config(seed: u64, rng: &mut fastrand::Rng) -> StreamConfig {
         ttl: rng
             .bool()
             .then(|| Duration::from_millis(rng.u64(2_000..8_000))),
+        max_age: None,
         dead_max_jobs: rng.u64(1..6),
         compression: [AtRest::Plain, AtRest::Always, AtRest::Waiting][(seed / 3 % 3) as usize],
         replay: crate::store::Replay::OLDEST_FIRST,

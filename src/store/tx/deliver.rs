@@ -23,7 +23,8 @@ impl Tx<'_> {
     /// a taker's memory is bounded in bytes too. Jobs already in flight are skipped. A job that
     /// cannot be decoded moves to quarantine. Of a `live_first` stream's ready jobs, one take
     /// hands out one lane's, oldest first within it: the live lane's unless the backlog is alone
-    /// or below its share (see `lanes`).
+    /// or below its share (see `lanes`). Jobs older than the stream's `max_age` are deleted first,
+    /// counted as expired, never handed out.
     pub fn take(
         &mut self,
         stream: &str,
@@ -31,7 +32,7 @@ impl Tx<'_> {
         max_bytes: u64,
         now_ms: u64,
     ) -> Result<Vec<Job>, StoreError> {
-        self.stream(stream)?;
+        self.expire_too_old(stream, now_ms)?;
         let store_id = self.rollback.store.id;
         let data_dir = self.rollback.store.data_dir.as_path();
         let txn = &self.txn;

@@ -1,5 +1,5 @@
-//! Expiry: deleting queued jobs older than their stream's `ttl`, in bounded chunks. Called by the
-//! writer's sweep.
+//! Expiry: deleting queued jobs older than their stream's `ttl`, in bounded chunks (called by
+//! the writer's sweep), or older than its `max_age` when a take comes (called by `take`).
 
 use std::collections::HashSet;
 
@@ -18,46 +18,86 @@ pub const EXPIRE_CHUNK: usize = 10_000;
 impl Tx<'_> {
     /// Deletes queued jobs older than their stream's TTL (never one in flight); returns records.
     pub fn expire(&mut self, now_ms: u64) -> Result<u64, StoreError> {
-        let txn = &self.txn;
         let mut total = 0;
-        let mut files = Vec::new();
-        for st in self.rollback.store.streams.values_mut() {
-            let Some(ttl) = st.cfg.ttl else { continue };
-            let cutoff = now_ms.saturating_sub(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
-            let ready = expire_in(
-                &mut txn.open_table(st.ready_def())?,
-                |id| id,
-                true,
-                cutoff,
-                &st.in_flight,
-                &mut files,
-            )?;
-            let retry = expire_in(
-                &mut txn.open_table(st.retry_def())?,
-                |(_, id)| id,
-                false,
-                cutoff,
-                &st.in_flight,
-                &mut files,
-            )?;
-            let mut expired = 0u64;
-            for (table, jobs) in [(Table::Ready, ready), (Table::Retry, retry)] {
-                for size in jobs {
-                    expired += st.counters.remove_job(table, size);
-                }
-            }
+        let names: Vec<(String, u64)> = self
+            .rollback
+            .store
+            .streams
+            .values()
+            .filter_map(|st| Some((st.cfg.name.clone(), cutoff(now_ms, st.cfg.ttl?))))
+            .collect();
+        for (name, cutoff) in names {
+            let expired = self.expire_stream(&name, cutoff)?;
             if expired > 0 {
-                st.counters.expired_records += expired;
-                tracing::warn!(stream = %st.cfg.name, records = expired, "jobs older than the stream's ttl expired");
-                self.dirty.insert(st.cfg.name.clone());
+                tracing::warn!(stream = %name, records = expired, "jobs older than the stream's ttl expired");
                 total += expired;
             }
+        }
+        Ok(total)
+    }
+
+    /// Deletes the jobs of `stream` older than its `max_age` (none in flight) before a take hands
+    /// out any: a receiver that no longer wants them never gets them. Counted as expired.
+    pub(in crate::store) fn expire_too_old(
+        &mut self,
+        stream: &str,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let Some(max_age) = self.stream(stream)?.cfg.max_age else {
+            return Ok(());
+        };
+        let expired = self.expire_stream(stream, cutoff(now_ms, max_age))?;
+        if expired > 0 {
+            tracing::debug!(
+                stream,
+                records = expired,
+                "jobs older than the stream's max_age expired unsent"
+            );
+        }
+        Ok(())
+    }
+
+    /// Deletes `stream`'s queued jobs created at or before `cutoff` (at most [`EXPIRE_CHUNK`] a
+    /// table, none in flight) and counts them expired; returns records.
+    fn expire_stream(&mut self, stream: &str, cutoff: u64) -> Result<u64, StoreError> {
+        let mut files = Vec::new();
+        let (txn, st) = self.txn_and_stream(stream)?;
+        let ready = expire_in(
+            &mut txn.open_table(st.ready_def())?,
+            |id| id,
+            true,
+            cutoff,
+            &st.in_flight,
+            &mut files,
+        )?;
+        let retry = expire_in(
+            &mut txn.open_table(st.retry_def())?,
+            |(_, id)| id,
+            false,
+            cutoff,
+            &st.in_flight,
+            &mut files,
+        )?;
+        let mut expired = 0u64;
+        for (table, jobs) in [(Table::Ready, ready), (Table::Retry, retry)] {
+            for size in jobs {
+                expired += st.counters.remove_job(table, size);
+            }
+        }
+        if expired > 0 {
+            st.counters.expired_records += expired;
+            self.dirty.insert(stream.to_string());
         }
         for raw in files {
             self.job_left(&raw, false)?;
         }
-        Ok(total)
+        Ok(expired)
     }
+}
+
+/// The creation time at or before which a job is older than `age` at `now_ms`.
+fn cutoff(now_ms: u64, age: std::time::Duration) -> u64 {
+    now_ms.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Deletes the jobs of one table created at or before `cutoff` and not in flight, at most

@@ -17,6 +17,7 @@ fn stream() -> StreamConfig {
         max_bytes: 1 << 30,
         when_full: WhenFull::Block,
         ttl: None,
+        max_age: None,
         dead_max_jobs: 10,
         compression: crate::store::AtRest::Plain,
         replay: crate::store::Replay::OLDEST_FIRST,
