@@ -517,7 +517,11 @@ streams:
         .iter()
         .map(|r| serde_json::from_str(r).unwrap())
         .collect();
-    for tap in [&appended, &delivered] {
+    // A delivery also says its lane: live here (sent as soon as appended).
+    for (tap, lane) in [
+        (&appended, ""),
+        (&delivered, r#""lane":"live","replayed":false,"#),
+    ] {
         let lines: Vec<Value> = tap
             .stdout()
             .lines()
@@ -530,7 +534,7 @@ streams:
             let n = first + i as u64;
             assert_eq!(
                 l,
-                format!(r#"{{"stream":"logs","record":{{"seq":{n},"about":"tap"}}}}"#)
+                format!(r#"{{"stream":"logs",{lane}"record":{{"seq":{n},"about":"tap"}}}}"#)
             );
         }
         for (i, l) in lines.iter().enumerate() {
