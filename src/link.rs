@@ -279,7 +279,7 @@ pub async fn monitor(
             down_for_ms = u64::try_from(down_for.as_millis()).unwrap_or(u64::MAX),
             queued_records = records,
             queued_bytes = bytes,
-            "link up: deliveries resumed, backlog replayed oldest first"
+            "link up: deliveries resumed, the backlog replayed in its streams' replay order"
         );
     }
 }

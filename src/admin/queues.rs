@@ -62,14 +62,23 @@ pub(super) fn route(path: &str) -> Option<(String, Op)> {
     (!stream.is_empty()).then(|| (stream.to_string(), op))
 }
 
-/// `GET /-/queues`: `{"streams": [{"stream", "paused"}]}`, in the running config's order.
+/// `GET /-/queues`: `{"streams": [{"stream", "paused", "latency_ms"}]}`, in the running config's
+/// order; `latency_ms` is `{"live", "backlog"}`, from append to delivery of the last job of each
+/// lane (0 before the first), for a stream that is delivered.
 pub(super) fn list(state: &AgentState) -> String {
     let live = state.live.load();
+    let latencies: std::collections::HashMap<&str, [u64; 2]> =
+        live.sinks.iter().flat_map(|rt| rt.latencies()).collect();
     let streams: Vec<_> = live
         .config
         .streams
         .iter()
-        .map(|s| json!({ "stream": s.name, "paused": state.paused.is(&s.name) }))
+        .map(|s| {
+            let latency = latencies
+                .get(s.name.as_str())
+                .map(|[live, backlog]| json!({ "live": live, "backlog": backlog }));
+            json!({ "stream": s.name, "paused": state.paused.is(&s.name), "latency_ms": latency })
+        })
         .collect();
     json!({ "streams": streams }).to_string()
 }

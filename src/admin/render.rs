@@ -453,7 +453,7 @@ fn stream_flow_metrics(t: &mut Text, streams: &Items<Counters>) {
             ),
             (
                 "colibri_stream_expired_records_total",
-                "Records deleted for being older than the stream's ttl.",
+                "Records deleted for being older than the stream's ttl, or than its max_age when a take came (on_max_age: drop).",
                 |c| c.expired_records,
             ),
             (
@@ -494,6 +494,17 @@ fn stream_flow_metrics(t: &mut Text, streams: &Items<Counters>) {
             ("newest", |c| c.dropped_newest_records),
             ("purged", |c| c.dropped_purged_records),
             ("dead_full", |c| c.dropped_dead_full_records),
+        ],
+    );
+    streams.split(
+        t,
+        "colibri_stream_moved_records_total",
+        Kind::Counter,
+        "Records of jobs older than max_age moved between streams (on_max_age: stream:NAME): out of the stream they were in, into the one they were moved to. The identity: appended + moved in = delivered + dropped + expired + quarantined + lost + moved out + dead + queued.",
+        "direction",
+        &[
+            ("in", |c| c.moved_in_records),
+            ("out", |c| c.moved_out_records),
         ],
     );
 }

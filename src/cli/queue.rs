@@ -734,6 +734,16 @@ fn print_job(out: &mut impl Write, job: &serde_json::Value, json: bool) -> std::
             o["job"]
         )?;
     }
+    if let Some(o) = job["moved_from"].as_object() {
+        write!(
+            out,
+            ", moved from stream {} (key {}:{}:{})",
+            o["stream"].as_str().unwrap_or("?"),
+            o["store_id"].as_str().unwrap_or("?"),
+            o["stream"].as_str().unwrap_or("?"),
+            o["job"]
+        )?;
+    }
     writeln!(out)?;
     match job["records"].as_array() {
         Some(records) => {

@@ -254,6 +254,18 @@ fn short_age(secs: f64) -> String {
     }
 }
 
+/// A latency: milliseconds below a second (`180ms`), one decimal below a minute (`2.4s`), else
+/// one short unit.
+fn short_latency(secs: f64) -> String {
+    if secs < 1.0 {
+        format!("{:.0}ms", secs * 1000.0)
+    } else if secs < 60.0 {
+        format!("{secs:.1}s")
+    } else {
+        short_age(secs)
+    }
+}
+
 /// The agent stopped answering (a restart, a stop): since when, and why the last read failed.
 /// The screen keeps the last reading under a line that says so, and top asks again every second.
 struct Away {
@@ -458,12 +470,43 @@ impl Frame<'_> {
             if !reasons.is_empty() {
                 lines.push(format!("  dropped: {}", reasons.join(", ")));
             }
+            self.stream_flow(s, lines);
         }
         lines.push(if any_paused {
             "* paused: nothing delivered until `colibri queue resume`".into()
         } else {
             String::new()
         });
+    }
+
+    /// A stream's lanes and moves, on a line of their own when there is something to say: how
+    /// long the last live and backlog jobs took from append to delivery, and what `on_max_age`
+    /// moved out of or into it.
+    fn stream_flow(&self, s: &str, lines: &mut Vec<String>) {
+        let of = |name: &str, key: &str, value: &str| {
+            self.now.sum(name, "stream", s, |x| x.label(key) == value)
+        };
+        let mut parts = Vec::new();
+        for lane in ["live", "backlog"] {
+            let secs = of("colibri_stream_delivery_latency_seconds", "lane", lane);
+            if secs > 0.0 {
+                parts.push(format!("{lane} {}", short_latency(secs)));
+            }
+        }
+        let mut line = if parts.is_empty() {
+            String::new()
+        } else {
+            format!("  latency: {}", parts.join(", "))
+        };
+        for d in ["out", "in"] {
+            let n = of("colibri_stream_moved_records_total", "direction", d);
+            if n > 0.0 {
+                line.push_str(&format!("  moved {d}: {}", short(n)));
+            }
+        }
+        if !line.is_empty() {
+            lines.push(line);
+        }
     }
 
     /// The sinks' table, each with its last error.
@@ -789,6 +832,9 @@ mod tests {
                 "colibri_stream_records{stream=\"telemetry-long-name\",queue=\"ready\"} 123456\n\
                  colibri_stream_dropped_records_total{stream=\"telemetry-long-name\",reason=\"oldest\"} 12\n\
                  colibri_stream_dropped_records_total{stream=\"telemetry-long-name\",reason=\"purged\"} 0\n\
+                 colibri_stream_delivery_latency_seconds{stream=\"telemetry-long-name\",lane=\"live\"} 0.184\n\
+                 colibri_stream_delivery_latency_seconds{stream=\"telemetry-long-name\",lane=\"backlog\"} 7250\n\
+                 colibri_stream_moved_records_total{stream=\"telemetry-long-name\",direction=\"out\"} 4200\n\
                  colibri_sink_link_up{sink=\"upstream\"} 0\n",
             ),
             tasks: vec![
@@ -824,6 +870,12 @@ mod tests {
         );
         assert!(
             lines.iter().any(|l| l == "  dropped: oldest 12"),
+            "{lines:#?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l == "  latency: live 184ms, backlog 2h  moved out: 4.2k"),
             "{lines:#?}"
         );
     }

@@ -565,7 +565,12 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
     // Before the entries: MQTT client ids are made unique per store from it.
     let data_dir = base.join(&spec.data_dir);
     let sinks = compile_sinks(sections.sinks, base, &data_dir, problems);
-    let streams = compile_streams(sections.streams, &declared_sinks, &sinks, problems);
+    let streams = compile_streams(
+        sections.streams,
+        (&declared_sinks, &declared_streams),
+        &sinks,
+        problems,
+    );
     let stream_names: Vec<&str> = declared_streams.iter().map(String::as_str).collect();
     let sources = compile_sources(sections.sources, base, &data_dir, &stream_names, problems);
     let ingest = compile_ingest(spec.ingest, &stream_names, &streams, &sinks, base, problems);
@@ -696,15 +701,17 @@ fn compile_sinks(
 /// then its `compression: auto` settled by its sink.
 fn compile_streams(
     value: Option<Value>,
-    declared_sinks: &[String],
+    declared: (&[String], &[String]),
     sinks: &[Arc<SinkConfig>],
     problems: &mut Problems<'_>,
 ) -> Vec<StreamConfig> {
-    let sink_names: Vec<&str> = declared_sinks.iter().map(String::as_str).collect();
+    let sink_names: Vec<&str> = declared.0.iter().map(String::as_str).collect();
+    let stream_names: Vec<&str> = declared.1.iter().map(String::as_str).collect();
     let mut streams: Vec<StreamConfig> =
         each_entry(value, "streams", "stream", problems, |n, v, p| {
-            compile_stream(n, v, &sink_names, p)
+            compile_stream(n, v, &sink_names, &stream_names, p)
         });
+    check_moves(&streams, sinks, problems);
     // `compression: auto` stores every job compressed when the sink sends the stored frame as its
     // zstd body: the sink would compress it anyway.
     for st in &mut streams {
@@ -717,6 +724,48 @@ fn compile_streams(
         }
     }
     streams
+}
+
+/// A stream that moves too old jobs (`on_max_age: stream:NAME`) moves them into a stream that
+/// moves none on itself (a move is one step, never a loop), and whose sink takes its records as
+/// they are (a moved job is not rewritten).
+fn check_moves(streams: &[StreamConfig], sinks: &[Arc<SinkConfig>], problems: &mut Problems<'_>) {
+    let moves_to = |s: &StreamConfig| match &s.max_age {
+        Some(crate::store::MaxAge {
+            then: crate::store::OnMaxAge::Move(t),
+            ..
+        }) => Some(t.clone()),
+        _ => None,
+    };
+    for s in streams {
+        let Some(to) = moves_to(s) else { continue };
+        let at = format!("streams.{}.on_max_age", s.name);
+        let Some(target) = streams.iter().find(|t| t.name == to) else {
+            continue; // said where the stream's own entry is compiled
+        };
+        if moves_to(target).is_some() {
+            problems.add(
+                &at,
+                format!(
+                    "stream {to:?} moves jobs on itself (its own on_max_age): moves are one step"
+                ),
+            );
+        }
+        let (from_format, to_format) = (
+            stream_format(streams, sinks, &s.name),
+            stream_format(streams, sinks, &to),
+        );
+        if to_format != RecordFormat::Lines && to_format != from_format {
+            problems.add(
+                &at,
+                format!(
+                    "stream {to:?} is delivered as {}, this one as {}: a moved job keeps its records",
+                    to_format.describe(),
+                    from_format.describe()
+                ),
+            );
+        }
+    }
 }
 
 /// The `sources:` map, each entry compiled by [`sources::compile_entry`] against the declared

@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::units::u32_schema;
 use super::units::{self, Dur, Size};
 use super::{Problems, named_entry};
-use crate::store::{AtRest, BatchConfig, Replay, StreamConfig, WhenFull};
+use crate::store::{AtRest, BatchConfig, MaxAge, OnMaxAge, Replay, StreamConfig, WhenFull};
 
 /// One stream: a bounded, durable FIFO of transfer jobs.
 #[derive(Debug, Deserialize)]
@@ -44,8 +44,11 @@ pub struct StreamSpec {
     /// Default: none.
     #[serde(default)]
     pub max_age: Option<Dur>,
-    /// What becomes of a job older than `max_age`: `drop` (the default and, in this version, the
-    /// only choice: deleted, counted as expired).
+    /// What becomes of a job older than `max_age`: `drop` (the default: deleted, counted as
+    /// expired) or `stream:NAME` (moved, with its idempotency key, to the stream NAME, for
+    /// example an archive whose sink is a directory or a bulk endpoint; counted as moved out here
+    /// and moved in there; NAME must not move jobs on itself, and its sink must take the same
+    /// records).
     #[serde(default)]
     pub on_max_age: Option<String>,
     /// Dead letters: jobs that failed for good.
@@ -142,6 +145,7 @@ pub(super) fn compile_stream(
     name: String,
     value: Value,
     sinks: &[&str],
+    streams: &[&str],
     problems: &mut Problems<'_>,
 ) -> Option<StreamConfig> {
     let (spec, mut err) = named_entry::<StreamSpec>("streams", "stream", &name, value, problems);
@@ -195,13 +199,7 @@ pub(super) fn compile_stream(
     if spec.max_age.is_some_and(|d| d.0.is_zero()) {
         err.add("max_age", "must be positive".into());
     }
-    match spec.on_max_age.as_deref() {
-        None | Some("drop") => {}
-        Some(other) => err.add(
-            "on_max_age",
-            format!("{other:?}: only drop is supported in this version (moving too old jobs to another stream is not built yet)"),
-        ),
-    }
+    let then = on_max_age(&name, spec.on_max_age.as_deref(), streams, &mut err);
     if spec.on_max_age.is_some() && spec.max_age.is_none() {
         err.add("on_max_age", "applies only with max_age".into());
     }
@@ -217,7 +215,7 @@ pub(super) fn compile_stream(
             WhenFullSpec::DropNewest => WhenFull::DropNewest,
         },
         ttl: spec.ttl.map(|d| d.0),
-        max_age: spec.max_age.map(|d| d.0),
+        max_age: spec.max_age.map(|d| MaxAge { age: d.0, then }),
         dead_max_jobs: u64::from(spec.dead_letter.max_jobs.unwrap_or(10_000)),
         // `auto` becomes `Always` when the sink sends zstd bodies (`config::compile` knows it).
         compression: match spec.compression {
@@ -227,6 +225,41 @@ pub(super) fn compile_stream(
         },
         replay,
     })
+}
+
+/// `on_max_age`: `drop`, or `stream:NAME` naming another declared stream.
+fn on_max_age(
+    name: &str,
+    value: Option<&str>,
+    streams: &[&str],
+    err: &mut Problems<'_>,
+) -> OnMaxAge {
+    let target = match value {
+        None | Some("drop") => return OnMaxAge::Drop,
+        Some(v) => v.strip_prefix("stream:"),
+    };
+    match target {
+        Some(t) if t == name => err.add(
+            "on_max_age",
+            format!("{t:?} is this stream: name another one (an archive)"),
+        ),
+        Some(t) if streams.contains(&t) => return OnMaxAge::Move(t.to_string()),
+        Some(t) => err.add(
+            "on_max_age",
+            format!(
+                "stream {t:?} is not defined under streams: (defined: {})",
+                streams.join(", ")
+            ),
+        ),
+        None => err.add(
+            "on_max_age",
+            format!(
+                "{:?}: expected drop or stream:NAME",
+                value.unwrap_or_default()
+            ),
+        ),
+    }
+    OnMaxAge::Drop
 }
 
 fn compile_replay(spec: &StreamSpec, err: &mut Problems<'_>) -> Replay {

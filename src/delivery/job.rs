@@ -96,7 +96,10 @@ pub(super) async fn deliver_job(
             },
         };
         let lanes = rt.lanes(stream);
-        let replayed = lanes.replay.is_backlog(job.created_ms, now_ms());
+        // A job moved here for being too old for another stream's sink is the past whatever its
+        // age says against this stream's window.
+        let moved = job.origin.as_ref().is_some_and(|o| o.stream.is_some());
+        let replayed = moved || lanes.replay.is_backlog(job.created_ms, now_ms());
         let batch = batch(stream, &job, start, end, payload, replayed);
         let result = tokio::select! {
             r = send_paced(rt, &batch, lanes) => Some(r),
@@ -172,12 +175,17 @@ fn batch<'a>(
     replayed: bool,
 ) -> Batch<'a> {
     // The store that handed the job out (the writer may have replaced its file since: the new
-    // one reuses ids); a salvaged job keeps the key it had before the damage.
-    let (store_id, key_job) = job
+    // one reuses ids); a salvaged job keeps the key it had before the damage, a moved one the key
+    // it had in the stream it was moved from.
+    let (store_id, key_job, key_stream) = job
         .origin
-        .map_or((job.lease.store, job.lease.id), |o| (o.store, o.job));
+        .as_ref()
+        .map_or((job.lease.store, job.lease.id, stream), |o| {
+            (o.store, o.job, o.stream.as_deref().unwrap_or(stream))
+        });
     Batch {
         stream,
+        key_stream,
         job: key_job,
         first: job.offset + start as u32,
         end: job.offset + end as u32,

@@ -85,7 +85,11 @@ impl Payload<'_> {
 /// What one request carries: some of a job's records.
 #[derive(Debug)]
 pub struct Batch<'a> {
+    /// The stream it is delivered from.
     pub stream: &'a str,
+    /// The stream its idempotency key names: `stream`, or for a job moved by `on_max_age`, the
+    /// stream it was moved from.
+    pub key_stream: &'a str,
     pub job: u64,
     /// The records' positions in the job as it was first appended: `[first, end)`, and whether
     /// that is the whole job.
@@ -115,11 +119,11 @@ impl Batch<'_> {
     /// cannot contain it (they may contain `-`).
     pub fn idempotency_key(&self) -> String {
         if self.whole {
-            format!("{:016x}:{}:{}", self.store_id, self.stream, self.job)
+            format!("{:016x}:{}:{}", self.store_id, self.key_stream, self.job)
         } else {
             format!(
                 "{:016x}:{}:{}:{}-{}",
-                self.store_id, self.stream, self.job, self.first, self.end
+                self.store_id, self.key_stream, self.job, self.first, self.end
             )
         }
     }
@@ -131,7 +135,7 @@ impl Batch<'_> {
     pub fn record_key(&self, index: usize) -> String {
         format!(
             "{:016x}:{}:{}#{index}",
-            self.store_id, self.stream, self.job
+            self.store_id, self.key_stream, self.job
         )
     }
 }
@@ -177,6 +181,7 @@ pub(super) mod tests {
     pub(in crate::sink) fn batch<'a>(id: u64, records: &'a [&'a [u8]]) -> Batch<'a> {
         Batch {
             stream: "logs",
+            key_stream: "logs",
             job: id,
             first: 0,
             end: records.len() as u32,

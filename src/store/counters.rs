@@ -60,6 +60,11 @@ counters! {
     /// damaged file's last commit, taken where its live tree was incomplete): most were delivered
     /// before, so they are counted as a re-send, appended again, never as filling what was lost.
     salvage_resent_records,
+    /// Records of jobs moved here from another stream (`on_max_age: stream:NAME` there): they
+    /// come in as appended records do.
+    moved_in_records,
+    /// Records of jobs older than `max_age` moved to another stream: they left this one for good.
+    moved_out_records,
 }
 
 impl Counters {
@@ -75,10 +80,11 @@ impl Counters {
             + self.dropped_dead_full_records
     }
 
-    /// `appended = delivered + dropped + expired + quarantined + lost to damage + dead + pending
-    /// + salvaging`.
+    /// `appended + moved in = delivered + dropped + expired + quarantined + lost to damage + moved
+    /// out + dead + pending + salvaging`.
     pub fn balanced(&self) -> bool {
-        self.appended_records == self.settled_records() + self.held_records()
+        self.appended_records + self.moved_in_records
+            == self.settled_records() + self.held_records()
     }
 
     /// Records that left the queue for good, one way or another.
@@ -88,6 +94,7 @@ impl Counters {
             + self.expired_records
             + self.quarantined_records
             + self.lost_to_damage_records
+            + self.moved_out_records
     }
 
     /// Records still held: queued, dead, or being salvaged.
@@ -99,10 +106,12 @@ impl Counters {
     /// the store that replaced it: its flows are added, and what it held (queued, dead, still
     /// being salvaged itself) is being salvaged now, until [`Counters::salvaged`] or
     /// [`Counters::salvage_ended`]. An `old` that does not balance (counters from an older copy)
-    /// is counted as if it did, appended covering what it says it holds.
+    /// is counted as if it did, appended covering what it says it holds. What moved in there is
+    /// carried on as appended.
     pub(super) fn carry_on(&mut self, old: &Counters) {
         let settled = old.settled_records();
-        let appended = old.appended_records.max(settled + old.held_records());
+        let appended =
+            (old.appended_records + old.moved_in_records).max(settled + old.held_records());
         self.appended_jobs += old.appended_jobs;
         self.appended_records += appended;
         self.delivered_jobs += old.delivered_jobs;
@@ -119,6 +128,7 @@ impl Counters {
         self.quarantined_records += old.quarantined_records;
         self.lost_to_damage_records += old.lost_to_damage_records;
         self.salvage_resent_records += old.salvage_resent_records;
+        self.moved_out_records += old.moved_out_records;
         self.salvaging_records += appended - settled;
     }
 

@@ -134,6 +134,31 @@ impl Tx<'_> {
     /// A job left the store (`delivered`: acknowledged; otherwise dropped, expired or purged). For
     /// a file job, its spooled file is marked for disposal in this transaction (archived when
     /// delivered and the task asked for it, deleted otherwise) and handed out once it commits.
+    /// A file job moved to another stream under a new id (`on_max_age: stream:NAME`): its spool
+    /// entry follows it, so a salvage or a check finds the file's job where it is now.
+    pub(super) fn file_job_moved(
+        &mut self,
+        raw: &[u8],
+        stream: &str,
+        id: u64,
+    ) -> Result<(), StoreError> {
+        if format::header(raw).map_or(true, |h| h.file_len.is_none()) {
+            return Ok(());
+        }
+        let Ok(format::FileRef::V1 { spool, .. }) = format::file_of(raw) else {
+            return Ok(()); // quarantined when taken there; its file stays in the spool
+        };
+        let entry = SpoolEntry::Queued {
+            stream: stream.to_string(),
+            job: id,
+        };
+        self.txn
+            .open_table(SPOOL)?
+            .insert(spool.as_slice(), spool_bytes(&entry).as_slice())?;
+        self.touched = true;
+        Ok(())
+    }
+
     pub(super) fn job_left(&mut self, raw: &[u8], delivered: bool) -> Result<(), StoreError> {
         if format::header(raw).map_or(true, |h| h.file_len.is_none()) {
             return Ok(());

@@ -38,12 +38,15 @@
 //! V1  attempts, last_error, last_failed_ms            read only (decoded as offset 0)
 //! V2  attempts, last_error, last_failed_ms, offset    written by this version
 //! V3  as V2, and origin (store id, job id)              a salvaged job (issue 17)
+//! V4  as V3, and the stream the key names               a job moved by `on_max_age` (issue 33)
 //! ```
 //!
 //! `origin` is where a salvaged job came from: the damaged file's store id and the job's id in it.
 //! A sink builds its idempotency key from it, so a receiver sees the same key it saw before the
-//! damage. Only salvaged jobs carry V3 (a release before it quarantines such a job instead of
-//! reading it; every other job is still V2).
+//! damage. A job moved to another stream (`on_max_age: stream:NAME`) carries V4: its store, id
+//! and stream before the move, so it keeps its key in its new stream. Only salvaged and moved jobs
+//! carry V3 or V4 (a release before them quarantines such a job instead of reading it; every other
+//! job is still V2).
 //!
 //! `offset` is how many records of the job as first appended were settled (delivered or
 //! dead-lettered) and cut from its front since: a sink that splits a job keeps its place in it, so
@@ -129,19 +132,40 @@ pub enum Meta {
         last_error: Option<String>,
         last_failed_ms: u64,
         offset: u32,
-        origin: Origin,
+        origin: StoreJob,
+    },
+    V4 {
+        attempts: u32,
+        last_error: Option<String>,
+        last_failed_ms: u64,
+        offset: u32,
+        origin: StoreJob,
+        /// The stream the job's key names (the one it was moved from).
+        stream: String,
     },
 }
 
-/// Where a salvaged job came from: the store file it was in, and its id there.
+/// A store file's id and a job's id in it, as V3 and V4 store them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Origin {
+pub struct StoreJob {
     pub store: u64,
     pub job: u64,
 }
 
+/// Whose idempotency key a job carries when it is not its own: where a salvaged job came from
+/// (the store file it was in, its id there), and for a job moved to another stream, the stream it
+/// was moved from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Origin {
+    pub store: u64,
+    pub job: u64,
+    /// For a moved job: the stream its key names.
+    pub stream: Option<String>,
+}
+
 impl Meta {
-    /// The variant that holds these: V3 with an origin, else V2 (what earlier releases read).
+    /// The variant that holds these: V4 with a moved job's origin, V3 with a salvaged one's, else
+    /// V2 (what earlier releases read).
     pub fn new(
         attempts: u32,
         last_error: Option<String>,
@@ -149,20 +173,77 @@ impl Meta {
         offset: u32,
         origin: Option<Origin>,
     ) -> Meta {
-        match origin {
-            None => Meta::V2 {
+        let Some(Origin { store, job, stream }) = origin else {
+            return Meta::V2 {
                 attempts,
                 last_error,
                 last_failed_ms,
                 offset,
-            },
-            Some(origin) => Meta::V3 {
+            };
+        };
+        let origin = StoreJob { store, job };
+        match stream {
+            None => Meta::V3 {
                 attempts,
                 last_error,
                 last_failed_ms,
                 offset,
                 origin,
             },
+            Some(stream) => Meta::V4 {
+                attempts,
+                last_error,
+                last_failed_ms,
+                offset,
+                origin,
+                stream,
+            },
+        }
+    }
+
+    /// Its fields, whichever variant: (attempts, last error, when it failed, offset, origin).
+    fn into_parts(self) -> (u32, Option<String>, u64, u32, Option<Origin>) {
+        match self {
+            Meta::V1 {
+                attempts,
+                last_error,
+                last_failed_ms,
+            } => (attempts, last_error, last_failed_ms, 0, None),
+            Meta::V2 {
+                attempts,
+                last_error,
+                last_failed_ms,
+                offset,
+            } => (attempts, last_error, last_failed_ms, offset, None),
+            Meta::V3 {
+                attempts,
+                last_error,
+                last_failed_ms,
+                offset,
+                origin: StoreJob { store, job },
+            } => {
+                let origin = Origin {
+                    store,
+                    job,
+                    stream: None,
+                };
+                (attempts, last_error, last_failed_ms, offset, Some(origin))
+            }
+            Meta::V4 {
+                attempts,
+                last_error,
+                last_failed_ms,
+                offset,
+                origin: StoreJob { store, job },
+                stream,
+            } => {
+                let origin = Origin {
+                    store,
+                    job,
+                    stream: Some(stream),
+                };
+                (attempts, last_error, last_failed_ms, offset, Some(origin))
+            }
         }
     }
 }
@@ -268,7 +349,7 @@ impl Decoded<'_> {
             self.last_error.clone(),
             self.last_failed_ms,
             self.offset,
-            self.origin,
+            self.origin.clone(),
         )
     }
 }
@@ -549,26 +630,7 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
             rest.len()
         )));
     }
-    let (attempts, last_error, last_failed_ms, offset, origin) = match meta {
-        Meta::V1 {
-            attempts,
-            last_error,
-            last_failed_ms,
-        } => (attempts, last_error, last_failed_ms, 0, None),
-        Meta::V2 {
-            attempts,
-            last_error,
-            last_failed_ms,
-            offset,
-        } => (attempts, last_error, last_failed_ms, offset, None),
-        Meta::V3 {
-            attempts,
-            last_error,
-            last_failed_ms,
-            offset,
-            origin,
-        } => (attempts, last_error, last_failed_ms, offset, Some(origin)),
-    };
+    let (attempts, last_error, last_failed_ms, offset, origin) = meta.into_parts();
     // A job never held more than u32::MAX records, so its settled prefix and what is left of it
     // add up to at most that; refusing anything else lets callers add them without overflow.
     if offset.checked_add(header.records).is_none() {

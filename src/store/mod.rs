@@ -54,7 +54,8 @@ pub use read::{DeadPage, Peeked};
 pub use record_buf::{RecordBuf, RecordWriter};
 pub use salvage::SalvageReport;
 pub use stream::{
-    AtRest, BatchConfig, Replay, StorageConfig, StreamConfig, WAITING_JOBS, WhenFull,
+    AtRest, BatchConfig, MaxAge, OnMaxAge, Replay, StorageConfig, StreamConfig, WAITING_JOBS,
+    WhenFull,
 };
 pub use tx::{EXPIRE_CHUNK, Tx};
 

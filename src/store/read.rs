@@ -297,7 +297,8 @@ pub struct Peeked {
     pub last_failed_ms: u64,
     /// Records of the original job settled and cut from its front before.
     pub offset: u32,
-    /// For a salvaged job: the store and id it had before the damage.
+    /// For a salvaged job: the store and id it had before the damage; for a moved one, also the
+    /// stream it was moved from.
     pub origin: Option<format::Origin>,
     pub bytes: u64,
     /// What it would take uncompressed (`bytes` when it is stored as it is).
@@ -344,10 +345,15 @@ impl Peeked {
             "last_error": self.last_error,
             "last_failed_ms": self.last_failed_ms,
             "offset": self.offset,
-            "salvaged_from": self.origin.map(|o| serde_json::json!({
+            "salvaged_from": self.origin.as_ref().filter(|o| o.stream.is_none()).map(|o| serde_json::json!({
                 "store_id": format!("{:016x}", o.store),
                 "job": o.job,
             })),
+            "moved_from": self.origin.as_ref().and_then(|o| Some(serde_json::json!({
+                "stream": o.stream.as_ref()?,
+                "store_id": format!("{:016x}", o.store),
+                "job": o.job,
+            }))),
             "bytes": self.bytes,
             "records": records,
             "decode_error": decode_error,

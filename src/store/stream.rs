@@ -22,13 +22,31 @@ pub struct StreamConfig {
     pub max_bytes: u64,
     pub when_full: WhenFull,
     pub ttl: Option<Duration>,
-    /// Jobs older than this when a take comes are deleted unsent (counted as expired).
-    pub max_age: Option<Duration>,
+    /// Jobs older than this when a take comes are never handed out: deleted (counted as expired)
+    /// or moved to another stream.
+    pub max_age: Option<MaxAge>,
     pub dead_max_jobs: u64,
     /// When jobs are stored compressed.
     pub compression: AtRest,
     /// In which order a backlog is handed out, and where the live lane ends.
     pub replay: Replay,
+}
+
+/// A stream's `max_age` and what becomes of a job older than it when a take comes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaxAge {
+    pub age: Duration,
+    pub then: OnMaxAge,
+}
+
+/// What becomes of a job older than its stream's `max_age`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnMaxAge {
+    /// Deleted, counted as expired.
+    Drop,
+    /// Moved, with its idempotency key, to the ready queue of the named stream (which moves
+    /// nothing on itself), counted out here and in there.
+    Move(String),
 }
 
 /// In which order a stream's queue is handed out once a backlog exists, and its priority among

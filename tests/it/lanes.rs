@@ -457,3 +457,114 @@ fn max_age_keeps_too_old_jobs_from_the_sink_and_counts_them_expired() {
     );
     assert_eq!(queued, 0.0, "{text}");
 }
+
+/// `on_max_age: stream:NAME`: a backlog older than `max_age` when the link is back goes to the
+/// archive stream and its own sink instead, each job under the idempotency key it had (naming the
+/// stream it was appended to) and marked replayed; the first sink gets only what is younger; one
+/// scrape balances both streams (moved out of the one, moved into the other).
+#[test]
+fn max_age_moves_too_old_jobs_to_the_archive_stream_under_their_keys() {
+    const OLD: u64 = 5_000;
+    const NEW: u64 = 50;
+    let sb = Sandbox::new();
+    let (rx, shelf) = (Receiver::start(), Receiver::start());
+    let (port, admin) = (free_port(), free_port());
+    let config = sb.write_config(&format!(
+        "data_dir: data\n\
+         shutdown_grace: 2s\n\
+         log: {{ format: json, level: info }}\n\
+         admin: {{ listen: \"127.0.0.1:{admin}\" }}\n\
+         ingest: {{ listen: \"127.0.0.1:{port}\" }}\n\
+         sinks:\n  up: {{ type: http, url: {url} }}\n  bulk: {{ type: http, url: {bulk} }}\n\
+         streams:\n  logs: {{ sink: up, max_age: {age}s, on_max_age: \"stream:archive\" }}\n  \
+           archive: {{ sink: bulk }}\n",
+        url = quote(rx.url("/ingest")),
+        bulk = quote(shelf.url("/bulk")),
+        age = WINDOW.as_secs(),
+    ));
+    outage(&sb, &config, OLD);
+    let agent = start(&config);
+    produce(port, 0, NEW);
+    for (r, n) in [(&rx, NEW), (&shelf, OLD)] {
+        if let Err(e) = r.wait_count(n, secs(60)) {
+            panic!("{e}; stderr:\n{}", agent.stderr());
+        }
+    }
+    let of = |text: &str, name: &str, labels: &str| sample(text, &format!("{name}{{{labels}}}"));
+    let text = poll(secs(30), || {
+        let text = scrape(admin);
+        let delivered = |s: &str| {
+            of(
+                &text,
+                "colibri_stream_delivered_records_total",
+                &format!("stream=\"{s}\""),
+            )
+        };
+        (delivered("logs") == NEW as f64 && delivered("archive") == OLD as f64).then_some(text)
+    })
+    .unwrap_or_else(|| panic!("the deliveries never all counted:\n{}", scrape(admin)));
+    // `queue stats` has the running agent's lanes: the live lane's latency for the first stream,
+    // the backlog's for the archive (its jobs are older than its live window).
+    let stats = queue_stats(&config, &[]);
+    let latency = |s: &str, lane: &str| stream_stats(&stats, s)["latency_ms"][lane].as_u64();
+    assert!(latency("logs", "live").is_some_and(|ms| ms > 0), "{stats}");
+    assert!(
+        latency("archive", "backlog").is_some_and(|ms| ms >= WINDOW.as_millis() as u64),
+        "{stats}"
+    );
+    let agent = stop(agent);
+    let got: Vec<u64> = rx.records().iter().map(|r| seq_of(r)).collect();
+    assert!(
+        got.iter().copied().eq(LIVE_FROM..LIVE_FROM + NEW),
+        "only what was younger than max_age: {} records; stderr:\n{}",
+        got.len(),
+        agent.stderr()
+    );
+    let archived: Vec<u64> = shelf.records().iter().map(|r| seq_of(r)).collect();
+    assert!(
+        archived.iter().copied().eq(0..OLD),
+        "the whole backlog, once, in order: {} records",
+        archived.len()
+    );
+    let requests = shelf.requests();
+    let keys: HashSet<String> = requests
+        .iter()
+        .map(|r| {
+            assert_eq!(r.header(MARKER), Some("true"), "moved jobs are backlog");
+            r.idempotency_key.clone().expect("every request has a key")
+        })
+        .collect();
+    assert_eq!(keys.len(), requests.len(), "a key per job: {keys:?}");
+    assert!(
+        keys.iter().all(|k| k.split(':').nth(1) == Some("logs")),
+        "the keys they had in the stream they were appended to: {keys:?}"
+    );
+    for (stream, appended, moved_in, moved_out, delivered) in [
+        ("logs", OLD + NEW, 0, OLD, NEW),
+        ("archive", 0, OLD, 0, OLD),
+    ] {
+        let l = format!("stream=\"{stream}\"");
+        let moved = |d: &str| {
+            of(
+                &text,
+                "colibri_stream_moved_records_total",
+                &format!("{l},direction=\"{d}\""),
+            )
+        };
+        let got = (
+            of(&text, "colibri_stream_appended_records_total", &l),
+            moved("in"),
+            moved("out"),
+            of(&text, "colibri_stream_delivered_records_total", &l),
+            of(&text, "colibri_stream_expired_records_total", &l),
+        );
+        let want = (
+            appended as f64,
+            moved_in as f64,
+            moved_out as f64,
+            delivered as f64,
+            0.0,
+        );
+        assert_eq!(got, want, "{stream}: {text}");
+    }
+}

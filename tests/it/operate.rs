@@ -271,10 +271,18 @@ tasks:
             )
         };
         let (ready, retry, dead) = (queue("ready"), queue("retry"), queue("dead"));
+        let moved = |d: &str| {
+            value(
+                &samples,
+                "colibri_stream_moved_records_total",
+                &[("stream", stream), ("direction", d)],
+            )
+        };
+        let (moved_in, moved_out) = (moved("in"), moved("out"));
         assert_eq!(
-            appended,
-            delivered + dropped + expired + quarantined + dead + ready + retry,
-            "{stream}: appended {appended} = delivered {delivered} + dropped {dropped} + expired {expired} + quarantined, lost to damage and salvaging {quarantined} + dead {dead} + ready {ready} + retry {retry}"
+            appended + moved_in,
+            delivered + dropped + expired + quarantined + moved_out + dead + ready + retry,
+            "{stream}: appended {appended} + moved in {moved_in} = delivered {delivered} + dropped {dropped} + expired {expired} + quarantined, lost to damage and salvaging {quarantined} + moved out {moved_out} + dead {dead} + ready {ready} + retry {retry}"
         );
     }
     assert_eq!(

@@ -415,3 +415,117 @@ streams:
         "{reasons:?}"
     );
 }
+
+/// A Prometheus without an out-of-order window behind `max_age`, with the present first: after
+/// an outage the scrapes older than `max_age` (the live window too) go to an archive stream,
+/// here remote-written to VictoriaMetrics, which takes any order. Prometheus never sees a sample
+/// older than its newest (no dead letters), the archive has the outage, and between them every
+/// scrape is stored (once, but for a job in flight when Prometheus stopped).
+#[test]
+fn prometheus_without_a_window_behind_max_age_and_the_past_archived() {
+    let sb = Sandbox::new();
+    let mut p = Prom::start(&sb.file("prom"), free_port(), None);
+    let vm = Vm::start(&sb.file("vm"), free_port());
+    let endpoint = Endpoint::start(Box::new(|path, n| match path {
+        "/metrics" => (
+            200,
+            "text/plain; version=0.0.4",
+            format!("# TYPE scrapes_total counter\nscrapes_total {n}\n"),
+        ),
+        _ => (404, "text/plain", "no\n".into()),
+    }));
+    let config = sb.write_config(&format!(
+        r#"data_dir: data
+log: {{format: json}}
+sinks:
+  tsdb:
+    type: prometheus_remote_write
+    url: {url}
+    link: {{ down_after: 1, backoff_base: 100ms, backoff_cap: 500ms }}
+  archive: {{ type: prometheus_remote_write, url: {archive} }}
+streams:
+  prom: {{ sink: tsdb, replay: live_first, live_window: 3s, max_age: 3s, on_max_age: "stream:past" }}
+  past: {{ sink: archive }}
+tasks:
+  - name: plc
+    type: http_scrape
+    every: 1s
+    url: {metrics}
+    format: prometheus
+    stream: prom
+    measurement: factory
+    timeout: 5s
+"#,
+        url = quote(Receiver::write_url(&p)),
+        archive = quote(Receiver::write_url(&vm)),
+        metrics = quote(endpoint.url("/metrics")),
+    ));
+    let scrapes = r#"{__name__="scrapes_total"}"#;
+    let values = |s: BTreeMap<String, Vec<(u64, f64)>>| -> Vec<(u64, f64)> {
+        s.into_values().flatten().collect()
+    };
+    let mut agent = Proc::run(&config);
+    agent.wait_until(secs(30), "a few scrapes stored", || {
+        values(p.samples(scrapes)).len() >= 3
+    });
+    p.stop();
+    let outage_start = now_ms();
+    agent.wait_for_event(secs(20), "the link going down", |e| {
+        field(e, "message").starts_with("link down")
+    });
+    let before = endpoint.served("/metrics").len();
+    agent.wait_until(secs(60), "fifteen scrapes during the outage", || {
+        endpoint.served("/metrics").len() >= before + 15
+    });
+    let outage_end = now_ms();
+    p.restart();
+    // Prometheus answers again: what was older than max_age then is not for it.
+    let back = now_ms();
+    agent.wait_until(secs(30), "more scrapes after the outage", || {
+        endpoint.served("/metrics").len() >= before + 20
+    });
+    endpoint.freeze();
+    let last = endpoint.served("/metrics").len();
+    let stored = || {
+        let mut all: Vec<u64> = values(p.samples(scrapes))
+            .into_iter()
+            .chain(values(vm.export(scrapes)))
+            .map(|(_, v)| v as u64)
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    };
+    agent.wait_until(secs(60), "every scrape stored in one or the other", || {
+        stored().len() == last
+    });
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
+
+    assert_eq!(stored(), (1..=last as u64).collect::<Vec<_>>());
+    let (prom, past) = (values(p.samples(scrapes)), values(vm.export(scrapes)));
+    // The job in flight when Prometheus stopped may have been stored; a second of slack.
+    let too_old = |ts: &u64| (outage_start + 2_000..back - 4_000).contains(ts);
+    let sent_too_old: Vec<_> = prom.iter().filter(|(ts, _)| too_old(ts)).collect();
+    assert!(
+        sent_too_old.is_empty(),
+        "Prometheus got no backlog: {prom:?}"
+    );
+    let archived = past
+        .iter()
+        .filter(|(ts, _)| (outage_start..outage_end).contains(ts));
+    assert!(
+        archived.count() >= 8,
+        "the archive has the outage: {past:?}"
+    );
+    let both: Vec<f64> = prom
+        .iter()
+        .filter(|(_, v)| past.iter().any(|(_, w)| w == v))
+        .map(|(_, v)| *v)
+        .collect();
+    assert!(both.len() <= 1, "at most the job in flight twice: {both:?}");
+    for stream in ["prom", "past"] {
+        let dead = dead_letters(&config, stream);
+        assert!(dead.is_empty(), "{stream}: no dead letters: {dead:?}");
+    }
+}

@@ -1260,7 +1260,7 @@ fn file_sink_delivers_the_backlog_once_its_directory_appears() {
     assert!(
         has_message(
             &agent.events(),
-            "link up: deliveries resumed, backlog replayed oldest first"
+            "link up: deliveries resumed, the backlog replayed in its streams' replay order"
         ),
         "{}",
         agent.stderr()

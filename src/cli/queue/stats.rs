@@ -1,7 +1,7 @@
 //! `colibri queue stats`: per stream what its tables hold now and what has flowed through it,
-//! read from the store (read-only, beside a running agent), and whether the running agent has it
-//! paused (the one column the store cannot tell: a pause lives in the agent's memory), as a table
-//! or as JSON. Owns only the report; opening the store is `queue`'s. Called by `queue::run`.
+//! read from the store (read-only, beside a running agent), and what only the running agent
+//! knows (in its memory): whether it has the stream paused, and how long its last live and
+//! backlog jobs took from append to delivery; as a table or as JSON. Owns only the report; opening the store is `queue`'s. Called by `queue::run`.
 
 use std::collections::BTreeMap;
 
@@ -13,14 +13,15 @@ use crate::store;
 use crate::units::{fmt_duration, fmt_size};
 
 pub(super) fn stats(c: &Config, admin: &AdminArgs, json: bool) -> anyhow::Result<()> {
-    let paused = paused(c, admin);
-    let report = Report::read(c, paused.as_ref())?;
+    let agent = ask_agent(c, admin);
+    let report = Report::read(c, agent.as_ref())?;
     if json {
         return report.print_json(c);
     }
     report.print_summary(c);
     report.print_streams();
-    if paused.is_none() {
+    report.print_latencies();
+    if agent.is_none() {
         println!(
             "PAUSED -: no agent answered at its admin endpoint (a pause lives in the running agent)"
         );
@@ -42,7 +43,10 @@ struct Report {
 }
 
 impl Report {
-    fn read(c: &Config, paused: Option<&BTreeMap<String, bool>>) -> anyhow::Result<Self> {
+    fn read(
+        c: &Config,
+        agent: Option<&BTreeMap<String, serde_json::Value>>,
+    ) -> anyhow::Result<Self> {
         let s = open(c, Access::Read)?;
         let now = clock::now_ms();
         let mut rows = Vec::new();
@@ -56,7 +60,8 @@ impl Report {
                 "oldest_age_ms": oldest.map(|o| now.saturating_sub(o)),
                 "counters": n,
                 "balanced": n.balanced(),
-                "paused": paused.and_then(|p| p.get(&cfg.name)),
+                "paused": agent.and_then(|a| a.get(&cfg.name)?.get("paused")),
+                "latency_ms": agent.and_then(|a| a.get(&cfg.name)?.get("latency_ms")),
             }));
         }
         let file_bytes = s.file_bytes();
@@ -158,6 +163,28 @@ impl Report {
         }
     }
 
+    /// What the running agent says of its lanes: a line per stream that has delivered, how long
+    /// its last live and backlog jobs took from append to delivery.
+    fn print_latencies(&self) {
+        for r in &self.rows {
+            let ms = |lane: &str| r["latency_ms"][lane].as_u64().filter(|ms| *ms > 0);
+            let parts: Vec<String> = [("live", ms("live")), ("backlog", ms("backlog"))]
+                .into_iter()
+                .filter_map(|(lane, ms)| {
+                    let d = std::time::Duration::from_millis(ms?);
+                    Some(format!("{lane} {}", fmt_duration(d)))
+                })
+                .collect();
+            if !parts.is_empty() {
+                println!(
+                    "{}: last delivered {} after its append",
+                    r["stream"].as_str().unwrap_or(""),
+                    parts.join(", ")
+                );
+            }
+        }
+    }
+
     /// Damaged store files the agent moved aside: they hold disk (and count against
     /// storage.max_bytes) until removed.
     fn print_aside(&self) {
@@ -178,10 +205,11 @@ impl Report {
 /// How long `stats` waits for the agent's answer: the store's figures do not wait on a hung agent.
 const ASK_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// Per stream, whether the running agent has it paused; `None` when no agent answers (a stopped
-/// agent delivers nothing, and its next start delivers every stream). Asking is best effort: the
-/// store's figures are the report, so a failure to ask is said on stderr and the column left out.
-fn paused(c: &Config, admin: &AdminArgs) -> Option<BTreeMap<String, bool>> {
+/// Per stream, what the running agent says of it (`GET /-/queues`: whether it is paused, its
+/// lanes' latency); `None` when no agent answers (a stopped agent delivers nothing, and its next
+/// start delivers every stream). Asking is best effort: the store's figures are the report, so a
+/// failure to ask is said on stderr and the columns left out.
+fn ask_agent(c: &Config, admin: &AdminArgs) -> Option<BTreeMap<String, serde_json::Value>> {
     let asked = admin.admin.is_some();
     let client = match AdminClient::new(c, admin) {
         Ok(client) => client,
@@ -213,7 +241,7 @@ fn paused(c: &Config, admin: &AdminArgs) -> Option<BTreeMap<String, bool>> {
     Some(
         streams
             .iter()
-            .filter_map(|s| Some((s["stream"].as_str()?.to_string(), s["paused"].as_bool()?)))
+            .filter_map(|s| Some((s["stream"].as_str()?.to_string(), s.clone())))
             .collect(),
     )
 }

@@ -2,6 +2,7 @@
 //! reported with its path.
 
 use super::*;
+use crate::store::{MaxAge, OnMaxAge};
 
 #[test]
 fn streams_and_storage_compile_with_defaults() {
@@ -49,7 +50,13 @@ streams:
     assert_eq!(logs.when_full, WhenFull::DropOldest);
     assert_eq!(logs.ttl, Some(Duration::from_secs(7 * 86400)));
     assert_eq!(logs.dead_max_jobs, 100);
-    assert_eq!(logs.max_age, Some(Duration::from_secs(3600)));
+    assert_eq!(
+        logs.max_age,
+        Some(MaxAge {
+            age: Duration::from_secs(3600),
+            then: OnMaxAge::Drop
+        })
+    );
     assert_eq!(
         logs.replay,
         Replay {
@@ -103,6 +110,10 @@ streams:
   k: { priority: 10, min_share: 1 }
   l: { max_age: 0s, on_max_age: "stream:archive" }
   m: { on_max_age: drop }
+  n: { max_age: 1h, on_max_age: "stream:n" }
+  o: { max_age: 1h, on_max_age: shelf }
+  p: { max_age: 1h, on_max_age: "stream:q" }
+  q: { max_age: 1h, on_max_age: "stream:m" }
 "#,
     );
     let expect = [
@@ -125,8 +136,11 @@ streams:
         "streams.k.priority: 10 is not a priority: 0 to 9",
         "streams.k.min_share: 1 is not a share: give a number above 0, below 1",
         "streams.l.max_age: must be positive",
-        "streams.l.on_max_age: \"stream:archive\": only drop is supported in this version",
+        "streams.l.on_max_age: stream \"archive\" is not defined under streams: (defined: a, b, bad name,",
         "streams.m.on_max_age: applies only with max_age",
+        "streams.n.on_max_age: \"n\" is this stream: name another one (an archive)",
+        "streams.o.on_max_age: \"shelf\": expected drop or stream:NAME",
+        "streams.p.on_max_age: stream \"q\" moves jobs on itself (its own on_max_age): moves are one step",
     ];
     for e in expect {
         assert!(
@@ -136,4 +150,47 @@ streams:
         );
     }
     assert_eq!(p.len(), expect.len(), "{p:#?}");
+}
+
+/// `on_max_age: stream:NAME` names the stream a too old job moves to; its sink must take the same
+/// records as the first one's (a moved job is not rewritten), or any line (a directory).
+#[test]
+fn on_max_age_moves_into_another_stream_whose_sink_takes_the_same_records() {
+    let c = load(
+        r#"
+sinks:
+  tsdb: { type: http, url: "http://127.0.0.1:9/write", encoding: influx_line }
+  bulk: { type: http, url: "http://127.0.0.1:9/bulk", encoding: influx_line }
+  disk: { type: file, path: /tmp/colibri-archive }
+streams:
+  metrics: { sink: tsdb, max_age: 5m, on_max_age: "stream:archive" }
+  archive: { sink: bulk }
+  logs: { sink: tsdb, max_age: 5m, on_max_age: "stream:shelf" }
+  shelf: { sink: disk }
+"#,
+    )
+    .unwrap();
+    let metrics = c.streams.iter().find(|s| s.name == "metrics").unwrap();
+    assert_eq!(
+        metrics.max_age,
+        Some(MaxAge {
+            age: Duration::from_secs(300),
+            then: OnMaxAge::Move("archive".into())
+        })
+    );
+    let p = problems(
+        r#"
+sinks:
+  tsdb: { type: http, url: "http://127.0.0.1:9/write", encoding: influx_line }
+  json: { type: http, url: "http://127.0.0.1:9/bulk" }
+streams:
+  metrics: { sink: tsdb, max_age: 5m, on_max_age: "stream:archive" }
+  archive: { sink: json }
+"#,
+    );
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(
+        p[0].starts_with("streams.metrics.on_max_age: stream \"archive\" is delivered as"),
+        "{p:#?}"
+    );
 }

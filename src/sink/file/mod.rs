@@ -84,7 +84,7 @@ impl Deliver for FileSink {
         use std::os::unix::ffi::OsStrExt;
         let mut name = format!(
             "{}-{:016x}-{:020}-",
-            batch.stream, batch.store_id, batch.job
+            batch.key_stream, batch.store_id, batch.job
         )
         .into_bytes();
         // Cut so the name (and its temporary `.<name>.tmp`) stays within NAME_MAX (255).
@@ -120,7 +120,7 @@ impl Deliver for FileSink {
 /// records, and, as the idempotency key, never the same for two store files (job ids start over in
 /// a store that replaced a damaged one: its job 1 must not overwrite the old one's).
 fn file_name(batch: &Batch<'_>) -> String {
-    let (stream, store, job) = (batch.stream, batch.store_id, batch.job);
+    let (stream, store, job) = (batch.key_stream, batch.store_id, batch.job);
     if batch.whole {
         format!("{stream}-{store:016x}-{job:020}")
     } else {

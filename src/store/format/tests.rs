@@ -189,15 +189,19 @@ fn a_salvaged_jobs_origin_round_trips_and_other_jobs_stay_v2() {
     let origin = Origin {
         store: 0xabc,
         job: 77,
+        stream: None,
     };
-    let m = Meta::new(2, Some("503".into()), 9, 3, Some(origin));
+    let m = Meta::new(2, Some("503".into()), 9, 3, Some(origin.clone()));
     assert!(matches!(m, Meta::V3 { .. }));
     let v = encode(1, &m, &[b"a".as_slice(), b"b"]);
     let d = decode(&v).unwrap();
-    assert_eq!((d.origin, d.offset, d.attempts), (Some(origin), 3, 2));
+    assert_eq!(
+        (d.origin.clone(), d.offset, d.attempts),
+        (Some(origin.clone()), 3, 2)
+    );
     assert_eq!(d.meta(), m);
     let again = with_meta(&v, |d| {
-        Meta::new(d.attempts + 1, None, 10, d.offset, d.origin)
+        Meta::new(d.attempts + 1, None, 10, d.offset, d.origin.clone())
     })
     .unwrap();
     assert_eq!(decode(&again).unwrap().origin, Some(origin));
@@ -212,6 +216,42 @@ fn a_salvaged_jobs_origin_round_trips_and_other_jobs_stay_v2() {
         }
     );
     assert_eq!(decode(&encode(1, &plain, &[b"a"])).unwrap().origin, None);
+}
+
+/// A moved job's origin names its stream too (V4), and survives a re-encode; V3's bytes, which
+/// earlier releases read, are unchanged by the variant after them.
+#[test]
+fn a_moved_jobs_origin_round_trips_as_v4() {
+    let origin = Origin {
+        store: 0xabc,
+        job: 77,
+        stream: Some("metrics".into()),
+    };
+    let m = Meta::new(0, None, 0, 2, Some(origin.clone()));
+    assert!(matches!(m, Meta::V4 { .. }));
+    let v = encode(1, &m, &[b"a".as_slice()]);
+    assert_eq!(decode(&v).unwrap().origin, Some(origin.clone()));
+    let again = with_meta(&v, |d| {
+        Meta::new(
+            d.attempts + 1,
+            Some("x".into()),
+            5,
+            d.offset,
+            d.origin.clone(),
+        )
+    })
+    .unwrap();
+    let d = decode(&again).unwrap();
+    assert_eq!((d.origin, d.offset, d.attempts), (Some(origin), 2, 1));
+    let v3 = Meta::V3 {
+        attempts: 1,
+        last_error: None,
+        last_failed_ms: 0,
+        offset: 0,
+        origin: StoreJob { store: 1, job: 2 },
+    };
+    // Variant index 2, then the fields as V3 always had them.
+    assert_eq!(postcard::to_stdvec(&v3).unwrap(), [2, 1, 0, 0, 0, 1, 2]);
 }
 
 #[test]

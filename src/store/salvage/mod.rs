@@ -332,7 +332,11 @@ pub fn salvage(
                 origin: found
                     .store_id
                     .filter(|_| !job.twin)
-                    .map(|store| format::Origin { store, job: job.id }),
+                    .map(|store| format::Origin {
+                        store,
+                        job: job.id,
+                        stream: None,
+                    }),
             });
         }
         if let Some(last) = last {
@@ -466,11 +470,11 @@ impl Tx<'_> {
     /// when it was live there, else as a re-send ([`crate::store::Counters::salvaged`]).
     fn restore(&mut self, j: &Restored, share: &mut u64) -> Result<(), StoreError> {
         let with_origin;
-        let value = match j.origin {
+        let value = match &j.origin {
             Some(origin) => {
                 // Salvaged twice: the first origin is the one receivers know.
                 with_origin = format::with_meta(&j.value, |d| {
-                    let origin = Some(d.origin.unwrap_or(origin));
+                    let origin = Some(d.origin.clone().unwrap_or_else(|| origin.clone()));
                     format::Meta::new(
                         d.attempts,
                         d.last_error.clone(),

@@ -232,10 +232,74 @@ fn dead_letters_beyond_max_jobs_drop_the_oldest() {
     d.reopen(store);
 }
 
+/// `on_max_age: stream:NAME`: a too old job (ready or waiting for a retry) moves to the other
+/// stream's ready queue in the take's transaction, keeping its key (store, id, stream) and
+/// starting its attempts over; both streams balance (moved out here, moved in there) after every
+/// commit and across a reopen. A job in flight is left alone.
+#[test]
+fn a_job_older_than_max_age_moves_to_its_archive_stream_with_its_key() {
+    let mut cfg = stream(S);
+    cfg.max_age = Some(MaxAge {
+        age: Duration::from_secs(30),
+        then: OnMaxAge::Move("archive".into()),
+    });
+    let d = Dir::new(vec![cfg, stream("archive")]);
+    let mut store = d.open();
+    append(&mut store, S, &recs("a", 1), T0).unwrap(); // 1
+    append(&mut store, S, &recs("b", 2), T0 + 1_000).unwrap(); // 2
+    append(&mut store, S, &recs("c", 3), T0 + 2_000).unwrap(); // 3
+    append(&mut store, S, &recs("d", 4), T0 + 50_000).unwrap(); // 4
+    append(&mut store, "archive", &recs("own", 1), T0 + 50_000).unwrap();
+    // Job 1 in flight; job 2 fails once (to retry, due at once).
+    let taken = take(&mut store, S, 2, T0 + 20_000);
+    assert_eq!(ids(&taken), [1, 2]);
+    fail(
+        &mut store,
+        &taken[1].lease,
+        &transient(T0 + 20_000, 5),
+        T0 + 20_000,
+    );
+    assert_eq!(ids(&take(&mut store, S, 16, T0 + 51_000)), [4]);
+    check(&store);
+    let (c, a) = (counters(&store, S), counters(&store, "archive"));
+    assert_eq!(
+        (c.moved_out_records, a.moved_in_records),
+        (5, 5),
+        "jobs 2 and 3"
+    );
+    assert_eq!(
+        (c.retry_jobs, c.ready_jobs),
+        (0, 2),
+        "job 1 in flight, job 4"
+    );
+    assert_eq!((a.ready_jobs, a.appended_records), (3, 1));
+    let moved = take(&mut store, "archive", 16, T0 + 51_000);
+    let keys: Vec<_> = moved
+        .iter()
+        .map(|j| (owned(j).len(), j.attempts, j.origin.clone()))
+        .collect();
+    let origin = |job| {
+        Some(format::Origin {
+            store: store.id,
+            job,
+            stream: Some(S.to_string()),
+        })
+    };
+    assert_eq!(
+        keys,
+        [(1, 0, None), (3, 0, origin(3)), (2, 0, origin(2))],
+        "its own job, then the moved ones in the order they were found (ready, then retry)"
+    );
+    d.reopen(store);
+}
+
 #[test]
 fn a_take_never_hands_out_a_job_older_than_max_age() {
     let mut cfg = stream(S);
-    cfg.max_age = Some(Duration::from_secs(30));
+    cfg.max_age = Some(MaxAge {
+        age: Duration::from_secs(30),
+        then: OnMaxAge::Drop,
+    });
     let d = Dir::new(vec![cfg]);
     let mut store = d.open();
     append(&mut store, S, &recs("a", 1), T0).unwrap(); // 1

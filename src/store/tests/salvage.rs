@@ -514,12 +514,12 @@ fn salvaged_jobs_keep_their_old_store_and_id_through_failures_and_splits() {
         counters(&store, "a").ready_jobs + counters(&store, "a").retry_jobs
     );
     for j in &jobs {
-        let o = j.origin.expect("a salvaged job has its origin");
+        let o = j.origin.clone().expect("a salvaged job has its origin");
         assert_eq!(o.store, fx.store_id);
         assert_eq!(owned(j), fx.live[&("a".to_string(), o.job)], "{o:?}");
         assert_ne!(j.lease.id, o.job, "new ids in the new file");
     }
-    let origin = |j: &Job| j.origin.expect("origin");
+    let origin = |j: &Job| j.origin.clone().expect("origin");
     let (first, second) = (&jobs[0], &jobs[1]);
     let failed = fail(&mut store, &first.lease, &permanent(), T0);
     assert!(matches!(failed, Failed::Dead { .. }));
@@ -601,13 +601,13 @@ fn a_salvage_cut_short_goes_on_where_it_stopped_and_one_that_ended_is_not_done_a
     let mut seen = BTreeSet::new();
     let held: Vec<_> = take_all(&mut store, "a", u64::MAX / 2)
         .iter()
-        .map(|j| j.origin)
+        .map(|j| j.origin.clone())
         .chain(
             store
                 .peek("a", true, 100_000)
                 .unwrap()
                 .iter()
-                .map(|p| p.origin),
+                .map(|p| p.origin.clone()),
         )
         .collect();
     for o in held {

@@ -120,7 +120,7 @@ impl Tx<'_> {
             drop(v);
             let old = format::size(&raw);
             // Attempts start over; the offset stays, as the records before it are still settled.
-            let value = match format::with_meta(&raw, |d| fresh_meta(d.offset, d.origin)) {
+            let value = match format::with_meta(&raw, |d| fresh_meta(d.offset, d.origin.clone())) {
                 Ok(v) => v,
                 Err(e) => {
                     corrupt.push((k, raw, e.to_string()));

@@ -23,8 +23,9 @@ impl Tx<'_> {
     /// a taker's memory is bounded in bytes too. Jobs already in flight are skipped. A job that
     /// cannot be decoded moves to quarantine. Of a `live_first` stream's ready jobs, one take
     /// hands out one lane's, oldest first within it: the live lane's unless the backlog is alone
-    /// or below its share (see `lanes`). Jobs older than the stream's `max_age` are deleted first,
-    /// counted as expired, never handed out.
+    /// or below its share (see `lanes`). Jobs older than the stream's `max_age` are never handed
+    /// out: dropped or moved first (see `too_old`), and any such job left (beyond what one take
+    /// settles) skipped.
     pub fn take(
         &mut self,
         stream: &str,
@@ -32,7 +33,7 @@ impl Tx<'_> {
         max_bytes: u64,
         now_ms: u64,
     ) -> Result<Vec<Job>, StoreError> {
-        self.expire_too_old(stream, now_ms)?;
+        let old_at = self.settle_too_old(stream, now_ms)?;
         let store_id = self.rollback.store.id;
         let data_dir = self.rollback.store.data_dir.as_path();
         let txn = &self.txn;
@@ -74,7 +75,7 @@ impl Tx<'_> {
                 if full(&out, bytes) || bad.len() >= QUARANTINE_PER_TAKE {
                     break;
                 }
-                if st.in_flight.contains(&id) {
+                if st.in_flight.contains(&id) || too_old(v.value(), old_at) {
                     continue;
                 }
                 match job_from(store_id, data_dir, stream, id, Some(due), v.value()) {
@@ -117,7 +118,7 @@ impl Tx<'_> {
                 if full(&out, bytes) || bad.len() >= QUARANTINE_PER_TAKE {
                     break;
                 }
-                if st.in_flight.contains(&id) {
+                if st.in_flight.contains(&id) || too_old(v.value(), old_at) {
                     continue;
                 }
                 match job_from(store_id, data_dir, stream, id, None, v.value()) {
@@ -259,7 +260,7 @@ impl Tx<'_> {
                 max_attempts,
             } => (reason.clone(), attempts >= *max_attempts, *retry_at_ms),
         };
-        let meta = Meta::new(attempts, Some(reason), now_ms, d.offset, d.origin);
+        let meta = Meta::new(attempts, Some(reason), now_ms, d.offset, d.origin.clone());
         let value = format::reencode(&d, &meta);
         let size = format::size(&value);
         let (txn, st) = self.txn_and_stream(&lease.stream)?;
@@ -332,7 +333,7 @@ impl Tx<'_> {
                 d.last_error.clone(),
                 d.last_failed_ms,
                 offset,
-                d.origin,
+                d.origin.clone(),
             ),
             tail,
         );
@@ -371,7 +372,13 @@ impl Tx<'_> {
             Settle::Dead { reason } => {
                 let dead_id = st.counters.next_id;
                 st.counters.next_id += 1;
-                let meta = Meta::new(d.attempts, Some(reason.clone()), now_ms, d.offset, d.origin);
+                let meta = Meta::new(
+                    d.attempts,
+                    Some(reason.clone()),
+                    now_ms,
+                    d.offset,
+                    d.origin.clone(),
+                );
                 let value = encode(&meta, head);
                 txn.open_table(st.dead_def())?
                     .insert(dead_id, value.as_slice())?;
@@ -419,4 +426,11 @@ fn choose_lane(
         .lanes
         .choose(share, backlog, live)
         .map(|lane| (lane, b, backlog && live)))
+}
+
+/// Whether a job is older than its stream's `max_age` (created at or before `before`): one that
+/// a take left for the next (see `too_old`). A value whose header cannot be read is not: it is
+/// quarantined by the take.
+fn too_old(value: &[u8], before: Option<u64>) -> bool {
+    before.is_some_and(|t| format::header(value).is_ok_and(|h| h.created_ms <= t))
 }

@@ -1,5 +1,5 @@
 //! Expiry: deleting queued jobs older than their stream's `ttl`, in bounded chunks (called by
-//! the writer's sweep), or older than its `max_age` when a take comes (called by `take`).
+//! the writer's sweep), or older than its `max_age` when a take comes (through `too_old`).
 
 use std::collections::HashSet;
 
@@ -36,30 +36,9 @@ impl Tx<'_> {
         Ok(total)
     }
 
-    /// Deletes the jobs of `stream` older than its `max_age` (none in flight) before a take hands
-    /// out any: a receiver that no longer wants them never gets them. Counted as expired.
-    pub(in crate::store) fn expire_too_old(
-        &mut self,
-        stream: &str,
-        now_ms: u64,
-    ) -> Result<(), StoreError> {
-        let Some(max_age) = self.stream(stream)?.cfg.max_age else {
-            return Ok(());
-        };
-        let expired = self.expire_stream(stream, cutoff(now_ms, max_age))?;
-        if expired > 0 {
-            tracing::debug!(
-                stream,
-                records = expired,
-                "jobs older than the stream's max_age expired unsent"
-            );
-        }
-        Ok(())
-    }
-
     /// Deletes `stream`'s queued jobs created at or before `cutoff` (at most [`EXPIRE_CHUNK`] a
     /// table, none in flight) and counts them expired; returns records.
-    fn expire_stream(&mut self, stream: &str, cutoff: u64) -> Result<u64, StoreError> {
+    pub(super) fn expire_stream(&mut self, stream: &str, cutoff: u64) -> Result<u64, StoreError> {
         let mut files = Vec::new();
         let (txn, st) = self.txn_and_stream(stream)?;
         let ready = expire_in(
@@ -96,7 +75,7 @@ impl Tx<'_> {
 }
 
 /// The creation time at or before which a job is older than `age` at `now_ms`.
-fn cutoff(now_ms: u64, age: std::time::Duration) -> u64 {
+pub(super) fn cutoff(now_ms: u64, age: std::time::Duration) -> u64 {
     now_ms.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
 }
 

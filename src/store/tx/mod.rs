@@ -2,7 +2,7 @@
 //! durable at [`Tx::commit`] (counters included, in the same commit); dropping it aborts, and the
 //! in-memory state it changed is undone or reloaded. This file holds the transaction itself and the
 //! bounds checks; the operations are split by concept: [`append`], [`deliver`] (take, ack, fail,
-//! settle), [`dead`] (dead letters), [`expire`], [`quarantine`], [`free_pages`] (the file's free
+//! settle), [`dead`] (dead letters), [`expire`], [`too_old`] (`max_age`), [`quarantine`], [`free_pages`] (the file's free
 //! pages counted for `min_free`), and file jobs in
 //! [`super::files`]. Used by the store writer and `colibri queue`.
 
@@ -13,6 +13,7 @@ mod deliver;
 mod expire;
 mod free_pages;
 mod quarantine;
+mod too_old;
 
 pub use expire::EXPIRE_CHUNK;
 pub(in crate::store) use free_pages::{COMMIT_PAGES, FreePages};
