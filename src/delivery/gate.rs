@@ -34,6 +34,8 @@ struct Level {
     asked: Option<Instant>,
     /// Bytes sent while a higher level was busy (the share is kept from them).
     bytes: u64,
+    /// Its streams' least share (as the last request asked).
+    min_share: f64,
 }
 
 #[derive(Debug)]
@@ -106,6 +108,7 @@ impl Gate {
             let level = s.levels.entry(rank.priority).or_default();
             level.waiting.push(t);
             level.asked = Some(Instant::now());
+            level.min_share = rank.min_share;
             t
         };
         self.changed.notify_waiters();
@@ -165,8 +168,13 @@ impl State {
                 ahead = Some(ahead.map_or(d, |a: Duration| a.max(d)));
             }
         }
-        let owed = ahead.is_some() && self.below_share(rank);
-        if self.free == 0 || !first || (ahead.is_some() && !owed) {
+        let owed = ahead.is_some() && self.below_share(rank.priority);
+        // A lower level waiting and owed its share takes the next slot, whichever asks first.
+        let owing = self
+            .levels
+            .range(..rank.priority)
+            .any(|(&p, l)| !l.waiting.is_empty() && self.below_share(p));
+        if self.free == 0 || !first || (ahead.is_some() && !owed) || owing {
             return Some(ahead.filter(|d| !d.is_zero()).unwrap_or(BUSY_FOR));
         }
         self.free -= 1;
@@ -186,12 +194,12 @@ impl State {
         None
     }
 
-    /// Whether the level of `rank` has had less than its `min_share` of the bytes sent while
-    /// levels contended.
-    fn below_share(&self, rank: Rank) -> bool {
+    /// Whether level `priority` has had less than its `min_share` of the bytes sent while levels
+    /// contended.
+    fn below_share(&self, priority: u8) -> bool {
         let total: u64 = self.levels.values().map(|l| l.bytes).sum();
-        let mine = self.levels[&rank.priority].bytes;
-        (mine as f64) < rank.min_share * total as f64
+        let level = &self.levels[&priority];
+        (level.bytes as f64) < level.min_share * total as f64
     }
 }
 
@@ -222,7 +230,33 @@ mod tests {
         let l = s.levels.entry(rank.priority).or_default();
         l.waiting.push(t);
         l.asked = Some(now);
+        l.min_share = rank.min_share;
         t
+    }
+
+    /// When a slot frees, the higher level may ask for it before the lower one that is owed its
+    /// share: the slot still goes to the lower one.
+    #[test]
+    fn an_owed_lower_stream_gets_the_slot_whoever_asks_first() {
+        let now = Instant::now();
+        let mut s = state();
+        let busy = |_: u8| true;
+        let (mut high_bytes, mut low_bytes) = (0u64, 0u64);
+        let mut low = ask(&mut s, LOW, now);
+        let mut high = ask(&mut s, HIGH, now);
+        for _ in 0..1000 {
+            if s.grant(high, HIGH, 100, &busy, now).is_none() {
+                high_bytes += 100;
+                high = ask(&mut s, HIGH, now);
+            } else {
+                assert_eq!(s.grant(low, LOW, 100, &busy, now), None);
+                low_bytes += 100;
+                low = ask(&mut s, LOW, now);
+            }
+            s.free += 1;
+        }
+        let share = low_bytes as f64 / (low_bytes + high_bytes) as f64;
+        assert!((0.09..=0.11).contains(&share), "{share}");
     }
 
     #[test]
