@@ -350,6 +350,30 @@ fn worker_metrics(t: &mut Text, stats: &[(String, Arc<TaskStats>)], config: &Con
             ),
         ],
     );
+    let by_exception = Items {
+        label: "task",
+        items: stats
+            .iter()
+            .filter(|(name, _)| {
+                config
+                    .tasks
+                    .iter()
+                    .any(|d| &d.name == name && d.action.by_exception())
+            })
+            .map(|(n, s)| (n.as_str(), &**s))
+            .collect(),
+    };
+    by_exception.split(
+        t,
+        "colibri_scrape_values_total",
+        Kind::Counter,
+        "Values a scrape task with a deadband or heartbeat sampled, by outcome: sent (stored), or suppressed (inside their deadband).",
+        "outcome",
+        &[
+            ("sent", |s| s.values_sent.load(Relaxed)),
+            ("suppressed", |s| s.values_suppressed.load(Relaxed)),
+        ],
+    );
 }
 
 fn stream_metrics(t: &mut Text, snap: &Snapshot) {

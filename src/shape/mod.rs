@@ -2,14 +2,16 @@
 //! with. The problem reporter ([`Problems`]), durations and sizes as written ([`units`]), every
 //! problem of an entry at once ([`de_all`]), a string YAML may have typed otherwise ([`scalar`]),
 //! an outgoing connection's and a listener's `tls` block ([`tls`], [`listener_tls`]), URLs
-//! ([`url`]), a broker connection's default name (`client_name`), an I/O error in words
+//! ([`url`]), report by exception's `deadband` and `heartbeat` ([`deadband`]), a broker
+//! connection's default name (`client_name`), an I/O error in words
 //! ([`io_reason`]) and the refusal of a component left out of the build ([`built_without`]). It
 //! knows no component and no YAML: `config` parses the file and hands each component its entry as
-//! a JSON value; the compiled values it makes are the layers' below (`net`, `setting`).
+//! a JSON value; the compiled values it makes are the layers' below (`net`, `setting`, `scrape`).
 
 #[cfg(any(feature = "mqtt", feature = "nats"))]
 pub mod client_name;
 pub mod de_all;
+pub mod deadband;
 pub mod listener_tls;
 pub mod problems;
 pub mod scalar;

@@ -33,6 +33,11 @@ pub trait Settings {
         false
     }
 
+    /// Whether it samples values by exception (a `deadband` or `heartbeat`).
+    fn by_exception(&self) -> bool {
+        false
+    }
+
     /// What a run needs from its surroundings (a stream, a spool, the sink's settings).
     fn needs(&self) -> Needs<'_>;
 

@@ -18,8 +18,8 @@ pub mod scrape;
 
 pub use kind::Compile;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::logging::{output, summary};
 use crate::schedule::Schedule;
+use crate::scrape::exception::{Decided, Exceptions};
 
 /// A task as the runtime sees it: everything checked and parsed.
 #[derive(Debug)]
@@ -68,6 +69,11 @@ impl Action {
     /// Whether it samples an endpoint into a stream.
     pub fn is_scrape(&self) -> bool {
         self.settings().is_scrape()
+    }
+
+    /// Whether it samples values by exception (a `deadband` or `heartbeat`).
+    pub fn by_exception(&self) -> bool {
+        self.settings().by_exception()
     }
 
     /// What a run that took longer than `timeout` says.
@@ -123,6 +129,10 @@ pub struct TaskStats {
     pub next_ms: AtomicU64,
     /// Records the last run stored (a scrape's samples), for handlers that produce records.
     pub last_records: AtomicU64,
+    /// Of a task that reports by exception: values sampled and sent (stored), and values sampled
+    /// and not sent (inside their deadband), since it was made.
+    pub values_sent: AtomicU64,
+    pub values_suppressed: AtomicU64,
 }
 
 impl TaskStats {
@@ -152,6 +162,8 @@ impl Default for TaskStats {
             last_success_ms: AtomicU64::new(0),
             next_ms: AtomicU64::new(0),
             last_records: AtomicU64::new(0),
+            values_sent: AtomicU64::new(0),
+            values_suppressed: AtomicU64::new(0),
         }
     }
 }
@@ -217,6 +229,8 @@ pub struct Attempt {
     pub files: Option<file_move::Counts>,
     /// Records stored, for handlers that produce them.
     pub records: Option<u64>,
+    /// Of a handler that reports by exception: values (sent, suppressed) by the records stored.
+    pub values: Option<(u64, u64)>,
 }
 
 impl Attempt {
@@ -262,6 +276,45 @@ impl Attempt {
             stderr: String::new(),
             files: None,
             records,
+            values: None,
+        }
+    }
+
+    /// [`Attempt::of_records`] for a sampling handler that may report by exception: `work` also
+    /// gives what it decided, which stands only once its records are stored (`exceptions`: the
+    /// task's state); after a failure, or records not stored, every value's next sample is sent.
+    pub async fn of_samples<F>(
+        timeout: Duration,
+        ctx: &RunContext,
+        stream: &str,
+        exceptions: Option<&Exceptions>,
+        work: impl FnOnce() -> F,
+    ) -> Attempt
+    where
+        F: std::future::Future<Output = Result<(Vec<Vec<u8>>, Option<Decided>), String>>,
+    {
+        let decided = std::sync::Mutex::new(None);
+        let mut attempt = Attempt::of_records(timeout, ctx, stream, |_| async {
+            let (records, d) = work().await?;
+            *decided.lock().unwrap_or_else(PoisonError::into_inner) = d;
+            Ok(records)
+        })
+        .await;
+        if let Some(x) = exceptions {
+            let d = decided.into_inner().unwrap_or_else(PoisonError::into_inner);
+            attempt.settle_exceptions(x, d);
+        }
+        attempt
+    }
+
+    fn settle_exceptions(&mut self, exceptions: &Exceptions, decided: Option<Decided>) {
+        match (&self.outcome, decided) {
+            (Outcome::Ok, Some(d)) => {
+                self.values = Some((d.sent, d.suppressed));
+                exceptions.stored(d);
+            }
+            (Outcome::Cancelled, _) => {}
+            _ => exceptions.failed(),
         }
     }
 }
@@ -350,6 +403,12 @@ pub async fn run(
     stats
         .last_records
         .store(last.records.unwrap_or(0), Ordering::Relaxed);
+    if let Some((sent, suppressed)) = last.values {
+        stats.values_sent.fetch_add(sent, Ordering::Relaxed);
+        stats
+            .values_suppressed
+            .fetch_add(suppressed, Ordering::Relaxed);
+    }
     stats
         .last_outcome
         .store(last.outcome.code(), Ordering::Relaxed);

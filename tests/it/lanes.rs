@@ -131,7 +131,7 @@ fn latency(admin: u16, lane: &str) -> f64 {
 }
 
 /// One scrape of the admin endpoint's `/metrics`.
-fn scrape(admin: u16) -> String {
+pub(crate) fn scrape(admin: u16) -> String {
     let mut c = Client::new(std::net::SocketAddr::from(([127, 0, 0, 1], admin)));
     c.request("GET", "/metrics", &[], None)
         .unwrap_or_else(|e| panic!("GET /metrics: {e}"))
@@ -139,7 +139,7 @@ fn scrape(admin: u16) -> String {
 }
 
 /// The value of the series `series` (name and labels as written) in a scrape.
-fn sample(text: &str, series: &str) -> f64 {
+pub(crate) fn sample(text: &str, series: &str) -> f64 {
     let prefix = format!("{series} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&prefix))

@@ -21,11 +21,22 @@ use crate::util::{Proc, Sandbox, assert_code, field, poll, secs};
 struct Device {
     child: Option<Child>,
     port: u16,
+    /// After the port (`ramp FLAG`: see the fixture).
+    args: Vec<String>,
 }
 
 impl Device {
     fn start(port: u16) -> Device {
-        let mut d = Device { child: None, port };
+        Device::start_with(port, &[])
+    }
+
+    fn start_with(port: u16, args: &[&str]) -> Device {
+        let args = args.iter().map(ToString::to_string).collect();
+        let mut d = Device {
+            child: None,
+            port,
+            args,
+        };
         d.restart();
         d
     }
@@ -35,6 +46,7 @@ impl Device {
         let child = Command::new(python())
             .arg(&script)
             .arg(self.port.to_string())
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -376,4 +388,115 @@ tasks:
         "{failed}"
     );
     drop(silent);
+}
+
+/// Report by exception against a register that follows a slow ramp with noise, then a step (the
+/// fixture's `ramp` mode), polled every 100 ms with `deadband: 0.5` and `heartbeat: 3s`, and a
+/// constant point with a deadband and heartbeat of its own that never let it through again: the
+/// ramp's drift and noise stay inside the deadband, so what reaches VictoriaMetrics is the first
+/// value, a heartbeat every 3 s and the step, within a poll of it (at least ten times fewer
+/// values than polls); after a failed poll (the device stopped) every value's next sample is
+/// sent again. The counts in `/metrics` are exact: sent + suppressed = two values per poll.
+#[test]
+fn a_deadband_sends_a_noisy_ramp_by_exception_with_its_step_and_heartbeats() {
+    let sb = Sandbox::new();
+    let flag = sb.file("step");
+    let flag_s = flag.display().to_string();
+    let mut device = Device::start_with(free_port(), &["ramp", &flag_s]);
+    let vm = Vm::start(&sb.file("vm"), free_port());
+    let admin = free_port();
+    let config = sb.write_config(&format!(
+        r#"data_dir: data
+log: {{format: json}}
+admin: {{ listen: "127.0.0.1:{admin}" }}
+sinks:
+  vm: {{ type: http, url: "http://127.0.0.1:{vm}/write?db=plant", encoding: influx_line, precision: ms }}
+streams:
+  plc: {{ sink: vm }}
+tasks:
+  - name: tank
+    type: modbus
+    every: 100ms
+    timeout: 2s
+    address: "127.0.0.1:{dev}"
+    stream: plc
+    deadband: 0.5
+    heartbeat: 3s
+    points:
+      - {{ name: level, register: holding, address: 20, type: f32 }}
+      - {{ name: speed, register: holding, address: 0, scale: 0.1, deadband: 1000, heartbeat: 1h }}
+"#,
+        vm = vm.port(),
+        dev = device.port,
+    ));
+    let mut agent = Proc::start(&config);
+    let runs = |agent: &Proc, outcome: &str| {
+        agent
+            .events_where(|e| field(e, "task") == "tank" && field(e, "outcome") == outcome)
+            .len()
+    };
+    agent.wait_until(secs(30), "seven seconds of polls", || {
+        runs(&agent, "ok") >= 70
+    });
+    std::fs::write(&flag, b"").unwrap();
+    let at = flag.with_extension("at");
+    let step_at: u64 = poll(secs(10), || std::fs::read_to_string(&at).ok())
+        .expect("the device took the step")
+        .parse()
+        .expect("Unix ms");
+    let ok = runs(&agent, "ok");
+    agent.wait_until(secs(30), "polls after the step", || {
+        runs(&agent, "ok") >= ok + 40
+    });
+    // A failed poll, then the device back: the constant point is sent again.
+    let of = |text: &str, series: &str| crate::lanes::sample(text, series);
+    // Counted in /metrics: the log says a failure that repeats only once.
+    let failed = || {
+        let text = crate::lanes::scrape(admin);
+        of(
+            &text,
+            r#"colibri_task_runs_total{task="tank",outcome="failed"}"#,
+        )
+    };
+    let stopped_at = now_ms();
+    device.stop();
+    agent.wait_until(secs(20), "a failed poll", || failed() >= 1.0);
+    device.restart();
+    let ok = runs(&agent, "ok");
+    agent.wait_until(secs(30), "polls again", || runs(&agent, "ok") >= ok + 10);
+    // Stopped again, so that no poll adds values while the counts are read.
+    device.stop();
+    let failed_before = failed();
+    agent.wait_until(secs(20), "the next failed poll", || {
+        failed() > failed_before
+    });
+    let text = poll(secs(30), || {
+        let text = crate::lanes::scrape(admin);
+        let appended = of(
+            &text,
+            r#"colibri_stream_appended_records_total{stream="plc"}"#,
+        );
+        let delivered = of(
+            &text,
+            r#"colibri_stream_delivered_records_total{stream="plc"}"#,
+        );
+        (appended == delivered).then_some(text)
+    })
+    .expect("every sample delivered");
+    let polls = of(
+        &text,
+        r#"colibri_task_runs_total{task="tank",outcome="ok"}"#,
+    );
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
+
+    let level = crate::tsdb::check_by_exception(&vm, &text, polls, stopped_at);
+    let step = level
+        .iter()
+        .find(|(_, v)| *v > 24.0)
+        .expect("the step was sent");
+    assert!(
+        step.0 <= step_at + 1_000,
+        "the step at {step_at} sent by the poll after it: {step:?}"
+    );
 }

@@ -159,6 +159,8 @@ tasks:
   - {{ name: nope, type: exec, every: 200ms, command: ["/bin/false"] }}
   - {{ name: self, type: http_scrape, every: 200ms, url: "http://127.0.0.1:{admin_port}/metrics",
        headers: {{ Authorization: "Bearer s3cret" }}, format: prometheus, stream: scraped }}
+  - {{ name: changes, type: http_scrape, every: 200ms, url: "http://127.0.0.1:{admin_port}/metrics",
+       headers: {{ Authorization: "Bearer s3cret" }}, format: prometheus, stream: scraped, deadband: 0 }}
 "#,
         admin_port = crate::tsdb::free_port(),
         good = quote(good.url("/in")),
@@ -378,12 +380,12 @@ tasks:
         0.0
     );
     assert_eq!(value(&samples, "colibri_config_restart_pending", &[]), 0.0);
-    // Label cardinality: bounded by the config (three tasks, six streams, two sinks).
+    // Label cardinality: bounded by the config (four tasks, six streams, two sinks).
     let tasks: BTreeSet<&str> = samples
         .iter()
         .filter_map(|s| s.labels.get("task").map(String::as_str))
         .collect();
-    assert_eq!(tasks, BTreeSet::from(["hello", "nope", "self"]));
+    assert_eq!(tasks, BTreeSet::from(["changes", "hello", "nope", "self"]));
 
     // The token guards metrics and reload; health needs none.
     assert_eq!(get(admin, "/metrics", &[]).status, 401);

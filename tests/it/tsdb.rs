@@ -552,3 +552,152 @@ tasks:
         "colibri sent no line VictoriaMetrics could not read"
     );
 }
+
+/// The scraped value of GET `n` in the report-by-exception test: a slow ramp (0.002 a GET) with
+/// noise (a fixed pattern within ±0.05), 5 higher from GET [`STEP_AT`] on.
+fn ramp(n: u64) -> f64 {
+    let noise = ((n * 7919) % 101) as f64 / 1000.0 - 0.05;
+    20.0 + 0.002 * n as f64 + noise + if n >= STEP_AT { 5.0 } else { 0.0 }
+}
+
+const STEP_AT: u64 = 60;
+/// GETs answered 500: a failed scrape.
+const FAIL: std::ops::Range<u64> = 90..93;
+
+/// Report by exception through `http_scrape` (Prometheus text into VictoriaMetrics by line
+/// protocol): a gauge on a noisy ramp with a step, `deadband: 0.5`, `heartbeat: 3s`, and a constant
+/// with a deadband and heartbeat of its own (`fields:`) that never let it through again. Sent: the
+/// first value, heartbeats, the step at exactly the GET it appeared in, and after a failed scrape
+/// every value again; at least ten times fewer values than scrapes. `/metrics` counts them.
+#[test]
+fn a_deadband_sends_a_scraped_ramp_by_exception() {
+    let sb = Sandbox::new();
+    let vm = Vm::start(&sb.file("vm"), free_port());
+    let endpoint = Endpoint::start(Box::new(|path, n| match path {
+        "/metrics" if FAIL.contains(&n) => (500, "text/plain", "busy\n".into()),
+        "/metrics" => (
+            200,
+            "text/plain; version=0.0.4",
+            format!(
+                "# TYPE level gauge\nlevel{{tank=\"t1\"}} {}\n# TYPE speed gauge\nspeed 12.5\n",
+                ramp(n)
+            ),
+        ),
+        _ => (404, "text/plain", "no\n".into()),
+    }));
+    let admin = free_port();
+    let config = sb.write_config(&format!(
+        r#"data_dir: data
+log: {{format: json}}
+admin: {{ listen: "127.0.0.1:{admin}" }}
+sinks:
+  vm: {{ type: http, url: "http://127.0.0.1:{vm}/write?db=plant", encoding: influx_line, precision: ms }}
+streams:
+  m: {{ sink: vm }}
+tasks:
+  - name: tank
+    type: http_scrape
+    every: 100ms
+    url: {url}
+    format: prometheus
+    stream: m
+    deadband: 0.5
+    heartbeat: 3s
+    fields: {{ speed: {{ deadband: 1000, heartbeat: 1h }} }}
+"#,
+        vm = vm.port,
+        url = quote(endpoint.url("/metrics")),
+    ));
+    let mut agent = Proc::start(&config);
+    agent.wait_until(secs(60), "140 scrapes", || {
+        endpoint.served("/metrics").len() >= 140
+    });
+    let served = endpoint.freeze();
+    let of = |text: &str, series: &str| crate::lanes::sample(text, series);
+    let text = poll(secs(30), || {
+        let text = crate::lanes::scrape(admin);
+        let failed = of(
+            &text,
+            r#"colibri_task_runs_total{task="tank",outcome="failed"}"#,
+        );
+        let appended = of(
+            &text,
+            r#"colibri_stream_appended_records_total{stream="m"}"#,
+        );
+        let delivered = of(
+            &text,
+            r#"colibri_stream_delivered_records_total{stream="m"}"#,
+        );
+        // A failed run after the freeze: no scrape adds values any more.
+        (failed >= 2.0 && appended == delivered).then_some(text)
+    })
+    .expect("every sample delivered");
+    agent.signal(libc::SIGTERM);
+    assert_code(agent.wait_exit(secs(20)), 0, &agent.stderr());
+
+    let scrapes = served.iter().filter(|(p, _, _)| p == "/metrics").count() as f64;
+    let level = check_by_exception(&vm, &text, scrapes, u64::MAX);
+    let step = level
+        .iter()
+        .find(|(_, v)| *v > 24.0)
+        .expect("the step was sent");
+    assert_eq!(
+        step.1,
+        ramp(STEP_AT),
+        "the step, by the scrape it appeared in"
+    );
+    let after_failure = level.iter().find(|(_, v)| *v == ramp(FAIL.end));
+    assert!(
+        after_failure.is_some(),
+        "the first value after the failed scrape: {level:?}"
+    );
+}
+
+/// What both report-by-exception tests check of task `tank` (a `level` on the ramp, a constant
+/// `speed` sent only first and after the failure, `deadband: 0.5`, `heartbeat: 3s`, two values a
+/// run) once its samples are in `vm` and `text` is a scrape of `/metrics` taken after the last
+/// run: at least ten times fewer values than `runs`, a heartbeat at least every 3 s (a run of
+/// slack) before `failed_at`, and the counts exact. The `level` values, for the test's own checks.
+pub(crate) fn check_by_exception(
+    vm: &Vm,
+    text: &str,
+    runs: f64,
+    failed_at: u64,
+) -> Vec<(u64, f64)> {
+    let series = |name: &str| -> Vec<(u64, f64)> {
+        let s = vm.export(&format!(r#"{{__name__="tank_{name}"}}"#));
+        assert_eq!(s.len(), 1, "{name}: {s:?}");
+        s.into_values().next().unwrap()
+    };
+    let (level, speed) = (series("level"), series("speed"));
+    assert_eq!(
+        speed.len(),
+        2,
+        "the first, and the first after the failure: {speed:?}"
+    );
+    assert!(
+        level.len() as f64 * 10.0 <= runs,
+        "{} values sent of {runs} runs: {level:?}",
+        level.len()
+    );
+    let before: Vec<u64> = level
+        .iter()
+        .map(|s| s.0)
+        .filter(|t| *t < failed_at)
+        .collect();
+    for w in before.windows(2) {
+        assert!(
+            w[1] - w[0] <= 4_000,
+            "a heartbeat at least every 3 s: {level:?}"
+        );
+    }
+    let values = |outcome: &str| {
+        let series = format!(r#"colibri_scrape_values_total{{task="tank",outcome="{outcome}"}}"#);
+        crate::lanes::sample(text, &series)
+    };
+    let (sent, suppressed) = (values("sent"), values("suppressed"));
+    eprintln!("report by exception: {runs} runs, {sent} values sent, {suppressed} suppressed");
+    assert_eq!(sent, (level.len() + speed.len()) as f64, "{text}");
+    assert_eq!(sent + suppressed, 2.0 * runs, "{text}");
+    level
+}

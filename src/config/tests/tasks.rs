@@ -148,6 +148,8 @@ tasks:
   - { name: c, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: json, stream: m, json: { records: "a", fields: { t: "x~2" }, time_unit: s } }
   - { name: d, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: raw, stream: m, tags: { a: b }, max_body: 0B }
   - { name: e, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: prometheus, stream: m, measurement: "#x", headers: { "bad header": v } }
+  - { name: f, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: prometheus, stream: m, deadband: lots, heartbeat: 0s, fields: { t: { deadband: -1 } } }
+  - { name: g, type: http_scrape, every: 1s, url: "http://127.0.0.1:1/", format: raw, stream: m, deadband: "2%" }
 "##,
     );
     let expect = [
@@ -164,6 +166,11 @@ tasks:
         "tasks[3] \"d\": max_body: must be positive",
         "tasks[4] \"e\": measurement: ",
         "tasks[4] \"e\": headers.bad header: is not a valid header name",
+        "tasks[5] \"f\": deadband: \"lots\": a number (absolute, 0.5) or a percent of the value last sent (\"2%\")",
+        "tasks[5] \"f\": heartbeat: must be positive",
+        "tasks[5] \"f\": fields.t.deadband: -1: must be a finite number, 0 or more",
+        "tasks[6] \"g\": stream: \"m\": format: raw writes JSON records",
+        "tasks[6] \"g\": deadband: report by exception applies to values: format: prometheus or json, not raw",
     ];
     for e in expect {
         assert!(
@@ -446,7 +453,7 @@ tasks:
       - { name: w, register: holding, address: 65535, type: u32, length: 2 }
       - { name: b, register: coil, address: 3, scale: 2, byte_order: little }
       - { name: n, register: holding, address: 5, word_order: little }
-      - { name: f, register: holding, address: 6, type: f64 }
+      - { name: f, register: holding, address: 6, type: f64, deadband: "x%", heartbeat: 0s }
   - { name: b, type: modbus, every: 5s, address: "[::1]:502", stream: nowhere, points: [] }
 "#,
     );
@@ -462,6 +469,8 @@ tasks:
         "tasks[0] \"a\": points[3].scale: applies to numbers only",
         "tasks[0] \"a\": points[3].byte_order: applies to registers only",
         "tasks[0] \"a\": points[4].word_order: applies to values of two registers or more",
+        "tasks[0] \"a\": points[5].deadband: \"x%\": a number (absolute, 0.5) or a percent",
+        "tasks[0] \"a\": points[5].heartbeat: must be positive",
         "tasks[1] \"b\": stream: ",
         "tasks[1] \"b\": points: must name at least one point",
     ] {

@@ -147,6 +147,7 @@ impl Exec {
                     stderr: String::new(),
                     files: None,
                     records: None,
+                    values: None,
                 };
             }
         };
@@ -187,6 +188,7 @@ impl Exec {
             stderr,
             files: None,
             records,
+            values: None,
         }
     }
 

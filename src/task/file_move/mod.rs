@@ -187,6 +187,7 @@ impl FileMove {
             stderr: String::new(),
             files: Some(c),
             records: None,
+            values: None,
         }
     }
 

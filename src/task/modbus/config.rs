@@ -9,9 +9,10 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::points::{Order, Table};
-use crate::shape::units::de_opt_u32;
+use crate::shape::deadband::DeadbandSpec;
 #[cfg(feature = "schema")]
 use crate::shape::units::u32_schema;
+use crate::shape::units::{Dur, de_opt_u32};
 
 /// `type: modbus` settings.
 #[derive(Debug, Deserialize)]
@@ -50,6 +51,16 @@ pub struct ModbusSpec {
     #[serde(default, deserialize_with = "de_opt_u32")]
     #[cfg_attr(feature = "schema", schemars(schema_with = "u32_schema"))]
     pub max_gap: Option<u32>,
+    /// Report by exception: a number is appended only when it moved more than this from the value
+    /// last sent, absolute (`0.5`) or a percent of that value (`"2%"`); a boolean or a string when
+    /// it changes. A point may set its own. The first value after start, after a failed poll or a
+    /// change of the task, is always sent. Default: every value of every poll.
+    #[serde(default)]
+    pub deadband: Option<DeadbandSpec>,
+    /// Report by exception: a value is sent anyway when this long has passed since it was last
+    /// sent (a point may set its own). Default: never.
+    #[serde(default)]
+    pub heartbeat: Option<Dur>,
 }
 
 /// One value of a `modbus` task.
@@ -91,6 +102,12 @@ pub struct PointSpec {
     /// a sample of their own.
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    /// This point's own deadband (see the task's).
+    #[serde(default)]
+    pub deadband: Option<DeadbandSpec>,
+    /// This point's own heartbeat (see the task's).
+    #[serde(default)]
+    pub heartbeat: Option<Dur>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -113,11 +130,13 @@ mod compile {
 
     use super::{ModbusSpec, PointSpec, PointType, device_address};
     use crate::record::RecordFormat;
+    use crate::scrape::exception::Rule;
     use crate::scrape::lineproto::{Precision, check_measurement};
     use crate::shape::Problems;
+    use crate::shape::deadband;
     use crate::task::kind::{Compile, KindSpec};
     use crate::task::modbus::points::{self, Kind, Limits, Point, Table};
-    use crate::task::modbus::{Modbus, Output};
+    use crate::task::modbus::{ByException, Modbus, Output};
 
     impl KindSpec for ModbusSpec {
         type Handler = Modbus;
@@ -157,10 +176,14 @@ mod compile {
         if spec.points.is_empty() {
             err.add("points", "must name at least one point".into());
         }
+        let task_rule = deadband::compile(spec.deadband.as_ref(), spec.heartbeat, err);
         let mut points = Vec::with_capacity(spec.points.len());
+        let mut rules = Vec::with_capacity(spec.points.len());
         for (i, p) in spec.points.into_iter().enumerate() {
-            let point = compile_point(p, limits, &points, &mut err.under(&format!("points[{i}]")));
-            points.push(point);
+            let mut err = err.under(&format!("points[{i}]"));
+            let own = deadband::compile(p.deadband.as_ref(), p.heartbeat, &mut err);
+            rules.push(task_rule.with(own));
+            points.push(compile_point(p, limits, &points, &mut err));
         }
         if err.count() > before {
             return None;
@@ -176,6 +199,10 @@ mod compile {
             points,
             reads,
             output,
+            exceptions: rules
+                .iter()
+                .any(Rule::filters)
+                .then(|| ByException::new(rules)),
         })
     }
 

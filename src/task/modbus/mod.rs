@@ -16,13 +16,14 @@ use tokio_modbus::slave::Slave;
 
 use self::points::{Answer, Point, Read, Table, Value};
 use super::{Attempt, Needs, RunContext};
+use crate::scrape::exception::{Decided, Exceptions, Rule, Sample};
 use crate::scrape::lineproto::{self, FieldValue, Precision};
 pub use config::ModbusSpec as Spec;
 
 mod config;
 
 /// The compiled `modbus` settings.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct Modbus {
     /// `host:port` of the device or gateway.
     pub address: String,
@@ -35,6 +36,47 @@ pub struct Modbus {
     pub points: Vec<Point>,
     pub reads: Vec<Read>,
     pub output: Output,
+    /// With a `deadband` or `heartbeat`: each point's rule, and the values last sent.
+    pub exceptions: Option<ByException>,
+}
+
+/// Report by exception: a rule per point (by index), and the task's state.
+#[derive(Debug)]
+pub struct ByException {
+    rules: Vec<Rule>,
+    state: Exceptions,
+}
+
+impl ByException {
+    pub fn new(rules: Vec<Rule>) -> ByException {
+        ByException {
+            rules,
+            state: Exceptions::default(),
+        }
+    }
+
+    /// Drops from `values` what is not worth sending; what was decided, to settle once stored.
+    fn filter(&self, values: &mut [Option<Value>], now_ms: u64) -> Decided {
+        let mut decided = Decided::default();
+        for (i, (slot, rule)) in values.iter_mut().zip(&self.rules).enumerate() {
+            let Some(v) = slot else { continue };
+            let sample = match v {
+                Value::Number(n) => Sample::Number(*n),
+                Value::Bool(b) => Sample::Other(b.to_string()),
+                Value::Text(s) => Sample::Other(s.clone()),
+            };
+            if !self.state.decide(
+                (i.to_string(), String::new()),
+                sample,
+                rule,
+                now_ms,
+                &mut decided,
+            ) {
+                *slot = None;
+            }
+        }
+        decided
+    }
 }
 
 /// What a sample is, as the stream's sink sends it.
@@ -49,6 +91,10 @@ pub enum Output {
 impl crate::task::kind::Settings for Modbus {
     fn is_scrape(&self) -> bool {
         true
+    }
+
+    fn by_exception(&self) -> bool {
+        self.exceptions.is_some()
     }
 
     fn timed_out(&self, timeout: Duration) -> String {
@@ -83,13 +129,15 @@ impl crate::task::kind::Handler for Modbus {
 }
 
 impl Modbus {
-    /// One poll within `timeout`, until colibri aborts runs.
+    /// One poll within `timeout`, until colibri aborts runs. By exception, what the poll decided
+    /// stands once its samples are stored.
     pub async fn run(&self, task: &str, timeout: Duration, ctx: &RunContext) -> Attempt {
-        Attempt::of_records(timeout, ctx, &self.stream, |_| self.poll(task)).await
+        let state = self.exceptions.as_ref().map(|x| &x.state);
+        Attempt::of_samples(timeout, ctx, &self.stream, state, || self.poll(task)).await
     }
 
-    /// Connect, read, decode: the samples to append.
-    async fn poll(&self, task: &str) -> Result<Vec<Vec<u8>>, String> {
+    /// Connect, read, decode, and by exception keep what is worth sending: the samples to append.
+    async fn poll(&self, task: &str) -> Result<(Vec<Vec<u8>>, Option<Decided>), String> {
         // The time of the measurement, whenever it is delivered.
         let ts_ns = crate::clock::unix_ns();
         let socket = tokio::net::TcpStream::connect(&self.address)
@@ -141,7 +189,11 @@ impl Modbus {
                 values[i] = Some(v);
             }
         }
-        Ok(self.samples(task, ts_ns, &values))
+        let decided = self.exceptions.as_ref().map(|x| {
+            let now_ms = u64::try_from(ts_ns.div_euclid(1_000_000)).unwrap_or(0);
+            x.filter(&mut values, now_ms)
+        });
+        Ok((self.samples(task, ts_ns, &values), decided))
     }
 
     /// `points speed, temp (holding registers 0-3 of 127.0.0.1:502 unit 1)`.

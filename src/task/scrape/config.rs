@@ -7,12 +7,14 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::{Format, Scrape, ScrapeConfig};
+use super::{ByException, Format, Scrape, ScrapeConfig};
 use crate::record::RecordFormat;
+use crate::scrape::exception::Rule;
 use crate::scrape::json::{JsonMapping, TimeUnit, check_pointer};
 use crate::scrape::lineproto::Precision;
 use crate::shape::Problems;
-use crate::shape::units::Size;
+use crate::shape::deadband::{self, DeadbandSpec, RuleSpec};
+use crate::shape::units::{Dur, Size};
 use crate::shape::url::http as parse_http_url;
 use crate::task::kind::{Compile, KindSpec};
 
@@ -45,6 +47,21 @@ pub struct HttpScrapeSpec {
     /// With `format: json`: which parts of the document become records, fields and tags.
     #[serde(default)]
     pub json: Option<JsonMappingSpec>,
+    /// Report by exception (`prometheus`, `json`): a field of a series (a measurement and its
+    /// tags) is appended only when its number moved more than this from the value last sent,
+    /// absolute (`0.5`) or a percent of that value (`"2%"`), or its boolean or string changed; a
+    /// record left without fields is not appended. The first value after start, after a failed
+    /// scrape or a change of the task, is always sent. Default: every value of every scrape.
+    #[serde(default)]
+    pub deadband: Option<DeadbandSpec>,
+    /// Report by exception: a value is sent anyway when this long has passed since it was last
+    /// sent. Default: never.
+    #[serde(default)]
+    pub heartbeat: Option<Dur>,
+    /// A field's own `deadband` and `heartbeat`, by its name (a Prometheus metric's name, a JSON
+    /// mapping's field), over the task's.
+    #[serde(default)]
+    pub fields: BTreeMap<String, RuleSpec>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -127,6 +144,14 @@ fn compile_scrape(
         ok = false;
     }
     let format = compile_scrape_format(spec.format, spec.json, &measurement, err, &mut ok);
+    let before = err.count();
+    let exceptions = compile_exceptions(
+        (spec.deadband.as_ref(), spec.heartbeat),
+        &spec.fields,
+        line_protocol,
+        err,
+    );
+    ok &= err.count() == before;
     let url = url?;
     ok.then(|| {
         Scrape::new(ScrapeConfig {
@@ -138,8 +163,41 @@ fn compile_scrape(
             tags: spec.tags.into_iter().collect(),
             precision,
             max_body,
+            exceptions,
         })
     })
+}
+
+/// Report by exception: the task's rule and the fields' own, when any filters (line protocol only).
+fn compile_exceptions(
+    (deadband, heartbeat): (Option<&DeadbandSpec>, Option<Dur>),
+    fields: &BTreeMap<String, RuleSpec>,
+    line_protocol: bool,
+    err: &mut Problems<'_>,
+) -> Option<ByException> {
+    let rule = deadband::compile(deadband, heartbeat, err);
+    let fields: Vec<(String, Rule)> = fields
+        .iter()
+        .map(|(name, r)| {
+            let own = deadband::compile(
+                r.deadband.as_ref(),
+                r.heartbeat,
+                &mut err.under(&format!("fields.{name}")),
+            );
+            (name.clone(), rule.with(own))
+        })
+        .collect();
+    if !(rule.filters() || fields.iter().any(|(_, r)| r.filters())) {
+        return None;
+    }
+    if !line_protocol {
+        err.add(
+            "deadband",
+            "report by exception applies to values: format: prometheus or json, not raw".into(),
+        );
+        return None;
+    }
+    Some(ByException::new(rule, fields))
 }
 
 /// The precision of the stream's sink, so timestamps mean what the write URL says.

@@ -11,9 +11,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Attempt, Needs, RunContext};
 use crate::net::client::{self, BadHeader, chain, shown_url};
+use crate::scrape::exception::{Decided, Exceptions, Rule, Sample};
 use crate::scrape::json::JsonMapping;
-use crate::scrape::lineproto::Precision;
-use crate::scrape::{json, prometheus};
+use crate::scrape::lineproto::{self, FieldValue, Precision};
+use crate::scrape::{json, lineparse, prometheus};
 pub use config::HttpScrapeSpec as Spec;
 
 mod config;
@@ -39,6 +40,115 @@ pub struct ScrapeConfig {
     /// The timestamp unit of line-protocol records (the stream's sink's `precision`).
     pub precision: Precision,
     pub max_body: u64,
+    /// With a `deadband` or `heartbeat`: the rules and the values last sent.
+    pub exceptions: Option<ByException>,
+}
+
+/// Report by exception over line-protocol records: the task's rule, the fields' own, and the
+/// task's state, keyed by series (measurement and tags) and field.
+#[derive(Debug)]
+pub struct ByException {
+    rule: Rule,
+    /// The fields with a rule of their own (few: looked up in order).
+    fields: Vec<(String, Rule)>,
+    state: Exceptions,
+}
+
+impl ByException {
+    pub fn new(rule: Rule, fields: Vec<(String, Rule)>) -> ByException {
+        ByException {
+            rule,
+            fields,
+            state: Exceptions::default(),
+        }
+    }
+
+    /// Drops from `records` the fields not worth sending, and the records left without any;
+    /// what was decided, to settle once stored.
+    fn filter(&self, records: &mut Vec<Vec<u8>>, now_ms: u64) -> Decided {
+        let mut decided = Decided::default();
+        records.retain_mut(|line| {
+            // Lines this task wrote: they parse (a line that would not is kept as it is).
+            let Ok(point) = lineparse::parse(line) else {
+                return true;
+            };
+            let series = series_of(&point);
+            let keep: Vec<bool> = point
+                .fields
+                .iter()
+                .map(|(name, v)| {
+                    let rule = self
+                        .fields
+                        .iter()
+                        .find_map(|(f, r)| (f == name).then_some(r))
+                        .unwrap_or(&self.rule);
+                    let key = (series.clone(), name.clone());
+                    self.state
+                        .decide(key, sample(v), rule, now_ms, &mut decided)
+                })
+                .collect();
+            if keep.iter().all(|k| *k) {
+                return true;
+            }
+            match rebuilt(&point, &keep) {
+                Some(l) => {
+                    *line = l;
+                    true
+                }
+                None => false,
+            }
+        });
+        decided
+    }
+}
+
+/// A series' key: its measurement and tags, as the line wrote them (sorted).
+fn series_of(p: &lineparse::Point) -> String {
+    let mut key = p.measurement.clone();
+    for (k, v) in &p.tags {
+        key.push(',');
+        key.push_str(k);
+        key.push('=');
+        key.push_str(v);
+    }
+    key
+}
+
+fn sample(v: &lineparse::Value) -> Sample {
+    match v {
+        lineparse::Value::Float(x) => Sample::Number(*x),
+        lineparse::Value::Int(x) => Sample::Number(*x as f64),
+        lineparse::Value::UInt(x) => Sample::Number(*x as f64),
+        lineparse::Value::Bool(b) => Sample::Other(b.to_string()),
+        lineparse::Value::Str(s) => Sample::Other(s.clone()),
+    }
+}
+
+/// The line with only the fields `keep` says; `None` when none is left.
+fn rebuilt(p: &lineparse::Point, keep: &[bool]) -> Option<Vec<u8>> {
+    let tags: Vec<(&str, &str)> = p
+        .tags
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let fields: Vec<(&str, FieldValue)> = p
+        .fields
+        .iter()
+        .zip(keep)
+        .filter(|(_, k)| **k)
+        .map(|((name, v), _)| {
+            let v = match v {
+                lineparse::Value::Float(x) => FieldValue::Float(*x),
+                lineparse::Value::Int(x) => FieldValue::Int(*x),
+                // This task writes no unsigned field; kept as a float if one came.
+                lineparse::Value::UInt(x) => FieldValue::Float(*x as f64),
+                lineparse::Value::Bool(b) => FieldValue::Bool(*b),
+                lineparse::Value::Str(s) => FieldValue::Str(s.clone()),
+            };
+            (name.as_str(), v)
+        })
+        .collect();
+    lineproto::line(&p.measurement, &tags, &fields, p.timestamp)
 }
 
 /// A scrape task's handler: its settings (which it reads as, through `Deref`) and the client made
@@ -61,6 +171,10 @@ impl std::ops::Deref for Scrape {
 impl crate::task::kind::Settings for Scrape {
     fn is_scrape(&self) -> bool {
         true
+    }
+
+    fn by_exception(&self) -> bool {
+        self.exceptions.is_some()
     }
 
     fn timed_out(&self, timeout: Duration) -> String {
@@ -120,13 +234,23 @@ impl Scrape {
             .map_err(Clone::clone)
     }
 
-    /// One scrape: GET and parse within `timeout` (until colibri aborts runs), then append.
+    /// One scrape: GET and parse within `timeout` (until colibri aborts runs), then append. By
+    /// exception, what the scrape decided stands once its records are stored.
     pub async fn run(&self, task: &str, timeout: Duration, ctx: &RunContext) -> Attempt {
-        Attempt::of_records(timeout, ctx, &self.stream, |_| self.scrape(task)).await
+        let state = self.exceptions.as_ref().map(|x| &x.state);
+        Attempt::of_samples(timeout, ctx, &self.stream, state, || async {
+            let (mut records, now_ms) = self.scrape(task).await?;
+            let decided = self
+                .exceptions
+                .as_ref()
+                .map(|x| x.filter(&mut records, now_ms));
+            Ok((records, decided))
+        })
+        .await
     }
 
-    /// GET and parse: the records to append.
-    async fn scrape(&self, task: &str) -> Result<Vec<Vec<u8>>, String> {
+    /// GET and parse: the records to append, and the scrape's time (Unix ms).
+    async fn scrape(&self, task: &str) -> Result<(Vec<Vec<u8>>, u64), String> {
         // The time the measurement was taken: what every record carries, however late it is
         // delivered.
         let now = SystemTime::now()
@@ -194,6 +318,6 @@ impl Scrape {
                 records.push(envelope.to_string().into_bytes());
             }
         }
-        Ok(records)
+        Ok((records, u64::try_from(now.as_millis()).unwrap_or(u64::MAX)))
     }
 }
