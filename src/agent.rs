@@ -662,11 +662,11 @@ impl Parts {
         sink.start();
         let name = sink.name().to_string();
         let name = name.as_str();
-        let streams: Vec<(String, crate::store::Replay)> = config
+        let streams: Vec<(String, crate::store::Replay, crate::store::BatchConfig)> = config
             .streams
             .iter()
             .filter(|s| s.sink.as_deref() == Some(name))
-            .map(|s| (s.name.clone(), s.replay))
+            .map(|s| (s.name.clone(), s.replay, s.batch))
             .collect();
         if streams.is_empty() {
             self.stop_sink(name);

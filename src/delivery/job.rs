@@ -194,6 +194,7 @@ fn batch<'a>(
         file: job.file(),
         store_id,
         replayed,
+        group: None,
     }
 }
 
@@ -262,23 +263,13 @@ async fn failed(cx: Ctx<'_>, job: &Job, at: &mut Progress, end: usize, e: Delive
     let left = at.n - at.start;
     match e {
         DeliveryError::Unavailable(reason) => {
-            stats.requests_transport.fetch_add(1, Relaxed);
-            stats.failed(&reason);
-            let failures = rt.link.transport_failed(&reason);
             tracing::debug!(
                 stream,
                 job = job.lease.id,
-                failures,
                 reason,
                 "no answer; no attempt spent"
             );
-            // While the link is still up, a short pause before the next try; once down, the
-            // worker waits for the monitor instead.
-            Step::Release(Next::Pause(if rt.link.is_up() {
-                rt.link.pause_after(failures)
-            } else {
-                Duration::ZERO
-            }))
+            Step::Release(no_answer(rt, &reason))
         }
         DeliveryError::TooLarge(reason) => {
             rt.link.answered();
@@ -324,6 +315,19 @@ async fn failed(cx: Ctx<'_>, job: &Job, at: &mut Progress, end: usize, e: Delive
             }
         }
     }
+}
+
+/// A request got no answer (`reason`): counted against the link, no attempt spent. While the link
+/// is still up, a short pause before the next try; once down, the worker waits for the monitor.
+pub(super) fn no_answer(rt: &SinkRuntime, reason: &str) -> Next {
+    rt.stats.requests_transport.fetch_add(1, Relaxed);
+    rt.stats.failed(reason);
+    let failures = rt.link.transport_failed(reason);
+    Next::Pause(if rt.link.is_up() {
+        rt.link.pause_after(failures)
+    } else {
+        Duration::ZERO
+    })
 }
 
 /// A 413 for records `[at.start, end)`: send half as many at a time, down to the one record,
@@ -421,7 +425,7 @@ async fn quarantine(stream: &str, store: &StoreHandle, job: Job, reason: String)
 
 /// Builds the body, waits for the pacer (while the stream replays) and a request slot, and sends
 /// it; returns the body's size.
-async fn send_paced(
+pub(super) async fn send_paced(
     rt: &SinkRuntime,
     batch: &Batch<'_>,
     lanes: &StreamLanes,

@@ -38,12 +38,13 @@ use crate::clock::now_ms;
 use crate::link::Link;
 use crate::paused::Paused;
 use crate::sink::Sink;
-use crate::store::Replay;
 use crate::store::writer::{Snapshot, StoreHandle};
+use crate::store::{BatchConfig, Replay};
 use job::deliver_job;
 use pacer::Pacer;
 
 mod gate;
+mod group;
 mod job;
 mod pacer;
 
@@ -113,6 +114,8 @@ impl SinkStats {
 struct StreamLanes {
     /// The stream's order and live window.
     replay: Replay,
+    /// What one of its jobs may hold: what a request of several of its jobs may hold too.
+    batch: BatchConfig,
     /// Set after a link comes back (and at start) until a worker finds the stream's queue
     /// empty: its backlog is being replayed, under `replay_rate`.
     replaying: AtomicBool,
@@ -148,7 +151,7 @@ impl SinkRuntime {
     /// the sink's previous runtime across a reload (or starts fresh).
     pub fn new(
         sink: Arc<Sink>,
-        streams: Vec<(String, Replay)>,
+        streams: Vec<(String, Replay, BatchConfig)>,
         grace: Duration,
         stats: Arc<SinkStats>,
         paused: Arc<Paused>,
@@ -165,8 +168,8 @@ impl SinkRuntime {
             sink.config.link.clone(),
             trial_quiet,
         ));
-        let first = streams.first().map(|(_, r)| r.priority);
-        let ranked = streams.iter().any(|(_, r)| Some(r.priority) != first);
+        let first = streams.first().map(|(_, r, _)| r.priority);
+        let ranked = streams.iter().any(|(_, r, _)| Some(r.priority) != first);
         SinkRuntime {
             pacer: sink.config.replay_rate.map(|r| Mutex::new(Pacer::new(r))),
             in_flight: Semaphore::new(sink.config.concurrency),
@@ -176,13 +179,14 @@ impl SinkRuntime {
             stats,
             lanes: streams
                 .iter()
-                .map(|(_, replay)| StreamLanes {
+                .map(|(_, replay, batch)| StreamLanes {
                     replay: *replay,
+                    batch: *batch,
                     replaying: AtomicBool::new(true),
                     latency_ms: Default::default(),
                 })
                 .collect(),
-            streams: streams.into_iter().map(|(name, _)| name).collect(),
+            streams: streams.into_iter().map(|(name, _, _)| name).collect(),
             grace,
             give_up_at: std::sync::OnceLock::new(),
             paused,
@@ -260,7 +264,11 @@ pub async fn run(
     // With one request at a time the stream keeps strict order: a job waiting for its retry holds
     // the jobs behind it (an outage never does: it creates no retry).
     let strict = rt.sink.config.concurrency == 1;
-    let take = if strict { TAKE_SEQUENTIAL } else { 1 };
+    let take = match (strict, rt.sink.sends_groups()) {
+        (true, true) => group::TAKE_GROUPABLE,
+        (true, false) => TAKE_SEQUENTIAL,
+        (false, _) => 1,
+    };
     let replaying = &rt.lanes(&stream).replaying;
     let mut hold = if strict {
         store.next_retry_due(&stream).await.ok().flatten()
@@ -359,7 +367,7 @@ impl Worker<'_> {
         let lanes = rt.lanes(stream);
         let (mut pause_for, mut hold) = (None, None);
         let mut acks = Vec::new();
-        let mut jobs = jobs.into_iter();
+        let mut jobs = jobs.into_iter().peekable();
         let mut first = true;
         while let Some(job) = jobs.next() {
             if stopping.is_cancelled() || !rt.link.is_up() || rt.paused.is(stream) {
@@ -374,6 +382,14 @@ impl Worker<'_> {
                 // goes back (keeping its place) and the live lane is taken next.
                 store.release(job.lease);
                 Next::Pause(Duration::ZERO)
+            } else if rt.sink.sends_groups() {
+                let mut group = group::gather(job, &mut jobs, lanes);
+                if group.len() == 1 {
+                    let job = group.pop().expect("one job");
+                    deliver_job(stream, rt, store, job, stopping, &mut acks).await
+                } else {
+                    group::deliver_group(stream, rt, store, group, stopping, &mut acks).await
+                }
             } else {
                 deliver_job(stream, rt, store, job, stopping, &mut acks).await
             };

@@ -104,6 +104,11 @@ pub struct Batch<'a> {
     /// The job is backlog (older than its stream's `live_window` as it is sent): it carries the
     /// [`REPLAYED`] marker where the protocol has a place for one.
     pub replayed: bool,
+    /// For several small jobs sent in one request (only to a sink that [sends
+    /// groups](super::Sink::sends_groups)): the group's key, which is then the request's
+    /// (`<store>:<stream>:<first job>+<n>`, see `delivery::group`); `job`, `first` and `end` are
+    /// then the first job's id and the group's records.
+    pub group: Option<&'a str>,
 }
 
 /// The marker of a request or message sent from a backlog (a job older than its stream's
@@ -118,6 +123,9 @@ impl Batch<'_> {
     /// receiver can drop a replay after a crash. `:` separates the parts because stream names
     /// cannot contain it (they may contain `-`).
     pub fn idempotency_key(&self) -> String {
+        if let Some(key) = self.group {
+            return key.to_string();
+        }
         if self.whole {
             format!("{:016x}:{}:{}", self.store_id, self.key_stream, self.job)
         } else {
@@ -190,6 +198,7 @@ pub(super) mod tests {
             file: None,
             store_id: 0xabc,
             replayed: false,
+            group: None,
         }
     }
 

@@ -39,6 +39,13 @@ pub trait Settings {
     fn sends_zstd_lines(&self) -> bool {
         false
     }
+
+    /// Whether several small jobs may go out in one request (a [`super::Batch`] of a group),
+    /// under the group's key: a sink whose key travels beside the records (a header), not in
+    /// each message.
+    fn sends_groups(&self) -> bool {
+        false
+    }
 }
 
 /// A sink kind's compiled settings, which build its sink.

@@ -199,6 +199,11 @@ impl Sink {
         self.config.sends_zstd_lines()
     }
 
+    /// Whether several small jobs may go out in one request ([`Batch::group`]).
+    pub fn sends_groups(&self) -> bool {
+        self.config.kind.settings().sends_groups()
+    }
+
     /// The body that carries `batch`: encoded (and for HTTP compressed), so its size is what goes
     /// over the wire and what `replay_rate` paces.
     pub async fn body(&self, batch: &Batch<'_>) -> Result<Vec<u8>, DeliveryError> {

@@ -143,6 +143,18 @@ impl Job {
         self.area.records as usize
     }
 
+    /// Whether its records are lines (each followed by `\n`, none holding one), compressed or
+    /// not: what an NDJSON or line-protocol body is, so several such jobs make one by
+    /// concatenation.
+    pub fn is_lines(&self) -> bool {
+        self.file.is_none() && self.area.framing == Framing::Lines
+    }
+
+    /// Bytes of its records uncompressed (as lines or framed by lengths).
+    pub fn plain_len(&self) -> u64 {
+        self.area.plain_len
+    }
+
     /// Bytes the job occupies: its value and, for a file job, the file.
     pub fn bytes(&self) -> u64 {
         format::stored_len(&self.value)

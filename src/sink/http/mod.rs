@@ -93,6 +93,11 @@ impl Settings for HttpConfig {
         zstd_lines(self.compression, self.encoding)
     }
 
+    /// The key is a header: a request may carry several jobs.
+    fn sends_groups(&self) -> bool {
+        true
+    }
+
     /// For logs: the sink's type, name and URL (never header values, no credentials).
     fn describe(&self, name: &str) -> String {
         format!("http sink {name} ({})", shown_url(&self.url))

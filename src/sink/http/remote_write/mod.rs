@@ -58,6 +58,11 @@ impl Settings for RemoteWriteConfig {
             shown_url(&self.http.url)
         )
     }
+
+    /// The key is a header: a request may carry several jobs.
+    fn sends_groups(&self) -> bool {
+        true
+    }
 }
 
 impl KindConfig for RemoteWriteConfig {
