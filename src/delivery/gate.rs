@@ -234,52 +234,45 @@ mod tests {
         t
     }
 
-    /// When a slot frees, the higher level may ask for it before the lower one that is owed its
-    /// share: the slot still goes to the lower one.
-    #[test]
-    fn an_owed_lower_stream_gets_the_slot_whoever_asks_first() {
+    /// Both always asking, 1000 slots one after the other, `asks_first` asking first each time:
+    /// the low stream's share of the bytes.
+    fn low_share(asks_first: Rank) -> f64 {
         let now = Instant::now();
         let mut s = state();
         let busy = |_: u8| true;
-        let (mut high_bytes, mut low_bytes) = (0u64, 0u64);
-        let mut low = ask(&mut s, LOW, now);
-        let mut high = ask(&mut s, HIGH, now);
+        let mut bytes = [0u64; 2];
+        let mut tickets = [ask(&mut s, LOW, now), ask(&mut s, HIGH, now)];
+        let ranks = [LOW, HIGH];
+        let order = if asks_first == LOW { [0, 1] } else { [1, 0] };
         for _ in 0..1000 {
-            if s.grant(high, HIGH, 100, &busy, now).is_none() {
-                high_bytes += 100;
-                high = ask(&mut s, HIGH, now);
+            let i = if s
+                .grant(tickets[order[0]], ranks[order[0]], 100, &busy, now)
+                .is_none()
+            {
+                order[0]
             } else {
-                assert_eq!(s.grant(low, LOW, 100, &busy, now), None);
-                low_bytes += 100;
-                low = ask(&mut s, LOW, now);
-            }
+                let i = order[1];
+                assert_eq!(s.grant(tickets[i], ranks[i], 100, &busy, now), None);
+                i
+            };
+            bytes[i] += 100;
+            tickets[i] = ask(&mut s, ranks[i], now);
             s.free += 1;
         }
-        let share = low_bytes as f64 / (low_bytes + high_bytes) as f64;
-        assert!((0.09..=0.11).contains(&share), "{share}");
+        bytes[0] as f64 / (bytes[0] + bytes[1]) as f64
     }
 
     #[test]
     fn the_higher_priority_goes_first_and_the_lower_keeps_its_share() {
-        let now = Instant::now();
-        let mut s = state();
-        let busy = |_: u8| true;
-        let (mut high_bytes, mut low_bytes) = (0u64, 0u64);
-        // Both always asking: of 1000 slots, the low one gets its tenth of the bytes.
-        let mut low = ask(&mut s, LOW, now);
-        let mut high = ask(&mut s, HIGH, now);
-        for _ in 0..1000 {
-            if s.grant(low, LOW, 100, &busy, now).is_none() {
-                low_bytes += 100;
-                low = ask(&mut s, LOW, now);
-            } else {
-                assert_eq!(s.grant(high, HIGH, 100, &busy, now), None);
-                high_bytes += 100;
-                high = ask(&mut s, HIGH, now);
-            }
-            s.free += 1;
-        }
-        let share = low_bytes as f64 / (low_bytes + high_bytes) as f64;
+        let share = low_share(LOW);
+        assert!((0.09..=0.11).contains(&share), "{share}");
+    }
+
+    /// When a slot frees, the higher level may ask for it before the lower one that is owed its
+    /// share: the slot still goes to the lower one.
+    #[test]
+    fn an_owed_lower_stream_gets_the_slot_whoever_asks_first() {
+        let share = low_share(HIGH);
         assert!((0.09..=0.11).contains(&share), "{share}");
     }
 

@@ -1357,15 +1357,10 @@ fn check_refuses_an_unreadable_ca_file() {
     assert!(!sb.file("data").exists(), "check created data_dir");
 }
 
-/// Fewer, fuller requests (issue 34): 200 single-record posts accepted while the receiver is
-/// down go out as a handful of requests once it is back, each record once. The group's request
-/// hangs unanswered and the agent is killed (kill -9) before it could acknowledge: after a restart
-/// the same jobs go again under the same key, which names the group exactly.
-#[test]
-fn single_record_posts_queued_through_an_outage_go_out_in_a_few_requests_under_stable_keys() {
-    const POSTS: u64 = 200;
-    let sb = Sandbox::new();
-    let rx = Receiver::start();
+/// An agent whose stream `logs` goes to `rx` (a TCP probe, down after one failure), started
+/// while `rx` refuses connections, and `posts` single-record posts accepted meanwhile (records
+/// 0..posts): the queue a link that comes back finds.
+fn posted_through_an_outage(sb: &Sandbox, rx: &Receiver, posts: u64) -> (PathBuf, Proc) {
     rx.set_mode(Mode::Refuse);
     let port = crate::tsdb::free_port();
     let config = sb.write_config(&format!(
@@ -1380,7 +1375,7 @@ fn single_record_posts_queued_through_an_outage_go_out_in_a_few_requests_under_s
     let agent = start(&config);
     let mut c =
         crate::util::client::Client::new(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
-    for seq in 0..POSTS {
+    for seq in 0..posts {
         let body = format!("{}\n", rec(seq));
         let a = c
             .post(
@@ -1392,6 +1387,19 @@ fn single_record_posts_queued_through_an_outage_go_out_in_a_few_requests_under_s
             .unwrap_or_else(|e| panic!("post {seq}: {e}"));
         assert_eq!(a.status, 200, "post {seq}: {}", a.text());
     }
+    (config, agent)
+}
+
+/// Fewer, fuller requests (issue 34): 200 single-record posts accepted while the receiver is
+/// down go out as a handful of requests once it is back, each record once. The group's request
+/// hangs unanswered and the agent is killed (kill -9) before it could acknowledge: after a restart
+/// the same jobs go again under the same key, which names the group exactly.
+#[test]
+fn single_record_posts_queued_through_an_outage_go_out_in_a_few_requests_under_stable_keys() {
+    const POSTS: u64 = 200;
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    let (config, agent) = posted_through_an_outage(&sb, &rx, POSTS);
     // Back, but the first request is never answered: killed while it hangs.
     rx.set_mode(Mode::Hang);
     let hung = rx
@@ -1449,32 +1457,7 @@ fn a_refused_group_is_sent_again_job_by_job_under_the_jobs_own_keys() {
     const POSTS: u64 = 20;
     let sb = Sandbox::new();
     let rx = Receiver::start();
-    rx.set_mode(Mode::Refuse);
-    let port = crate::tsdb::free_port();
-    let config = sb.write_config(&format!(
-        "data_dir: data\n\
-         log: {{ format: json }}\n\
-         ingest: {{ listen: \"127.0.0.1:{port}\" }}\n\
-         sinks:\n  up: {{ type: http, url: {url}, \
-           link: {{ probe: tcp, down_after: 1, backoff_base: 50ms, backoff_cap: 200ms }} }}\n\
-         streams:\n  logs: {{ sink: up }}\n",
-        url = quote(rx.url("/in")),
-    ));
-    let agent = start(&config);
-    let mut c =
-        crate::util::client::Client::new(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
-    for seq in 0..POSTS {
-        let body = format!("{}\n", rec(seq));
-        let a = c
-            .post(
-                "/v1/streams/logs/records",
-                "application/x-ndjson",
-                &[],
-                body.as_bytes(),
-            )
-            .unwrap_or_else(|e| panic!("post {seq}: {e}"));
-        assert_eq!(a.status, 200, "post {seq}: {}", a.text());
-    }
+    let (_, agent) = posted_through_an_outage(&sb, &rx, POSTS);
     // One record fits, two do not.
     rx.set_mode(Mode::MaxBody(rec(0).len() + 10));
     let got = rx
