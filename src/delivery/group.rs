@@ -61,12 +61,8 @@ pub(super) fn gather(
 /// The key of a group: its store, stream, first job and size, and a digest of its job ids
 /// (FNV-1a), so that two sets never share one.
 fn group_key(stream: &str, jobs: &[Job]) -> String {
-    let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
-    for j in jobs {
-        for b in j.lease.id.to_le_bytes() {
-            digest = (digest ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
+    let ids: Vec<u8> = jobs.iter().flat_map(|j| j.lease.id.to_le_bytes()).collect();
+    let digest = crate::files::fnv1a(&ids);
     format!(
         "{:016x}:{stream}:{}+{}:{digest:016x}",
         jobs[0].lease.store,
@@ -145,9 +141,7 @@ pub(super) async fn deliver_group(
                 jobs = jobs.len(),
                 "stopping: request abandoned after the grace period; its jobs stay queued"
             );
-            for j in jobs {
-                store.release(j.lease);
-            }
+            release(store, jobs);
             Next::Go
         }
         // No answer: the jobs keep their place, no attempt spent, as for one job.
@@ -158,9 +152,7 @@ pub(super) async fn deliver_group(
                 reason,
                 "no answer; no attempt spent"
             );
-            for j in jobs {
-                store.release(j.lease);
-            }
+            release(store, jobs);
             no_answer(rt, &reason)
         }
         Some(Err(e)) => {
@@ -208,11 +200,16 @@ async fn one_by_one(
     while let Some(job) = jobs.next() {
         let next = deliver_job(stream, rt, store, job, stopping, acks).await;
         if !matches!(next, Next::Go) {
-            for j in jobs {
-                store.release(j.lease);
-            }
+            release(store, jobs);
             return next;
         }
     }
     Next::Go
+}
+
+/// The jobs go back to the queue, keeping their place.
+fn release(store: &StoreHandle, jobs: impl IntoIterator<Item = Job>) {
+    for j in jobs {
+        store.release(j.lease);
+    }
 }

@@ -753,3 +753,39 @@ fn a_zeroed_leaf_is_counted_lost_even_when_old_copies_of_delivered_jobs_come_bac
     );
     check(&store);
 }
+
+/// A job moved to an archive stream (`on_max_age: stream:NAME`) and then salvaged from a damaged
+/// copy of its file keeps the key it had before the move: the store, id and stream it was
+/// appended to, not the archive's nor the salvaged file's.
+#[test]
+fn a_moved_job_salvaged_keeps_the_key_it_had_before_the_move() {
+    let mut m = stream("m");
+    m.max_age = Some(MaxAge {
+        age: Duration::from_secs(30),
+        then: OnMaxAge::Move("archive".into()),
+    });
+    let streams = vec![m, stream("archive")];
+    let first = Dir::new(streams.clone());
+    let mut store = first.open();
+    append(&mut store, "m", &recs("old", 2), T0).unwrap();
+    assert!(
+        take(&mut store, "m", 16, T0 + 60_000).is_empty(),
+        "moved, not handed out"
+    );
+    let store_id = store.id;
+    drop(store);
+    let d = Dir::new(streams);
+    let old = d.dir.path().join("old.redb");
+    std::fs::copy(first.dir.path().join(DB_FILE), &old).unwrap();
+    let mut store = d.open();
+    store.salvage_from(&old).unwrap();
+    let jobs = take_all(&mut store, "archive", T0 + 60_000);
+    assert_eq!(jobs.len(), 1);
+    let want = format::Origin {
+        store: store_id,
+        job: 1,
+        stream: Some("m".into()),
+    };
+    assert_eq!(jobs[0].origin, Some(want));
+    assert_eq!(owned(&jobs[0]), recs("old", 2));
+}

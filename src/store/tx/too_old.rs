@@ -4,10 +4,6 @@
 //! another stream's ready queue in the take's own transaction, counted as moved out of the one
 //! and moved into the other, so both identities hold at every commit. Called by `take`.
 
-use std::collections::HashSet;
-
-use redb::ReadableTable;
-
 use super::Tx;
 use super::expire::cutoff;
 use crate::store::error::StoreError;
@@ -20,13 +16,6 @@ use crate::store::stream::{OnMaxAge, WhenFull};
 /// they are held in memory between the two streams. The rest waits for the next take, which
 /// skips them meanwhile (see [`Tx::take`]).
 const MOVE_CHUNK_BYTES: u64 = 8 << 20;
-
-/// Jobs taken out of the stream they were in, to be put into another.
-struct Moving {
-    /// Each job's id where it was, and its value.
-    values: Vec<(u64, Vec<u8>)>,
-    bytes: u64,
-}
 
 impl Tx<'_> {
     /// Settles `stream`'s jobs older than its `max_age` (none in flight) before a take hands any
@@ -71,39 +60,21 @@ impl Tx<'_> {
     /// [`MOVE_CHUNK_BYTES`]) to the end of `to`'s ready queue; returns records.
     fn move_too_old(&mut self, from: &str, to: &str, before: u64) -> Result<u64, StoreError> {
         let store_id = self.rollback.store.id;
-        let mut moving = Moving {
-            values: Vec::new(),
-            bytes: 0,
-        };
-        let (txn, st) = self.txn_and_stream(from)?;
-        let ready = take_old(
-            &mut txn.open_table(st.ready_def())?,
-            |id| id,
-            true,
-            before,
-            &st.in_flight,
-            &mut moving,
-        )?;
-        let retry = take_old(
-            &mut txn.open_table(st.retry_def())?,
-            |(_, id)| id,
-            false,
-            before,
-            &st.in_flight,
-            &mut moving,
-        )?;
-        let mut records = 0u64;
-        for (table, sizes) in [(Table::Ready, ready), (Table::Retry, retry)] {
-            for size in sizes {
-                records += st.counters.remove_job(table, size);
+        let (mut moving, mut bytes) = (Vec::new(), 0u64);
+        let records = self.remove_old(from, before, &mut |id, value| {
+            if bytes >= MOVE_CHUNK_BYTES {
+                return false;
             }
-        }
-        if moving.values.is_empty() {
+            bytes += value.len() as u64;
+            moving.push((id, value.to_vec()));
+            true
+        })?;
+        if moving.is_empty() {
             return Ok(0);
         }
-        st.counters.moved_out_records += records;
+        self.stream_mut(from)?.counters.moved_out_records += records;
         self.dirty.insert(from.to_string());
-        for (id, raw) in std::mem::take(&mut moving.values) {
+        for (id, raw) in moving {
             let value = with_origin(&raw, store_id, from, id);
             self.move_in(to, &value)?;
         }
@@ -146,51 +117,4 @@ fn with_origin(raw: &[u8], store: u64, stream: &str, id: u64) -> Vec<u8> {
         fresh_meta(d.offset, Some(origin))
     })
     .unwrap_or_else(|_| raw.to_vec())
-}
-
-/// Removes the jobs of one table created at or before `before` and not in flight, until
-/// `moving` holds [`MOVE_CHUNK_BYTES`]; their values go into `moving` (with their ids), their
-/// sizes are returned. `by_creation`: the table's keys follow creation (ready), so the walk ends
-/// at the first newer job; a retry table is ordered by due time.
-fn take_old<K>(
-    table: &mut redb::Table<'_, K, &'static [u8]>,
-    id_of: impl Fn(K) -> u64,
-    by_creation: bool,
-    before: u64,
-    in_flight: &HashSet<u64>,
-    moving: &mut Moving,
-) -> Result<Vec<format::Size>, StoreError>
-where
-    K: redb::Key + Copy + 'static,
-    for<'a> K: redb::Value<SelfType<'a> = K>,
-{
-    let mut victims = Vec::new();
-    for e in table.iter()? {
-        if moving.bytes >= MOVE_CHUNK_BYTES {
-            break;
-        }
-        let (k, v) = e?;
-        let Ok(h) = format::header(v.value()) else {
-            continue;
-        };
-        if h.created_ms > before {
-            if by_creation {
-                break;
-            }
-            continue;
-        }
-        let id = id_of(k.value());
-        if !in_flight.contains(&id) {
-            moving.bytes += v.value().len() as u64;
-            victims.push(k.value());
-            moving.values.push((id, v.value().to_vec()));
-        }
-    }
-    let mut sizes = Vec::with_capacity(victims.len());
-    for key in victims {
-        if let Some(v) = table.remove(key)? {
-            sizes.push(format::size(v.value()));
-        }
-    }
-    Ok(sizes)
 }
