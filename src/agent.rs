@@ -159,11 +159,22 @@ impl Process {
         // replaces, and the metrics page reads them from the state.
         let task_stats = Arc::new(Registry::default());
         let source_stats = Arc::new(SourceStats::default());
+        // Held streams are held before their workers start, and the clock is asked before the
+        // first append (whose jobs it stamps when unsynchronised).
+        let paused = Arc::new(crate::paused::Paused::default());
+        let held = config
+            .streams
+            .iter()
+            .filter(|s| s.hold_until_clock_synced)
+            .map(|s| s.name.clone())
+            .collect();
+        crate::clock_hold::start(held, ctx.store.clone(), &paused, ctx.stopping.clone());
         let parts = Parts::start(
             &config,
             ctx.store.clone(),
             &ctx.stopping,
             Arc::clone(&source_stats),
+            paused,
         )
         .await?;
         let (scheduler, tasks) = Scheduler::new(
@@ -596,7 +607,8 @@ struct Parts {
     source_stats: Arc<SourceStats>,
     /// Groups stopped by a reload, still finishing their work: awaited at the stop.
     retired: Vec<JoinHandle<()>>,
-    /// Streams the operator paused (kept across reloads, which rebuild the sinks' runtimes).
+    /// Streams the operator paused or held for the clock (kept across reloads, which rebuild
+    /// the sinks' runtimes).
     paused: Arc<crate::paused::Paused>,
 }
 
@@ -606,9 +618,11 @@ impl Parts {
         store: Option<writer::StoreHandle>,
         stopping: &CancellationToken,
         source_stats: Arc<SourceStats>,
+        paused: Arc<crate::paused::Paused>,
     ) -> anyhow::Result<Parts> {
         let mut parts = Parts {
             source_stats,
+            paused,
             ..Parts::default()
         };
         let Some(store) = store else {

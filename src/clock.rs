@@ -14,6 +14,18 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
+/// What the test seam (`timesync::FAKE_ENV`) adds to the wall clock: 0 unless a test set it.
+static OFFSET_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Moves colibri's wall clock by `ms` (the test seam of `timesync`, nothing else).
+pub(crate) fn set_offset_ms(ms: i64) {
+    OFFSET_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn offset_ms() -> i64 {
+    OFFSET_MS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 pub trait Clock: Send + Sync + 'static {
     fn wall(&self) -> DateTime<Utc>;
 }
@@ -24,25 +36,27 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn wall(&self) -> DateTime<Utc> {
-        Utc::now()
+        Utc::now() + chrono::Duration::milliseconds(offset_ms())
     }
 }
 
 /// The wall clock as Unix milliseconds: 0 before 1970, saturating far in the future (the stamp on
 /// jobs, retry times and TTLs, read by the store, its writer, delivery and `colibri queue`).
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
+    let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    ms.saturating_add_signed(offset_ms())
 }
 
 /// The wall clock as Unix nanoseconds, saturating outside 1677-2262 (the stamp the ingest API and
 /// `queue push` give a line-protocol point that has none).
 pub fn unix_ns() -> i64 {
-    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+    let ns = match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
         Err(e) => i64::try_from(e.duration().as_nanos()).map_or(i64::MIN, |n| -n),
-    }
+    };
+    ns.saturating_add(offset_ms().saturating_mul(1_000_000))
 }
 
 /// Spawns a task that calls `notify.notify_one()` each time the wall clock is set. Returns an error

@@ -245,10 +245,10 @@ async fn handle(
         Route::Sinks => json(StatusCode::OK, sinks::list(state)),
         Route::Queues => json(StatusCode::OK, queues::list(state)),
         Route::Readyz => match state.not_ready(STORE_ANSWER).await {
-            None => text(StatusCode::OK, "ready\n".into()),
+            None => text(StatusCode::OK, format!("ready\n{}", clock_detail())),
             Some(why) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready: {why}\n"),
+                format!("not ready: {why}\n{}", clock_detail()),
             ),
         },
         Route::Metrics => with_header(
@@ -257,6 +257,15 @@ async fn handle(
             "text/plain; version=0.0.4; charset=utf-8",
         ),
         Route::Reload => reload(req, state).await,
+    }
+}
+
+/// `/readyz`'s word on the wall clock, when it is not synchronised: ready all the same (records
+/// are accepted; the streams that hold them say so in `/-/queues`).
+fn clock_detail() -> &'static str {
+    match crate::timesync::synced() {
+        Some(false) => "clock: not synchronised\n",
+        _ => "",
     }
 }
 

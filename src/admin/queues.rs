@@ -21,6 +21,7 @@ use serde_json::json;
 use super::{AgentState, query_u64 as param};
 use crate::clock;
 use crate::config::ingest::DEFAULT_MAX_BODY;
+use crate::paused::Why;
 use crate::store::writer::{DeadOp, StoreHandle};
 use crate::store::{AppendError, RecordBuf, StoreError};
 
@@ -62,8 +63,8 @@ pub(super) fn route(path: &str) -> Option<(String, Op)> {
     (!stream.is_empty()).then(|| (stream.to_string(), op))
 }
 
-/// `GET /-/queues`: `{"streams": [{"stream", "paused", "latency_ms"}]}`, in the running config's
-/// order; `latency_ms` is `{"live", "backlog"}`, from append to delivery of the last job of each
+/// `GET /-/queues`: `{"streams": [{"stream", "paused", "held_for_clock", "latency_ms"}]}`, in the
+/// running config's order; `latency_ms` is `{"live", "backlog"}`, from append to delivery of the last job of each
 /// lane (0 before the first), for a stream that is delivered.
 pub(super) fn list(state: &AgentState) -> String {
     let live = state.live.load();
@@ -77,7 +78,12 @@ pub(super) fn list(state: &AgentState) -> String {
             let latency = latencies
                 .get(s.name.as_str())
                 .map(|[live, backlog]| json!({ "live": live, "backlog": backlog }));
-            json!({ "stream": s.name, "paused": state.paused.is(&s.name), "latency_ms": latency })
+            json!({
+                "stream": s.name,
+                "paused": state.paused.is_for(Why::Operator, &s.name),
+                "held_for_clock": state.paused.is_for(Why::Clock, &s.name),
+                "latency_ms": latency,
+            })
         })
         .collect();
     json!({ "streams": streams }).to_string()

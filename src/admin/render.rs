@@ -83,13 +83,50 @@ pub async fn render(state: &AgentState) -> String {
             "Whether the operator paused the stream's delivery (colibri queue pause): 1, or 0.",
         );
         for s in &live.config.streams {
-            let paused = f64::from(u8::from(state.paused.is(&s.name)));
+            let paused = state.paused.is_for(crate::paused::Why::Operator, &s.name);
+            let paused = f64::from(u8::from(paused));
             t.sample("colibri_stream_paused", &[("stream", &s.name)], paused);
         }
     }
+    clock_metrics(&mut t, &live.config);
     state.source_stats.write_metrics(&mut t);
     tail_lag_metrics(&mut t, &state.source_stats.tail.all());
     t.finish()
+}
+
+/// Whether the wall clock is synchronised, and what the correction of records held for it did.
+fn clock_metrics(t: &mut Text, config: &Config) {
+    t.single(
+        "colibri_clock_synchronized",
+        Kind::Gauge,
+        "Whether the kernel says the wall clock is synchronised (1), or not (0: no NTP sync yet).",
+        f64::from(u8::from(crate::timesync::synced() != Some(false))),
+    );
+    let counts = crate::clock_hold::counts();
+    let held: Vec<&str> = config
+        .streams
+        .iter()
+        .filter(|s| s.hold_until_clock_synced)
+        .map(|s| s.name.as_str())
+        .collect();
+    if held.is_empty() {
+        return;
+    }
+    t.family(
+        "colibri_stream_clock_held_records_total",
+        Kind::Counter,
+        "Records held for the clock (hold_until_clock_synced), once it was synchronised: their time corrected (outcome=\"corrected\"), left as it was because it was not colibri's clock's (\"kept\"), or not correctable because they were held in an earlier boot (\"other_boot\").",
+    );
+    for stream in held {
+        let c = counts.get(stream).copied().unwrap_or_default();
+        for (outcome, n) in [("corrected", c[0]), ("kept", c[1]), ("other_boot", c[2])] {
+            t.sample(
+                "colibri_stream_clock_held_records_total",
+                &[("stream", stream), ("outcome", outcome)],
+                n as f64,
+            );
+        }
+    }
 }
 
 /// What a family reads of one item.

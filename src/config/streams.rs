@@ -84,6 +84,14 @@ pub struct StreamSpec {
     /// busy, so it is delayed, never starved (above 0, below 1). Default 0.1.
     #[serde(default)]
     pub min_share: Option<f64>,
+    /// For a box without a real-time clock: while the kernel says the wall clock is not
+    /// synchronised (no NTP sync yet since boot), jobs appended here carry the time since boot
+    /// beside their wall-clock time, and the stream is not delivered; once the clock is
+    /// synchronised, the timestamps colibri gave their records (line protocol) are corrected by
+    /// the error observed, and delivery starts. Records whose time is not colibri's clock's are
+    /// left as they are (counted). Default false.
+    #[serde(default)]
+    pub hold_until_clock_synced: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -224,6 +232,7 @@ pub(super) fn compile_stream(
             AtRestSpec::None => AtRest::Plain,
         },
         replay,
+        hold_until_clock_synced: spec.hold_until_clock_synced,
     })
 }
 

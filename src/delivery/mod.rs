@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
 use crate::link::Link;
-use crate::paused::Paused;
+use crate::paused::{Paused, Why};
 use crate::sink::Sink;
 use crate::store::writer::{Snapshot, StoreHandle};
 use crate::store::{BatchConfig, Replay};
@@ -277,8 +277,14 @@ pub async fn run(
     };
     tracing::debug!(stream, sink = %rt.sink.describe(), "delivery worker started");
     while !stopping.is_cancelled() {
-        if rt.paused.is(&stream) {
-            tracing::info!(stream, "delivery paused by the operator");
+        if let Some(why) = rt.paused.why(&stream) {
+            match why {
+                Why::Operator => tracing::info!(stream, "delivery paused by the operator"),
+                Why::Clock => tracing::info!(
+                    stream,
+                    "delivery held until the system clock is synchronised"
+                ),
+            }
             tokio::select! {
                 _ = rt.paused.resumed(&stream) => tracing::info!(stream, "delivery resumed"),
                 _ = stopping.cancelled() => break,

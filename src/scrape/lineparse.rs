@@ -122,6 +122,35 @@ pub fn record(line: &[u8], now: i64) -> Result<Option<Vec<u8>>, LineError> {
     Ok(Some(out))
 }
 
+/// How long before its job was appended a point colibri stamped can carry its time (a scrape's
+/// or a run's length): a timestamp in that span, by the job's clock, is that clock's.
+const STAMPED_BEFORE_MS: i64 = 5 * 60 * 1000;
+
+/// A point with its timestamp moved by `offset_ms` (for `hold_until_clock_synced`: the wall
+/// clock's error when its job was appended at `created_ms`, by that clock), in whichever
+/// precision puts it within [`STAMPED_BEFORE_MS`] before `created_ms` (to 1 s after); `None`
+/// for a point without a timestamp or whose time is not that clock's (a producer's own, from
+/// another clock: left as it is).
+pub fn shift_time(line: &[u8], offset_ms: i64, created_ms: u64) -> Option<Vec<u8>> {
+    if !check(line).ok()? {
+        return None;
+    }
+    let at = line.iter().rposition(|&b| b == b' ')?;
+    let t: i64 = std::str::from_utf8(&line[at + 1..]).ok()?.parse().ok()?;
+    let created = i64::try_from(created_ms).ok()?;
+    let on_clock = |ms: i64| (created - STAMPED_BEFORE_MS..=created + 1000).contains(&ms);
+    // Units per millisecond for ns, us, ms; seconds apart.
+    let shifted = [1_000_000i64, 1_000, 1]
+        .into_iter()
+        .find(|per_ms| on_clock(t / per_ms))
+        .map(|per_ms| t.checked_add(offset_ms.checked_mul(per_ms)?))
+        .or_else(|| on_clock(t.checked_mul(1000)?).then(|| t.checked_add(offset_ms / 1000)))??;
+    let mut out = Vec::with_capacity(line.len() + 4);
+    out.extend_from_slice(&line[..=at]);
+    out.extend_from_slice(shifted.to_string().as_bytes());
+    Some(out)
+}
+
 enum Part<'a> {
     Measurement(&'a [u8]),
     Tag(&'a [u8], &'a [u8]),
@@ -481,6 +510,31 @@ fn unescape(b: &[u8], escaped: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_point_on_the_jobs_clock_is_shifted_in_its_own_precision() {
+        let created = 1_000_000_000_000u64; // 2001, by the wrong clock
+        let hour = 3_600_000i64;
+        let ns = format!("m v=1 {}", 999_999_990_000i64 * 1_000_000);
+        assert_eq!(
+            shift_time(ns.as_bytes(), hour, created).unwrap(),
+            format!("m v=1 {}", (999_999_990_000i64 + hour) * 1_000_000).into_bytes()
+        );
+        let ms = b"m,t=a v=1i 999999990000";
+        assert_eq!(
+            shift_time(ms, hour, created).unwrap(),
+            b"m,t=a v=1i 1000003590000".to_vec()
+        );
+        let s = b"m v=1 999999990";
+        assert_eq!(
+            shift_time(s, hour, created).unwrap(),
+            b"m v=1 1000003590".to_vec()
+        );
+        // A producer's own time (an hour after the wrong clock), none, and a string field.
+        assert_eq!(shift_time(b"m v=1 1000003600000", hour, created), None);
+        assert_eq!(shift_time(b"m v=1", hour, created), None);
+        assert_eq!(shift_time(b"m s=\"a 999999990000\"", hour, created), None);
+    }
+
     use super::super::lineproto::{FieldValue, LineBuilder, line};
     use super::*;
 

@@ -39,7 +39,14 @@
 //! V2  attempts, last_error, last_failed_ms, offset    written by this version
 //! V3  as V2, and origin (store id, job id)              a salvaged job (issue 17)
 //! V4  as V3, and the stream the key names               a job moved by `on_max_age` (issue 33)
+//! V5  as V4 with origin optional, a clock stamp and    held for the clock (issue 34)
+//!     a window (0), both optional
 //! ```
+//!
+//! A job appended to a `hold_until_clock_synced` stream while the wall clock was unsynchronised
+//! carries V5: its boot and time since boot ([`ClockStamp`]), from which its true time is known
+//! once the clock is synchronised; its records' times are corrected then and it is written again
+//! without the stamp (`tx::clock`).
 //!
 //! `origin` is where a salvaged job came from: the damaged file's store id and the job's id in it.
 //! A sink builds its idempotency key from it, so a receiver sees the same key it saw before the
@@ -62,6 +69,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use super::codec;
+use crate::timesync::ClockStamp;
 
 /// A job of records framed by lengths, never compressed (read only).
 pub const VERSION_V1: u8 = 1;
@@ -143,6 +151,17 @@ pub enum Meta {
         /// The stream the job's key names (the one it was moved from).
         stream: String,
     },
+    V5 {
+        attempts: u32,
+        last_error: Option<String>,
+        last_failed_ms: u64,
+        offset: u32,
+        origin: Option<StoreJob>,
+        stream: Option<String>,
+        clock: Option<ClockStamp>,
+        /// For a job of aggregates (`when_full: downsample`): their window; 0 for raw records.
+        window_ms: u64,
+    },
 }
 
 /// A store file's id and a job's id in it, as V3 and V4 store them.
@@ -201,9 +220,44 @@ impl Meta {
         }
     }
 
-    /// Its fields, whichever variant: (attempts, last error, when it failed, offset, origin).
-    fn into_parts(self) -> (u32, Option<String>, u64, u32, Option<Origin>) {
-        match self {
+    /// This metadata with a clock stamp (V5), or as it is without one.
+    pub fn with_clock(self, clock: Option<ClockStamp>) -> Meta {
+        let Some(clock) = clock else {
+            return self;
+        };
+        let (attempts, last_error, last_failed_ms, offset, origin, _) = self.into_parts();
+        Meta::V5 {
+            attempts,
+            last_error,
+            last_failed_ms,
+            offset,
+            origin: origin.as_ref().map(|o| StoreJob {
+                store: o.store,
+                job: o.job,
+            }),
+            stream: origin.and_then(|o| o.stream),
+            clock: Some(clock),
+            window_ms: 0,
+        }
+    }
+
+    /// Its fields, whichever variant: (attempts, last error, when it failed, offset, origin,
+    /// clock stamp).
+    fn into_parts(self) -> Parts {
+        let (attempts, last_error, last_failed_ms, offset, origin) = match self {
+            Meta::V5 {
+                attempts,
+                last_error,
+                last_failed_ms,
+                offset,
+                origin,
+                stream,
+                clock,
+                window_ms: _,
+            } => {
+                let origin = origin.map(|StoreJob { store, job }| Origin { store, job, stream });
+                return (attempts, last_error, last_failed_ms, offset, origin, clock);
+            }
             Meta::V1 {
                 attempts,
                 last_error,
@@ -244,9 +298,20 @@ impl Meta {
                 };
                 (attempts, last_error, last_failed_ms, offset, Some(origin))
             }
-        }
+        };
+        (attempts, last_error, last_failed_ms, offset, origin, None)
     }
 }
+
+/// [`Meta`]'s fields: attempts, last error, when it failed, offset, origin, clock stamp.
+type Parts = (
+    u32,
+    Option<String>,
+    u64,
+    u32,
+    Option<Origin>,
+    Option<ClockStamp>,
+);
 
 /// `Meta::V1` by reference, to encode a file job without cloning the error text (same variant
 /// index and field order, so the same bytes).
@@ -338,6 +403,8 @@ pub struct Decoded<'a> {
     pub offset: u32,
     /// For a salvaged job, where it came from.
     pub origin: Option<Origin>,
+    /// For a job held for the clock, when it was appended (see [`ClockStamp`]).
+    pub clock: Option<ClockStamp>,
     pub area: Area<'a>,
 }
 
@@ -351,6 +418,7 @@ impl Decoded<'_> {
             self.offset,
             self.origin.clone(),
         )
+        .with_clock(self.clock)
     }
 }
 
@@ -630,7 +698,7 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
             rest.len()
         )));
     }
-    let (attempts, last_error, last_failed_ms, offset, origin) = meta.into_parts();
+    let (attempts, last_error, last_failed_ms, offset, origin, clock) = meta.into_parts();
     // A job never held more than u32::MAX records, so its settled prefix and what is left of it
     // add up to at most that; refusing anything else lets callers add them without overflow.
     if offset.checked_add(header.records).is_none() {
@@ -680,6 +748,7 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
         last_failed_ms,
         offset,
         origin,
+        clock,
         area,
     })
 }

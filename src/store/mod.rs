@@ -57,7 +57,7 @@ pub use stream::{
     AtRest, BatchConfig, MaxAge, OnMaxAge, Replay, StorageConfig, StreamConfig, WAITING_JOBS,
     WhenFull,
 };
-pub use tx::{EXPIRE_CHUNK, Tx};
+pub use tx::{ClockFixed, EXPIRE_CHUNK, FixRecord, Tx};
 
 #[cfg(test)]
 mod tests;

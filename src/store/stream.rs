@@ -30,6 +30,9 @@ pub struct StreamConfig {
     pub compression: AtRest,
     /// In which order a backlog is handed out, and where the live lane ends.
     pub replay: Replay,
+    /// Jobs appended while the wall clock is unsynchronised carry a clock stamp, and the stream
+    /// is not delivered until it is synchronised and their times are corrected.
+    pub hold_until_clock_synced: bool,
 }
 
 /// A stream's `max_age` and what becomes of a job older than it when a take comes.

@@ -15,7 +15,7 @@ const LAYERS: &[(u8, &[&str])] = &[
         1,
         &[
             "units", "clock", "files", "backoff", "metrics", "counters", "notify", "zone", "net",
-            "logging", "scrape", "memory", "record", "setting",
+            "logging", "scrape", "memory", "record", "setting", "timesync",
         ],
     ),
     (2, &["store", "schedule", "shape"]),
@@ -23,7 +23,15 @@ const LAYERS: &[(u8, &[&str])] = &[
     (4, &["config"]),
     (
         5,
-        &["link", "delivery", "paused", "scheduler", "reload", "admin"],
+        &[
+            "link",
+            "delivery",
+            "paused",
+            "clock_hold",
+            "scheduler",
+            "reload",
+            "admin",
+        ],
     ),
     (6, &["agent"]),
     (7, &["cli"]),

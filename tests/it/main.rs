@@ -14,6 +14,7 @@ mod util;
 
 mod architecture;
 mod cli;
+mod clock;
 mod compression;
 mod delivery;
 mod exec_stream;

@@ -22,6 +22,7 @@ fn a_drained_backlog_gives_its_disk_back() {
         dead_max_jobs: 10,
         compression: AtRest::Plain,
         replay: crate::store::Replay::OLDEST_FIRST,
+        hold_until_clock_synced: false,
     };
     let storage = StorageConfig {
         max_bytes: 1 << 30,

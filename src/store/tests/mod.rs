@@ -56,6 +56,7 @@ fn stream(name: &str) -> StreamConfig {
         // model tests run with it.
         compression: AtRest::Plain,
         replay: Replay::OLDEST_FIRST,
+        hold_until_clock_synced: false,
     }
 }
 
@@ -468,6 +469,7 @@ fn open_mem(disk: &MemDisk, storage: StorageConfig, streams: &[StreamConfig]) ->
 
 // The sections, declared after the fixtures so that their macros (`no_op_locks!`) are in scope.
 mod basics;
+mod clock;
 mod compaction;
 mod compression;
 mod corruption;

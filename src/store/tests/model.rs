@@ -449,6 +449,7 @@ fn random_config(seed: u64, rng: &mut fastrand::Rng) -> StreamConfig {
         dead_max_jobs: rng.u64(1..6),
         compression: [AtRest::Plain, AtRest::Always, AtRest::Waiting][(seed / 3 % 3) as usize],
         replay: crate::store::Replay::OLDEST_FIRST,
+        hold_until_clock_synced: false,
     }
 }
 

@@ -70,6 +70,11 @@ impl Tx<'_> {
             waiting,
             now_ms,
             fit: true,
+            clock: st
+                .cfg
+                .hold_until_clock_synced
+                .then(crate::timesync::stamp_if_unsynced)
+                .flatten(),
         };
         let max_bytes = cut.max_bytes;
         let new = encode(records, cut, max_jobs)?;
@@ -341,6 +346,8 @@ struct Cut<'a> {
     now_ms: u64,
     /// Cut plain jobs to fill their pages ([`page_fit`]).
     fit: bool,
+    /// The jobs' clock stamp, for a stream held while the clock is unsynchronised.
+    clock: Option<crate::timesync::ClockStamp>,
 }
 
 /// The jobs `records` make, encoded (compressed where `compression` says so), and their raw bytes.
@@ -369,19 +376,13 @@ fn cut_jobs(records: &RecordBuf, c: &Cut<'_>) -> Result<(Vec<Vec<u8>>, u64), App
             end = page_fit(records, start, end);
         }
         let n = u32::try_from(end - start).expect("a job holds at most u32::MAX records");
+        let meta = fresh_meta(0, None).with_clock(c.clock);
         let job = match records.lines(start..end) {
-            Some(lines) => format::encode_area(
-                c.now_ms,
-                &fresh_meta(0, None),
-                lines,
-                Framing::Lines,
-                n,
-                codec,
-            ),
+            Some(lines) => format::encode_area(c.now_ms, &meta, lines, Framing::Lines, n, codec),
             None => {
                 let part: Vec<&[u8]> = records.iter().skip(start).take(end - start).collect();
                 let (plain, framing) = format::frame(&part);
-                format::encode_area(c.now_ms, &fresh_meta(0, None), &plain, framing, n, codec)
+                format::encode_area(c.now_ms, &meta, &plain, framing, n, codec)
             }
         };
         if job.len() as u64 > c.max_bytes {

@@ -260,7 +260,8 @@ impl Tx<'_> {
                 max_attempts,
             } => (reason.clone(), attempts >= *max_attempts, *retry_at_ms),
         };
-        let meta = Meta::new(attempts, Some(reason), now_ms, d.offset, d.origin.clone());
+        let meta = Meta::new(attempts, Some(reason), now_ms, d.offset, d.origin.clone())
+            .with_clock(d.clock);
         let value = format::reencode(&d, &meta);
         let size = format::size(&value);
         let (txn, st) = self.txn_and_stream(&lease.stream)?;
@@ -334,7 +335,8 @@ impl Tx<'_> {
                 d.last_failed_ms,
                 offset,
                 d.origin.clone(),
-            ),
+            )
+            .with_clock(d.clock),
             tail,
         );
         let (old, new) = (format::size(&raw), format::size(&rest));
@@ -378,7 +380,8 @@ impl Tx<'_> {
                     now_ms,
                     d.offset,
                     d.origin.clone(),
-                );
+                )
+                .with_clock(d.clock);
                 let value = encode(&meta, head);
                 txn.open_table(st.dead_def())?
                     .insert(dead_id, value.as_slice())?;

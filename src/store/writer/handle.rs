@@ -310,6 +310,26 @@ impl StoreHandle {
         self.ask(|reply| Request::Dead { stream, op, reply }).await
     }
 
+    /// Corrects up to `limit` of `stream`'s jobs held for the clock (see `tx::clock`), in one
+    /// commit; `more` in the answer when some remain.
+    pub async fn fix_clock(
+        &self,
+        stream: &str,
+        anchor: crate::timesync::Anchor,
+        fix: crate::store::FixRecord,
+        limit: usize,
+    ) -> Result<crate::store::ClockFixed, StoreError> {
+        let stream = stream.to_string();
+        self.ask(|reply| Request::FixClock {
+            stream,
+            anchor,
+            fix,
+            limit,
+            reply,
+        })
+        .await
+    }
+
     /// Finishes what is queued, closes the database cleanly (so the next start needs no repair)
     /// and stops the thread.
     pub async fn shutdown(&self) {

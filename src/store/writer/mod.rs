@@ -145,6 +145,15 @@ enum Request {
         op: DeadOp,
         reply: Reply<Result<(u64, u64), StoreError>>,
     },
+    /// The clock is synchronised: up to `limit` of a stream's jobs held for it are corrected, one
+    /// chunk in one transaction.
+    FixClock {
+        stream: String,
+        anchor: crate::timesync::Anchor,
+        fix: crate::store::FixRecord,
+        limit: usize,
+        reply: Reply<Result<crate::store::ClockFixed, StoreError>>,
+    },
     /// The stop has begun: appends waiting for room are answered [`AppendError::Stopping`] now,
     /// and later ones do not wait.
     StopWaiting,

@@ -591,6 +591,7 @@ fn fail_with(req: Request, err: impl Fn() -> StoreError) {
         Request::Quarantine { reply, .. } => drop(reply.send(Err(err()))),
         Request::Salvage { reply, .. } => drop(reply.send(Err(err()))),
         Request::Dead { reply, .. } => drop(reply.send(Err(err()))),
+        Request::FixClock { reply, .. } => drop(reply.send(Err(err()))),
         Request::SalvageProgress { reply, .. } => drop(reply.send(Err(err()))),
         Request::Settle { reply, .. } => drop(reply.send(Err(err()))),
         Request::AppendFile { reply, .. } => drop(reply.send(Err(AppendError::Store(err())))),

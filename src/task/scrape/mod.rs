@@ -7,7 +7,7 @@
 //! (the sink does) nor when to run (the scheduler). Built by its `config.rs`, called by `task::run`.
 
 use std::sync::OnceLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use super::{Attempt, Needs, RunContext};
 use crate::net::client::{self, BadHeader, chain, shown_url};
@@ -253,10 +253,10 @@ impl Scrape {
     async fn scrape(&self, task: &str) -> Result<(Vec<Vec<u8>>, u64), String> {
         // The time the measurement was taken: what every record carries, however late it is
         // delivered.
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_err(|_| "the clock is before 1970")?;
-        let ts_ns = i64::try_from(now.as_nanos()).map_err(|_| "the clock is past 2262")?;
+        let ts_ns = crate::clock::unix_ns();
+        if ts_ns < 0 {
+            return Err("the clock is before 1970".into());
+        }
         let shown = shown_url(&self.url);
         let mut resp = self
             .client()?
@@ -318,6 +318,6 @@ impl Scrape {
                 records.push(envelope.to_string().into_bytes());
             }
         }
-        Ok((records, u64::try_from(now.as_millis()).unwrap_or(u64::MAX)))
+        Ok((records, (ts_ns / 1_000_000) as u64))
     }
 }

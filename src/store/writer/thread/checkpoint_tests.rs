@@ -21,6 +21,7 @@ fn stream() -> StreamConfig {
         dead_max_jobs: 10,
         compression: crate::store::AtRest::Plain,
         replay: crate::store::Replay::OLDEST_FIRST,
+        hold_until_clock_synced: false,
     }
 }
 

@@ -72,6 +72,11 @@ pub(super) enum Pending {
         Reply<Result<(u64, u64), StoreError>>,
         Result<(u64, u64), StoreError>,
     ),
+    /// A chunk of held jobs corrected for the clock: applied whole or not at all.
+    Clock(
+        Reply<Result<crate::store::ClockFixed, StoreError>>,
+        Result<crate::store::ClockFixed, StoreError>,
+    ),
     /// A salvage step: applied whole or not at all, as [`Pending::Whole`].
     Salvage(
         Reply<Result<crate::store::salvage::Stepped, StoreError>>,
@@ -129,6 +134,8 @@ impl Pending {
             (Pending::AppendFile(r, _), Err(e)) => drop(r.send(Err(AppendError::Store(failed(e))))),
             (Pending::Counts(r, v) | Pending::Whole(r, v), Ok(())) => drop(r.send(v)),
             (Pending::Counts(r, _) | Pending::Whole(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
+            (Pending::Clock(r, v), Ok(())) => drop(r.send(v)),
+            (Pending::Clock(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
             (Pending::Salvage(r, v), Ok(())) => drop(r.send(v)),
             (Pending::Salvage(r, _), Err(e)) => drop(r.send(Err(failed(e)))),
         }
@@ -278,6 +285,13 @@ impl Group<'_> {
                 Pending::Salvage(reply, tx.salvage_step(&key, step))
             }
             Request::Dead { stream, op, reply } => dead(tx, &stream, op, reply),
+            Request::FixClock {
+                stream,
+                anchor,
+                fix,
+                limit,
+                reply,
+            } => Pending::Clock(reply, tx.fix_clock(&stream, anchor, fix, limit)),
             Request::Settle {
                 lease,
                 n,
@@ -361,7 +375,7 @@ impl Group<'_> {
         }
         if let Some(e) = pending.iter().find_map(|p| match p {
             Pending::Whole(_, Err(e)) => Some(e.to_string()),
-            Pending::Salvage(_, Err(e)) => Some(e.to_string()),
+            Pending::Salvage(_, Err(e)) | Pending::Clock(_, Err(e)) => Some(e.to_string()),
             _ => None,
         }) {
             // A salvage step (or a dead-letter chunk) that failed part way must not commit half
