@@ -568,6 +568,17 @@ fn stream_flow_metrics(t: &mut Text, streams: &Items<Counters>) {
             ("out", |c| c.moved_out_records),
         ],
     );
+    streams.split(
+        t,
+        "colibri_stream_downsampled_records_total",
+        Kind::Counter,
+        "when_full: downsample: records replaced by aggregates (direction=\"in\": raw points, or aggregates of a finer window) and the aggregates written in their place (\"out\"). The identity gains both: appended + moved in + downsampled out = delivered + dropped + expired + quarantined + lost + moved out + downsampled in + dead + queued.",
+        "direction",
+        &[
+            ("in", |c| c.downsampled_in_records),
+            ("out", |c| c.downsampled_out_records),
+        ],
+    );
 }
 
 fn sink_metrics(t: &mut Text, sinks: &[Arc<SinkRuntime>], snap: Option<&Snapshot>) {

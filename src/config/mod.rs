@@ -712,6 +712,7 @@ fn compile_streams(
             compile_stream(n, v, &sink_names, &stream_names, p)
         });
     check_moves(&streams, sinks, problems);
+    settle_downsample(&mut streams, sinks, problems);
     // `compression: auto` stores every job compressed when the sink sends the stored frame as its
     // zstd body: the sink would compress it anyway.
     for st in &mut streams {
@@ -724,6 +725,37 @@ fn compile_streams(
         }
     }
     streams
+}
+
+/// `when_full: downsample` aggregates line-protocol points: the stream's sink must take them, and
+/// its precision is the unit of their timestamps.
+fn settle_downsample(
+    streams: &mut [StreamConfig],
+    sinks: &[Arc<SinkConfig>],
+    problems: &mut Problems<'_>,
+) {
+    let formats: Vec<RecordFormat> = streams
+        .iter()
+        .map(|s| stream_format(streams, sinks, &s.name))
+        .collect();
+    for (st, format) in streams.iter_mut().zip(formats) {
+        let Some(ds) = &mut st.downsample else {
+            continue;
+        };
+        match format {
+            RecordFormat::LineProtocol(p) => {
+                ds.ticks_per_second = p.from_unix_ms(1000).unwrap_or(1);
+            }
+            other => problems.add(
+                &format!("streams.{}.when_full", st.name),
+                format!(
+                    "downsample aggregates metric records (line protocol), and this stream is delivered as {}{}",
+                    other.describe(),
+                    if st.sink.is_none() { " (it has no sink)" } else { "" }
+                ),
+            ),
+        }
+    }
 }
 
 /// A stream that moves too old jobs (`on_max_age: stream:NAME`) moves them into a stream that

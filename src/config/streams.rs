@@ -11,7 +11,10 @@ use serde_json::Value;
 use super::units::u32_schema;
 use super::units::{self, Dur, Size};
 use super::{Problems, named_entry};
-use crate::store::{AtRest, BatchConfig, MaxAge, OnMaxAge, Replay, StreamConfig, WhenFull};
+use crate::scrape::downsample::Keep;
+use crate::store::{
+    AtRest, BatchConfig, Downsample, MaxAge, OnMaxAge, Replay, StreamConfig, WhenFull,
+};
 
 /// One stream: a bounded, durable FIFO of transfer jobs.
 #[derive(Debug, Deserialize)]
@@ -32,9 +35,14 @@ pub struct StreamSpec {
     #[serde(default)]
     pub max_bytes: Option<Size>,
     /// What a full stream does: `block` (producers wait, then get an error), `drop_oldest` (the oldest
-    /// ready jobs are deleted and counted), `drop_newest` (new records are refused and counted).
+    /// ready jobs are deleted and counted), `drop_newest` (new records are refused and counted),
+    /// `downsample` (for metrics: the oldest jobs are replaced by aggregates per series and window,
+    /// coarser as it stays full; see `downsample`).
     #[serde(default)]
     pub when_full: WhenFullSpec,
+    /// With `when_full: downsample`: the first window and the aggregates kept.
+    #[serde(default)]
+    pub downsample: Option<DownsampleSpec>,
     /// Jobs older than this are deleted and counted as expired. Default: kept until delivered.
     #[serde(default)]
     pub ttl: Option<Dur>,
@@ -137,6 +145,36 @@ pub enum WhenFullSpec {
     Block,
     DropOldest,
     DropNewest,
+    Downsample,
+}
+
+/// `downsample:` of a stream whose sink takes line protocol.
+#[derive(Debug, Default, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct DownsampleSpec {
+    /// The window of the first aggregates. Default 1m.
+    #[serde(default)]
+    pub window: Option<Dur>,
+    /// The coarser windows used while the stream stays full, each a multiple of the one before.
+    /// Default: 10 and 60 times `window` (1m, 10m, 1h).
+    #[serde(default)]
+    pub ladder: Option<Vec<Dur>>,
+    /// The aggregates written per field besides its count (`F_count`, always): `last` (the field
+    /// under its own name), `min` (`F_min`), `max` (`F_max`), `mean` (`F_mean`). Default all.
+    #[serde(default)]
+    pub keep: Option<Vec<KeepSpec>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum KeepSpec {
+    Last,
+    Min,
+    Max,
+    Mean,
+    Count,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -211,6 +249,7 @@ pub(super) fn compile_stream(
     if spec.on_max_age.is_some() && spec.max_age.is_none() {
         err.add("on_max_age", "applies only with max_age".into());
     }
+    let downsample = compile_downsample(&spec, &mut err);
     Some(StreamConfig {
         name,
         sink: spec.sink,
@@ -221,7 +260,9 @@ pub(super) fn compile_stream(
             WhenFullSpec::Block => WhenFull::Block,
             WhenFullSpec::DropOldest => WhenFull::DropOldest,
             WhenFullSpec::DropNewest => WhenFull::DropNewest,
+            WhenFullSpec::Downsample => WhenFull::Downsample,
         },
+        downsample,
         ttl: spec.ttl.map(|d| d.0),
         max_age: spec.max_age.map(|d| MaxAge { age: d.0, then }),
         dead_max_jobs: u64::from(spec.dead_letter.max_jobs.unwrap_or(10_000)),
@@ -233,6 +274,57 @@ pub(super) fn compile_stream(
         },
         replay,
         hold_until_clock_synced: spec.hold_until_clock_synced,
+    })
+}
+
+/// `downsample:` with `when_full: downsample` (the sink's precision is set by
+/// `config::compile_streams`, which refuses a sink that does not take line protocol).
+fn compile_downsample(spec: &StreamSpec, err: &mut Problems<'_>) -> Option<Downsample> {
+    let Some(ds) = &spec.downsample else {
+        if spec.when_full == WhenFullSpec::Downsample {
+            return Some(Downsample::default());
+        }
+        return None;
+    };
+    if spec.when_full != WhenFullSpec::Downsample {
+        err.add(
+            "downsample",
+            "applies only with when_full: downsample".into(),
+        );
+        return None;
+    }
+    let window = ds.window.map_or(Duration::from_secs(60), |d| d.0);
+    if window < Duration::from_secs(1) {
+        err.add("downsample.window", "must be at least 1s".into());
+    }
+    let ladder: Vec<Duration> = match &ds.ladder {
+        Some(l) => l.iter().map(|d| d.0).collect(),
+        None => vec![window * 10, window * 60],
+    };
+    let mut windows = vec![window];
+    for (i, w) in ladder.into_iter().enumerate() {
+        let last = *windows.last().expect("starts with the window");
+        if w <= last || w.as_millis() % last.as_millis().max(1) != 0 {
+            err.add(
+                &format!("downsample.ladder[{i}]"),
+                format!(
+                    "must be a multiple of the window before it ({}s) and longer",
+                    last.as_secs_f64()
+                ),
+            );
+        }
+        windows.push(w);
+    }
+    let keep = ds.keep.as_ref().map_or(Keep::ALL, |k| Keep {
+        last: k.contains(&KeepSpec::Last),
+        min: k.contains(&KeepSpec::Min),
+        max: k.contains(&KeepSpec::Max),
+        mean: k.contains(&KeepSpec::Mean),
+    });
+    Some(Downsample {
+        windows,
+        keep,
+        ..Downsample::default()
     })
 }
 

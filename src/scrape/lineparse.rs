@@ -122,6 +122,33 @@ pub fn record(line: &[u8], now: i64) -> Result<Option<Vec<u8>>, LineError> {
     Ok(Some(out))
 }
 
+/// A point as written, nothing unescaped: its series (the measurement and tags, up to the space
+/// before the fields), its fields' keys and values, its timestamp.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawPoint<'a> {
+    pub series: &'a [u8],
+    pub fields: Vec<(&'a [u8], Raw<'a>)>,
+    pub timestamp: Option<i64>,
+}
+
+/// Reads one line into a [`RawPoint`] (for `when_full: downsample`, which writes the series and
+/// keys back as they were).
+pub fn raw_point(line: &[u8]) -> Result<RawPoint<'_>, LineError> {
+    let mut p = RawPoint {
+        series: &[],
+        fields: Vec::new(),
+        timestamp: None,
+    };
+    let end_of = |part: &[u8]| part.as_ptr() as usize - line.as_ptr() as usize + part.len();
+    scan(line, &mut |part| match part {
+        Part::Measurement(m) => p.series = &line[..end_of(m)],
+        Part::Tag(_, v) => p.series = &line[..end_of(v)],
+        Part::Field(k, v) => p.fields.push((k, v)),
+        Part::Timestamp(t) => p.timestamp = Some(t),
+    })?;
+    Ok(p)
+}
+
 /// How long before its job was appended a point colibri stamped can carry its time (a scrape's
 /// or a run's length): a timestamp in that span, by the job's clock, is that clock's.
 const STAMPED_BEFORE_MS: i64 = 5 * 60 * 1000;
@@ -158,7 +185,9 @@ enum Part<'a> {
     Timestamp(i64),
 }
 
-enum Raw<'a> {
+/// A field's value as written (see [`raw_point`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Raw<'a> {
     Float(f64),
     Int(i64),
     UInt(u64),

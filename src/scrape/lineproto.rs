@@ -183,7 +183,7 @@ fn write_string_value(buf: &mut Vec<u8>, s: &str) {
 }
 
 /// Appends a finite float in the form described in the module rules.
-fn write_float(buf: &mut Vec<u8>, v: f64) {
+pub(crate) fn write_float(buf: &mut Vec<u8>, v: f64) {
     let start = buf.len();
     // `{:?}` is the shortest text that reads back to the same f64, and switches to an exponent for
     // very large and very small magnitudes (so 1e300 is not 301 digits).

@@ -7,6 +7,7 @@
 //! all. Called by the `http_scrape` task handler (`task::scrape`), which fetches the body (bounded),
 //! appends the records to its stream and counts failed scrapes.
 
+pub mod downsample;
 pub mod exception;
 pub mod json;
 pub mod lineparse;

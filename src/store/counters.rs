@@ -65,6 +65,10 @@ counters! {
     moved_in_records,
     /// Records of jobs older than `max_age` moved to another stream: they left this one for good.
     moved_out_records,
+    /// `when_full: downsample`: records (raw, or aggregates of a finer window) replaced by
+    /// aggregates, and the aggregates written in their place.
+    downsampled_in_records,
+    downsampled_out_records,
 }
 
 impl Counters {
@@ -80,10 +84,10 @@ impl Counters {
             + self.dropped_dead_full_records
     }
 
-    /// `appended + moved in = delivered + dropped + expired + quarantined + lost to damage + moved
-    /// out + dead + pending + salvaging`.
+    /// `appended + moved in + aggregates written = delivered + dropped + expired + quarantined +
+    /// lost to damage + moved out + records aggregated + dead + pending + salvaging`.
     pub fn balanced(&self) -> bool {
-        self.appended_records + self.moved_in_records
+        self.appended_records + self.moved_in_records + self.downsampled_out_records
             == self.settled_records() + self.held_records()
     }
 
@@ -95,6 +99,7 @@ impl Counters {
             + self.quarantined_records
             + self.lost_to_damage_records
             + self.moved_out_records
+            + self.downsampled_in_records
     }
 
     /// Records still held: queued, dead, or being salvaged.
@@ -110,8 +115,9 @@ impl Counters {
     /// carried on as appended.
     pub(super) fn carry_on(&mut self, old: &Counters) {
         let settled = old.settled_records();
-        let appended =
-            (old.appended_records + old.moved_in_records).max(settled + old.held_records());
+        let made = old.downsampled_out_records;
+        let appended = (old.appended_records + old.moved_in_records)
+            .max((settled + old.held_records()).saturating_sub(made));
         self.appended_jobs += old.appended_jobs;
         self.appended_records += appended;
         self.delivered_jobs += old.delivered_jobs;
@@ -129,7 +135,9 @@ impl Counters {
         self.lost_to_damage_records += old.lost_to_damage_records;
         self.salvage_resent_records += old.salvage_resent_records;
         self.moved_out_records += old.moved_out_records;
-        self.salvaging_records += appended - settled;
+        self.downsampled_in_records += old.downsampled_in_records;
+        self.downsampled_out_records += made;
+        self.salvaging_records += (appended + made).saturating_sub(settled);
     }
 
     /// A salvaged job of `records` is back (its table counts it). A job live at the old file's

@@ -303,6 +303,38 @@ impl Meta {
     }
 }
 
+impl Meta {
+    /// The metadata of a job of aggregates (`when_full: downsample`): fresh, with its window and
+    /// the key it is sent under (`origin`: derived from what it replaced, see `tx::downsample`).
+    pub fn aggregate(origin: StoreJob, window_ms: u64) -> Meta {
+        Meta::V5 {
+            attempts: 0,
+            last_error: None,
+            last_failed_ms: 0,
+            offset: 0,
+            origin: Some(origin),
+            stream: None,
+            clock: None,
+            window_ms,
+        }
+    }
+}
+
+/// The window of a job of aggregates, 0 for any other, read from its header and metadata only
+/// (no checksum: a damaged job is found when its records are read).
+pub fn window_ms(b: &[u8]) -> u64 {
+    let Ok(h) = header(b) else { return 0 };
+    let meta_len = u32_at(b, 17) as usize;
+    let at = h.meta_at();
+    match b
+        .get(at..at.saturating_add(meta_len))
+        .map(postcard::from_bytes::<Meta>)
+    {
+        Some(Ok(Meta::V5 { window_ms, .. })) => window_ms,
+        _ => 0,
+    }
+}
+
 /// [`Meta`]'s fields: attempts, last error, when it failed, offset, origin, clock stamp.
 type Parts = (
     u32,

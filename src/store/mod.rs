@@ -54,8 +54,8 @@ pub use read::{DeadPage, Peeked};
 pub use record_buf::{RecordBuf, RecordWriter};
 pub use salvage::SalvageReport;
 pub use stream::{
-    AtRest, BatchConfig, MaxAge, OnMaxAge, Replay, StorageConfig, StreamConfig, WAITING_JOBS,
-    WhenFull,
+    AtRest, BatchConfig, Downsample, MaxAge, OnMaxAge, Replay, StorageConfig, StreamConfig,
+    WAITING_JOBS, WhenFull,
 };
 pub use tx::{ClockFixed, EXPIRE_CHUNK, FixRecord, Tx};
 

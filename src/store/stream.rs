@@ -30,6 +30,8 @@ pub struct StreamConfig {
     pub compression: AtRest,
     /// In which order a backlog is handed out, and where the live lane ends.
     pub replay: Replay,
+    /// With `when_full: downsample`: how.
+    pub downsample: Option<Downsample>,
     /// Jobs appended while the wall clock is unsynchronised carry a clock stamp, and the stream
     /// is not delivered until it is synchronised and their times are corrected.
     pub hold_until_clock_synced: bool,
@@ -146,6 +148,35 @@ pub enum WhenFull {
     Block,
     DropOldest,
     DropNewest,
+    /// The oldest jobs are replaced by aggregates (see [`Downsample`]).
+    Downsample,
+}
+
+/// `when_full: downsample`: the windows, finest first (a ladder), the aggregates written, and the
+/// unit of the records' timestamps (per second: the sink's precision).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Downsample {
+    pub windows: Vec<Duration>,
+    pub keep: crate::scrape::downsample::Keep,
+    pub ticks_per_second: i64,
+}
+
+impl Default for Downsample {
+    fn default() -> Self {
+        Downsample {
+            windows: [60, 600, 3600].map(Duration::from_secs).to_vec(),
+            keep: crate::scrape::downsample::Keep::ALL,
+            ticks_per_second: 1_000_000_000,
+        }
+    }
+}
+
+impl Downsample {
+    /// Window `level` (1 for the first) in the records' timestamp unit.
+    pub fn ticks(&self, level: usize) -> i64 {
+        let w = self.windows[level - 1];
+        i64::try_from(w.as_millis()).unwrap_or(i64::MAX / 1000) * self.ticks_per_second / 1000
+    }
 }
 
 impl std::fmt::Display for WhenFull {
@@ -154,6 +185,7 @@ impl std::fmt::Display for WhenFull {
             WhenFull::Block => "block",
             WhenFull::DropOldest => "drop_oldest",
             WhenFull::DropNewest => "drop_newest",
+            WhenFull::Downsample => "downsample",
         })
     }
 }

@@ -17,6 +17,7 @@ mod cli;
 mod clock;
 mod compression;
 mod delivery;
+mod downsample;
 mod exec_stream;
 mod file_move;
 mod ingest;

@@ -282,10 +282,18 @@ tasks:
             )
         };
         let (moved_in, moved_out) = (moved("in"), moved("out"));
+        let downsampled = |d: &str| {
+            value(
+                &samples,
+                "colibri_stream_downsampled_records_total",
+                &[("stream", stream), ("direction", d)],
+            )
+        };
+        let (made, merged) = (downsampled("out"), downsampled("in"));
         assert_eq!(
-            appended + moved_in,
-            delivered + dropped + expired + quarantined + moved_out + dead + ready + retry,
-            "{stream}: appended {appended} + moved in {moved_in} = delivered {delivered} + dropped {dropped} + expired {expired} + quarantined, lost to damage and salvaging {quarantined} + moved out {moved_out} + dead {dead} + ready {ready} + retry {retry}"
+            appended + moved_in + made,
+            delivered + dropped + expired + quarantined + moved_out + merged + dead + ready + retry,
+            "{stream}: appended {appended} + moved in {moved_in} + aggregates {made} = delivered {delivered} + dropped {dropped} + expired {expired} + quarantined, lost to damage and salvaging {quarantined} + moved out {moved_out} + aggregated {merged} + dead {dead} + ready {ready} + retry {retry}"
         );
     }
     assert_eq!(

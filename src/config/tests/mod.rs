@@ -25,6 +25,18 @@ fn env(name: &str) -> Option<String> {
     }
 }
 
+/// Every problem of `expect` is among `p` (a line starting with it).
+#[track_caller]
+fn assert_has(p: &[String], expect: &[&str]) {
+    for e in expect {
+        assert!(
+            p.iter().any(|l| l.starts_with(e)),
+            "missing {e:?} in\n{}",
+            p.join("\n")
+        );
+    }
+}
+
 fn load(text: &str) -> Result<Config, Vec<String>> {
     match load_str(text, Path::new("/etc/colibri/test.yaml"), &env) {
         Ok(c) => Ok(c),
@@ -231,13 +243,7 @@ tasks:
         r#"tasks[15]: missing field `name`"#,
         r#"tasks[16]: expected a mapping"#,
     ];
-    for e in expect {
-        assert!(
-            p.iter().any(|l| l.starts_with(e)),
-            "missing {e:?} in\n{}",
-            p.join("\n")
-        );
-    }
+    assert_has(&p, &expect);
 }
 
 #[test]
@@ -411,20 +417,14 @@ tasks:
         "sinks.up2.timeout: duration the value of ${DUR}: ",
         "sinks.odd: expected a mapping with a type (`file`, `stdout`, `http`, `prometheus_remote_write`, `mqtt`, `nats`) and its settings, found the value of ${IT}",
         "streams.s1.ttl: duration the value of \"1${DUR}\": unknown unit",
-        "streams.s2.when_full: expected one of `block`, `drop_oldest`, `drop_newest`, found the value of ${LEVEL}",
+        "streams.s2.when_full: expected one of `block`, `drop_oldest`, `drop_newest`, `downsample`, found the value of ${LEVEL}",
         "streams.s3.max_bytes: size the value of ${SIZE}: ",
         "tasks[0] \"t\": every: duration the value of ${DUR}: ",
         "tasks[1] \"u\": schedule the value of ${IT}: ",
         "tasks[2] \"v\": timeout: duration the value of \"${IT}s\": ",
         "tasks[3] \"w\": max_retry: expected a whole number, found the value of ${IT}",
     ];
-    for e in expect {
-        assert!(
-            p.iter().any(|l| l.starts_with(e)),
-            "missing {e:?} in\n{}",
-            p.join("\n")
-        );
-    }
+    assert_has(&p, &expect);
     assert_eq!(p.len(), expect.len(), "{p:#?}");
     // Once the other problems are fixed, the URL and the program are named the same way.
     let p = problems_with(

@@ -142,13 +142,7 @@ streams:
         "streams.o.on_max_age: \"shelf\": expected drop or stream:NAME",
         "streams.p.on_max_age: stream \"q\" moves jobs on itself (its own on_max_age): moves are one step",
     ];
-    for e in expect {
-        assert!(
-            p.iter().any(|l| l.starts_with(e)),
-            "missing {e:?} in\n{}",
-            p.join("\n")
-        );
-    }
+    assert_has(&p, &expect);
     assert_eq!(p.len(), expect.len(), "{p:#?}");
 }
 
@@ -193,4 +187,60 @@ streams:
         p[0].starts_with("streams.metrics.on_max_age: stream \"archive\" is delivered as"),
         "{p:#?}"
     );
+}
+
+/// `when_full: downsample` aggregates line protocol: a stream whose sink takes it gets the ladder
+/// in the sink's timestamp unit; any other is refused with the reason, and so are a ladder that
+/// does not grow by multiples and `downsample` without it.
+#[test]
+fn downsample_takes_metric_streams_and_a_ladder_of_multiples() {
+    let c = load(
+        r#"
+sinks:
+  tsdb: { type: http, url: "http://127.0.0.1:9/write", encoding: influx_line, precision: ms }
+streams:
+  metrics: { sink: tsdb, when_full: downsample, downsample: { window: 30s, keep: [min, max] } }
+  plain: { sink: tsdb, when_full: downsample }
+"#,
+    )
+    .unwrap();
+    let ds = |name: &str| {
+        c.streams
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap()
+            .downsample
+            .clone()
+            .unwrap()
+    };
+    let m = ds("metrics");
+    assert_eq!(
+        m.windows,
+        [30, 300, 1800].map(Duration::from_secs).to_vec(),
+        "default ladder: 10 and 60 times the window"
+    );
+    assert_eq!((m.ticks_per_second, m.ticks(1)), (1000, 30_000));
+    assert!(m.keep.min && m.keep.max && !m.keep.last && !m.keep.mean);
+    assert_eq!(ds("plain").windows.len(), 3);
+
+    let p = problems(
+        r#"
+sinks:
+  tsdb: { type: http, url: "http://127.0.0.1:9/write", encoding: influx_line }
+  logs: { type: http, url: "http://127.0.0.1:9/logs" }
+streams:
+  a: { sink: logs, when_full: downsample }
+  b: { when_full: downsample }
+  c: { sink: tsdb, when_full: downsample, downsample: { window: 1m, ladder: [90s, 1h] } }
+  d: { sink: tsdb, downsample: { window: 1m } }
+"#,
+    );
+    let expect = [
+        "streams.a.when_full: downsample aggregates metric records (line protocol), and this stream is delivered as JSON records",
+        "streams.b.when_full: downsample aggregates metric records (line protocol), and this stream is delivered as lines (it has no sink)",
+        "streams.c.downsample.ladder[0]: must be a multiple of the window before it (60s) and longer",
+        "streams.d.downsample: applies only with when_full: downsample",
+    ];
+    assert_has(&p, &expect);
+    assert_eq!(p.len(), expect.len(), "{p:#?}");
 }

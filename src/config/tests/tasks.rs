@@ -68,12 +68,7 @@ fn file_move_problems_are_all_reported() {
         "tasks[2] \"c\": on_conflict: unknown variant `merge`, expected one of `rename`, `overwrite`, `skip`",
         "tasks[3] \"d\"",
     ];
-    for e in expect {
-        assert!(
-            p.iter().any(|x| x.starts_with(e)),
-            "missing {e:?} in {p:#?}"
-        );
-    }
+    assert_has(&p, &expect);
     assert!(
         p.iter()
             .any(|x| x.contains("is not a directory") && x.starts_with("tasks[0]")),
@@ -108,12 +103,7 @@ fn to_stream_problems_are_all_reported() {
         "tasks[1] \"b\": to_stream: is instead of to",
         "tasks[2] \"c\": archive: only applies to to_stream",
     ];
-    for e in expect {
-        assert!(
-            p.iter().any(|x| x.starts_with(e)),
-            "missing {e:?} in {p:#?}"
-        );
-    }
+    assert_has(&p, &expect);
     assert_eq!(p.len(), expect.len(), "{p:#?}");
     // A valid one: the spool lives in the data directory, under the task's name.
     let c = crate::config::load_str(
@@ -172,12 +162,7 @@ tasks:
         "tasks[6] \"g\": stream: \"m\": format: raw writes JSON records",
         "tasks[6] \"g\": deadband: report by exception applies to values: format: prometheus or json, not raw",
     ];
-    for e in expect {
-        assert!(
-            p.iter().any(|x| x.starts_with(e)),
-            "missing {e:?} in {p:#?}"
-        );
-    }
+    assert_has(&p, &expect);
     assert_eq!(p.len(), expect.len(), "{p:#?}");
 }
 
@@ -207,12 +192,7 @@ tasks:
         "tasks[1] \"prom\": stream: \"logs\": this format writes influx line protocol, but the stream's sink sends JSON",
         "tasks[2] \"mills\": stream: \"arr\": this format writes influx line protocol, but the stream's sink sends JSON",
     ];
-    for e in expect {
-        assert!(
-            p.iter().any(|x| x.starts_with(e)),
-            "missing {e:?} in {p:#?}"
-        );
-    }
+    assert_has(&p, &expect);
     assert_eq!(p.len(), expect.len(), "{p:#?}");
 
     // Where the sink carries them, the same producers are fine; file, stdout and no sink take both.

@@ -23,6 +23,7 @@ fn a_drained_backlog_gives_its_disk_back() {
         compression: AtRest::Plain,
         replay: crate::store::Replay::OLDEST_FIRST,
         hold_until_clock_synced: false,
+        downsample: None,
     };
     let storage = StorageConfig {
         max_bytes: 1 << 30,

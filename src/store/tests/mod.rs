@@ -57,6 +57,7 @@ fn stream(name: &str) -> StreamConfig {
         compression: AtRest::Plain,
         replay: Replay::OLDEST_FIRST,
         hold_until_clock_synced: false,
+        downsample: None,
     }
 }
 
@@ -473,6 +474,7 @@ mod clock;
 mod compaction;
 mod compression;
 mod corruption;
+mod downsample;
 mod file_jobs;
 mod free_pages;
 mod group_commit;

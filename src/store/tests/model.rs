@@ -102,6 +102,7 @@ impl Model {
         if self.queued() + nj > self.cfg.max_jobs {
             match self.cfg.when_full {
                 WhenFull::Block => return MAppend::Full,
+                WhenFull::Downsample => unreachable!("the model does not downsample"),
                 WhenFull::DropNewest => {
                     self.appended += n;
                     self.dropped_newest += n;
@@ -450,6 +451,7 @@ fn random_config(seed: u64, rng: &mut fastrand::Rng) -> StreamConfig {
         compression: [AtRest::Plain, AtRest::Always, AtRest::Waiting][(seed / 3 % 3) as usize],
         replay: crate::store::Replay::OLDEST_FIRST,
         hold_until_clock_synced: false,
+        downsample: None,
     }
 }
 

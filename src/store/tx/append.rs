@@ -164,7 +164,12 @@ impl Tx<'_> {
                     records: n_records,
                 })
             }
-            WhenFull::DropOldest => {
+            WhenFull::DropOldest | WhenFull::Downsample => {
+                if when_full == WhenFull::Downsample {
+                    self.downsample_until_fits(stream, n_jobs, bytes)?;
+                }
+                // What aggregates cannot free (the coarsest window full too, or only jobs in
+                // flight left) the oldest give.
                 let dropped_oldest = self.drop_oldest_until_fits(stream, n_jobs, bytes, bytes)?;
                 if let Some(reason) = self.full(stream, n_jobs, bytes, bytes) {
                     // Not enough old jobs to delete (in flight, or other streams fill the disk).

@@ -2,7 +2,7 @@
 //! durable at [`Tx::commit`] (counters included, in the same commit); dropping it aborts, and the
 //! in-memory state it changed is undone or reloaded. This file holds the transaction itself and the
 //! bounds checks; the operations are split by concept: [`append`], [`deliver`] (take, ack, fail,
-//! settle), [`dead`] (dead letters), [`clock`] (jobs held for the clock), [`expire`], [`too_old`] (`max_age`), [`quarantine`], [`free_pages`] (the file's free
+//! settle), [`dead`] (dead letters), [`clock`] (jobs held for the clock), [`downsample`] (`when_full: downsample`), [`expire`], [`too_old`] (`max_age`), [`quarantine`], [`free_pages`] (the file's free
 //! pages counted for `min_free`), and file jobs in
 //! [`super::files`]. Used by the store writer and `colibri queue`.
 
@@ -12,6 +12,7 @@ mod clock;
 pub use clock::{ClockFixed, FixRecord};
 mod dead;
 mod deliver;
+mod downsample;
 mod expire;
 mod free_pages;
 mod quarantine;

@@ -22,6 +22,7 @@ fn stream() -> StreamConfig {
         compression: crate::store::AtRest::Plain,
         replay: crate::store::Replay::OLDEST_FIRST,
         hold_until_clock_synced: false,
+        downsample: None,
     }
 }
 
