@@ -44,17 +44,20 @@ target_dir=${1:-target/static}
 # their gate, max_age, the replayed marker, the lane latency and the delivered tap's lane; 11.8
 # until issue 33's archive moves and issue 34's report by exception and grouped requests added
 # about 100 KB together, in every build: the filter and its per-series state, the deadband
-# entries of two tasks, the values counters, a request of several jobs and its key).
-budget=11900000
+# entries of two tasks, the values counters, a request of several jobs and its key; 11.9 until
+# issue 34's held clock and downsampling added 94 KB, in every build: the clock's watch and the
+# correction of held jobs, `Meta::V5`, the aggregator and the store's rewrite).
+budget=12000000
 # The minimal build (HTTP and files, no other protocol): 8 MB was set before every build carried
 # TLS on its listeners (rustls' server side) and the operator's commands (`top`, `tap`, `task`, the
 # admin client and crossterm), which a user expects of any colibri, and issue 31's hardening
 # (8.55 MB, then 8,648,880 bytes). Putting those behind features would take them from the builds
 # that need them most (a small box is run by an operator too). This caps what the core may add
 # (8.7 MB until issue 33's replay order, in every build, added 41 KB: 8,704,464 bytes; 8.8 MB
-# until issue 34's report by exception and grouped requests, core code too: 8,814,576 bytes).
+# until issue 34's report by exception and grouped requests, core code too: 8,814,576 bytes; 8.9
+# MB until its held clock and downsampling, core code too: 8,902,736 bytes).
 if $minimal; then
-  budget=8900000
+  budget=9000000
 fi
 
 check() { # <binary> <arch label> [runner...]

@@ -116,7 +116,7 @@ else
     || { echo "error: $static_bin is not statically linked: $(file -b "$static_bin")" >&2; exit 1; }
   "$static_bin" version
   size="$(stat -c %s "$static_bin")"
-  budget=11900000  # bytes, stripped, with every protocol (scripts/release.sh says why not 10 MB)
+  budget=12000000  # bytes, stripped, with every protocol (scripts/release.sh says why not 10 MB)
   echo "static binary: $size bytes (budget $budget)"
   ((size <= budget)) || { echo "error: $static_bin is $size bytes, over the $budget-byte budget" >&2; exit 1; }
 fi
