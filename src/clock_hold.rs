@@ -17,10 +17,11 @@ use crate::store::ClockFixed;
 use crate::store::writer::StoreHandle;
 use crate::timesync::{self, Anchor};
 
-/// How often the clock is asked while it is unsynchronised (a held stream waits at most this
-/// long after the sync), and while it is synchronised.
-const POLL_UNSYNCED: Duration = Duration::from_secs(1);
-const POLL_SYNCED: Duration = Duration::from_secs(30);
+/// How often the clock is asked while streams are held for it (one waits at most this long after
+/// the sync), and otherwise (a change is logged that much later: no wake-up a second on a box
+/// whose clock is never synchronised and where nothing waits for it).
+const POLL_HELD: Duration = Duration::from_secs(1);
+const POLL_IDLE: Duration = Duration::from_secs(60);
 
 /// Held jobs corrected per transaction.
 const CHUNK: usize = 1000;
@@ -91,11 +92,7 @@ async fn watch(
         {
             release(&streams, store, &paused).await;
         }
-        let wait = if synced && !held {
-            POLL_SYNCED
-        } else {
-            POLL_UNSYNCED
-        };
+        let wait = if held { POLL_HELD } else { POLL_IDLE };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = stopping.cancelled() => return,

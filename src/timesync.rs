@@ -1,7 +1,7 @@
 //! Whether the wall clock can be trusted: the kernel says whether an NTP client has synchronised it
 //! (`adjtimex`: `TIME_ERROR` while it has not, as on a box without a real-time clock that started
-//! at 1970 or at the last saved time). Owns the process-wide answer (written by the agent's
-//! watcher, read by the store when it stamps the jobs of a `hold_until_clock_synced` stream), the
+//! at 1970 or at the last saved time). Owns the process-wide answer (the last one asked for, by
+//! the agent's watcher, `/metrics` or `/readyz`; read by the store when it stamps the jobs of a `hold_until_clock_synced` stream), the
 //! [`ClockStamp`] such a job carries (the boot it was appended in and the time since that boot,
 //! which no clock step changes) and the [`Anchor`] that turns a stamp into true time once the
 //! clock is synchronised. Deciding what to do with held records is the store's and the agent's.

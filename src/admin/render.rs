@@ -100,7 +100,7 @@ fn clock_metrics(t: &mut Text, config: &Config) {
         "colibri_clock_synchronized",
         Kind::Gauge,
         "Whether the kernel says the wall clock is synchronised (1), or not (0: no NTP sync yet).",
-        f64::from(u8::from(crate::timesync::synced() != Some(false))),
+        f64::from(u8::from(crate::timesync::observe())),
     );
     let counts = crate::clock_hold::counts();
     let held: Vec<&str> = config
