@@ -220,12 +220,13 @@ impl Meta {
         }
     }
 
-    /// This metadata with a clock stamp (V5), or as it is without one.
-    pub fn with_clock(self, clock: Option<ClockStamp>) -> Meta {
-        let Some(clock) = clock else {
+    /// This metadata with a clock stamp and a window of aggregates (V5), or as it is with
+    /// neither. Every re-encoding of a job passes its own on ([`Decoded::meta`]).
+    pub fn with_extras(self, clock: Option<ClockStamp>, window_ms: u64) -> Meta {
+        if clock.is_none() && window_ms == 0 {
             return self;
-        };
-        let (attempts, last_error, last_failed_ms, offset, origin, _) = self.into_parts();
+        }
+        let (attempts, last_error, last_failed_ms, offset, origin, ..) = self.into_parts();
         Meta::V5 {
             attempts,
             last_error,
@@ -236,13 +237,13 @@ impl Meta {
                 job: o.job,
             }),
             stream: origin.and_then(|o| o.stream),
-            clock: Some(clock),
-            window_ms: 0,
+            clock,
+            window_ms,
         }
     }
 
     /// Its fields, whichever variant: (attempts, last error, when it failed, offset, origin,
-    /// clock stamp).
+    /// clock stamp, window).
     fn into_parts(self) -> Parts {
         let (attempts, last_error, last_failed_ms, offset, origin) = match self {
             Meta::V5 {
@@ -253,10 +254,18 @@ impl Meta {
                 origin,
                 stream,
                 clock,
-                window_ms: _,
+                window_ms,
             } => {
                 let origin = origin.map(|StoreJob { store, job }| Origin { store, job, stream });
-                return (attempts, last_error, last_failed_ms, offset, origin, clock);
+                return (
+                    attempts,
+                    last_error,
+                    last_failed_ms,
+                    offset,
+                    origin,
+                    clock,
+                    window_ms,
+                );
             }
             Meta::V1 {
                 attempts,
@@ -299,7 +308,15 @@ impl Meta {
                 (attempts, last_error, last_failed_ms, offset, Some(origin))
             }
         };
-        (attempts, last_error, last_failed_ms, offset, origin, None)
+        (
+            attempts,
+            last_error,
+            last_failed_ms,
+            offset,
+            origin,
+            None,
+            0,
+        )
     }
 }
 
@@ -335,7 +352,7 @@ pub fn window_ms(b: &[u8]) -> u64 {
     }
 }
 
-/// [`Meta`]'s fields: attempts, last error, when it failed, offset, origin, clock stamp.
+/// [`Meta`]'s fields: attempts, last error, when it failed, offset, origin, clock stamp, window.
 type Parts = (
     u32,
     Option<String>,
@@ -343,6 +360,7 @@ type Parts = (
     u32,
     Option<Origin>,
     Option<ClockStamp>,
+    u64,
 );
 
 /// `Meta::V1` by reference, to encode a file job without cloning the error text (same variant
@@ -437,6 +455,8 @@ pub struct Decoded<'a> {
     pub origin: Option<Origin>,
     /// For a job held for the clock, when it was appended (see [`ClockStamp`]).
     pub clock: Option<ClockStamp>,
+    /// For a job of aggregates, their window (`when_full: downsample`); 0 for raw records.
+    pub window_ms: u64,
     pub area: Area<'a>,
 }
 
@@ -450,7 +470,7 @@ impl Decoded<'_> {
             self.offset,
             self.origin.clone(),
         )
-        .with_clock(self.clock)
+        .with_extras(self.clock, self.window_ms)
     }
 }
 
@@ -730,7 +750,8 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
             rest.len()
         )));
     }
-    let (attempts, last_error, last_failed_ms, offset, origin, clock) = meta.into_parts();
+    let (attempts, last_error, last_failed_ms, offset, origin, clock, window_ms) =
+        meta.into_parts();
     // A job never held more than u32::MAX records, so its settled prefix and what is left of it
     // add up to at most that; refusing anything else lets callers add them without overflow.
     if offset.checked_add(header.records).is_none() {
@@ -781,6 +802,7 @@ pub fn decode(b: &[u8]) -> Result<Decoded<'_>, FormatError> {
         offset,
         origin,
         clock,
+        window_ms,
         area,
     })
 }

@@ -482,6 +482,7 @@ impl Tx<'_> {
                         d.offset,
                         origin,
                     )
+                    .with_extras(d.clock, d.window_ms)
                 })
                 .map_err(|e| StoreError::io(format!("a salvaged job cannot be re-encoded: {e}")))?;
                 with_origin.as_slice()

@@ -160,3 +160,47 @@ fn a_full_stream_holds_everything_at_decreasing_resolution_each_sample_once() {
         "the ladder's second window used: {per:?} {c:?}"
     );
 }
+
+/// The windows of the jobs in `stream`'s retry and dead tables.
+fn windows_in(store: &Store, table: &str) -> Vec<u64> {
+    let rtx = store.db.begin_read().expect("read");
+    let st = &store.streams[S];
+    let mut out = Vec::new();
+    if table == "retry" {
+        let t = rtx.open_table(st.retry_def()).expect("retry");
+        for e in t.iter().expect("iter") {
+            out.push(format::window_ms(e.expect("entry").1.value()));
+        }
+    } else {
+        let t = rtx.open_table(st.dead_def()).expect("dead");
+        for e in t.iter().expect("iter") {
+            out.push(format::window_ms(e.expect("entry").1.value()));
+        }
+    }
+    out
+}
+
+/// An aggregate job that fails stays one (its window is not lost when it is written again, or the
+/// next round would read its aggregates as raw points), and so does one replayed from the dead.
+#[test]
+fn an_aggregate_stays_one_through_a_failed_attempt_and_a_replay() {
+    let dir = Dir::new(vec![metrics(16 << 10)]);
+    let mut store = dir.open();
+    let mut i = 0;
+    while counters(&store, S).downsampled_out_records == 0 {
+        append(&mut store, S, &scrape(i), T0 + i * STEP_MS).unwrap();
+        i += 1;
+        assert!(i < 10_000, "never full");
+    }
+    let oldest = take(&mut store, S, 1, T0);
+    fail(&mut store, &oldest[0].lease, &transient(T0 + 1, 10), T0);
+    assert_eq!(windows_in(&store, "retry"), [60_000]);
+    let again = take(&mut store, S, 1, T0 + 2);
+    fail(&mut store, &again[0].lease, &permanent(), T0 + 2);
+    assert_eq!(windows_in(&store, "dead"), [60_000]);
+    let mut tx = store.transaction().expect("begin");
+    tx.replay_dead(S, None, None, 10).expect("replay");
+    tx.commit().expect("commit");
+    check(&store);
+    assert_eq!(queued(&store)[0].0, 60_000, "back at the head, an aggregate");
+}

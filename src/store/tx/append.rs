@@ -381,7 +381,7 @@ fn cut_jobs(records: &RecordBuf, c: &Cut<'_>) -> Result<(Vec<Vec<u8>>, u64), App
             end = page_fit(records, start, end);
         }
         let n = u32::try_from(end - start).expect("a job holds at most u32::MAX records");
-        let meta = fresh_meta(0, None).with_clock(c.clock);
+        let meta = fresh_meta(0, None).with_extras(c.clock, 0);
         let job = match records.lines(start..end) {
             Some(lines) => format::encode_area(c.now_ms, &meta, lines, Framing::Lines, n, codec),
             None => {

@@ -105,7 +105,8 @@ fn corrected(raw: &[u8], anchor: Anchor, fix: FixRecord, done: &mut ClockFixed) 
         d.last_failed_ms,
         d.offset,
         d.origin.clone(),
-    );
+    )
+    .with_extras(None, d.window_ms);
     let records = u64::from(d.header.records);
     let offset = d
         .clock

@@ -120,7 +120,9 @@ impl Tx<'_> {
             drop(v);
             let old = format::size(&raw);
             // Attempts start over; the offset stays, as the records before it are still settled.
-            let value = match format::with_meta(&raw, |d| fresh_meta(d.offset, d.origin.clone())) {
+            let value = match format::with_meta(&raw, |d| {
+                fresh_meta(d.offset, d.origin.clone()).with_extras(d.clock, d.window_ms)
+            }) {
                 Ok(v) => v,
                 Err(e) => {
                     corrupt.push((k, raw, e.to_string()));

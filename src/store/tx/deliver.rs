@@ -261,7 +261,7 @@ impl Tx<'_> {
             } => (reason.clone(), attempts >= *max_attempts, *retry_at_ms),
         };
         let meta = Meta::new(attempts, Some(reason), now_ms, d.offset, d.origin.clone())
-            .with_clock(d.clock);
+            .with_extras(d.clock, d.window_ms);
         let value = format::reencode(&d, &meta);
         let size = format::size(&value);
         let (txn, st) = self.txn_and_stream(&lease.stream)?;
@@ -336,7 +336,7 @@ impl Tx<'_> {
                 offset,
                 d.origin.clone(),
             )
-            .with_clock(d.clock),
+            .with_extras(d.clock, d.window_ms),
             tail,
         );
         let (old, new) = (format::size(&raw), format::size(&rest));
@@ -381,7 +381,7 @@ impl Tx<'_> {
                     d.offset,
                     d.origin.clone(),
                 )
-                .with_clock(d.clock);
+                .with_extras(d.clock, d.window_ms);
                 let value = encode(&meta, head);
                 txn.open_table(st.dead_def())?
                     .insert(dead_id, value.as_slice())?;

@@ -114,7 +114,7 @@ fn with_origin(raw: &[u8], store: u64, stream: &str, id: u64) -> Vec<u8> {
                     .unwrap_or_else(|| stream.to_string()),
             ),
         };
-        fresh_meta(d.offset, Some(origin))
+        fresh_meta(d.offset, Some(origin)).with_extras(d.clock, d.window_ms)
     })
     .unwrap_or_else(|_| raw.to_vec())
 }
