@@ -202,5 +202,27 @@ fn an_aggregate_stays_one_through_a_failed_attempt_and_a_replay() {
     tx.replay_dead(S, None, None, 10).expect("replay");
     tx.commit().expect("commit");
     check(&store);
-    assert_eq!(queued(&store)[0].0, 60_000, "back at the head, an aggregate");
+    assert_eq!(
+        queued(&store)[0].0,
+        60_000,
+        "back at the head, an aggregate"
+    );
+}
+
+/// Jobs held for the clock are not aggregated before their times are corrected (their stamp
+/// would be lost): a stream full of them drops its oldest, as `drop_oldest` would.
+#[test]
+fn jobs_held_for_the_clock_are_not_aggregated() {
+    crate::timesync::force(false);
+    let dir = Dir::new(vec![StreamConfig {
+        hold_until_clock_synced: true,
+        ..metrics(16 << 10)
+    }]);
+    let mut store = dir.open();
+    for i in 0..400 {
+        append(&mut store, S, &scrape(i), T0 + i * STEP_MS).unwrap();
+    }
+    let c = counters(&store, S);
+    assert_eq!(c.downsampled_out_records, 0, "{c:?}");
+    assert!(c.dropped_oldest_records > 0, "{c:?}");
 }

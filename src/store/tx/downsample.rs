@@ -152,6 +152,11 @@ impl Tx<'_> {
             let (Ok(recs), None) = (d.area.to_records(), d.header.file_len) else {
                 continue;
             };
+            // Held for the clock: its times are corrected first (`tx::clock`), then it is a job
+            // like any other.
+            if d.clock.is_some() {
+                continue;
+            }
             let window = format::window_ms(&raw);
             same_window |= window == window_ms;
             let aggregates = window > 0;
