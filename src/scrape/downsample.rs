@@ -31,21 +31,12 @@ impl Keep {
     };
 }
 
-/// The suffixes an aggregate's fields carry, and what each is.
-const SUFFIXES: [(&[u8], Part); 4] = [
-    (b"_min", Part::Min),
-    (b"_max", Part::Max),
-    (b"_mean", Part::Mean),
-    (b"_count", Part::Count),
-];
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Part {
     Last,
     Min,
     Max,
     Mean,
-    Count,
 }
 
 /// A field's value, typed as it was written.
@@ -96,17 +87,15 @@ impl Value {
     /// The lesser (`less`) or greater of two numbers of one field, in the type they share (a
     /// float when they differ).
     fn pick(a: &Value, b: &Value, less: bool) -> Value {
-        let better = |x: f64, y: f64| if less { x <= y } else { x >= y };
+        fn one<T: PartialOrd + Copy>(x: T, y: T, less: bool) -> T {
+            if (x <= y) == less { x } else { y }
+        }
         match (a, b) {
-            (Value::Int(x), Value::Int(y)) => {
-                Value::Int(if better(*x as f64, *y as f64) { *x } else { *y })
-            }
-            (Value::UInt(x), Value::UInt(y)) => {
-                Value::UInt(if better(*x as f64, *y as f64) { *x } else { *y })
-            }
+            (Value::Int(x), Value::Int(y)) => Value::Int(one(*x, *y, less)),
+            (Value::UInt(x), Value::UInt(y)) => Value::UInt(one(*x, *y, less)),
             _ => {
                 let (x, y) = (a.number().unwrap_or(0.0), b.number().unwrap_or(0.0));
-                Value::Float(if better(x, y) { x } else { y })
+                Value::Float(one(x, y, less))
             }
         }
     }
@@ -122,6 +111,8 @@ struct Agg {
     max: Option<Value>,
     /// The last value and when it was taken (an aggregate's: its window's start).
     last: Option<(i64, Value)>,
+    /// A number was seen (a sample, or an aggregate's min, max or mean): a mean is written.
+    numeric: bool,
 }
 
 impl Agg {
@@ -129,20 +120,20 @@ impl Agg {
         self.count += 1;
         if let Some(x) = v.number() {
             self.sum += x;
-            self.bound(&v, &v);
+            self.numeric = true;
+            self.bound(Some(&v), Some(&v));
         }
         self.set_last(t, v);
     }
 
-    fn bound(&mut self, min: &Value, max: &Value) {
-        self.min = Some(match &self.min {
-            Some(m) => Value::pick(m, min, true),
-            None => min.clone(),
-        });
-        self.max = Some(match &self.max {
-            Some(m) => Value::pick(m, max, false),
-            None => max.clone(),
-        });
+    fn bound(&mut self, min: Option<&Value>, max: Option<&Value>) {
+        let merge = |now: &Option<Value>, v: Option<&Value>, less: bool| match (now, v) {
+            (Some(m), Some(v)) => Some(Value::pick(m, v, less)),
+            (None, Some(v)) => Some(v.clone()),
+            (now, None) => now.clone(),
+        };
+        self.min = merge(&self.min, min, true);
+        self.max = merge(&self.max, max, false);
     }
 
     fn set_last(&mut self, t: i64, v: Value) {
@@ -207,38 +198,64 @@ impl Aggregator {
         let Some(t) = p.timestamp else {
             return self.passed.push(line.to_vec());
         };
-        let mut parts: Vec<(&[u8], Parts)> = Vec::new();
-        for (key, raw) in p.fields {
-            let (base, part) = SUFFIXES
+        // A field's parts are written together and end with its count (always written), so a
+        // count names the field the parts before it belong to. A key ending in `_count` is a count
+        // unless its own count comes later (`x_count` of a Prometheus summary, then
+        // `x_count_count`).
+        let keys: Vec<&[u8]> = p.fields.iter().map(|(k, _)| *k).collect();
+        let mut read: Vec<(&[u8], Parts)> = Vec::new();
+        let mut pending: Vec<(&[u8], Raw<'_>)> = Vec::new();
+        for (i, (key, raw)) in p.fields.into_iter().enumerate() {
+            let counted_later = keys[i + 1..]
                 .iter()
-                .find_map(|(suffix, part)| key.strip_suffix(*suffix).map(|b| (b, *part)))
-                .unwrap_or((key, Part::Last));
-            let at = match parts.iter().position(|(k, _)| *k == base) {
-                Some(i) => i,
-                None => {
-                    parts.push((base, Parts::default()));
-                    parts.len() - 1
-                }
+                .any(|k| k.strip_suffix(b"_count".as_slice()) == Some(key));
+            let Some(base) = key
+                .strip_suffix(b"_count".as_slice())
+                .filter(|_| !counted_later)
+            else {
+                pending.push((key, raw));
+                continue;
             };
-            let f = &mut parts[at].1;
-            let v = Value::of(raw);
-            match part {
-                Part::Last => f.last = Some(v),
-                Part::Min => f.min = Some(v),
-                Part::Max => f.max = Some(v),
-                Part::Mean => f.mean = v.number(),
-                Part::Count => f.count = v.number().map(|c| c as u64),
+            let mut f = Parts {
+                count: Value::of(raw).number().map(|c| c as u64),
+                ..Parts::default()
+            };
+            for (k, raw) in std::mem::take(&mut pending) {
+                let v = Value::of(raw);
+                match part_of(k, base) {
+                    Some(Part::Last) => f.last = Some(v),
+                    Some(Part::Min) => f.min = Some(v),
+                    Some(Part::Max) => f.max = Some(v),
+                    Some(Part::Mean) => f.mean = v.number(),
+                    None => read.push((k, sample(v))),
+                }
             }
+            read.push((base, f));
         }
+        // Not an aggregate's (a line written otherwise): each field a sample of its own.
+        read.extend(
+            pending
+                .into_iter()
+                .map(|(k, raw)| (k, sample(Value::of(raw)))),
+        );
         let fields = self.group(t, p.series);
-        for (key, f) in parts {
+        for (key, f) in read {
             let a = field(fields, key);
             let count = f.count.unwrap_or(1);
             a.count += count;
-            a.sum += f.mean.unwrap_or(0.0) * count as f64;
-            if let (Some(min), Some(max)) = (&f.min, &f.max) {
-                a.bound(min, max);
+            if let Some(mean) = f.mean {
+                a.sum += mean * count as f64;
             }
+            a.numeric |= f.mean.is_some() || f.min.is_some() || f.max.is_some();
+            if f.count.is_none()
+                && let Some(x) = f.last.as_ref().and_then(Value::number)
+            {
+                // A plain sample read back: it counts as one.
+                a.sum += x;
+                a.numeric = true;
+                a.bound(f.last.as_ref(), f.last.as_ref());
+            }
+            a.bound(f.min.as_ref(), f.max.as_ref());
             if let Some(v) = f.last {
                 a.set_last(t, v);
             }
@@ -250,8 +267,9 @@ impl Aggregator {
         self.groups.entry((start, series.to_vec())).or_default()
     }
 
-    /// The aggregate points, by window then series, then the lines that passed through.
-    pub fn finish(self) -> Vec<Vec<u8>> {
+    /// The aggregate points with their window's start, by window then series, then the lines
+    /// that passed through (`i64::MAX`: after every window).
+    pub fn finish(self) -> Vec<(i64, Vec<u8>)> {
         let mut out = Vec::with_capacity(self.groups.len() + self.passed.len());
         for ((start, series), fields) in self.groups {
             let mut line = series;
@@ -275,7 +293,7 @@ impl Aggregator {
                     put(b"_max", &|o| v.write(o));
                 }
                 let mean = a.sum / a.count.max(1) as f64;
-                if self.keep.mean && a.min.is_some() && mean.is_finite() {
+                if self.keep.mean && a.numeric && mean.is_finite() {
                     put(b"_mean", &|o| write_float(o, mean));
                 }
                 put(b"_count", &|o| {
@@ -283,10 +301,30 @@ impl Aggregator {
                 });
             }
             write!(line, " {start}").expect("writing to a Vec cannot fail");
-            out.push(line);
+            out.push((start, line));
         }
-        out.extend(self.passed);
+        out.extend(self.passed.into_iter().map(|l| (i64::MAX, l)));
         out
+    }
+}
+
+/// A field read back that is no aggregate's part: one sample.
+fn sample(v: Value) -> Parts {
+    Parts {
+        last: Some(v),
+        ..Parts::default()
+    }
+}
+
+/// Which part of field `base` the key `k` is, written as [`Aggregator::finish`] writes them.
+fn part_of(k: &[u8], base: &[u8]) -> Option<Part> {
+    let rest = k.strip_prefix(base)?;
+    match rest {
+        b"" => Some(Part::Last),
+        b"_min" => Some(Part::Min),
+        b"_max" => Some(Part::Max),
+        b"_mean" => Some(Part::Mean),
+        _ => None,
     }
 }
 
@@ -305,10 +343,10 @@ fn field<'f>(fields: &'f mut Fields, key: &[u8]) -> &'f mut Agg {
 mod tests {
     use super::*;
 
-    fn text(lines: Vec<Vec<u8>>) -> Vec<String> {
+    fn text(lines: Vec<(i64, Vec<u8>)>) -> Vec<String> {
         lines
             .into_iter()
-            .map(|l| String::from_utf8(l).unwrap())
+            .map(|(_, l)| String::from_utf8(l).unwrap())
             .collect()
     }
 
@@ -349,13 +387,48 @@ mod tests {
         // In two passes, as the store's rewrite merges a window split between two of them.
         let fine = fine.finish();
         let mut first = Aggregator::new(600, Keep::ALL);
-        for l in &fine[..4] {
+        for (_, l) in &fine[..4] {
             first.add_aggregate(l);
         }
-        for l in first.finish().iter().chain(&fine[4..]) {
+        for (_, l) in first.finish().iter().chain(&fine[4..]) {
             coarse.add_aggregate(l);
         }
         assert_eq!(text(coarse.finish()), text(direct.finish()));
+    }
+
+    /// Two levels of aggregates equal one, whatever the fields are called (a Prometheus summary's
+    /// `x_sum` and `x_count` beside each other) and whatever is kept.
+    #[test]
+    fn fields_named_like_aggregates_and_a_partial_keep_survive_the_ladder() {
+        let lines: Vec<String> = (0..600)
+            .map(|i| format!("m x_sum={}.5,x_count={}i,v={} {i}", i * 3, i, (i * 13) % 7))
+            .collect();
+        for keep in [
+            Keep::ALL,
+            Keep {
+                last: false,
+                min: true,
+                max: false,
+                mean: false,
+            },
+            Keep {
+                last: true,
+                min: false,
+                max: true,
+                mean: true,
+            },
+        ] {
+            let (mut direct, mut fine) = (Aggregator::new(600, keep), Aggregator::new(60, keep));
+            for l in &lines {
+                direct.add_raw(l.as_bytes());
+                fine.add_raw(l.as_bytes());
+            }
+            let mut coarse = Aggregator::new(600, keep);
+            for (_, l) in fine.finish() {
+                coarse.add_aggregate(&l);
+            }
+            assert_eq!(text(coarse.finish()), text(direct.finish()), "{keep:?}");
+        }
     }
 
     #[test]

@@ -166,12 +166,24 @@ pub fn shift_time(line: &[u8], offset_ms: i64, created_ms: u64) -> Option<Vec<u8
     let t: i64 = std::str::from_utf8(&line[at + 1..]).ok()?.parse().ok()?;
     let created = i64::try_from(created_ms).ok()?;
     let on_clock = |ms: i64| (created - STAMPED_BEFORE_MS..=created + 1000).contains(&ms);
-    // Units per millisecond for ns, us, ms; seconds apart.
-    let shifted = [1_000_000i64, 1_000, 1]
+    // The precision (units per millisecond: ns, us, ms; seconds apart) that puts the point
+    // nearest its append: near 1970 a millisecond stamp read as nanoseconds would fit too.
+    let as_ms = |per_ms: i64| {
+        if per_ms > 0 {
+            Some(t / per_ms)
+        } else {
+            t.checked_mul(1000)
+        }
+    };
+    let per_ms = [1_000_000i64, 1_000, 1, 0]
         .into_iter()
-        .find(|per_ms| on_clock(t / per_ms))
-        .map(|per_ms| t.checked_add(offset_ms.checked_mul(per_ms)?))
-        .or_else(|| on_clock(t.checked_mul(1000)?).then(|| t.checked_add(offset_ms / 1000)))??;
+        .filter(|&p| as_ms(p).is_some_and(on_clock))
+        .min_by_key(|&p| as_ms(p).map_or(i64::MAX, |ms| (ms - created).abs()))?;
+    let shifted = if per_ms > 0 {
+        t.checked_add(offset_ms.checked_mul(per_ms)?)?
+    } else {
+        t.checked_add(offset_ms / 1000)?
+    };
     let mut out = Vec::with_capacity(line.len() + 4);
     out.extend_from_slice(&line[..=at]);
     out.extend_from_slice(shifted.to_string().as_bytes());
@@ -562,6 +574,11 @@ mod tests {
         assert_eq!(shift_time(b"m v=1 1000003600000", hour, created), None);
         assert_eq!(shift_time(b"m v=1", hour, created), None);
         assert_eq!(shift_time(b"m s=\"a 999999990000\"", hour, created), None);
+        // Minutes after a boot at 1970: milliseconds, not nanoseconds that would round to 0.
+        assert_eq!(
+            shift_time(b"m v=1 120000", hour, 120_005).unwrap(),
+            b"m v=1 3720000".to_vec()
+        );
     }
 
     use super::super::lineproto::{FieldValue, LineBuilder, line};

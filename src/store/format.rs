@@ -337,19 +337,26 @@ impl Meta {
     }
 }
 
-/// The window of a job of aggregates, 0 for any other, read from its header and metadata only
-/// (no checksum: a damaged job is found when its records are read).
-pub fn window_ms(b: &[u8]) -> u64 {
-    let Ok(h) = header(b) else { return 0 };
+/// A job's metadata, read from its header only (no checksum, no records: for a scan that picks
+/// jobs; a damaged job is found when its records are read).
+fn meta_of(b: &[u8]) -> Option<Meta> {
+    let h = header(b).ok()?;
     let meta_len = u32_at(b, 17) as usize;
     let at = h.meta_at();
-    match b
-        .get(at..at.saturating_add(meta_len))
-        .map(postcard::from_bytes::<Meta>)
-    {
-        Some(Ok(Meta::V5 { window_ms, .. })) => window_ms,
+    postcard::from_bytes::<Meta>(b.get(at..at.saturating_add(meta_len))?).ok()
+}
+
+/// The window of a job of aggregates, 0 for any other (see [`meta_of`]).
+pub fn window_ms(b: &[u8]) -> u64 {
+    match meta_of(b) {
+        Some(Meta::V5 { window_ms, .. }) => window_ms,
         _ => 0,
     }
+}
+
+/// Whether a job carries a clock stamp (see [`meta_of`]).
+pub fn held_for_clock(b: &[u8]) -> bool {
+    matches!(meta_of(b), Some(Meta::V5 { clock: Some(_), .. }))
 }
 
 /// [`Meta`]'s fields: attempts, last error, when it failed, offset, origin, clock stamp, window.

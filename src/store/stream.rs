@@ -174,8 +174,10 @@ impl Default for Downsample {
 impl Downsample {
     /// Window `level` (1 for the first) in the records' timestamp unit.
     pub fn ticks(&self, level: usize) -> i64 {
-        let w = self.windows[level - 1];
-        i64::try_from(w.as_millis()).unwrap_or(i64::MAX / 1000) * self.ticks_per_second / 1000
+        let w = i64::try_from(self.windows[level - 1].as_millis()).unwrap_or(i64::MAX);
+        (w / 1000)
+            .saturating_mul(self.ticks_per_second)
+            .saturating_add(w % 1000 * self.ticks_per_second / 1000)
     }
 }
 

@@ -87,6 +87,16 @@ fn held_jobs_are_corrected_under_their_ids_chunk_by_chunk_and_counted() {
         "once"
     );
     assert_eq!((one.corrected + two.corrected, one.kept + two.kept), (2, 4));
+    // Their own times too (ttl, max_age and the lanes read them): an hour later than recorded.
+    let rtx = store.db.begin_read().expect("read");
+    let t = rtx.open_table(store.streams[S].ready_def()).expect("ready");
+    let created = format::header(t.get(stamped[1].0).unwrap().unwrap().value())
+        .unwrap()
+        .created_ms;
+    let later = stamped[1].1.expect("stamped").boot_ms - stamp.boot_ms;
+    assert_eq!(created, T0 + HOUR + later);
+    drop(t);
+    drop(rtx);
     let jobs = take(&mut store, S, 10, T0 + 10);
     let mut got: Vec<(u64, Vec<Vec<u8>>)> = jobs.iter().map(|j| (j.lease.id, owned(j))).collect();
     got.sort();

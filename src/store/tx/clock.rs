@@ -81,7 +81,7 @@ fn held<K: redb::Key + 'static, O>(
     let mut out = Vec::new();
     for e in t.iter()? {
         let (k, v) = e?;
-        if !format::decode(v.value()).is_ok_and(|d| d.clock.is_some()) {
+        if !format::held_for_clock(v.value()) {
             continue;
         }
         if done.jobs as usize + out.len() >= limit {
@@ -130,9 +130,17 @@ fn corrected(raw: &[u8], anchor: Anchor, fix: FixRecord, done: &mut ClockFixed) 
         })
         .collect();
     let (plain, framing) = format::frame(&fixed);
+    // Its own time corrected too: `ttl`, `max_age` and the lanes read it (a job stamped at 1970
+    // would expire at once).
+    let created = u64::try_from(
+        i64::try_from(d.header.created_ms)
+            .unwrap_or(i64::MAX)
+            .saturating_add(offset),
+    )
+    .unwrap_or(0);
     // Compressed again when it was.
     format::encode_area(
-        d.header.created_ms,
+        created,
         &meta,
         &plain,
         framing,

@@ -66,13 +66,13 @@ impl Tx<'_> {
         let Some((level, take)) = choose(&queue, &ds, self.stream(stream)?.cfg.max_bytes) else {
             return Ok(false);
         };
-        // The newest aggregate of the next window, merged so no window is written twice.
-        let tail = queue
-            .iter()
-            .rev()
-            .find(|s| s.level == level + 1)
-            .filter(|s| !s.busy)
-            .map(|s| s.id);
+        // The newest aggregate of the next window, merged so no window is written twice; while it
+        // is in flight, nothing is aggregated into its level (the oldest are dropped instead).
+        let tail = queue.iter().rev().find(|s| s.level == level + 1);
+        if tail.is_some_and(|s| s.busy) {
+            return Ok(false);
+        }
+        let tail = tail.map(|s| s.id);
         let inputs: Vec<u64> = tail.into_iter().chain(take).collect();
         self.aggregate(stream, &ds, level + 1, &inputs)
     }
@@ -268,17 +268,21 @@ fn choose(queue: &[Seen], ds: &Downsample, max_bytes: u64) -> Option<(usize, Vec
     (!take.is_empty()).then_some((level, take))
 }
 
-/// The aggregate lines cut into jobs of at most `max_records` and `max_bytes`, at most `jobs` of
-/// them (the last takes the rest: aggregates are never more than what they replace, so that is
-/// only ever a little).
-fn cut(lines: &[Vec<u8>], max_records: u32, max_bytes: u64, jobs: usize) -> Vec<Vec<&[u8]>> {
+/// The aggregate lines (with their window's start) cut into jobs of at most `max_records` and
+/// `max_bytes`, only between two windows (a window in two jobs would be two points when the first
+/// is no longer the level's newest), at most `jobs` of them (the last takes the rest: aggregates
+/// are never more than what they replace, so that is only ever a little).
+fn cut(lines: &[(i64, Vec<u8>)], max_records: u32, max_bytes: u64, jobs: usize) -> Vec<Vec<&[u8]>> {
     let mut parts: Vec<Vec<&[u8]>> = vec![Vec::new()];
     let mut bytes = 0u64;
-    for l in lines {
+    let mut window = None;
+    for (w, l) in lines {
         let last = parts.last_mut().expect("starts with one");
         let full =
             last.len() as u64 >= u64::from(max_records) || bytes + l.len() as u64 + 1 > max_bytes;
-        if full && !last.is_empty() && parts.len() < jobs.max(1) {
+        let new_window = window != Some(*w);
+        window = Some(*w);
+        if full && new_window && !last.is_empty() && parts.len() < jobs.max(1) {
             parts.push(Vec::new());
             bytes = 0;
         }
@@ -287,4 +291,26 @@ fn cut(lines: &[Vec<u8>], max_records: u32, max_bytes: u64, jobs: usize) -> Vec<
     }
     parts.retain(|p| !p.is_empty());
     parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut;
+
+    /// Jobs are cut between windows only: a window's points stay in one job.
+    #[test]
+    fn a_window_is_never_cut_in_two() {
+        let lines: Vec<(i64, Vec<u8>)> = [0, 0, 0, 60, 60, 120]
+            .iter()
+            .map(|w| (*w, format!("m v=1 {w}").into_bytes()))
+            .collect();
+        let sizes = |parts: Vec<Vec<&[u8]>>| parts.iter().map(Vec::len).collect::<Vec<_>>();
+        assert_eq!(sizes(cut(&lines, 2, 1 << 20, 10)), [3, 2, 1]);
+        assert_eq!(
+            sizes(cut(&lines, 2, 1 << 20, 2)),
+            [3, 3],
+            "never more than the jobs replaced"
+        );
+        assert_eq!(sizes(cut(&lines, 100, 1 << 20, 10)), [6]);
+    }
 }
