@@ -1,5 +1,5 @@
 //! `when_full: downsample` (issue 34) from the binary to a real VictoriaMetrics: a metrics stream
-//! bounded at 4 MiB takes 10 minutes of 50 series sampled every 100 ms (12 MB of line protocol)
+//! bounded at 4 MiB takes 10 minutes of 50 series sampled every 100 ms (10 MB of line protocol)
 //! while VictoriaMetrics is down, is killed (kill -9) while it rewrites, and once VictoriaMetrics
 //! is back holds the whole outage at decreasing resolution: every sample counted once, in a raw
 //! point or in one window's aggregate equal to what its raw samples give, the stream never over its
