@@ -711,8 +711,8 @@ fn compile_streams(
         each_entry(value, "streams", "stream", problems, |n, v, p| {
             compile_stream(n, v, &sink_names, &stream_names, p)
         });
-    check_moves(&streams, sinks, problems);
-    settle_downsample(&mut streams, sinks, problems);
+    streams::check_moves(&streams, sinks, problems);
+    streams::settle_downsample(&mut streams, sinks, problems);
     // `compression: auto` stores every job compressed when the sink sends the stored frame as its
     // zstd body: the sink would compress it anyway.
     for st in &mut streams {
@@ -725,79 +725,6 @@ fn compile_streams(
         }
     }
     streams
-}
-
-/// `when_full: downsample` aggregates line-protocol points: the stream's sink must take them, and
-/// its precision is the unit of their timestamps.
-fn settle_downsample(
-    streams: &mut [StreamConfig],
-    sinks: &[Arc<SinkConfig>],
-    problems: &mut Problems<'_>,
-) {
-    let formats: Vec<RecordFormat> = streams
-        .iter()
-        .map(|s| stream_format(streams, sinks, &s.name))
-        .collect();
-    for (st, format) in streams.iter_mut().zip(formats) {
-        let Some(ds) = &mut st.downsample else {
-            continue;
-        };
-        match format {
-            RecordFormat::LineProtocol(p) => {
-                ds.ticks_per_second = p.from_unix_ms(1000).unwrap_or(1);
-            }
-            other => problems.add(
-                &format!("streams.{}.when_full", st.name),
-                format!(
-                    "downsample aggregates metric records (line protocol), and this stream is delivered as {}{}",
-                    other.describe(),
-                    if st.sink.is_none() { " (it has no sink)" } else { "" }
-                ),
-            ),
-        }
-    }
-}
-
-/// A stream that moves too old jobs (`on_max_age: stream:NAME`) moves them into a stream that
-/// moves none on itself (a move is one step, never a loop), and whose sink takes its records as
-/// they are (a moved job is not rewritten).
-fn check_moves(streams: &[StreamConfig], sinks: &[Arc<SinkConfig>], problems: &mut Problems<'_>) {
-    let moves_to = |s: &StreamConfig| match &s.max_age {
-        Some(crate::store::MaxAge {
-            then: crate::store::OnMaxAge::Move(t),
-            ..
-        }) => Some(t.clone()),
-        _ => None,
-    };
-    for s in streams {
-        let Some(to) = moves_to(s) else { continue };
-        let at = format!("streams.{}.on_max_age", s.name);
-        let Some(target) = streams.iter().find(|t| t.name == to) else {
-            continue; // said where the stream's own entry is compiled
-        };
-        if moves_to(target).is_some() {
-            problems.add(
-                &at,
-                format!(
-                    "stream {to:?} moves jobs on itself (its own on_max_age): moves are one step"
-                ),
-            );
-        }
-        let (from_format, to_format) = (
-            stream_format(streams, sinks, &s.name),
-            stream_format(streams, sinks, &to),
-        );
-        if to_format != RecordFormat::Lines && to_format != from_format {
-            problems.add(
-                &at,
-                format!(
-                    "stream {to:?} is delivered as {}, this one as {}: a moved job keeps its records",
-                    to_format.describe(),
-                    from_format.describe()
-                ),
-            );
-        }
-    }
 }
 
 /// The `sources:` map, each entry compiled by [`sources::compile_entry`] against the declared

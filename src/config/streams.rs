@@ -1,6 +1,8 @@
 //! The `streams:` section: the file shape of a durable queue (batching, when full, TTL, dead
 //! letters) and `compile_stream`, which checks an entry against the sinks declared and builds the
-//! store's `StreamConfig`. It does not queue anything (`store` does). Called by `config::compile`.
+//! store's `StreamConfig`, and the checks across streams and their sinks once all are compiled
+//! (`check_moves`, `settle_downsample`). It does not queue anything (`store` does). Called by
+//! `config::compile`.
 
 use std::time::Duration;
 
@@ -10,11 +12,14 @@ use serde_json::Value;
 #[cfg(feature = "schema")]
 use super::units::u32_schema;
 use super::units::{self, Dur, Size};
-use super::{Problems, named_entry};
+use super::{Problems, named_entry, stream_format};
+use crate::record::RecordFormat;
 use crate::scrape::downsample::Keep;
+use crate::sink::SinkConfig;
 use crate::store::{
     AtRest, BatchConfig, Downsample, MaxAge, OnMaxAge, Replay, StreamConfig, WhenFull,
 };
+use std::sync::Arc;
 
 /// One stream: a bounded, durable FIFO of transfer jobs.
 #[derive(Debug, Deserialize)]
@@ -399,5 +404,82 @@ fn compile_replay(spec: &StreamSpec, err: &mut Problems<'_>) -> Replay {
         backfill_share,
         priority,
         min_share,
+    }
+}
+
+/// `when_full: downsample` aggregates line-protocol points: the stream's sink must take them, and
+/// its precision is the unit of their timestamps.
+pub(super) fn settle_downsample(
+    streams: &mut [StreamConfig],
+    sinks: &[Arc<SinkConfig>],
+    problems: &mut Problems<'_>,
+) {
+    let formats: Vec<RecordFormat> = streams
+        .iter()
+        .map(|s| stream_format(streams, sinks, &s.name))
+        .collect();
+    for (st, format) in streams.iter_mut().zip(formats) {
+        let Some(ds) = &mut st.downsample else {
+            continue;
+        };
+        match format {
+            RecordFormat::LineProtocol(p) => {
+                ds.ticks_per_second = p.from_unix_ms(1000).unwrap_or(1);
+            }
+            other => problems.add(
+                &format!("streams.{}.when_full", st.name),
+                format!(
+                    "downsample aggregates metric records (line protocol), and this stream is delivered as {}{}",
+                    other.describe(),
+                    if st.sink.is_none() { " (it has no sink)" } else { "" }
+                ),
+            ),
+        }
+    }
+}
+
+/// A stream that moves too old jobs (`on_max_age: stream:NAME`) moves them into a stream that
+/// moves none on itself (a move is one step, never a loop), and whose sink takes its records as
+/// they are (a moved job is not rewritten).
+pub(super) fn check_moves(
+    streams: &[StreamConfig],
+    sinks: &[Arc<SinkConfig>],
+    problems: &mut Problems<'_>,
+) {
+    let moves_to = |s: &StreamConfig| match &s.max_age {
+        Some(crate::store::MaxAge {
+            then: crate::store::OnMaxAge::Move(t),
+            ..
+        }) => Some(t.clone()),
+        _ => None,
+    };
+    for s in streams {
+        let Some(to) = moves_to(s) else { continue };
+        let at = format!("streams.{}.on_max_age", s.name);
+        let Some(target) = streams.iter().find(|t| t.name == to) else {
+            continue; // said where the stream's own entry is compiled
+        };
+        if moves_to(target).is_some() {
+            problems.add(
+                &at,
+                format!(
+                    "stream {to:?} moves jobs on itself (its own on_max_age): moves are one step"
+                ),
+            );
+        }
+        let (from_format, to_format) = (
+            stream_format(streams, sinks, &s.name),
+            stream_format(streams, sinks, &to),
+        );
+        if to_format != RecordFormat::Lines && to_format != from_format {
+            problems.add(
+                &at,
+                format!(
+                    "stream {to:?} is delivered as {}, this one as {}: a moved job keeps its records",
+                    to_format.describe(),
+                    from_format.describe()
+                ),
+            );
+        }
     }
 }
