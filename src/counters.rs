@@ -14,11 +14,18 @@ pub trait Declared: Sized + 'static {
 }
 
 /// Writes `families` with a sample per item (named by `label`), and per part where a family is
-/// split by a second label.
+/// split by a second label; a family whose name does not end in `_total` is a gauge.
 pub fn write<T>(t: &mut Text, label: &str, items: &[(&str, &T)], families: &[Family<T>]) {
     for parts in families.chunk_by(|a, b| a.name == b.name) {
         let Some(first) = parts.first() else { continue };
-        t.family(first.name, Kind::Counter, first.help.unwrap_or_default());
+        // Prometheus' naming: a counter's name ends in `_total`; any other is a gauge (a state
+        // such as "connected", or a time).
+        let kind = if first.name.ends_with("_total") {
+            Kind::Counter
+        } else {
+            Kind::Gauge
+        };
+        t.family(first.name, kind, first.help.unwrap_or_default());
         for (name, item) in items {
             for f in parts {
                 let n = (f.read)(item) as f64;

@@ -110,25 +110,32 @@ where
     }
 }
 
-/// The dispatch of `subscriber`, with the NATS client's own events left out: it logs each failed
-/// reconnect as an ERROR, every few seconds through an outage, while the sink reports the outage
-/// once, through its link (a WARN when it goes down, an INFO when it is back).
-#[cfg(feature = "nats")]
+/// The dispatch of `subscriber`, with the protocol clients' own events left out: the NATS client
+/// logs each failed reconnect as an ERROR, every few seconds through an outage, and the OPC UA
+/// stack each failed connect and lost transport, while the sink or source reports the outage
+/// once (a WARN when it goes down, an INFO when it is back), with the reason.
 fn quiet<S>(subscriber: S) -> Dispatch
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
 {
     use tracing_subscriber::layer::SubscriberExt as _;
-    let nats = tracing_subscriber::filter::Targets::new()
-        .with_default(LevelFilter::TRACE)
-        .with_target("async_nats", LevelFilter::OFF);
-    Dispatch::new(subscriber.with(nats))
-}
-
-/// Without the NATS client there is nothing to leave out.
-#[cfg(not(feature = "nats"))]
-fn quiet<S: tracing::Subscriber + Send + Sync>(subscriber: S) -> Dispatch {
-    Dispatch::new(subscriber)
+    let clients: &[&str] = &[
+        #[cfg(feature = "nats")]
+        "async_nats",
+        #[cfg(feature = "opcua")]
+        "opcua_client",
+        #[cfg(feature = "opcua")]
+        "opcua_core",
+        #[cfg(feature = "opcua")]
+        "opcua_crypto",
+        #[cfg(feature = "opcua")]
+        "opcua_types",
+    ];
+    let targets = clients.iter().fold(
+        tracing_subscriber::filter::Targets::new().with_default(LevelFilter::TRACE),
+        |t, c| t.with_target(*c, LevelFilter::OFF),
+    );
+    Dispatch::new(subscriber.with(targets))
 }
 
 /// A panic (redb on a damaged page, or a bug) is logged like any other event, so JSON logs stay

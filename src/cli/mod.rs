@@ -5,6 +5,8 @@
 
 mod admin_client;
 mod bind;
+#[cfg(feature = "opcua")]
+mod opcua;
 mod queue;
 mod tap;
 mod task;
@@ -56,6 +58,10 @@ enum Command {
     Tap(tap::TapArgs),
     /// A live view of the running agent: streams, sinks, tasks, sources (--once: plain text)
     Top(top::TopArgs),
+    /// OPC UA servers: browse a server's nodes to write a source's `nodes:`
+    #[cfg(feature = "opcua")]
+    #[command(subcommand)]
+    Opcua(opcua::OpcuaCommand),
     /// Print the JSON Schema of the config file, for editors and CI
     Schema,
     /// Print the version
@@ -105,6 +111,8 @@ pub fn main() -> ExitCode {
         Command::Task(cmd) => task::main(cmd),
         Command::Tap(args) => tap::main(args),
         Command::Top(args) => top::main(args),
+        #[cfg(feature = "opcua")]
+        Command::Opcua(cmd) => opcua::main(cmd),
         // `check` validates the file without running it: an unset variable (a secret that only
         // the unit's environment file holds) is a warning here, and `run` refuses it.
         Command::Check(args) => {

@@ -614,6 +614,7 @@ impl Frame<'_> {
             ("tail", "colibri_source_records_total"),
             ("syslog", "colibri_syslog_records_total"),
             ("mqtt", "colibri_mqtt_source_records_total"),
+            ("opcua", "colibri_opcua_source_records_total"),
         ] {
             for s in self
                 .now
@@ -621,11 +622,14 @@ impl Frame<'_> {
                 .into_iter()
                 .filter(|s| self.shown(s))
             {
-                // Only a tail source reads at its own pace; the others take what is pushed.
+                // Only a tail source reads at its own pace; the others take what is pushed. An
+                // opcua source shows its session instead: "up" with the nodes it reads of all it
+                // has, or "down".
                 let lag = match kind {
                     "tail" => {
                         fmt_size(self.now.total("colibri_source_lag_bytes", "source", &s) as u64)
                     }
+                    "opcua" => self.opcua_state(&s),
                     _ => "-".into(),
                 };
                 lines.push(format!(
@@ -638,6 +642,21 @@ impl Frame<'_> {
                 ));
             }
         }
+    }
+
+    /// An opcua source's session: `up 9/10` (nodes read of nodes named) or `down`.
+    fn opcua_state(&self, source: &str) -> String {
+        let n = |name: &str, state: &str| {
+            self.now.sum(name, "source", source, |x| {
+                state.is_empty() || x.label("state") == state
+            })
+        };
+        if n("colibri_opcua_source_connected", "") < 1.0 {
+            return "down".into();
+        }
+        let ok = n("colibri_opcua_source_items", "ok");
+        let all = ok + n("colibri_opcua_source_items", "unknown");
+        format!("up {ok}/{all}")
     }
 }
 

@@ -572,12 +572,18 @@ fn compile(root: Value, source: &Path, base: &Path, problems: &mut Problems<'_>)
         problems,
     );
     let stream_names: Vec<&str> = declared_streams.iter().map(String::as_str).collect();
-    let sources = compile_sources(sections.sources, base, &data_dir, &stream_names, problems);
+    let format = |stream: &str| stream_format(&streams, &sinks, stream);
+    let sources = compile_sources(
+        sections.sources,
+        base,
+        &data_dir,
+        (&stream_names, &format),
+        problems,
+    );
     let ingest = compile_ingest(spec.ingest, &stream_names, &streams, &sinks, base, problems);
     check_source_streams(&sources, &streams, &sinks, problems);
     let admin = admin::compile_admin(spec.admin, base, problems);
 
-    let format = |stream: &str| stream_format(&streams, &sinks, stream);
     let ctx = TaskCtx {
         grace,
         file: crate::task::Compile {
@@ -733,11 +739,11 @@ fn compile_sources(
     value: Option<Value>,
     base: &Path,
     data_dir: &Path,
-    stream_names: &[&str],
+    (stream_names, format): (&[&str], crate::record::FormatOf<'_>),
     problems: &mut Problems<'_>,
 ) -> Vec<crate::source::Source> {
     each_entry(value, "sources", "source", problems, |n, v, p| {
-        sources::compile_entry(&n, v, base, data_dir, stream_names, p)
+        sources::compile_entry(&n, v, base, data_dir, stream_names, format, p)
     })
 }
 
@@ -791,6 +797,7 @@ fn check_source_streams(
 ) {
     for (src, stream) in sources
         .iter()
+        .filter(|s| !s.settings().follows_sink_format())
         .flat_map(|s| s.streams().into_iter().map(move |st| (s, st)))
     {
         if let RecordFormat::LineProtocol(_) = stream_format(streams, sinks, stream) {

@@ -16,6 +16,7 @@ pub(super) fn compile_entry(
     base: &Path,
     data_dir: &Path,
     streams: &[&str],
+    format: &dyn Fn(&str) -> crate::record::RecordFormat,
     problems: &mut Problems<'_>,
 ) -> Option<Source> {
     let (value, mut err) = named("sources", "source", name, value, problems);
@@ -25,6 +26,7 @@ pub(super) fn compile_entry(
         base,
         data_dir,
         streams,
+        format,
         err: &mut err,
     };
     compile_kind(&kind, rest, &mut cx)

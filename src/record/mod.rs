@@ -27,6 +27,9 @@ pub enum RecordFormat {
     Lines,
 }
 
+/// What the records of a stream (named) must be: its sink's format, as `config` knows it.
+pub type FormatOf<'a> = &'a dyn Fn(&str) -> RecordFormat;
+
 impl RecordFormat {
     /// For messages: what the records are.
     pub fn describe(self) -> &'static str {

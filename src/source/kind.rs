@@ -41,6 +41,13 @@ pub trait Settings {
         Vec::new()
     }
 
+    /// True when its records are written in the format of its stream's sink (line protocol for a
+    /// metrics stream); most write JSON objects, which `config` keeps out of a line-protocol
+    /// stream.
+    fn follows_sink_format(&self) -> bool {
+        false
+    }
+
     /// Binds its sockets now, so that a taken port stops colibri's start; most have none.
     fn bind(&self) -> anyhow::Result<Sockets> {
         Ok(Sockets::default())
@@ -71,6 +78,8 @@ pub struct Compile<'a, 'p> {
     pub data_dir: &'a Path,
     /// The names under `streams:`.
     pub streams: &'a [&'a str],
+    /// What a stream's records must be: its sink's format.
+    pub format: &'a dyn Fn(&str) -> crate::record::RecordFormat,
     pub err: &'a mut Problems<'p>,
 }
 

@@ -26,6 +26,8 @@ mod kind;
 pub mod ingest;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
+#[cfg(feature = "opcua")]
+pub mod opcua;
 #[cfg(feature = "syslog")]
 pub mod syslog;
 pub mod tail;
@@ -47,6 +49,13 @@ source_kinds! {
     /// stream has committed it. Built only with the `mqtt` feature (release builds have it).
     #[feature = "mqtt"]
     Mqtt(mqtt) = "mqtt";
+    /// Reads nodes of an OPC UA server, by subscription (default) or by polling, and appends each
+    /// data change as one record with its source and server timestamps and its status: a
+    /// line-protocol point when the stream's sink takes line protocol, else a JSON object. A lost
+    /// session is made again by itself, `nsu=` node ids resolved anew. Built only with the
+    /// `opcua` feature (release builds have it).
+    #[feature = "opcua"]
+    Opcua(opcua) = "opcua";
 }
 
 impl Source {

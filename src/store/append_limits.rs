@@ -53,8 +53,8 @@ impl AppendLimits {
 
     /// The records and bytes one append may carry whole: the append's own limits, and no more
     /// jobs than the stream takes at once (for a producer without a checkpoint to cut at, such
-    /// as the syslog and mqtt sources).
-    #[cfg(any(feature = "syslog", feature = "mqtt"))]
+    /// as the syslog, mqtt and opcua sources).
+    #[cfg(any(feature = "syslog", feature = "mqtt", feature = "opcua"))]
     pub fn per_append(&self) -> (usize, usize) {
         (
             self.records

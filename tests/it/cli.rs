@@ -486,7 +486,12 @@ fn check_warns_when_a_secret_is_the_placeholder_written_in_the_file() {
     let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/edge-chores.yaml");
     let mut cmd = colibri();
     cmd.arg("check").arg("--config").arg(&file);
-    for var in ["UPSTREAM_TOKEN", "INGEST_TOKEN", "MQTT_PASSWORD"] {
+    for var in [
+        "UPSTREAM_TOKEN",
+        "INGEST_TOKEN",
+        "MQTT_PASSWORD",
+        "OPCUA_PASSWORD",
+    ] {
         cmd.env_remove(var);
     }
     let out = finish(cmd, secs(10));
@@ -497,7 +502,14 @@ fn check_warns_when_a_secret_is_the_placeholder_written_in_the_file() {
         .lines()
         .filter(|l| l.contains("is a placeholder"))
         .collect();
-    assert_eq!(warned.len(), 3, "{}", out.stderr);
+    assert_eq!(warned.len(), 4, "{}", out.stderr);
+    assert!(
+        warned
+            .iter()
+            .any(|l| l.contains("sources.line1-plc.password") && l.contains("${OPCUA_PASSWORD}")),
+        "{}",
+        out.stderr
+    );
     assert!(
         warned
             .iter()
@@ -527,7 +539,12 @@ fn check_warns_when_a_secret_is_the_placeholder_written_in_the_file() {
     // Set, the secret is the operator's: no warning.
     let mut cmd = colibri();
     cmd.arg("check").arg("--config").arg(&file);
-    for var in ["UPSTREAM_TOKEN", "INGEST_TOKEN", "MQTT_PASSWORD"] {
+    for var in [
+        "UPSTREAM_TOKEN",
+        "INGEST_TOKEN",
+        "MQTT_PASSWORD",
+        "OPCUA_PASSWORD",
+    ] {
         cmd.env(var, "s3t-by-the-operator");
     }
     let out = finish(cmd, secs(10));

@@ -33,6 +33,7 @@ mod modbus;
 mod mqtt;
 mod mqtt_source;
 mod nats;
+mod opcua;
 mod operate;
 mod receiver;
 mod remote_write;

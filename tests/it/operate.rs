@@ -155,6 +155,7 @@ sources:
   app: {{ type: tail, stream: logs, paths: [{app_log}] }}
   plant: {{ type: syslog, stream: logs, udp: "127.0.0.1:{syslog_port}" }}
   floor: {{ type: mqtt, url: "mqtt://127.0.0.1:{mqtt_port}", topics: ["plant/#"], stream: logs }}
+  plc: {{ type: opcua, url: "opc.tcp://127.0.0.1:{opcua_port}/", stream: logs, nodes: [{{ id: "ns=2;s=Temp" }}] }}
 tasks:
   - {{ name: hello, type: exec, every: 200ms, command: ["/bin/true"] }}
   - {{ name: nope, type: exec, every: 200ms, command: ["/bin/false"] }}
@@ -170,6 +171,7 @@ tasks:
         syslog_port = crate::tsdb::free_port(),
         // No broker there: the source's counters are exported all the same.
         mqtt_port = crate::tsdb::free_port(),
+        opcua_port = crate::tsdb::free_port(),
     ));
     let agent = Proc::run(&config);
     let admin = listening(&agent, "admin endpoint listening");
