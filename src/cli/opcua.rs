@@ -42,7 +42,7 @@ pub struct BrowseArgs {
     /// The user's password
     #[arg(long, env = "OPCUA_PASSWORD", hide_env_values = true)]
     password: Option<String>,
-    /// colibri's certificate and the trusted servers' (a source's is <data_dir>/opcua-pki);
+    /// colibri's certificate and the trusted servers' (a source's is <data_dir>/opcua-pki/<name>);
     /// default ./opcua-pki
     #[arg(long, default_value = "opcua-pki")]
     pki_dir: PathBuf,
@@ -98,7 +98,7 @@ fn run(args: &BrowseArgs) -> Result<(), String> {
                 start.uri.as_deref().unwrap_or_default()
             )
         })?;
-        let rows = browse::tree(&up.session, &id, args.depth).await;
+        let rows = browse::tree(&up.session, &id, args.depth, true).await;
         let _ = up.session.disconnect().await;
         up.driver.abort();
         rows

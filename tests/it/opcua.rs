@@ -599,3 +599,48 @@ fn browse_prints_the_servers_tree_with_nsu_ids_types_and_values() {
         out.stderr
     );
 }
+
+#[test]
+fn the_variables_of_a_browsed_folder_are_read_as_nodes() {
+    let sb = Sandbox::new();
+    let server = Server::start(free_port(), &["5", "100"]);
+    let rx = Receiver::start();
+    let cfg = config(
+        &sb,
+        &rx,
+        &format!(
+            "    url: {}\n    nodes: [{{ id: \"nsu=urn:colibri:test;s=v0\", name: first }}]\n    browse:\n      - {{ folder: \"nsu=urn:colibri:test;s=Plant\", pattern: \"^v[0-2]$\", tags: {{ from: plant }} }}\n",
+            server.url()
+        ),
+    );
+    let agent = Proc::start(&cfg);
+    let started = session_event(&agent, "started");
+    // v0 is listed already (as "first"); v1 and v2 match; v3, v4, status, label, levels do not.
+    assert!(
+        field(&started, "message").contains("3 of 3 nodes monitored"),
+        "{started}"
+    );
+    agent.wait_until(secs(30), "changes of the three nodes", || {
+        let v = values(&delivered(&rx));
+        ["first", "v1", "v2"]
+            .iter()
+            .all(|n| v.get(*n).is_some_and(|s| s.len() >= 3))
+    });
+    let records = delivered(&rx);
+    let names: std::collections::BTreeSet<String> = records
+        .iter()
+        .map(|r| field(r, "node").to_string())
+        .collect();
+    assert_eq!(
+        names,
+        ["first", "v1", "v2"].map(String::from).into(),
+        "only the listed node and the folder's matching variables"
+    );
+    let v1 = records
+        .iter()
+        .find(|r| r["node"] == "v1")
+        .expect("a v1 record");
+    assert_eq!(v1["tags"]["from"], "plant", "{v1}");
+    assert_eq!(v1["id"], "nsu=urn:colibri:test;s=v1", "{v1}");
+    drop(stop(agent));
+}

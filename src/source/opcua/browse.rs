@@ -25,17 +25,23 @@ pub struct Row {
     /// `nsu=...;s=...` (or the plain id in namespace 0).
     pub id: String,
     pub class: String,
-    /// A variable's data type and current value (JSON).
+    /// A variable's data type and current value (JSON), when asked for.
     pub variable: Option<(String, String)>,
 }
 
-/// The nodes under `start` to `depth` levels, in tree order (a node's children after it).
-pub async fn tree(session: &Session, start: &NodeId, depth: usize) -> Result<Vec<Row>, String> {
+/// The nodes under `start` to `depth` levels, in tree order (a node's children after it); with
+/// `values`, each variable's data type and current value read too.
+pub async fn tree(
+    session: &Session,
+    start: &NodeId,
+    depth: usize,
+    values: bool,
+) -> Result<Vec<Row>, String> {
     let table = namespace_table(session).await?;
     let mut rows = Vec::new();
     let mut seen = std::collections::HashSet::from([start.clone()]);
     // Depth first with an explicit stack, children pushed in reverse to keep the server's order.
-    let mut stack = children(session, start, 1, &table, &mut seen).await?;
+    let mut stack = children(session, (start, 1, values), &table, &mut seen).await?;
     while let Some((row, id)) = stack.pop() {
         if rows.len() >= MOST_NODES {
             break;
@@ -45,7 +51,7 @@ pub async fn tree(session: &Session, start: &NodeId, depth: usize) -> Result<Vec
         // The standard nodes (the Server object's diagnostics, types, ...) are listed, not
         // followed, unless browsed from: they are not data.
         if level < depth && (id.namespace != 0 || *start == id) {
-            stack.extend(children(session, &id, level + 1, &table, &mut seen).await?);
+            stack.extend(children(session, (&id, level + 1, values), &table, &mut seen).await?);
         }
     }
     Ok(rows)
@@ -54,8 +60,7 @@ pub async fn tree(session: &Session, start: &NodeId, depth: usize) -> Result<Vec
 /// The rows of `node`'s children not seen before, at `depth`, in reverse order.
 async fn children(
     session: &Session,
-    node: &NodeId,
-    depth: usize,
+    (node, depth, values): (&NodeId, usize, bool),
     table: &[String],
     seen: &mut std::collections::HashSet<NodeId>,
 ) -> Result<Vec<(Row, NodeId)>, String> {
@@ -66,7 +71,7 @@ async fn children(
         if !r.node_id.namespace_uri.is_empty() || !seen.insert(id.clone()) {
             continue;
         }
-        let variable = if r.node_class == NodeClass::Variable {
+        let variable = if values && r.node_class == NodeClass::Variable {
             Some(variable(session, &id, table).await?)
         } else {
             None

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::node::NodeRef;
 use super::record::Output;
-use super::{Deadband, Endpoint, Mode, Node, OpcuaSourceConfig, Security};
+use super::{Deadband, Endpoint, Folder, Mode, Node, OpcuaSourceConfig, Security};
 use crate::record::RecordFormat;
 use crate::scrape::lineproto::Precision;
 use crate::setting::Secret;
@@ -53,8 +53,9 @@ pub struct OpcuaSourceSpec {
     #[serde(default)]
     pub password: Option<String>,
     /// Where colibri keeps its application certificate, private key and the servers it
-    /// trusts (`own/`, `private/`, `trusted/`, `rejected/`). Default `<data_dir>/opcua-pki`;
-    /// a certificate and key are generated there on first start when none is present.
+    /// trusts (`own/`, `private/`, `trusted/`, `rejected/`). Default
+    /// `<data_dir>/opcua-pki/<source name>`; a certificate and key are generated there on first
+    /// start when none is present.
     #[serde(default)]
     pub pki_dir: Option<PathBuf>,
     /// Trust the first certificate the server presents, once: it is written to the trusted
@@ -87,7 +88,40 @@ pub struct OpcuaSourceSpec {
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
     /// The nodes to read.
+    #[serde(default)]
     pub nodes: Vec<NodeSpec>,
+    /// Folders whose variables are read too, found by browsing at every session (a variable
+    /// added to the folder is read from the next session on).
+    #[serde(default)]
+    pub browse: Vec<BrowseSpec>,
+}
+
+/// One of an opcua source's `browse` entries: the variables under a folder whose browse name
+/// matches a pattern, each read as a node named by its browse name.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct BrowseSpec {
+    /// The folder (or any node), as a node's `id`.
+    pub folder: String,
+    /// A regex the browse name must match (default: every variable).
+    #[serde(default)]
+    pub pattern: Option<String>,
+    /// Levels below the folder, 1 to 10 (default 1: its own variables).
+    #[serde(default)]
+    pub depth: Option<u32>,
+    /// Their sampling interval (subscribe).
+    #[serde(default)]
+    pub sampling_interval: Option<Dur>,
+    /// Their queue size (subscribe).
+    #[serde(default)]
+    pub queue_size: Option<u32>,
+    /// Their data change filter (subscribe).
+    #[serde(default)]
+    pub deadband: Option<DeadbandSpec>,
+    /// Tags on their records, over the source's.
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
 }
 
 /// How an opcua source reads.
@@ -164,9 +198,16 @@ impl KindSpec for OpcuaSourceSpec {
         }
         let security = security(&self, err);
         let nodes = nodes(&self, err);
+        let folders = folders(&self, err);
+        if self.nodes.is_empty() && self.browse.is_empty() {
+            err.add(
+                "nodes",
+                "name at least one node to read (or a folder under browse:)".into(),
+            );
+        }
         let measurement = self.measurement.unwrap_or_else(|| "opcua".into());
-        if measurement.is_empty() {
-            err.add("measurement", "must not be empty".into());
+        if let Err(m) = crate::scrape::lineproto::check_measurement(&measurement) {
+            err.add("measurement", m);
         }
         let publishing = self
             .publishing_interval
@@ -190,9 +231,10 @@ impl KindSpec for OpcuaSourceSpec {
                 security: security?,
                 username: self.username,
                 password: self.password.map(Secret),
-                pki_dir: self
-                    .pki_dir
-                    .map_or_else(|| cx.data_dir.join("opcua-pki"), |p| cx.base.join(p)),
+                pki_dir: self.pki_dir.map_or_else(
+                    || cx.data_dir.join("opcua-pki").join(cx.name),
+                    |p| cx.base.join(p),
+                ),
                 trust_on_first_use: self.trust_on_first_use,
             },
             stream: self.stream,
@@ -204,6 +246,7 @@ impl KindSpec for OpcuaSourceSpec {
             measurement,
             output,
             nodes,
+            folders,
         })
     }
 }
@@ -257,10 +300,6 @@ pub fn checked_security(
 
 /// Every node parsed, its settings the node's own over the source's.
 fn nodes(spec: &OpcuaSourceSpec, err: &mut Problems<'_>) -> Vec<Node> {
-    if spec.nodes.is_empty() {
-        err.add("nodes", "name at least one node to read".into());
-    }
-    let publishing = spec.publishing_interval.map(|d| d.0);
     let mut out: Vec<Node> = Vec::with_capacity(spec.nodes.len());
     for (i, n) in spec.nodes.iter().enumerate() {
         let at = |f: &str| format!("nodes[{i}].{f}");
@@ -281,32 +320,103 @@ fn nodes(spec: &OpcuaSourceSpec, err: &mut Problems<'_>) -> Vec<Node> {
                 format!("{name:?} is also the name of node {}", other.id.text),
             );
         }
-        let deadband = n.deadband.or(spec.deadband).map(|d| match d {
-            DeadbandSpec::Absolute(v) => Deadband::Absolute(v),
-            DeadbandSpec::Percent(v) => Deadband::Percent(v),
-        });
-        if let Some(Deadband::Absolute(v) | Deadband::Percent(v)) = deadband
-            && !(v.is_finite() && v >= 0.0)
-        {
-            err.add(&at("deadband"), format!("{v} is not a non-negative number"));
+        let own = Own {
+            sampling: n.sampling_interval,
+            queue_size: n.queue_size,
+            deadband: n.deadband,
+            tags: &n.tags,
+        };
+        out.push(node(spec, id, name, &own, &format!("nodes[{i}]"), err));
+    }
+    out
+}
+
+/// A node's or a folder's own settings, over the source's.
+struct Own<'a> {
+    sampling: Option<Dur>,
+    queue_size: Option<u32>,
+    deadband: Option<DeadbandSpec>,
+    tags: &'a BTreeMap<String, String>,
+}
+
+/// A node with its settings settled (its own over the source's); problems under `at`.
+fn node(
+    spec: &OpcuaSourceSpec,
+    id: NodeRef,
+    name: String,
+    own: &Own<'_>,
+    at: &str,
+    err: &mut Problems<'_>,
+) -> Node {
+    let deadband = own.deadband.or(spec.deadband).map(|d| match d {
+        DeadbandSpec::Absolute(v) => Deadband::Absolute(v),
+        DeadbandSpec::Percent(v) => Deadband::Percent(v),
+    });
+    if let Some(Deadband::Absolute(v) | Deadband::Percent(v)) = deadband
+        && !(v.is_finite() && v >= 0.0)
+    {
+        err.add(
+            &format!("{at}.deadband"),
+            format!("{v} is not a non-negative number"),
+        );
+    }
+    let mut tags = spec.tags.clone();
+    tags.extend(own.tags.clone());
+    if tags.iter().any(|(k, v)| k.is_empty() || v.is_empty()) {
+        err.add(
+            &format!("{at}.tags"),
+            "keys and values must not be empty".into(),
+        );
+    }
+    Node {
+        id,
+        name,
+        sampling: own
+            .sampling
+            .or(spec.sampling_interval)
+            .or(spec.publishing_interval)
+            .map_or(Duration::from_secs(1), |d| d.0),
+        queue_size: own.queue_size.or(spec.queue_size).unwrap_or(10).max(1),
+        deadband,
+        tags: tags.into_iter().collect(),
+    }
+}
+
+/// Every `browse` entry checked: its folder parsed, its pattern compiled, its depth in range.
+fn folders(spec: &OpcuaSourceSpec, err: &mut Problems<'_>) -> Vec<Folder> {
+    let mut out = Vec::new();
+    for (i, b) in spec.browse.iter().enumerate() {
+        let at = format!("browse[{i}]");
+        let folder = NodeRef::parse(&b.folder).map_err(|m| err.add(&format!("{at}.folder"), m));
+        let pattern = match b.pattern.as_deref().map(regex_lite::Regex::new) {
+            None => None,
+            Some(Ok(re)) => Some(re),
+            Some(Err(e)) => {
+                err.add(&format!("{at}.pattern"), format!("bad regex: {e}"));
+                None
+            }
+        };
+        let depth = b.depth.unwrap_or(1);
+        if !(1..=10).contains(&depth) {
+            err.add(
+                &format!("{at}.depth"),
+                format!("must be 1 to 10, not {depth}"),
+            );
         }
-        let mut tags = spec.tags.clone();
-        tags.extend(n.tags.clone());
-        if tags.iter().any(|(k, v)| k.is_empty() || v.is_empty()) {
-            err.add(&at("tags"), "keys and values must not be empty".into());
-        }
-        out.push(Node {
-            id,
-            name,
-            sampling: n
-                .sampling_interval
-                .or(spec.sampling_interval)
-                .map(|d| d.0)
-                .or(publishing)
-                .unwrap_or(Duration::from_secs(1)),
-            queue_size: n.queue_size.or(spec.queue_size).unwrap_or(10).max(1),
-            deadband,
-            tags: tags.into_iter().collect(),
+        let own = Own {
+            sampling: b.sampling_interval,
+            queue_size: b.queue_size,
+            deadband: b.deadband,
+            tags: &b.tags,
+        };
+        let Ok(folder) = folder else { continue };
+        // The template every variable found is read with (its id and name filled in then).
+        let template = node(spec, folder.clone(), String::new(), &own, &at, err);
+        out.push(Folder {
+            folder,
+            pattern,
+            depth: depth as usize,
+            template,
         });
     }
     out

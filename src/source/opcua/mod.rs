@@ -6,8 +6,8 @@
 //! The session ([`session`]) owns the connection and comes back by itself: a dropped connection,
 //! an expired session or a restarted server ends the session, and a new one is made from
 //! nothing after a backoff (namespace URIs looked up again, so `nsu=` ids survive a server that
-//! renumbered its namespaces; the subscription and its items created again; one log line says
-//! what was restored). A node the server does not know is logged once, counted, and asked for
+//! renumbered its namespaces; the subscription taken over, or made again with its items on a
+//! server that lost it; one log line says what was restored). A node the server does not know is logged once, counted, and asked for
 //! again every [`RETRY_UNKNOWN`] while the others go on. The appender ([`append`]) turns what
 //! the session hands it into appends.
 //!
@@ -15,8 +15,9 @@
 //! colibri sends the Publish requests itself, the appender's acknowledgements in them), and a
 //! session that follows a lost one, or colibri's next start, takes the subscription over and has
 //! the server send again what was not acknowledged. So a kill -9 loses nothing the server still
-//! had: what repeats is what was committed and not yet acknowledged (at most the messages of one
-//! Publish round). The server's own limits bound it: it keeps the subscription for
+//! had: what repeats is what was committed and not yet acknowledged when the process died (at
+//! most the [`CHANNEL_MESSAGES`] messages waiting for the appender and the one it was
+//! appending). The server's own limits bound it: it keeps the subscription for
 //! `subscription::LIFETIME` without colibri, each item's last `queue_size` changes, and a
 //! retransmission queue of its choosing. Polled values are never acknowledged: a kill -9 loses
 //! the poll in flight. Owns one source's session and appender; the agent starts and stops it.
@@ -61,6 +62,18 @@ pub struct OpcuaSourceConfig {
     pub measurement: String,
     pub output: Output,
     pub nodes: Vec<Node>,
+    /// Folders browsed at every session for more nodes.
+    pub folders: Vec<Folder>,
+}
+
+/// A `browse` entry: the variables under `folder` whose browse name matches `pattern`.
+#[derive(Debug, Clone)]
+pub struct Folder {
+    pub folder: NodeRef,
+    pub pattern: Option<regex_lite::Regex>,
+    pub depth: usize,
+    /// The settings each variable found is read with (its id and name replaced).
+    pub template: Node,
 }
 
 /// A server and how colibri connects to it (the source's, or `opcua browse`'s).
@@ -119,8 +132,13 @@ impl OpcuaSourceConfig {
             Mode::Subscribe(d) => format!("subscribed every {}", crate::units::fmt_duration(d)),
             Mode::Poll(d) => format!("polled every {}", crate::units::fmt_duration(d)),
         };
+        let folders = match self.folders.len() {
+            0 => String::new(),
+            1 => " and the variables of 1 folder".into(),
+            n => format!(" and the variables of {n} folders"),
+        };
         format!(
-            "opcua {} ({} {}): {} nodes {how} -> stream {}",
+            "opcua {} ({} {}): {} nodes{folders} {how} -> stream {}",
             self.endpoint.url,
             self.endpoint.security.policy,
             self.endpoint.security.mode,
@@ -149,9 +167,12 @@ crate::counters::counters! {
         records_appended => ("colibri_opcua_source_records_total", "Records an opcua source appended (durable)."),
         /// Records a full `drop_newest` stream refused.
         records_dropped => ("colibri_opcua_source_dropped_total", "Records refused by a full drop_newest stream."),
-        /// Changes dropped because the stream could not keep up (the channel to the appender
-        /// was full), and records no stream can hold or still unstored at the stop.
-        records_lost => ("colibri_opcua_source_lost_total", "Data changes dropped because the stream could not keep up, or still unstored at the stop."),
+        /// Records no stream can hold (larger than a job may be), and polled values still
+        /// unstored at the stop (a subscription's are left unacknowledged with the server).
+        records_lost => ("colibri_opcua_source_lost_total", "Records no stream can hold, and polled values still unstored at the stop."),
+        /// Changes the server marked with the Overflow bit: it had discarded older values of the
+        /// item (more changes between two Publishes than its `queue_size`).
+        overflows => ("colibri_opcua_source_overflows_total", "Changes the server marked as overflowed: it had discarded older values of the item (raise queue_size)."),
         /// Unix time (seconds) of the last data change received: its age is the gap.
         last_change => ("colibri_opcua_source_last_change_timestamp_seconds", "Unix time of the last data change an opcua source received (time() minus it: the gap)."),
     }

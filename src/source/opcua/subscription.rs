@@ -25,7 +25,7 @@ use opcua_types::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{Mode, OpcuaSourceConfig};
+use super::{Mode, Node, OpcuaSourceConfig};
 
 /// The server's keep-alive, at most this far apart (it answers a Publish at least this often).
 const KEEP_ALIVE: Duration = Duration::from_secs(5);
@@ -48,9 +48,17 @@ pub struct Saved {
 }
 
 impl Saved {
-    /// The settings' fingerprint a saved subscription must carry.
-    pub fn settings_of(cfg: &OpcuaSourceConfig) -> String {
-        let text = format!("{}|{:?}|{:?}", cfg.endpoint.url, cfg.mode, cfg.nodes);
+    /// The fingerprint a saved subscription must carry: the endpoint, the mode and what the
+    /// server was asked of each node, in order (their indexes are the items' handles); a node's
+    /// name and tags are colibri's, and may change without giving the subscription up.
+    pub fn settings_of(cfg: &OpcuaSourceConfig, nodes: &[Node]) -> String {
+        let mut text = format!("{}|{:?}", cfg.endpoint.url, cfg.mode);
+        for n in nodes {
+            text.push_str(&format!(
+                "|{} {:?} {} {:?}",
+                n.id.text, n.sampling, n.queue_size, n.deadband
+            ));
+        }
         format!("{:016x}", crate::files::fnv1a(text.as_bytes()))
     }
 
@@ -72,8 +80,21 @@ impl Saved {
     }
 }
 
-/// A new subscription for the source's publishing interval; its id.
-pub async fn create(session: &Session, cfg: &OpcuaSourceConfig) -> Result<u32, String> {
+/// How long a Publish may wait for its answer: the server answers at least every keep-alive
+/// (publishing interval times keep-alive count), with room for a slow network.
+pub fn publish_timeout(keep_alive: Duration) -> Duration {
+    keep_alive.mul_f64(1.5) + Duration::from_secs(5)
+}
+
+/// The keep-alive colibri asks for at `publishing` (the server may revise it: [`create`] gives
+/// the revised one; a subscription taken over keeps what it was given, assumed to be this).
+pub fn keep_alive_of(publishing: Duration) -> Duration {
+    publishing.max(KEEP_ALIVE)
+}
+
+/// A new subscription for the source's publishing interval; its id and its keep-alive as the
+/// server revised it.
+pub async fn create(session: &Session, cfg: &OpcuaSourceConfig) -> Result<(u32, Duration), String> {
     let Mode::Subscribe(publishing) = cfg.mode else {
         return Err("a polled source has no subscription".into());
     };
@@ -93,7 +114,11 @@ pub async fn create(session: &Session, cfg: &OpcuaSourceConfig) -> Result<u32, S
         .send(session.channel())
         .await
         .map_err(|e| e.to_string())?;
-    Ok(r.subscription_id)
+    let revised = Duration::from_secs_f64(
+        (r.revised_publishing_interval / 1000.0).max(0.0)
+            * f64::from(r.revised_max_keep_alive_count.max(1)),
+    );
+    Ok((r.subscription_id, revised.max(publishing)))
 }
 
 /// Monitored items in subscription `id`; each request's status, in order.
@@ -125,7 +150,18 @@ pub async fn transfer(session: &Session, id: u32) -> Result<Option<Vec<u32>>, St
     let results = match r {
         Ok(r) => r.results.unwrap_or_default(),
         // A server without the service, or one that refuses it for this session.
-        Err(e) if e.status().is_bad() => return Ok(None),
+        Err(e)
+            if matches!(
+                e.status(),
+                StatusCode::BadServiceUnsupported
+                    | StatusCode::BadSubscriptionIdInvalid
+                    | StatusCode::BadUserAccessDenied
+                    | StatusCode::BadNothingToDo
+            ) =>
+        {
+            return Ok(None);
+        }
+        // The connection, not the subscription: the next session tries again.
         Err(e) => return Err(e.to_string()),
     };
     match results.into_iter().next() {
@@ -160,8 +196,10 @@ pub async fn republish(
 pub async fn publish(
     session: Arc<Session>,
     acks: Vec<SubscriptionAcknowledgement>,
+    timeout: Duration,
 ) -> Result<PublishResponse, StatusCode> {
     Publish::new(&session)
+        .timeout(timeout)
         .acks(acks)
         .send(session.channel())
         .await
