@@ -42,6 +42,12 @@ pub struct BrowseArgs {
     /// The user's password
     #[arg(long, env = "OPCUA_PASSWORD", hide_env_values = true)]
     password: Option<String>,
+    /// A user certificate (DER or PEM) to log in with instead of a user name
+    #[arg(long, requires = "user_private_key", conflicts_with = "username")]
+    user_certificate: Option<PathBuf>,
+    /// The private key of --user-certificate (PEM)
+    #[arg(long, requires = "user_certificate")]
+    user_private_key: Option<PathBuf>,
     /// colibri's certificate and the trusted servers' (a source's is <data_dir>/opcua-pki/<name>);
     /// default ./opcua-pki
     #[arg(long, default_value = "opcua-pki")]
@@ -78,6 +84,10 @@ fn run(args: &BrowseArgs) -> Result<(), String> {
         security,
         username: args.username.clone(),
         password: args.password.clone().map(Secret),
+        user_certificate: args
+            .user_certificate
+            .clone()
+            .zip(args.user_private_key.clone()),
         pki_dir: args.pki_dir.clone(),
         trust_on_first_use: args.trust_on_first_use,
     };

@@ -464,7 +464,8 @@ fn signed_and_encrypted_with_a_password_once_the_operator_trusts_the_server() {
         agent.events_where(|e| field(e, "message").contains("opcua server not reachable"));
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert!(
-        field(&refused[0], "message").contains("the server refused the user name or password"),
+        field(&refused[0], "message")
+            .contains("the server refused the user (its name and password"),
         "{refused:?}"
     );
     let trusted = agent.events_where(|e| {
@@ -642,5 +643,68 @@ fn the_variables_of_a_browsed_folder_are_read_as_nodes() {
         .expect("a v1 record");
     assert_eq!(v1["tags"]["from"], "plant", "{v1}");
     assert_eq!(v1["id"], "nsu=urn:colibri:test;s=v1", "{v1}");
+    drop(stop(agent));
+}
+
+#[test]
+fn a_user_certificate_is_an_identity_and_a_certificate_the_server_does_not_know_is_refused() {
+    let sb = Sandbox::new();
+    let secure = sb.file("server-pki");
+    let users = sb.file("users");
+    std::fs::create_dir_all(&secure).expect("mkdir");
+    std::fs::create_dir_all(&users).expect("mkdir");
+    let server = Server::start(
+        free_port(),
+        &[
+            "3",
+            "100",
+            "--secure",
+            secure.to_str().expect("utf-8"),
+            "--cert-user",
+            users.to_str().expect("utf-8"),
+        ],
+    );
+    let rx = Receiver::start();
+    let source = |cert: &Path, key: &Path| {
+        format!(
+            "    url: {}\n    security_policy: Basic256Sha256\n    trust_on_first_use: true\n    user_certificate: {}\n    user_private_key: {}\n{}",
+            server.url(),
+            crate::util::quote_path(cert),
+            crate::util::quote_path(key),
+            nodes(3, &[])
+        )
+    };
+    let cfg = config(
+        &sb,
+        &rx,
+        &source(&users.join("user_cert.der"), &users.join("user_key.pem")),
+    );
+    let agent = Proc::start(&cfg);
+    session_event(&agent, "started");
+    agent.wait_until(secs(60), "data as the certificate's user", || {
+        values(&delivered(&rx))
+            .get("v2")
+            .is_some_and(|s| s.len() >= 3)
+    });
+    drop(stop(agent));
+
+    // colibri's own application certificate is no user of the server's: one clear error.
+    let pki = sb.file("data/opcua-pki/plc");
+    let cfg = config(
+        &sb,
+        &rx,
+        &source(&pki.join("own/cert.der"), &pki.join("private/private.pem")),
+    );
+    let agent = Proc::start(&cfg);
+    agent.wait_until(secs(60), "three refusals", || {
+        metric(&agent, "colibri_opcua_source_session_failures_total", "") >= 3.0
+    });
+    let refused =
+        agent.events_where(|e| field(e, "message").contains("opcua server not reachable"));
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        field(&refused[0], "message").contains("the server refused the user"),
+        "{refused:?}"
+    );
     drop(stop(agent));
 }

@@ -52,6 +52,13 @@ pub struct OpcuaSourceSpec {
     /// Password for `username`, e.g. `${OPCUA_PASSWORD}`; never logged.
     #[serde(default)]
     pub password: Option<String>,
+    /// A user certificate (DER or PEM) to log in with instead of a user name, with
+    /// `user_private_key` (PEM).
+    #[serde(default)]
+    pub user_certificate: Option<PathBuf>,
+    /// The private key of `user_certificate` (PEM).
+    #[serde(default)]
+    pub user_private_key: Option<PathBuf>,
     /// Where colibri keeps its application certificate, private key and the servers it
     /// trusts (`own/`, `private/`, `trusted/`, `rejected/`). Default
     /// `<data_dir>/opcua-pki/<source name>`; a certificate and key are generated there on first
@@ -221,6 +228,24 @@ impl KindSpec for OpcuaSourceSpec {
         if self.password.is_some() && self.username.is_none() {
             err.add("password", "is set without username".into());
         }
+        let user_certificate = match (&self.user_certificate, &self.user_private_key) {
+            (Some(c), Some(k)) => Some((cx.base.join(c), cx.base.join(k))),
+            (None, None) => None,
+            (Some(_), None) => {
+                err.add("user_private_key", "is needed with user_certificate".into());
+                None
+            }
+            (None, Some(_)) => {
+                err.add("user_certificate", "is needed with user_private_key".into());
+                None
+            }
+        };
+        if user_certificate.is_some() && self.username.is_some() {
+            err.add(
+                "user_certificate",
+                "and username are two identities: choose one".into(),
+            );
+        }
         if err.count() > before {
             return None;
         }
@@ -231,6 +256,7 @@ impl KindSpec for OpcuaSourceSpec {
                 security: security?,
                 username: self.username,
                 password: self.password.map(Secret),
+                user_certificate,
                 pki_dir: self.pki_dir.map_or_else(
                     || cx.data_dir.join("opcua-pki").join(cx.name),
                     |p| cx.base.join(p),

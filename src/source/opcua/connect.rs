@@ -156,7 +156,9 @@ fn reason(code: StatusCode) -> String {
         StatusCode::BadIdentityTokenRejected
         | StatusCode::BadUserAccessDenied
         | StatusCode::BadIdentityTokenInvalid => {
-            format!("{code}: the server refused the user name or password")
+            format!(
+                "{code}: the server refused the user (its name and password, or its certificate)"
+            )
         }
         StatusCode::BadCertificateUntrusted | StatusCode::BadSecurityChecksFailed => format!(
             "{code}: the server's certificate is not trusted (move it from rejected/ to trusted/ under the pki_dir, or set trust_on_first_use)"
@@ -167,7 +169,7 @@ fn reason(code: StatusCode) -> String {
         | StatusCode::BadTcpInternalError
         | StatusCode::BadTimeout => format!("{code}: the server cannot be reached"),
         StatusCode::BadSecurityPolicyRejected | StatusCode::BadTcpEndpointUrlInvalid => format!(
-            "{code}: the server has no endpoint at this URL with this security policy and mode, or none that takes this identity (anonymous, or a user name)"
+            "{code}: the server has no endpoint at this URL with this security policy and mode, or none that takes this identity (anonymous, a user name or a certificate)"
         ),
         other => other.to_string(),
     }
@@ -216,21 +218,42 @@ async fn connect(
         "SignAndEncrypt" => MessageSecurityMode::SignAndEncrypt,
         _ => MessageSecurityMode::None,
     };
-    let (identity, token) = match (&ep.username, &ep.password) {
-        (Some(user), password) => (
-            IdentityToken::UserName(
-                user.clone(),
-                Password(password.as_ref().map(|p| p.0.clone()).unwrap_or_default()),
-            ),
-            UserTokenPolicy::anonymous(),
-        ),
-        (None, _) => (IdentityToken::Anonymous, UserTokenPolicy::anonymous()),
-    };
+    let identity = identity(ep)?;
+    let token = UserTokenPolicy::anonymous();
     let endpoint: EndpointDescription = (ep.url.as_str(), policy.as_str(), mode, token).into();
     client
         .connect_to_matching_endpoint(endpoint, identity)
         .await
         .map_err(|e| reason(e.status()))
+}
+
+/// The identity colibri logs in with: a user certificate, a user name, or anonymous.
+fn identity(ep: &Endpoint) -> Result<IdentityToken, String> {
+    if let Some((cert, key)) = &ep.user_certificate {
+        let read = |p: &Path| {
+            std::fs::read(p)
+                .map_err(|e| format!("{}: {}", p.display(), crate::shape::io_reason(&e)))
+        };
+        let bytes = read(cert)?;
+        let x509 = opcua_crypto::X509::from_der(&bytes)
+            .or_else(|_| opcua_crypto::X509::from_pem(&bytes))
+            .map_err(|e| format!("{}: not a certificate: {e}", cert.display()))?;
+        let pkey = opcua_crypto::PrivateKey::from_pem(&read(key)?)
+            .map_err(|e| format!("{}: not a PEM private key: {e:?}", key.display()))?;
+        return Ok(IdentityToken::X509(Box::new(x509), Box::new(pkey)));
+    }
+    Ok(match &ep.username {
+        Some(user) => IdentityToken::UserName(
+            user.clone(),
+            Password(
+                ep.password
+                    .as_ref()
+                    .map(|p| p.0.clone())
+                    .unwrap_or_default(),
+            ),
+        ),
+        None => IdentityToken::Anonymous,
+    })
 }
 
 /// The certificates in `<pki_dir>/trusted`, by file name.

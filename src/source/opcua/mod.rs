@@ -85,6 +85,8 @@ pub struct Endpoint {
     /// Anonymous when unset.
     pub username: Option<String>,
     pub password: Option<Secret>,
+    /// A user certificate and its private key, the identity instead of a user name.
+    pub user_certificate: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// colibri's certificate and key, and the servers it trusts.
     pub pki_dir: std::path::PathBuf,
     pub trust_on_first_use: bool,
