@@ -1,6 +1,8 @@
 //! The broker sinks against real brokers on loopback ports: `mqtt` to Debian's `mosquitto`
 //! (persistence off, no subscriber) at QoS 1, in MQTT 5 and in 3.1.1 (`protocol: 3.1.1`), and
-//! `nats` to Debian's `nats-server` with JetStream (a file-backed stream, one replica). For each:
+//! `nats` to Debian's `nats-server` with JetStream (a file-backed stream, one replica), and the mqtt
+//! sink as a Sparkplug B edge node (`encoding: sparkplug_b`, MQTT 5, QoS 1; line-protocol records
+//! of 10 devices with 2 metrics each, a DDATA per device per job). For each:
 //! a backlog of `BENCH_RECORDS` (default 1,000,000) JSON records queued with `colibri queue push`
 //! while no agent runs (the state after an outage), then drained by `colibri run`, once
 //! publishing a message per record and once a message per job (`batch: true`); then the online
@@ -11,7 +13,8 @@
 //! backlog are the `backlog` and `delivery` benchmarks'.
 //!
 //! Run: `cargo bench --bench brokers` (`COLIBRI_BIN=<static build>` to measure the release binary,
-//! `BENCH_RECORDS=...`, `BENCH_ONLINE=...`, `BENCH_ONLY=mqtt|mqtt-3.1.1|nats`, `BENCH_DIR=...`).
+//! `BENCH_RECORDS=...`, `BENCH_ONLINE=...`, `BENCH_ONLY=mqtt|mqtt-3.1.1|nats|sparkplug`,
+//! `BENCH_DIR=...`).
 
 use std::io::{Read as _, Write as _};
 use std::net::SocketAddr;
@@ -37,13 +40,13 @@ fn main() {
         base.display()
     );
     println!("binary: {}", bin());
-    let body = lines(records);
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    for kind in [Kind::Mqtt, Kind::Mqtt311, Kind::Nats] {
+    for kind in [Kind::Mqtt, Kind::Mqtt311, Kind::Nats, Kind::Sparkplug] {
         if !only.is_empty() && only != kind.name() {
             continue;
         }
-        for (name, batch) in [("a message per record", false), ("batch: true", true)] {
+        let body = lines(kind, records);
+        for &(name, batch) in kind.ways() {
             let dir = base.join(format!(
                 "{}-{}",
                 kind.name(),
@@ -53,7 +56,7 @@ fn main() {
             run.push(&body);
             run.measure(&format!("{} drain, {name}", kind.name()), records, |_| {});
         }
-        for (name, batch) in [("a message per record", false), ("batch: true", true)] {
+        for &(name, batch) in kind.ways() {
             let dir = base.join(format!(
                 "{}-online-{}",
                 kind.name(),
@@ -64,10 +67,10 @@ fn main() {
                 &format!("{} online via ingest, {name}", kind.name()),
                 online,
                 |addr| {
-                    let bodies = lines(online);
+                    let bodies = lines(kind, online);
                     let all: Vec<&str> = bodies.lines().collect();
                     for chunk in all.chunks(1000) {
-                        post(addr, &(chunk.join("\n") + "\n"));
+                        post(addr, kind, &(chunk.join("\n") + "\n"));
                     }
                 },
             );
@@ -80,6 +83,7 @@ enum Kind {
     Mqtt,
     Mqtt311,
     Nats,
+    Sparkplug,
 }
 
 impl Kind {
@@ -88,13 +92,34 @@ impl Kind {
             Kind::Mqtt => "mqtt",
             Kind::Mqtt311 => "mqtt-3.1.1",
             Kind::Nats => "nats",
+            Kind::Sparkplug => "sparkplug",
+        }
+    }
+
+    /// The ways a job is published: a message per record and per job, or Sparkplug's only way.
+    fn ways(self) -> &'static [(&'static str, bool)] {
+        match self {
+            Kind::Sparkplug => &[("a DDATA per device per job", false)],
+            _ => &[("a message per record", false), ("batch: true", true)],
         }
     }
 }
 
-/// `n` JSON records of about 60 bytes.
-fn lines(n: u64) -> String {
+/// `n` records of about 60 bytes: JSON, or for Sparkplug line protocol (10 devices, 2 metrics).
+fn lines(kind: Kind, n: u64) -> String {
     let mut out = String::with_capacity(n as usize * 64);
+    if matches!(kind, Kind::Sparkplug) {
+        let t0 = 1_800_000_000_000u64;
+        for i in 0..n {
+            out.push_str(&format!(
+                "m,unit=pump{} temperature={}.5,seq={i}i {}\n",
+                i % 10,
+                i % 1000,
+                t0 + i
+            ));
+        }
+        return out;
+    }
     for i in 0..n {
         out.push_str(&format!(
             "{{\"seq\":{i},\"host\":\"h{}\",\"temperature\":{}}}\n",
@@ -203,6 +228,12 @@ impl Run {
                     } else {
                         "3.1.1"
                     }
+                ),
+            ),
+            Kind::Sparkplug => (
+                mosquitto(dir, port),
+                format!(
+                    "{{ type: mqtt, url: \"mqtt://127.0.0.1:{port}\", encoding: sparkplug_b, sparkplug: {{ group_id: bench, edge_node_id: gw, device: \"tag:unit\" }} }}"
                 ),
             ),
             Kind::Nats => (
@@ -315,12 +346,17 @@ fn addrs(logs: &Receiver<String>) -> (SocketAddr, SocketAddr) {
     (ingest.expect("seen"), admin.expect("seen"))
 }
 
-/// POSTs an ndjson body to stream `m`; the answer must be 200.
-fn post(addr: SocketAddr, body: &str) {
+/// POSTs a body of records (ndjson, or line protocol for Sparkplug) to stream `m`; the answer must
+/// be 200.
+fn post(addr: SocketAddr, kind: Kind, body: &str) {
     let mut s = std::net::TcpStream::connect(addr).expect("connect to ingest");
+    let content_type = match kind {
+        Kind::Sparkplug => "text/plain",
+        _ => "application/x-ndjson",
+    };
     write!(
         s,
-        "POST /v1/streams/m/records HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /v1/streams/m/records HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .expect("send");

@@ -40,6 +40,7 @@ mod remote_write;
 mod salvage;
 mod scrape;
 mod ship;
+mod sparkplug;
 mod store;
 mod syslog;
 mod tail;

@@ -15,18 +15,18 @@ use serde_json::Value;
 
 use crate::store::peek_all;
 use crate::tsdb::{Vm, free_port, now_ms};
-use crate::util::{Proc, Sandbox, assert_code, field, poll, secs};
+use crate::util::{Proc, Sandbox, assert_code, field, poll, python, secs};
 
 /// The test device on `port`.
-struct Device {
+pub(crate) struct Device {
     child: Option<Child>,
-    port: u16,
+    pub(crate) port: u16,
     /// After the port (`ramp FLAG`: see the fixture).
     args: Vec<String>,
 }
 
 impl Device {
-    fn start(port: u16) -> Device {
+    pub(crate) fn start(port: u16) -> Device {
         Device::start_with(port, &[])
     }
 
@@ -67,18 +67,6 @@ impl Device {
             let _ = c.wait();
         }
     }
-}
-
-/// The python with pymodbus: `COLIBRI_TEST_PYTHON`, else scripts/test.sh's venv, else `python3`.
-fn python() -> String {
-    if let Ok(p) = std::env::var("COLIBRI_TEST_PYTHON") {
-        return p;
-    }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/python3");
-    if venv.exists() {
-        return venv.display().to_string();
-    }
-    "python3".into()
 }
 
 impl Drop for Device {

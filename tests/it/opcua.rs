@@ -20,7 +20,9 @@ use serde_json::Value;
 use crate::syslog::delivered;
 use crate::tsdb::free_port;
 use crate::util::http::Receiver;
-use crate::util::{Proc, Sandbox, assert_code, colibri, field, finish, poll, quote, secs, stop};
+use crate::util::{
+    Proc, Sandbox, assert_code, colibri, field, finish, poll, python, quote, secs, stop,
+};
 
 /// The test server on `port`, started again with other arguments by [`Server::restart`].
 pub(crate) struct Server {
@@ -73,18 +75,6 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// The python with asyncua: `COLIBRI_TEST_PYTHON`, else scripts/test.sh's venv, else `python3`.
-fn python() -> String {
-    if let Ok(p) = std::env::var("COLIBRI_TEST_PYTHON") {
-        return p;
-    }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/python3");
-    if venv.exists() {
-        return venv.display().to_string();
-    }
-    "python3".into()
 }
 
 /// A config: stream `plant` delivered as NDJSON to `rx`, fed by the opcua source `plc`

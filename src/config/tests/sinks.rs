@@ -361,6 +361,72 @@ sinks:
     }
 }
 
+/// `encoding: sparkplug_b`: the edge node's settings, line protocol in ms for its streams, and
+/// each setting that cannot apply to it named.
+#[cfg(feature = "sparkplug")]
+#[test]
+fn a_sparkplug_sink_compiles_and_refuses_what_does_not_apply() {
+    use crate::sink::mqtt::sparkplug::DeviceFrom;
+    let c = load(
+        r#"
+sinks:
+  scada:
+    type: mqtt
+    url: mqtt://127.0.0.1
+    encoding: sparkplug_b
+    sparkplug: { group_id: plant1, edge_node_id: gw17, device: "tag:unit", metric_tags: [node], primary_host_id: scada }
+streams:
+  m: { sink: scada }
+"#,
+    )
+    .unwrap();
+    let SinkKind::Mqtt(m) = &c.sinks[0].kind else {
+        panic!("{:?}", c.sinks[0].kind)
+    };
+    let sp = m.sparkplug.as_ref().unwrap();
+    assert_eq!(
+        (sp.group_id.as_str(), sp.edge_node_id.as_str(), &sp.device),
+        ("plant1", "gw17", &DeviceFrom::Tag("unit".into()))
+    );
+    assert_eq!(sp.metric_tags, ["node"]);
+    assert_eq!(sp.primary_host_id.as_deref(), Some("scada"));
+    assert!(sp.bd_seq_file.ends_with("sparkplug-scada.bdseq"));
+    assert!(!m.persistent, "a Sparkplug node starts every session clean");
+    assert_eq!(
+        c.record_format("m"),
+        crate::record::RecordFormat::LineProtocol(crate::scrape::lineproto::Precision::Ms)
+    );
+    let p = problems(
+        r#"
+sinks:
+  a: { type: mqtt, url: "mqtt://h", encoding: sparkplug_b, topic: x, batch: true, clean_session: false, session_expiry: 1h, status: { topic: s }, sparkplug: { group_id: "a/b", edge_node_id: "", device: "field:x", primary_host_id: "h#" } }
+  b: { type: mqtt, url: "mqtt://h", encoding: sparkplug_b }
+  c: { type: mqtt, url: "mqtt://h", topic: x, sparkplug: { group_id: g, edge_node_id: n } }
+  d: { type: mqtt, url: "mqtt://h" }
+"#,
+    );
+    for want in [
+        "sinks.a.topic: does not apply with encoding: sparkplug_b",
+        "sinks.a.batch: does not apply with encoding: sparkplug_b",
+        "sinks.a.clean_session: does not apply with encoding: sparkplug_b",
+        "sinks.a.status: does not apply with encoding: sparkplug_b",
+        "sinks.a.session_expiry: does not apply with encoding: sparkplug_b",
+        "sinks.a.sparkplug.group_id: \"a/b\" contains `/`",
+        "sinks.a.sparkplug.edge_node_id: \"\" is empty",
+        "sinks.a.sparkplug.primary_host_id: \"h#\" contains",
+        "sinks.a.sparkplug.device: must be stream, measurement or tag:<name>, not \"field:x\"",
+        "sinks.b.sparkplug: is required with encoding: sparkplug_b",
+        "sinks.c.sparkplug: applies with encoding: sparkplug_b only",
+        "sinks.d.topic: is required",
+    ] {
+        assert!(p.iter().any(|x| x.contains(want)), "{want} in {p:?}");
+    }
+    assert!(
+        !p.iter().any(|x| x.contains("sinks.b.topic")),
+        "a Sparkplug sink needs no topic: {p:?}"
+    );
+}
+
 /// `protocol: 3.1.1` is read as YAML writes it (a number or text), with its packet limits.
 #[cfg(feature = "mqtt")]
 #[test]

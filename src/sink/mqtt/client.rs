@@ -71,6 +71,19 @@ impl Client {
         }
     }
 
+    /// Subscribes to `topic` at QoS 1 without waiting (the driver empties the queue).
+    #[cfg(feature = "sparkplug")]
+    pub fn subscribe(&self, topic: &str) -> Result<(), String> {
+        match self {
+            Client::V5(c) => c
+                .try_subscribe(topic, rumqttc::QoS::AtLeastOnce)
+                .map_err(|e| e.to_string()),
+            Client::V311(c) => c
+                .try_subscribe(topic, rumqttc_v4::QoS::AtLeastOnce)
+                .map_err(|e| e.to_string()),
+        }
+    }
+
     /// The bytes of the PUBLISH `m` makes, packet id included: what a broker's maximum packet
     /// size is compared with.
     pub fn publish_size(&self, m: &Message) -> usize {
@@ -86,6 +99,38 @@ impl Events {
         match self {
             Events::V5(e) => v5::poll(e, shown).await,
             Events::V311(e) => v311::poll(e, shown).await,
+        }
+    }
+
+    /// The will of every connect from now on (QoS 1, not retained).
+    pub fn set_will(&mut self, topic: String, payload: Vec<u8>) {
+        match self {
+            Events::V5(e) => {
+                e.options.set_last_will(rumqttc::LastWill::new(
+                    topic,
+                    payload,
+                    rumqttc::QoS::AtLeastOnce,
+                    false,
+                    None,
+                ));
+            }
+            Events::V311(e) => {
+                e.mqtt_options.set_last_will(rumqttc_v4::LastWill::new(
+                    topic,
+                    payload,
+                    rumqttc_v4::QoS::AtLeastOnce,
+                    false,
+                ));
+            }
+        }
+    }
+
+    /// Drops the network connection without a DISCONNECT (the broker publishes the will); the
+    /// next poll connects again.
+    pub fn drop_connection(&mut self) {
+        match self {
+            Events::V5(e) => e.clean(),
+            Events::V311(e) => e.clean(),
         }
     }
 

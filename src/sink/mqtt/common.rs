@@ -15,6 +15,11 @@ pub enum Polled {
         max_packet: Option<u32>,
         session_present: bool,
     },
+    /// A message on a topic colibri subscribed to (Sparkplug's commands and host STATE).
+    Message {
+        topic: String,
+        payload: bytes::Bytes,
+    },
     /// Any other packet in or out.
     Other,
     /// The connection failed or was refused: why, in words for the link's log line.

@@ -3,10 +3,12 @@
 //! status messages checked, each problem under its field). It connects to nothing: the sink does.
 //! Called through the sinks' list (`sink::compile_kind`) for `type: mqtt`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::sparkplug::{SparkplugConfig, SparkplugSpec};
 use super::{MqttConfig, MqttSink, Protocol, Qos, Status};
 use crate::setting::Secret;
 use crate::shape::Problems;
@@ -16,7 +18,7 @@ use crate::shape::units::u32_schema;
 use crate::shape::units::{self, Dur, Size};
 use crate::sink::config::{LinkSpec, RetrySpec, broker_link, template};
 use crate::sink::kind::{Compile, KindSpec};
-use crate::sink::template::MQTT_TOPIC;
+use crate::sink::template::{MQTT_TOPIC, Template};
 
 /// `type: mqtt` settings.
 #[derive(Debug, Deserialize)]
@@ -35,8 +37,18 @@ pub struct MqttSinkSpec {
     /// Where each message goes: fixed text with `{stream}` (the stream's name) and
     /// `{field.<name>}` (a JSON record's field, dots reaching into objects), e.g.
     /// `plant/{stream}/{field.line}`. A record without the field goes to the dead letters with
-    /// the reason. No wildcards (`+`, `#`).
-    pub topic: String,
+    /// the reason. No wildcards (`+`, `#`). Required, except with `encoding: sparkplug_b`, whose
+    /// topics are Sparkplug's.
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// `records` (default): each record (or job, with `batch`) as it is stored. `sparkplug_b`:
+    /// colibri is a Sparkplug B edge node (settings under `sparkplug`); the stream's records are
+    /// line protocol, each field a metric of a device.
+    #[serde(default)]
+    pub encoding: Option<MqttEncoding>,
+    /// The edge node, with `encoding: sparkplug_b`.
+    #[serde(default)]
+    pub sparkplug: Option<SparkplugSpec>,
     /// 1 (default): delivered once every message is PUBACKed; 2: once every message is PUBCOMPed
     /// (the broker forwards each exactly once). 0 is refused: nothing would confirm delivery.
     #[serde(default, deserialize_with = "units::de_opt_u32")]
@@ -104,6 +116,15 @@ pub struct MqttSinkSpec {
     pub max_packet_size: Option<Size>,
 }
 
+/// `encoding:` of an `mqtt` sink.
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum MqttEncoding {
+    Records,
+    SparkplugB,
+}
+
 /// `protocol:` of an `mqtt` sink, a number (`5`) or text (`3.1.1`) as YAML reads it.
 #[derive(Debug, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -149,7 +170,19 @@ impl KindSpec for MqttSinkSpec {
             };
         let tls =
             crate::shape::tls::client(std::mem::take(&mut spec.tls), tls, "mqtts", cx.base, err);
-        let topic = template("topic", &spec.topic, MQTT_TOPIC, spec.batch, err);
+        let bd_seq_file = cx.data_dir.join(format!("sparkplug-{}.bdseq", cx.name));
+        let sparkplug = sparkplug(&mut spec, bd_seq_file, err);
+        let topic = match &spec.topic {
+            // Sparkplug's topics are made per message: this fixed one only stands for them.
+            _ if spec.encoding == Some(MqttEncoding::SparkplugB) => {
+                Template::parse("spBv1.0", MQTT_TOPIC).ok()
+            }
+            Some(t) => template("topic", t, MQTT_TOPIC, spec.batch, err),
+            None => {
+                err.add("topic", "is required (where each message goes)".into());
+                None
+            }
+        };
         let qos = qos(spec.qos, err);
         let protocol = protocol(spec.protocol.as_ref(), err);
         v311_checks(&spec, protocol, err);
@@ -177,13 +210,16 @@ impl KindSpec for MqttSinkSpec {
             client_id,
             username: spec.username,
             password: spec.password.map(Secret),
-            persistent: !spec.clean_session.unwrap_or(false),
+            // Sparkplug: every connect starts clean (the spec's rule: a resumed session would
+            // complete messages whose seq belongs to the session before).
+            persistent: sparkplug.is_none() && !spec.clean_session.unwrap_or(false),
             session_expiry: spec
                 .session_expiry
                 .map_or(Duration::from_secs(3600), |d| d.0),
             keep_alive,
             status,
             max_packet,
+            sparkplug,
         };
         // Reads the TLS files: a bad CA is reported now, not at the first delivery.
         if let Err(e) = MqttSink::new(&config, cx.timeout) {
@@ -191,6 +227,70 @@ impl KindSpec for MqttSinkSpec {
         }
         Some(config)
     }
+}
+
+/// The `sparkplug` settings when `encoding: sparkplug_b`, and what that encoding refuses.
+fn sparkplug(
+    spec: &mut MqttSinkSpec,
+    bd_seq_file: PathBuf,
+    err: &mut Problems<'_>,
+) -> Option<SparkplugConfig> {
+    let on = spec.encoding == Some(MqttEncoding::SparkplugB);
+    let block = spec.sparkplug.take();
+    if !on {
+        if block.is_some() {
+            err.add(
+                "sparkplug",
+                "applies with encoding: sparkplug_b only".into(),
+            );
+        }
+        return None;
+    }
+    if !cfg!(feature = "sparkplug") {
+        err.add(
+            "encoding",
+            "sparkplug_b: this colibri was built without the sparkplug feature".into(),
+        );
+    }
+    let refused = [
+        (
+            "topic",
+            spec.topic.is_some(),
+            "Sparkplug names its own topics",
+        ),
+        ("batch", spec.batch, "Sparkplug sends a message per device"),
+        (
+            "status",
+            spec.status.is_some(),
+            "the will is the edge node's NDEATH",
+        ),
+        (
+            "clean_session",
+            spec.clean_session == Some(false),
+            "a Sparkplug edge node starts every session clean",
+        ),
+        (
+            "session_expiry",
+            spec.session_expiry.is_some(),
+            "a Sparkplug edge node's session ends with its connection",
+        ),
+    ];
+    for (field, set, why) in refused {
+        if set {
+            err.add(
+                field,
+                format!("does not apply with encoding: sparkplug_b ({why})"),
+            );
+        }
+    }
+    let Some(block) = block else {
+        err.add(
+            "sparkplug",
+            "is required with encoding: sparkplug_b (group_id, edge_node_id)".into(),
+        );
+        return None;
+    };
+    Some(block.compile(bd_seq_file, err))
 }
 
 /// `qos` (default 1): 0 is refused, as nothing would acknowledge it.

@@ -8,6 +8,10 @@
 //! probe, and ends when the sink is dropped (a reload that changed it, or the stop), closing the
 //! connection without a DISCONNECT so that the broker publishes the will.
 //!
+//! With `encoding: sparkplug_b` the driver tells the edge node (`sparkplug::node::Node`) each
+//! connect, each lost connection (then sets the next connection's NDEATH will) and each message
+//! on the topics it subscribed to.
+//!
 //! The session: at start colibri always begins a clean one (what was in flight when it last
 //! stopped is re-sent from its own store, and a session the broker kept from then would hold packet
 //! ids this process does not know); with `clean_session: false` every reconnect after that resumes
@@ -22,6 +26,7 @@ use tokio::sync::{Notify, watch};
 use super::client::{Client, Events};
 use super::common::Polled;
 use super::settings::{MqttConfig, Status};
+use super::sparkplug::node::Node;
 use crate::setting::SettingError;
 
 /// The connection as a delivery sees it.
@@ -58,7 +63,11 @@ pub struct Connection {
 impl Connection {
     /// The client options from the settings (a connect takes at most `timeout`); reads the TLS
     /// files. Nothing is dialled.
-    pub fn new(spec: &MqttConfig, timeout: Duration) -> Result<Connection, SettingError> {
+    pub fn new(
+        spec: &MqttConfig,
+        timeout: Duration,
+        node: Option<Arc<Node>>,
+    ) -> Result<Connection, SettingError> {
         let shown = format!(
             "{}://{}:{}",
             if spec.tls.is_some() { "mqtts" } else { "mqtt" },
@@ -69,7 +78,11 @@ impl Connection {
         // the URL's host is dialled.
         let dial =
             (spec.server_name() != spec.host).then(|| format!("{}:{}", spec.host, spec.port));
-        let (client, events) = super::client::build(spec, timeout, dial)?;
+        let (client, mut events) = super::client::build(spec, timeout, dial)?;
+        if let Some(n) = &node {
+            let (topic, payload) = n.will();
+            events.set_will(topic, payload);
+        }
         let (tx, state) = watch::channel(State::Connecting);
         let (kick, stop) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
         let driver = Driver {
@@ -81,6 +94,7 @@ impl Connection {
             persistent: spec.persistent,
             status: spec.status.clone(),
             shown: shown.clone(),
+            node,
         };
         Ok(Connection {
             client,
@@ -171,6 +185,8 @@ struct Driver {
     persistent: bool,
     status: Option<Status>,
     shown: String,
+    /// The Sparkplug edge node, told what happens to the connection.
+    node: Option<Arc<Node>>,
 }
 
 impl Driver {
@@ -199,10 +215,28 @@ impl Driver {
                     {
                         tracing::debug!(broker = %self.shown, "online status not queued: {e}");
                     }
+                    if let Some(n) = &self.node {
+                        n.connected(&self.client);
+                    }
+                }
+                Polled::Message { topic, payload } => {
+                    if let Some(n) = &self.node
+                        && n.incoming(&self.client, &topic, &payload)
+                    {
+                        // The edge node's session ends: the broker publishes its will, and the
+                        // next poll connects again under the next bdSeq.
+                        let (topic, payload) = n.lost();
+                        self.events.set_will(topic, payload);
+                        self.events.drop_connection();
+                    }
                 }
                 Polled::Other => {}
                 Polled::Failed(reason) => {
                     self.state.send_replace(State::Link(Link::Down(reason)));
+                    if let Some(n) = &self.node {
+                        let (topic, payload) = n.lost();
+                        self.events.set_will(topic, payload);
+                    }
                     tokio::select! {
                         () = self.kick.notified() => {}
                         () = tokio::time::sleep(pause) => {}

@@ -11,11 +11,16 @@
 //! settings in [`settings`], their file shape in [`config`]). Built by
 //! `sink::Sink::new` from the compiled config.
 //!
+//! With `encoding: sparkplug_b` the sink is a Sparkplug B edge node instead: a job is DBIRTHs and
+//! DDATAs made by the node ([`sparkplug`]), the same outcome rules applied to their
+//! acknowledgements.
+//!
 //! Under MQTT 5 every message carries the user property `idempotency-key`: for a message per record
 //! the job's key and the record's position in the job (`<store>:<stream>:<job>#<index>`, the same
 //! after a split or a crash), for a batch the job's (or part's) key as the `http` sink sends it.
 //! MQTT 3.1.1 has no place for it (`v311` lists what else it cannot say).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::setting::SettingError;
@@ -28,12 +33,14 @@ use common::Refusal;
 pub use config::MqttSinkSpec as Spec;
 use conn::{Connection, Link};
 pub use settings::{MqttConfig, Protocol, Qos, Status};
+use sparkplug::node::Node;
 
 mod client;
 mod common;
 mod config;
 mod conn;
 mod settings;
+pub mod sparkplug;
 mod v311;
 mod v5;
 
@@ -44,17 +51,51 @@ pub struct MqttSink {
     /// sink's `timeout`).
     timeout: Duration,
     conn: Connection,
+    /// `encoding: sparkplug_b`: the edge node that makes each job's messages.
+    node: Option<Arc<Node>>,
 }
 
 impl MqttSink {
     /// Reads the TLS files and prepares the connection; nothing is dialled yet. Errors name the
     /// setting.
     pub fn new(spec: &MqttConfig, timeout: Duration) -> Result<MqttSink, SettingError> {
+        let node = spec
+            .sparkplug
+            .clone()
+            .and_then(|sp| Node::new(sp, spec.qos));
         Ok(MqttSink {
-            conn: Connection::new(spec, timeout)?,
+            conn: Connection::new(spec, timeout, node.clone())?,
             spec: spec.clone(),
             timeout,
+            node,
         })
+    }
+
+    /// Refuses the job when a message would pass the broker's maximum packet size.
+    fn check_sizes(
+        &self,
+        max_packet: Option<u32>,
+        messages: &[Message],
+    ) -> Result<(), DeliveryError> {
+        let Some(max) = max_packet else {
+            return Ok(());
+        };
+        for m in messages {
+            let size = self.conn.client().publish_size(m);
+            if size > max as usize {
+                let what = if self.node.is_some() {
+                    format!("the job's message to {}", m.to)
+                } else if self.spec.batch {
+                    "the job as one message".to_string()
+                } else {
+                    format!("record {} of the job", m.index)
+                };
+                return Err(DeliveryError::TooLarge(format!(
+                    "{what} makes a {size}-byte PUBLISH; the broker takes at most {max} bytes"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Publishes each message and waits for all their acknowledgements, in order.
@@ -63,21 +104,7 @@ impl MqttSink {
         max_packet: Option<u32>,
         messages: Vec<Message>,
     ) -> Result<(), DeliveryError> {
-        if let Some(max) = max_packet {
-            for m in &messages {
-                let size = self.conn.client().publish_size(m);
-                if size > max as usize {
-                    let what = if self.spec.batch {
-                        "the job as one message".to_string()
-                    } else {
-                        format!("record {} of the job", m.index)
-                    };
-                    return Err(DeliveryError::TooLarge(format!(
-                        "{what} makes a {size}-byte PUBLISH; the broker takes at most {max} bytes"
-                    )));
-                }
-            }
-        }
+        self.check_sizes(max_packet, &messages)?;
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut notices = Vec::with_capacity(messages.len());
         for m in messages {
@@ -91,6 +118,15 @@ impl MqttSink {
             })?;
             notices.push((topic, notice));
         }
+        self.confirm(deadline, notices).await
+    }
+
+    /// Waits for each queued message's acknowledgement, until `deadline`.
+    async fn confirm(
+        &self,
+        deadline: tokio::time::Instant,
+        notices: Vec<(String, client::Notice)>,
+    ) -> Result<(), DeliveryError> {
         for (topic, notice) in notices {
             let done = tokio::time::timeout_at(deadline, notice.completed())
                 .await
@@ -98,6 +134,37 @@ impl MqttSink {
             done.map_err(|e| classify(&topic, e, &self.conn))?;
         }
         Ok(())
+    }
+
+    /// A job as the edge node's messages (births first where needed), queued in seq order and
+    /// then acknowledged.
+    #[cfg(feature = "sparkplug")]
+    async fn sparkplug(
+        &self,
+        node: &Arc<Node>,
+        max_packet: Option<u32>,
+        batch: &Batch<'_>,
+        body: &[u8],
+    ) -> Result<(), DeliveryError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let check = |m: &[Message]| self.check_sizes(max_packet, m);
+        let queued = node.data(self.conn.client(), batch, body, check);
+        let queued = tokio::time::timeout_at(deadline, queued)
+            .await
+            .map_err(|_| self.no_answer())??;
+        self.confirm(deadline, queued.notices).await?;
+        node.confirmed(queued.epoch)
+    }
+
+    #[cfg(not(feature = "sparkplug"))]
+    async fn sparkplug(
+        &self,
+        node: &Arc<Node>,
+        _: Option<u32>,
+        _: &Batch<'_>,
+        _: &[u8],
+    ) -> Result<(), DeliveryError> {
+        match **node {}
     }
 
     fn no_answer(&self) -> DeliveryError {
@@ -149,6 +216,9 @@ impl Deliver for MqttSink {
             Link::Up { max_packet } => max_packet.into_iter().chain(self.spec.max_packet).min(),
             Link::Down(reason) => return Err(DeliveryError::Unavailable(reason)),
         };
+        if let Some(node) = &self.node {
+            return self.sparkplug(node, max_packet, batch, &body).await;
+        }
         let messages = self.spec.topic.messages(batch, body, self.spec.batch)?;
         self.publish(max_packet, messages).await
     }
@@ -164,7 +234,10 @@ impl Deliver for MqttSink {
     /// CONNACK proves the broker takes colibri's messages.
     async fn probe(&self, _how: &Probe) -> Result<(), String> {
         match self.conn.connect_now(self.timeout).await {
-            Link::Up { .. } => Ok(()),
+            Link::Up { .. } => match self.node.as_deref().and_then(Node::waiting) {
+                None => Ok(()),
+                Some(why) => Err(format!("{}: sparkplug: {why}", self.conn.shown())),
+            },
             Link::Down(reason) => Err(reason),
         }
     }

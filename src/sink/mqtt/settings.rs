@@ -5,8 +5,10 @@
 
 use std::time::Duration;
 
+use super::sparkplug::SparkplugConfig;
 use crate::net::tls_client::TlsConfig;
 use crate::record::RecordFormat;
+use crate::scrape::lineproto::Precision;
 use crate::setting::Secret;
 use crate::sink::kind::Settings;
 use crate::sink::template::Template;
@@ -33,6 +35,8 @@ pub struct MqttConfig {
     pub status: Option<Status>,
     /// The broker's largest packet as the settings give it (3.1.1 brokers do not say theirs).
     pub max_packet: Option<u32>,
+    /// `encoding: sparkplug_b`: the edge node (`topic` then only describes the sink).
+    pub sparkplug: Option<SparkplugConfig>,
 }
 
 impl MqttConfig {
@@ -52,8 +56,11 @@ impl MqttConfig {
 
 impl Settings for MqttConfig {
     /// A topic made from records' fields needs JSON records; otherwise any line is a payload.
+    /// Sparkplug metrics are line-protocol points, timestamped in ms as Sparkplug carries them.
     fn record_format(&self) -> RecordFormat {
-        if self.topic.uses_fields() {
+        if self.sparkplug.is_some() {
+            RecordFormat::LineProtocol(Precision::Ms)
+        } else if self.topic.uses_fields() {
             RecordFormat::Json
         } else {
             RecordFormat::Lines

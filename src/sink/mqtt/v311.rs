@@ -87,6 +87,10 @@ pub async fn poll(events: &mut EventLoop, shown: &str) -> Polled {
             max_packet: None,
             session_present: ack.session_present,
         },
+        Ok(Event::Incoming(Incoming::Publish(p))) => Polled::Message {
+            topic: String::from_utf8_lossy(&p.topic).into_owned(),
+            payload: p.payload,
+        },
         Ok(_) => Polled::Other,
         Err(e) => Polled::Failed(reason(shown, &e)),
     }

@@ -66,6 +66,10 @@ pub async fn poll(events: &mut EventLoop, shown: &str) -> Polled {
             max_packet: ack.properties.as_ref().and_then(|p| p.max_packet_size),
             session_present: ack.session_present,
         },
+        Ok(Event::Incoming(Incoming::Publish(p))) => Polled::Message {
+            topic: String::from_utf8_lossy(&p.topic).into_owned(),
+            payload: p.payload,
+        },
         Ok(_) => Polled::Other,
         Err(e) => Polled::Failed(crate::net::mqtt::reason(shown, &e)),
     }
@@ -83,7 +87,11 @@ pub fn announce(client: &AsyncClient, s: &Status) -> Result<(), String> {
 }
 
 pub async fn publish(client: &AsyncClient, m: Message, qos: Qos) -> Result<PublishNotice, String> {
-    let mut user_properties = vec![(KEY.into(), m.key)];
+    // A message of no job (a Sparkplug birth) has no key.
+    let mut user_properties = Vec::with_capacity(2);
+    if !m.key.is_empty() {
+        user_properties.push((KEY.into(), m.key));
+    }
     if m.replayed {
         user_properties.push((REPLAYED.into(), "true".into()));
     }
@@ -124,7 +132,12 @@ pub fn publish_size(topic: &str, payload: usize, key: &str, replayed: bool) -> u
     } else {
         0
     };
-    let props = 1 + 2 + KEY.len() + 2 + key.len() + marker;
+    let key = if key.is_empty() {
+        0
+    } else {
+        1 + 2 + KEY.len() + 2 + key.len()
+    };
+    let props = key + marker;
     let rest = 2 + topic.len() + 2 + varint_len(props) + props + payload;
     1 + varint_len(rest) + rest
 }

@@ -19,6 +19,19 @@ pub mod mqtt_publish;
 pub mod serve;
 
 /// `n` seconds: every deadline in the tests is written in these.
+/// The python with the tests' PyPI packages (pymodbus, asyncua, pysparkplug):
+/// `COLIBRI_TEST_PYTHON`, else scripts/test.sh's venv, else `python3`.
+pub fn python() -> String {
+    if let Ok(p) = std::env::var("COLIBRI_TEST_PYTHON") {
+        return p;
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/python3");
+    if venv.exists() {
+        return venv.display().to_string();
+    }
+    "python3".into()
+}
+
 pub fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
