@@ -95,6 +95,7 @@ impl Connection {
             status: spec.status.clone(),
             shown: shown.clone(),
             node,
+            max_packet: spec.max_packet,
         };
         Ok(Connection {
             client,
@@ -187,6 +188,8 @@ struct Driver {
     shown: String,
     /// The Sparkplug edge node, told what happens to the connection.
     node: Option<Arc<Node>>,
+    /// The settings' largest packet (the broker's own comes with each CONNACK).
+    max_packet: Option<u32>,
 }
 
 impl Driver {
@@ -216,7 +219,10 @@ impl Driver {
                         tracing::debug!(broker = %self.shown, "online status not queued: {e}");
                     }
                     if let Some(n) = &self.node {
-                        n.connected(&self.client);
+                        n.connected(
+                            &self.client,
+                            max_packet.into_iter().chain(self.max_packet).min(),
+                        );
                     }
                 }
                 Polled::Message { topic, payload } => {

@@ -146,12 +146,13 @@ impl MqttSink {
         batch: &Batch<'_>,
         body: &[u8],
     ) -> Result<(), DeliveryError> {
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        // The job waits its turn for the session's lock (another job queueing) unbounded, as it
+        // would for a request slot; from then on its queueing and its acknowledgements each
+        // have the sink's timeout.
         let check = |m: &[Message]| self.check_sizes(max_packet, m);
-        let queued = node.data(self.conn.client(), batch, body, check);
-        let queued = tokio::time::timeout_at(deadline, queued)
-            .await
-            .map_err(|_| self.no_answer())??;
+        let client = self.conn.client();
+        let queued = node.data(client, batch, body, self.timeout, check).await?;
+        let deadline = tokio::time::Instant::now() + self.timeout;
         self.confirm(deadline, queued.notices).await?;
         node.confirmed(queued.epoch)
     }

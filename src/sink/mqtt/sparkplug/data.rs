@@ -8,6 +8,7 @@
 //! acknowledgements and then asks [`Node::confirmed`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::node::{Node, Session};
 use super::payload::Metric;
@@ -27,13 +28,15 @@ pub struct Queued {
 type Pending = Vec<(usize, Vec<Metric>)>;
 
 impl Node {
-    /// The messages of `batch` (its records are `body`'s lines), queued. `check` sees them
-    /// before anything is queued (a size over the broker's limit refuses the job, as it is).
+    /// The messages of `batch` (its records are `body`'s lines), queued within `limit` from when
+    /// the session is this job's. `check` sees them before anything is queued (a size over the
+    /// broker's limit refuses the job, as it is).
     pub async fn data(
         self: &Arc<Self>,
         client: &Client,
         batch: &Batch<'_>,
         body: &[u8],
+        limit: Duration,
         check: impl Fn(&[Message]) -> Result<(), DeliveryError>,
     ) -> Result<Queued, DeliveryError> {
         let now = now_ms();
@@ -71,18 +74,22 @@ impl Node {
             client,
             armed: true,
         };
-        let mut notices = Vec::with_capacity(messages.len());
-        for m in messages {
-            let topic = m.to.clone();
-            match client.publish(m, self.qos).await {
-                Ok(n) => notices.push((topic, n)),
-                Err(e) => {
-                    return Err(DeliveryError::Unavailable(format!(
-                        "cannot publish to {topic:?}: {e}"
-                    )));
-                }
+        let queue = async {
+            let mut notices = Vec::with_capacity(messages.len());
+            for m in messages {
+                let topic = m.to.clone();
+                let n = client.publish(m, self.qos).await.map_err(|e| {
+                    DeliveryError::Unavailable(format!("cannot publish to {topic:?}: {e}"))
+                })?;
+                notices.push((topic, n));
             }
-        }
+            Ok(notices)
+        };
+        let notices = tokio::time::timeout(limit, queue).await.map_err(|_| {
+            DeliveryError::Unavailable(format!(
+                "sparkplug: the job's messages could not be queued within {limit:?}"
+            ))
+        })??;
         guard.armed = false;
         Ok(Queued { notices, epoch })
     }

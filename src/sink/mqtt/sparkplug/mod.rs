@@ -39,7 +39,7 @@ pub mod node {
         pub fn will(&self) -> (String, Vec<u8>) {
             match *self {}
         }
-        pub fn connected(self: &Arc<Self>, _: &Client) {
+        pub fn connected(self: &Arc<Self>, _: &Client, _: Option<u32>) {
             match **self {}
         }
         pub fn lost(&self) -> (String, Vec<u8>) {

@@ -44,6 +44,10 @@ struct Flags {
     /// timestamp of the newest one (older ones are stale retained copies, ignored).
     host: Option<bool>,
     host_time: u64,
+    /// The last STATE read, kept across connections (its retained copy is read at each).
+    last_state: Option<(bool, u64)>,
+    /// The largest packet this connection takes.
+    max_packet: Option<u32>,
     /// NBIRTH queued in this connection (and the host online): data may follow.
     born: bool,
     /// Counts connections and host changes: a birth made for an earlier one is dropped.
@@ -95,6 +99,8 @@ impl Node {
                 connected: false,
                 host: None,
                 host_time: 0,
+                last_state: None,
+                max_packet: None,
                 born: false,
                 epoch: 0,
             }),
@@ -120,11 +126,13 @@ impl Node {
 
     /// A connection was accepted: subscribe to the commands (and the host's STATE), and birth
     /// unless a primary host must be online first.
-    pub fn connected(self: &Arc<Self>, client: &Client) {
+    /// `max_packet`: the largest packet the broker (or the settings) take, which a birth must fit.
+    pub fn connected(self: &Arc<Self>, client: &Client, max_packet: Option<u32>) {
         let (epoch, bd_seq) = {
             let mut f = self.flags();
             f.connected = true;
             f.host = None;
+            f.max_packet = max_packet;
             f.epoch += 1;
             (f.epoch, f.bd_seq)
         };
@@ -141,7 +149,7 @@ impl Node {
             }
         }
         if self.topics.state.is_none() {
-            self.birth(client, epoch);
+            self.birth(client, epoch, true);
         }
     }
 
@@ -178,7 +186,7 @@ impl Node {
             };
             if let (true, Some(epoch)) = (rebirth, epoch) {
                 tracing::info!(node = %self.cfg.edge_node_id, "sparkplug: rebirth asked");
-                self.birth(client, epoch);
+                self.birth(client, epoch, false);
             }
         }
         false
@@ -201,25 +209,31 @@ impl Node {
             );
             return false;
         };
-        let (was_born, epoch, again) = {
+        let (began, epoch, again) = {
             let mut f = self.flags();
-            if state.timestamp < f.host_time || f.host == Some(state.online) {
+            // Older than one read before: a stale copy (an old connection's will), ignored.
+            if state.timestamp < f.host_time {
                 return false;
             }
-            // The retained STATE read again after a reconnect: nothing new to log.
-            let again = state.timestamp == f.host_time;
             f.host_time = state.timestamp;
+            // The retained STATE read again after a reconnect: nothing new to log.
+            let again = f.last_state == Some((state.online, state.timestamp));
+            f.last_state = Some((state.online, state.timestamp));
+            if f.host == Some(state.online) {
+                return false;
+            }
+            // A birth was begun in this connection (born, or under way) when the host was online.
+            let began = f.born || f.host == Some(true);
             f.host = Some(state.online);
-            let was_born = f.born;
             f.born = false;
             f.epoch += 1;
-            (was_born, f.epoch, again)
+            (began, f.epoch, again)
         };
         if state.online {
             if !again {
                 tracing::info!(host, "sparkplug: primary host online: birth");
             }
-            self.birth(client, epoch);
+            self.birth(client, epoch, true);
             false
         } else {
             if !again {
@@ -228,7 +242,7 @@ impl Node {
             // The spec's end of a session: NDEATH and the connection closed. Dropped, not
             // closed with a DISCONNECT, so the broker publishes the NDEATH will itself, after
             // everything sent before it; the next connection's NBIRTH carries the next bdSeq.
-            was_born
+            began
         }
     }
 
@@ -239,8 +253,9 @@ impl Node {
 
     /// The epoch data is sent in, or why data cannot go now.
     pub(super) fn sending(&self) -> Result<u64, String> {
-        match self.waiting() {
-            None => Ok(self.flags().epoch),
+        let f = self.flags();
+        match self.why_waiting(&f) {
+            None => Ok(f.epoch),
             Some(why) => Err(why),
         }
     }
@@ -260,22 +275,25 @@ impl Node {
     }
 
     /// The session's seq or births are no longer what a host counts (a job's messages were
-    /// only partly queued): born again before anything else goes.
+    /// only partly queued): born again before anything else goes. The epoch stays: jobs queued
+    /// before went out in order under the current NBIRTH.
     pub(super) fn reborn(self: &Arc<Self>, client: &Client) {
         let epoch = {
             let mut f = self.flags();
             f.born = false;
-            f.epoch += 1;
             self.may_birth(&f).then_some(f.epoch)
         };
         if let Some(epoch) = epoch {
-            self.birth(client, epoch);
+            self.birth(client, epoch, false);
         }
     }
 
     /// Why data cannot go now, or `None` when it can.
     pub fn waiting(&self) -> Option<String> {
-        let f = self.flags();
+        self.why_waiting(&self.flags())
+    }
+
+    fn why_waiting(&self, f: &Flags) -> Option<String> {
         let host = self.cfg.primary_host_id.as_deref().unwrap_or_default();
         match (f.born, f.host) {
             (true, _) => None,
@@ -288,54 +306,74 @@ impl Node {
     }
 
     /// Queues NBIRTH and every known device's DBIRTH (a task of its own: the queue may be full
-    /// while the driver, which empties it, goes on).
-    fn birth(self: &Arc<Self>, client: &Client, epoch: u64) {
+    /// while the driver, which empties it, goes on). `renew`: the node was dead, so samples taken
+    /// until now are historical.
+    fn birth(self: &Arc<Self>, client: &Client, epoch: u64, renew: bool) {
         let (node, client) = (self.clone(), client.clone());
-        tokio::spawn(async move {
-            let mut s = node.session.lock().await;
-            let bd_seq = {
-                let f = node.flags();
-                if f.epoch != epoch {
-                    return;
-                }
-                f.bd_seq
-            };
-            let now = now_ms();
-            s.seq = 0;
-            let mut messages = vec![node.message(
-                &mut s,
-                node.topics.nbirth.clone(),
-                now,
-                node_birth(bd_seq),
-                String::new(),
-            )];
-            for d in 0..s.registry.len() {
-                messages.push(node.device_birth(&mut s, d, now));
+        tokio::spawn(async move { node.births(&client, epoch, renew).await });
+    }
+
+    async fn births(&self, client: &Client, epoch: u64, renew: bool) {
+        let mut s = self.session.lock().await;
+        let Some((bd_seq, max_packet)) = self.in_epoch(epoch, |f| (f.bd_seq, f.max_packet)) else {
+            return;
+        };
+        let now = now_ms();
+        s.seq = 0;
+        let nbirth = node_birth(bd_seq);
+        let mut messages = vec![self.message(
+            &mut s,
+            self.topics.nbirth.clone(),
+            now,
+            nbirth,
+            String::new(),
+        )];
+        for d in 0..s.registry.len() {
+            let m = self.device_birth(&mut s, d, now);
+            let size = client.publish_size(&m);
+            if max_packet.is_some_and(|max| size > max as usize) {
+                // Sent, it would end the connection, and again after each reconnect: the device
+                // stays unborn, and its records go to the dead letters with the size.
+                s.seq = s.seq.wrapping_sub(1);
+                let device = s.registry.device(d);
+                device.born = false;
+                tracing::warn!(device = %device.id, size, "sparkplug: a DBIRTH over the broker's packet limit is not sent");
+                continue;
             }
-            let mut notices = Vec::with_capacity(messages.len());
-            for m in messages {
-                match client.publish(m, node.qos).await {
-                    Ok(n) => notices.push(n),
-                    Err(e) => return tracing::warn!("sparkplug: births not queued: {e}"),
-                }
+            messages.push(m);
+        }
+        let mut notices = Vec::with_capacity(messages.len());
+        for m in messages {
+            // A connection lost meanwhile: the next one births under its own bdSeq.
+            if self.in_epoch(epoch, |_| ()).is_none() {
+                return;
             }
-            {
-                let mut f = node.flags();
-                if f.epoch != epoch {
-                    return;
-                }
-                if !f.born {
-                    s.born_at_ms = now;
-                }
-                f.born = true;
+            match client.publish(m, self.qos).await {
+                Ok(n) => notices.push(n),
+                Err(e) => return tracing::warn!("sparkplug: births not queued: {e}"),
             }
-            drop(s);
-            for n in notices {
-                if let Err(e) = n.completed().await {
-                    return tracing::warn!("sparkplug: a birth was not acknowledged: {e:?}");
-                }
-            }
+        }
+        let born = self.in_epoch(epoch, |f| {
+            f.born = true;
         });
+        if born.is_none() {
+            return;
+        }
+        if renew {
+            s.born_at_ms = now;
+        }
+        drop(s);
+        for n in notices {
+            if let Err(e) = n.completed().await {
+                return tracing::warn!("sparkplug: a birth was not acknowledged: {e:?}");
+            }
+        }
+    }
+
+    /// `then` on the flags if they are still in `epoch`.
+    fn in_epoch<T>(&self, epoch: u64, then: impl FnOnce(&mut Flags) -> T) -> Option<T> {
+        let mut f = self.flags();
+        (f.epoch == epoch).then(|| then(&mut f))
     }
 
     /// The DBIRTH of device `d` (its set then born).

@@ -67,13 +67,14 @@ impl Registry {
         let alias = match device.by_name.get(&s.metric) {
             Some(&m) => {
                 let known = &mut device.metrics[m];
-                if known.datatype != s.datatype {
+                let retyped = known.datatype != s.datatype;
+                if retyped {
                     known.datatype = s.datatype;
                     device.born = false;
                 }
                 // A birth carries the newest value: an older one (a backlog replayed after
                 // the present) does not replace it, unless its type is the new one.
-                if s.time_ms >= known.time_ms || !device.born {
+                if retyped || s.time_ms >= known.time_ms {
                     known.value = s.value;
                     known.time_ms = s.time_ms;
                 }
