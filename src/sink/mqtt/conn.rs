@@ -32,7 +32,8 @@ use crate::setting::SettingError;
 /// The connection as a delivery sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Link {
-    /// Connected; the broker's maximum packet size, when it set one.
+    /// Connected; the largest packet it takes: the smaller of the broker's (when its CONNACK
+    /// says) and the settings' `max_packet_size`.
     Up { max_packet: Option<u32> },
     /// Not connected, and why (the last attempt's error).
     Down(String),
@@ -211,6 +212,7 @@ impl Driver {
                         self.events.resume_sessions();
                     }
                     tracing::debug!(broker = %self.shown, session_present, "connected");
+                    let max_packet = max_packet.into_iter().chain(self.max_packet).min();
                     self.state
                         .send_replace(State::Link(Link::Up { max_packet }));
                     if let Some(s) = &self.status
@@ -219,10 +221,7 @@ impl Driver {
                         tracing::debug!(broker = %self.shown, "online status not queued: {e}");
                     }
                     if let Some(n) = &self.node {
-                        n.connected(
-                            &self.client,
-                            max_packet.into_iter().chain(self.max_packet).min(),
-                        );
+                        n.connected(&self.client, max_packet);
                     }
                 }
                 Polled::Message { topic, payload } => {

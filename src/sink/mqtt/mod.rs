@@ -213,8 +213,8 @@ impl Deliver for MqttSink {
 
     async fn send(&self, batch: &Batch<'_>, body: Vec<u8>) -> Result<(), DeliveryError> {
         let max_packet = match self.conn.up(self.timeout).await {
-            // The smaller of the broker's limit and the one the settings give.
-            Link::Up { max_packet } => max_packet.into_iter().chain(self.spec.max_packet).min(),
+            // The smaller of the broker's limit and the one the settings give (the driver's).
+            Link::Up { max_packet } => max_packet,
             Link::Down(reason) => return Err(DeliveryError::Unavailable(reason)),
         };
         if let Some(node) = &self.node {
