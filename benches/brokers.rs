@@ -1,6 +1,9 @@
 //! The broker sinks against real brokers on loopback ports: `mqtt` to Debian's `mosquitto`
 //! (persistence off, no subscriber) at QoS 1, in MQTT 5 and in 3.1.1 (`protocol: 3.1.1`), and
-//! `nats` to Debian's `nats-server` with JetStream (a file-backed stream, one replica), and the mqtt
+//! `nats` to Debian's `nats-server` with JetStream (a file-backed stream, one replica), `kafka` to
+//! tansu 0.6 (a Kafka-protocol broker from crates.io, in memory, that `scripts/test.sh` builds
+//! into its cache; `COLIBRI_TEST_TANSU` names it), one partition, the idempotent producer with
+//! `acks=all`, and the mqtt
 //! sink as a Sparkplug B edge node (`encoding: sparkplug_b`, MQTT 5, QoS 1; line-protocol records
 //! of 10 devices with 2 metrics each, a DDATA per device per job). For each:
 //! a backlog of `BENCH_RECORDS` (default 1,000,000) JSON records queued with `colibri queue push`
@@ -8,12 +11,12 @@
 //! publishing a message per record and once a message per job (`batch: true`); then the online
 //! path, both ways: the agent running while `BENCH_ONLINE` (default 200,000) records arrive
 //! through the ingest API in bodies of 1,000. A job counts as delivered only when every message of
-//! it is acknowledged (PUBACK, PubAck). Printed per run: records per second, colibri's CPU seconds
+//! it is acknowledged (PUBACK, PubAck, a Produce answer). Printed per run: records per second, colibri's CPU seconds
 //! per million records and its peak resident memory (VmHWM). The http sink's figures for a
 //! backlog are the `backlog` and `delivery` benchmarks'.
 //!
 //! Run: `cargo bench --bench brokers` (`COLIBRI_BIN=<static build>` to measure the release binary,
-//! `BENCH_RECORDS=...`, `BENCH_ONLINE=...`, `BENCH_ONLY=mqtt|mqtt-3.1.1|nats|sparkplug`,
+//! `BENCH_RECORDS=...`, `BENCH_ONLINE=...`, `BENCH_ONLY=mqtt|mqtt-3.1.1|nats|kafka|sparkplug`,
 //! `BENCH_DIR=...`).
 
 use std::io::{Read as _, Write as _};
@@ -41,7 +44,13 @@ fn main() {
     );
     println!("binary: {}", bin());
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    for kind in [Kind::Mqtt, Kind::Mqtt311, Kind::Nats, Kind::Sparkplug] {
+    for kind in [
+        Kind::Mqtt,
+        Kind::Mqtt311,
+        Kind::Nats,
+        Kind::Kafka,
+        Kind::Sparkplug,
+    ] {
         if !only.is_empty() && only != kind.name() {
             continue;
         }
@@ -83,6 +92,7 @@ enum Kind {
     Mqtt,
     Mqtt311,
     Nats,
+    Kafka,
     Sparkplug,
 }
 
@@ -92,6 +102,7 @@ impl Kind {
             Kind::Mqtt => "mqtt",
             Kind::Mqtt311 => "mqtt-3.1.1",
             Kind::Nats => "nats",
+            Kind::Kafka => "kafka",
             Kind::Sparkplug => "sparkplug",
         }
     }
@@ -187,6 +198,30 @@ fn nats(dir: &Path, port: u16) -> Child {
     server
 }
 
+/// tansu (a Kafka-protocol broker) keeping its log in memory, listening on `port`.
+fn tansu(dir: &Path, port: u16) -> Child {
+    let bin = std::env::var("COLIBRI_TEST_TANSU").unwrap_or_else(|_| {
+        let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+        format!("{home}/.cache/colibri-test/tansu-0.6.0/bin/tansu")
+    });
+    let url = format!("tcp://127.0.0.1:{port}");
+    let broker = Command::new(&bin)
+        .args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+        ])
+        .args(["--storage-engine", "memory://tansu/"])
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{bin} ({e}): scripts/test.sh builds tansu there"));
+    wait_listening(port, broker)
+}
+
 fn wait_listening(port: u16, mut child: Child) -> Child {
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -234,6 +269,12 @@ impl Run {
                 mosquitto(dir, port),
                 format!(
                     "{{ type: mqtt, url: \"mqtt://127.0.0.1:{port}\", encoding: sparkplug_b, sparkplug: {{ group_id: bench, edge_node_id: gw, device: \"tag:unit\" }} }}"
+                ),
+            ),
+            Kind::Kafka => (
+                tansu(dir, port),
+                format!(
+                    "{{ type: kafka, brokers: \"127.0.0.1:{port}\", topic: \"bench.{{stream}}\", create_topic: true, batch: {batch} }}"
                 ),
             ),
             Kind::Nats => (

@@ -122,6 +122,8 @@ where
     let clients: &[&str] = &[
         #[cfg(feature = "nats")]
         "async_nats",
+        #[cfg(feature = "kafka")]
+        "krafka",
         #[cfg(feature = "opcua")]
         "opcua_client",
         #[cfg(feature = "opcua")]

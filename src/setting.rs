@@ -4,11 +4,11 @@
 //! each component's `config.rs`), held by sinks and sources.
 
 /// A password or token from the config, never shown by `Debug`.
-#[cfg(any(feature = "mqtt", feature = "nats"))]
+#[cfg(any(feature = "mqtt", feature = "nats", feature = "kafka"))]
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(pub String);
 
-#[cfg(any(feature = "mqtt", feature = "nats"))]
+#[cfg(any(feature = "mqtt", feature = "nats", feature = "kafka"))]
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("<secret>")

@@ -4,7 +4,7 @@
 //! and the mqtt source, and the rustls client settings made from them ([`client_config`], errors
 //! naming the setting). Compiled by `config`.
 
-#[cfg(any(feature = "mqtt", feature = "nats"))]
+#[cfg(any(feature = "mqtt", feature = "nats", feature = "kafka"))]
 use crate::setting::SettingError;
 
 /// A `tls` block of an outgoing connection.
@@ -20,7 +20,7 @@ pub struct TlsConfig {
     pub server_name: Option<String>,
 }
 
-#[cfg(any(feature = "mqtt", feature = "nats"))]
+#[cfg(any(feature = "mqtt", feature = "nats", feature = "kafka"))]
 /// rustls settings: the CA file's roots (else the system's) and the client certificate.
 pub fn client_config(tls: &TlsConfig) -> Result<rustls::ClientConfig, SettingError> {
     use rustls::pki_types::pem::PemObject;

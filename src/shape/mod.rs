@@ -8,7 +8,7 @@
 //! knows no component and no YAML: `config` parses the file and hands each component its entry as
 //! a JSON value; the compiled values it makes are the layers' below (`net`, `setting`, `scrape`).
 
-#[cfg(any(feature = "mqtt", feature = "nats"))]
+#[cfg(any(feature = "mqtt", feature = "nats", feature = "kafka"))]
 pub mod client_name;
 pub mod de_all;
 pub mod deadband;

@@ -6,7 +6,7 @@
 
 use serde::Deserialize;
 
-#[cfg(any(feature = "mqtt", feature = "nats"))]
+#[cfg(any(feature = "mqtt", feature = "nats", feature = "kafka"))]
 use super::template::{Rules, Template};
 use super::{LinkConfig, Probe};
 use crate::shape::Problems;
@@ -73,7 +73,7 @@ pub enum ProbeSpec {
 }
 
 /// `template` (under `field`) parsed; with `batch`, one naming a record's field is refused.
-#[cfg(any(feature = "mqtt", feature = "nats"))]
+#[cfg(any(feature = "mqtt", feature = "nats", feature = "kafka"))]
 pub fn template(
     field: &str,
     template: &str,
@@ -95,7 +95,7 @@ pub fn template(
 
 /// A broker sink's link: probed by connecting (only the broker's answer proves it takes messages),
 /// so `probe` and `probe_url` are refused; the rest as for any sink.
-#[cfg(any(feature = "mqtt", feature = "nats"))]
+#[cfg(any(feature = "mqtt", feature = "nats", feature = "kafka"))]
 pub fn broker_link(spec: LinkSpec, what: &str, err: &mut Problems<'_>) -> LinkConfig {
     if spec.probe.is_some() || spec.probe_url.is_some() {
         err.add(

@@ -139,7 +139,7 @@ impl Batch<'_> {
     /// The key of one record, by its position in the job as first appended (`index`, from
     /// `first`): the same in every part a split makes and in every re-send, for sinks that send a
     /// message per record.
-    #[cfg(any(feature = "mqtt", feature = "nats", test))]
+    #[cfg(any(feature = "mqtt", feature = "nats", feature = "kafka", test))]
     pub fn record_key(&self, index: usize) -> String {
         format!(
             "{:016x}:{}:{}#{index}",

@@ -34,11 +34,13 @@ pub mod file_body;
 #[macro_use]
 mod kind;
 mod local;
-#[cfg(any(feature = "mqtt", feature = "nats"))]
+#[cfg(any(feature = "mqtt", feature = "nats", feature = "kafka"))]
 pub mod template;
 
 pub mod file;
 pub mod http;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 #[cfg(feature = "nats")]
@@ -75,6 +77,11 @@ sink_kinds! {
     /// feature (release builds have it).
     #[feature = "nats"]
     Nats(nats) = "nats";
+    /// Each record (or, with `batch`, each job) produced to Kafka by an idempotent producer with
+    /// `acks=all`, a header `idempotency-key` on every message; delivered once every message is
+    /// acknowledged. Built only with the `kafka` feature (release builds have it).
+    #[feature = "kafka"]
+    Kafka(kafka) = "kafka";
 }
 
 /// The compiled `sinks.<name>` entry: what every kind has, and the kind's own settings.

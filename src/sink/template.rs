@@ -44,6 +44,22 @@ pub const NATS_SUBJECT: Rules = Rules {
     why: "* or > (wildcards are for subscriptions) or whitespace",
 };
 
+/// Kafka topic names: ASCII letters, digits, `.`, `_` and `-` only.
+#[cfg(feature = "kafka")]
+pub const KAFKA_TOPIC: Rules = Rules {
+    what: "topic",
+    forbidden: |c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')),
+    why: "anything but ASCII letters, digits, . _ and -",
+};
+
+/// Kafka message keys: any text.
+#[cfg(feature = "kafka")]
+pub const KAFKA_KEY: Rules = Rules {
+    what: "key",
+    forbidden: |_| false,
+    why: "",
+};
+
 /// A parsed template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Template {
@@ -106,6 +122,18 @@ impl Template {
 
     pub fn uses_fields(&self) -> bool {
         self.parts.iter().any(|p| matches!(p, Part::Field(_)))
+    }
+
+    /// The name when it is the same for every record of every stream (no `{stream}`, no field).
+    pub fn fixed(&self) -> Option<String> {
+        let mut name = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Text(t) => name.push_str(t),
+                Part::Stream | Part::Field(_) => return None,
+            }
+        }
+        Some(name)
     }
 
     /// The name for one record (`record` is parsed only when a field is named). The error says

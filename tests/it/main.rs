@@ -21,6 +21,7 @@ mod downsample;
 mod exec_stream;
 mod file_move;
 mod ingest;
+mod kafka;
 mod lanes;
 mod layers;
 mod link;

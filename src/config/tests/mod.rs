@@ -415,7 +415,7 @@ tasks:
         "sinks.up.concurrency: expected a whole number, found the value of ${IT}",
         "sinks.up.url: the value of ${URL} is not a valid URL: relative URL without a base",
         "sinks.up2.timeout: duration the value of ${DUR}: ",
-        "sinks.odd: expected a mapping with a type (`file`, `stdout`, `http`, `prometheus_remote_write`, `mqtt`, `nats`) and its settings, found the value of ${IT}",
+        "sinks.odd: expected a mapping with a type (`file`, `stdout`, `http`, `prometheus_remote_write`, `mqtt`, `nats`, `kafka`) and its settings, found the value of ${IT}",
         "streams.s1.ttl: duration the value of \"1${DUR}\": unknown unit",
         "streams.s2.when_full: expected one of `block`, `drop_oldest`, `drop_newest`, `downsample`, found the value of ${LEVEL}",
         "streams.s3.max_bytes: size the value of ${SIZE}: ",

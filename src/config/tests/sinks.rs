@@ -566,6 +566,71 @@ sinks:
     );
 }
 
+/// A `kafka` sink compiles with its defaults (port 9092, a client id per machine and sink, no
+/// key, no compression, Kafka's 1 MiB message limit), a key from fields makes its streams JSON,
+/// and each mistake names its field.
+#[cfg(feature = "kafka")]
+#[test]
+fn a_kafka_sink_compiles_with_its_defaults_and_every_mistake_is_named() {
+    use crate::sink::kafka::{Compression, SaslMechanism};
+    let c = load(
+        r#"
+sinks:
+  k:
+    type: kafka
+    brokers: [10.0.0.1, "10.0.0.2:9093"]
+    topic: "plant.{stream}"
+    key: "{field.device}"
+    compression: zstd
+    sasl: { mechanism: scram-sha-512, username: u, password: p }
+  plain: { type: kafka, brokers: "k1:9092", topic: t }
+streams:
+  m: { sink: k }
+  n: { sink: plain }
+"#,
+    )
+    .unwrap();
+    let SinkKind::Kafka(k) = &c.sinks[0].kind else {
+        panic!("{:?}", c.sinks[0].kind)
+    };
+    assert_eq!(k.brokers, ["10.0.0.1:9092", "10.0.0.2:9093"]);
+    assert_eq!(k.compression, Compression::Zstd);
+    assert_eq!(k.max_message, 1_048_588);
+    assert!(k.tls.is_none() && !k.batch && !k.create_topic);
+    assert_eq!(
+        k.sasl.as_ref().map(|s| s.mechanism),
+        Some(SaslMechanism::ScramSha512)
+    );
+    assert!(k.client_id.starts_with("colibri-") && k.client_id.ends_with("-k"));
+    assert_eq!(c.record_format("m"), crate::record::RecordFormat::Json);
+    assert_eq!(c.record_format("n"), crate::record::RecordFormat::Lines);
+    let p = problems(
+        r#"
+sinks:
+  a: { type: kafka, brokers: "kafka://h:9092", topic: "a/b" }
+  b: { type: kafka, brokers: [h, "g:x"], topic: t, key: "{field.d}", batch: true }
+  c: { type: kafka, brokers: [], topic: "{field.t}", batch: true, link: { probe: tcp } }
+  d: { type: kafka, brokers: h, topic: t, sasl: { mechanism: plain, username: "", password: p }, max_message_bytes: 0 }
+  e: { type: kafka, brokers: h, topic: t, compression: brotli, tls: { ca_file: missing.pem } }
+"#,
+    );
+    for want in [
+        "sinks.a.brokers: \"kafka://h:9092\": a Kafka broker is host:port, without a scheme",
+        "sinks.a.topic: \"a/b\": a topic cannot hold anything but ASCII letters",
+        "sinks.b.brokers[1]: \"g:x\": the port \"x\" is not a number",
+        "sinks.b.key: names a record's field, and batch: true",
+        "sinks.c.brokers: names no broker",
+        "sinks.c.topic: names a record's field, and batch: true",
+        "sinks.c.link.probe: does not apply: a kafka sink is probed by connecting",
+        "sinks.d.sasl.username: must not be empty",
+        "sinks.d.max_message_bytes: must be positive",
+        "sinks.e.compression: unknown variant `brotli`",
+        "sinks.e.tls.ca_file: ",
+    ] {
+        assert!(p.iter().any(|x| x.contains(want)), "{want} in {p:?}");
+    }
+}
+
 #[test]
 fn every_problem_of_a_sink_is_reported_not_only_the_first() {
     let p = problems(
