@@ -487,9 +487,19 @@ fn refused_credentials_are_an_outage_said_once_until_a_reload_brings_the_right_o
     assert_eq!(messages.len(), 20, "no kill, no copy");
 }
 
+/// A socat process, killed when dropped (a failed test leaves none behind).
+struct Front(Child);
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// socat on `port` in front of the broker's plain port `to`: TLS with the test PKI's server
 /// certificate, a client certificate of its CA required.
-fn tls_front(sb: &Sandbox, pki: &crate::util::http::TestPki, port: u16, to: u16) -> Child {
+fn tls_front(sb: &Sandbox, pki: &crate::util::http::TestPki, port: u16, to: u16) -> Front {
     let listen = format!(
         "openssl-listen:{port},bind=127.0.0.1,reuseaddr,fork,cert={},key={},verify=1,cafile={}",
         pki.server_cert.display(),
@@ -503,11 +513,12 @@ fn tls_front(sb: &Sandbox, pki: &crate::util::http::TestPki, port: u16, to: u16)
         .stderr(std::fs::File::create(sb.file("socat.log")).unwrap())
         .spawn()
         .expect("socat (scripts/test.sh installs Debian's socat)");
+    let front = Front(child);
     poll(secs(10), || {
         std::net::TcpStream::connect(("127.0.0.1", port)).ok()
     })
     .expect("socat listens");
-    child
+    front
 }
 
 #[test]
@@ -518,7 +529,7 @@ fn tls_and_mutual_tls_reach_the_broker() {
     // The broker tells clients to come back through the front: its port is chosen first.
     let front_port = free_port();
     let broker = Broker::start(&sb.file("broker"), Some(front_port), false, &[]);
-    let mut front = tls_front(&sb, &pki, front_port, broker.port);
+    let _front = tls_front(&sb, &pki, front_port, broker.port);
     let opts = serde_json::json!({
         "security_protocol": "SSL",
         "ssl_cafile": pki.ca,
@@ -563,6 +574,4 @@ fn tls_and_mutual_tls_reach_the_broker() {
         count(front_port, "plant", &opts) >= 10
     });
     stop(agent);
-    let _ = front.kill();
-    let _ = front.wait();
 }

@@ -610,7 +610,7 @@ sinks:
   a: { type: kafka, brokers: "kafka://h:9092", topic: "a/b" }
   b: { type: kafka, brokers: [h, "g:x"], topic: t, key: "{field.d}", batch: true }
   c: { type: kafka, brokers: [], topic: "{field.t}", batch: true, link: { probe: tcp } }
-  d: { type: kafka, brokers: h, topic: t, sasl: { mechanism: plain, username: "", password: p }, max_message_bytes: 0 }
+  d: { type: kafka, brokers: h, topic: t, sasl: { mechanism: plain, username: "", password: "" }, max_message_bytes: 0 }
   e: { type: kafka, brokers: h, topic: t, compression: brotli, tls: { ca_file: missing.pem } }
 "#,
     );
@@ -623,6 +623,7 @@ sinks:
         "sinks.c.topic: names a record's field, and batch: true",
         "sinks.c.link.probe: does not apply: a kafka sink is probed by connecting",
         "sinks.d.sasl.username: must not be empty",
+        "sinks.d.sasl.password: must not be empty",
         "sinks.d.max_message_bytes: must be positive",
         "sinks.e.compression: unknown variant `brotli`",
         "sinks.e.tls.ca_file: ",

@@ -259,12 +259,12 @@ fn broker(b: &str) -> Result<String, String> {
 
 /// The `sasl` block compiled; `None` (reported) when a credential is empty.
 fn sasl(spec: SaslSpec, err: &mut Problems<'_>) -> Option<Sasl> {
-    if spec.username.is_empty() {
-        err.add("sasl.username", "must not be empty".into());
-        return None;
+    for (field, value) in [("username", &spec.username), ("password", &spec.password)] {
+        if value.is_empty() {
+            err.add(&format!("sasl.{field}"), "must not be empty".into());
+        }
     }
-    if spec.password.is_empty() {
-        err.add("sasl.password", "must not be empty".into());
+    if spec.username.is_empty() || spec.password.is_empty() {
         return None;
     }
     Some(Sasl {

@@ -6,10 +6,10 @@
 //! `idempotency-key` (a record's key: the job's key and the record's position, the same after a
 //! split or a crash), and `colibri-replayed: true` when sent from a backlog, so a consumer can drop
 //! a job written again after a colibri restart. It owns the settings, the connection (made at the
-//! first delivery or probe, made again after a fatal error such as refused credentials: see
-//! [`client`]) and a job's outcome: unreachable (no attempt spent) while no broker answers, the
-//! credentials are refused, or the topic does not exist; a record over `max_message_bytes`
-//! refused alone before anything of its job is sent. Its file shape is [`config`]'s. Built by
+//! first delivery or probe, ended by any failure but a message too large and made again at the
+//! next: see [`client`]) and a job's outcome: unreachable (no attempt spent) while no broker
+//! answers, the credentials are refused, or the topic does not exist; a record over
+//! `max_message_bytes` refused alone before anything of its job is sent. Its file shape is [`config`]'s. Built by
 //! `sink::Sink::new`.
 
 use std::collections::HashSet;
@@ -108,7 +108,7 @@ struct Inner {
     /// The longest wait for a connection, a metadata answer and a job's acknowledgements (the
     /// sink's `timeout`).
     timeout: Duration,
-    /// The connection, made at the first use and again after a fatal error.
+    /// The connection, made at the first use and again after a failure ended it.
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
     /// Topics known to exist.
     topics: Mutex<HashSet<String>>,
@@ -164,9 +164,12 @@ impl Inner {
     }
 
     /// Ends a connection that failed (no broker answers, credentials refused, a fenced producer):
-    /// its producer is closed at once, what it still holds failing, so nothing of an abandoned
-    /// job is sent later under that producer's id and sequence numbers; the next delivery or probe
-    /// makes a new connection, and the cluster gives its producer a new id.
+    /// its producer is closed at once, what it still holds failing, so what it holds of an
+    /// abandoned job is not sent later (a request already on the wire may still land: a copy
+    /// under its key); the next delivery or probe makes a new connection, and the cluster gives
+    /// its producer a new id: krafka would bump the old id's epoch only after its own delivery
+    /// timeout, which ends later than the job's wait (tansu 0.6 answers such a bump with an
+    /// error, and its SQLite engine then stops).
     async fn drop_client(&self, failed: &Arc<Client>) {
         let mut slot = self.client.lock().await;
         if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, failed)) {
