@@ -3,7 +3,7 @@
 //! settings and its built sink: `http` (with, under the `remote-write` feature, `http::remote_write`:
 //! Prometheus remote write over the same transport), `file` (a job becomes one file, written
 //! atomically), `stdout`, with the `mqtt` feature `mqtt` (an MQTT 5 or 3.1.1 broker), with the
-//! `nats` feature `nats` (NATS JetStream). What the kinds share lives here, below them: the
+//! `nats` feature `nats` (NATS JetStream), with the `kafka` feature `kafka` (Kafka). What the kinds share lives here, below them: the
 //! contract in `deliver` ([`Batch`] in, [`DeliveryError`] out: may not reach, may pass, too large,
 //! never, one record never), what a kind provides to the list in `kind`, the file shape every kind
 //! shares in `config` (`retry`, `link`), the broker sinks' `template`, the local sinks' `local` and

@@ -1,9 +1,9 @@
 //! Where a broker sink sends each message: a template of fixed text, `{stream}` (the stream's name)
 //! and `{field.<name>}` (a JSON record's field, dots reaching into objects), checked against the
-//! broker's rules for a name (an MQTT topic, a NATS subject) when parsed and when rendered; and a
-//! job's records made into the [`Message`]s a broker sink publishes (a message per record, or the
-//! job as one), each with its idempotency key. It knows no broker: `mqtt` and `nats` give it their
-//! [`Rules`]; `config` parses the templates.
+//! broker's rules for a name (an MQTT topic, a NATS subject, a Kafka topic or key) when parsed and
+//! when rendered; and a job's records made into the [`Message`]s a broker sink publishes (a
+//! message per record, or the job as one), each with its idempotency key. It knows no broker:
+//! `mqtt`, `nats` and `kafka` give it their [`Rules`]; `config` parses the templates.
 
 use bytes::Bytes;
 
